@@ -1,0 +1,129 @@
+//! API key material.
+//!
+//! A key looks like `lr_<key id body>_<secret>`: the id part lets the server
+//! find the one row to check without scanning, the secret (256 random bits)
+//! is stored only as its SHA-256 and compared in constant time. A fast hash is
+//! the right tool here: the secret is random, not a password, so there is
+//! nothing to brute-force.
+
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use crate::id::{Id, IdKind, random_base32};
+
+const PREFIX: &str = "lr_";
+
+/// Roles of CONTRACT §2.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Role {
+    Client,
+    Worker,
+    Admin,
+}
+
+impl Role {
+    pub const ALL: [Role; 3] = [Role::Client, Role::Worker, Role::Admin];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Client => "client",
+            Role::Worker => "worker",
+            Role::Admin => "admin",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Role> {
+        Role::ALL.into_iter().find(|r| r.as_str() == s)
+    }
+}
+
+/// A freshly minted key: the full token is shown once, only the hash is kept.
+pub struct NewApiKey {
+    pub id: Id,
+    pub token: String,
+    pub secret_hash: [u8; 32],
+}
+
+impl NewApiKey {
+    pub fn generate() -> Self {
+        let id = Id::generate(IdKind::ApiKey);
+        let secret = random_base32::<32>();
+        let body = id
+            .as_str()
+            .strip_prefix("key_")
+            .expect("key ids start with key_");
+        let token = format!("{PREFIX}{body}_{secret}");
+        let secret_hash = hash_secret(&secret);
+        Self {
+            id,
+            token,
+            secret_hash,
+        }
+    }
+}
+
+/// A presented token split into the id to look up and the secret to check.
+#[derive(Debug)]
+pub struct PresentedKey {
+    pub id: Id,
+    secret: String,
+}
+
+impl PresentedKey {
+    pub fn parse(token: &str) -> Option<Self> {
+        let rest = token.strip_prefix(PREFIX)?;
+        let (body, secret) = rest.split_once('_')?;
+        let id = Id::parse(IdKind::ApiKey, &format!("key_{body}"))?;
+        (!secret.is_empty() && secret.len() <= 128).then(|| Self {
+            id,
+            secret: secret.to_owned(),
+        })
+    }
+
+    /// Constant-time check against a stored hash.
+    pub fn verify(&self, stored_hash: &[u8]) -> bool {
+        hash_secret(&self.secret)
+            .as_slice()
+            .ct_eq(stored_hash)
+            .into()
+    }
+}
+
+fn hash_secret(secret: &str) -> [u8; 32] {
+    Sha256::digest(secret.as_bytes()).into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_key_verifies_and_a_changed_one_does_not() {
+        let key = NewApiKey::generate();
+        let presented = PresentedKey::parse(&key.token).unwrap();
+        assert_eq!(presented.id, key.id);
+        assert!(presented.verify(&key.secret_hash));
+
+        let mut tampered = key.token.clone();
+        let last = tampered.pop().unwrap();
+        tampered.push(if last == 'a' { 'b' } else { 'a' });
+        assert!(
+            !PresentedKey::parse(&tampered)
+                .unwrap()
+                .verify(&key.secret_hash)
+        );
+    }
+
+    #[test]
+    fn malformed_tokens_do_not_parse() {
+        for bad in [
+            "",
+            "lr_",
+            "lr_abc_def",
+            "Bearer x",
+            "lr_aaaaaaaaaaaaaaaaaaaaaaaaaa_",
+        ] {
+            assert!(PresentedKey::parse(bad).is_none(), "{bad}");
+        }
+    }
+}

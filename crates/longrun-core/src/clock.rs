@@ -1,0 +1,141 @@
+//! Time as a parameter: every service and store call takes its `now` from a
+//! [`Clock`], so tests move time with [`ManualClock`] instead of sleeping.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use time::OffsetDateTime;
+
+/// Milliseconds since the Unix epoch, UTC. The only time type stores see.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Timestamp(pub i64);
+
+impl Timestamp {
+    pub fn from_millis(ms: i64) -> Self {
+        Self(ms)
+    }
+
+    pub fn as_millis(self) -> i64 {
+        self.0
+    }
+
+    pub fn plus(self, d: Duration) -> Self {
+        Self(
+            self.0
+                .saturating_add(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
+        )
+    }
+
+    pub fn minus(self, d: Duration) -> Self {
+        Self(
+            self.0
+                .saturating_sub(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
+        )
+    }
+
+    /// Time elapsed from `earlier` to `self`, zero if `earlier` is later.
+    pub fn since(self, earlier: Timestamp) -> Duration {
+        Duration::from_millis(u64::try_from(self.0 - earlier.0).unwrap_or(0))
+    }
+
+    /// RFC 3339 in UTC, always with millisecond precision, e.g. `2026-11-29T08:49:14.123Z`.
+    pub fn to_rfc3339(self) -> String {
+        let nanos = i128::from(self.0) * 1_000_000;
+        let t =
+            OffsetDateTime::from_unix_timestamp_nanos(nanos).unwrap_or(OffsetDateTime::UNIX_EPOCH);
+        let fmt = time::macros::format_description!(
+            "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"
+        );
+        t.format(&fmt).unwrap_or_default()
+    }
+
+    /// The HTTP-date form (RFC 9110 IMF-fixdate), for headers such as `Idempotency-Expires`.
+    pub fn to_http_date(self) -> String {
+        let t = OffsetDateTime::from_unix_timestamp(self.0.div_euclid(1000))
+            .unwrap_or(OffsetDateTime::UNIX_EPOCH);
+        let fmt = time::macros::format_description!(
+            "[weekday repr:short], [day] [month repr:short] [year] [hour]:[minute]:[second] GMT"
+        );
+        t.format(&fmt).unwrap_or_default()
+    }
+}
+
+/// A source of "now".
+pub trait Clock: Send + Sync + std::fmt::Debug {
+    fn now(&self) -> Timestamp;
+}
+
+/// The wall clock.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Timestamp {
+        let d = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        Timestamp(i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+    }
+}
+
+/// A clock that only moves when a test moves it. Clones share one time.
+#[derive(Debug, Clone)]
+pub struct ManualClock {
+    now: Arc<AtomicI64>,
+}
+
+impl ManualClock {
+    pub fn new(start: Timestamp) -> Self {
+        Self {
+            now: Arc::new(AtomicI64::new(start.0)),
+        }
+    }
+
+    pub fn advance(&self, d: Duration) {
+        self.now.fetch_add(
+            i64::try_from(d.as_millis()).unwrap_or(i64::MAX),
+            Ordering::SeqCst,
+        );
+    }
+
+    pub fn set(&self, t: Timestamp) {
+        self.now.store(t.0, Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> Timestamp {
+        Timestamp(self.now.load(Ordering::SeqCst))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_has_millis_and_z() {
+        assert_eq!(Timestamp(0).to_rfc3339(), "1970-01-01T00:00:00.000Z");
+        assert_eq!(
+            Timestamp(1_796_000_000_123).to_rfc3339(),
+            "2026-11-30T00:53:20.123Z"
+        );
+    }
+
+    #[test]
+    fn http_date_is_imf_fixdate() {
+        assert_eq!(
+            Timestamp(784_111_777_000).to_http_date(),
+            "Sun, 06 Nov 1994 08:49:37 GMT"
+        );
+    }
+
+    #[test]
+    fn manual_clock_moves_only_when_told() {
+        let c = ManualClock::new(Timestamp(1_000));
+        assert_eq!(c.now(), Timestamp(1_000));
+        c.advance(Duration::from_secs(2));
+        assert_eq!(c.clone().now(), Timestamp(3_000));
+    }
+}

@@ -1,0 +1,76 @@
+//! The `Idempotency-Key` newtype: 1–255 visible ASCII characters (0x21–0x7E).
+
+use std::fmt;
+
+pub const MAX_KEY_LEN: usize = 255;
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct IdempotencyKey(String);
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidIdempotencyKey {
+    #[error("the Idempotency-Key header is empty")]
+    Empty,
+    #[error("the Idempotency-Key header is longer than {MAX_KEY_LEN} characters")]
+    TooLong,
+    #[error("the Idempotency-Key header may contain only visible ASCII characters")]
+    NotVisibleAscii,
+}
+
+impl IdempotencyKey {
+    pub fn parse(raw: &[u8]) -> Result<Self, InvalidIdempotencyKey> {
+        if raw.is_empty() {
+            return Err(InvalidIdempotencyKey::Empty);
+        }
+        if raw.len() > MAX_KEY_LEN {
+            return Err(InvalidIdempotencyKey::TooLong);
+        }
+        if !raw.iter().all(|b| (0x21..=0x7e).contains(b)) {
+            return Err(InvalidIdempotencyKey::NotVisibleAscii);
+        }
+        // Every byte is ASCII, so this cannot fail.
+        Ok(Self(String::from_utf8_lossy(raw).into_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for IdempotencyKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_syntax() {
+        assert!(IdempotencyKey::parse(b"a").is_ok());
+        assert!(IdempotencyKey::parse(b"0f8fad5b-d9cb-469f-a165-70867728950e").is_ok());
+        assert!(IdempotencyKey::parse(&[b'x'; 255]).is_ok());
+        assert_eq!(
+            IdempotencyKey::parse(b""),
+            Err(InvalidIdempotencyKey::Empty)
+        );
+        assert_eq!(
+            IdempotencyKey::parse(&[b'x'; 256]),
+            Err(InvalidIdempotencyKey::TooLong)
+        );
+        assert_eq!(
+            IdempotencyKey::parse(b"has space"),
+            Err(InvalidIdempotencyKey::NotVisibleAscii)
+        );
+        assert_eq!(
+            IdempotencyKey::parse("é".as_bytes()),
+            Err(InvalidIdempotencyKey::NotVisibleAscii)
+        );
+        assert_eq!(
+            IdempotencyKey::parse(b"tab\t"),
+            Err(InvalidIdempotencyKey::NotVisibleAscii)
+        );
+    }
+}

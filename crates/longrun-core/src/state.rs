@@ -1,0 +1,151 @@
+//! The public operation state machine and its legal-transition table.
+//!
+//! `queued → running → succeeded | failed | cancelled`, plus `queued →
+//! cancelled` (cancelled before it started) and `queued → failed` (its deadline
+//! passed before it started). Terminal states are final. Stores enforce this
+//! table twice: in the `WHERE` clause of every update, and in the schema itself
+//! (a trigger / check), so a bug in one query cannot apply an illegal change.
+
+use std::fmt;
+use std::str::FromStr;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum State {
+    Queued,
+    Running,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl State {
+    pub const ALL: [State; 5] = [
+        State::Queued,
+        State::Running,
+        State::Succeeded,
+        State::Failed,
+        State::Cancelled,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Queued => "queued",
+            State::Running => "running",
+            State::Succeeded => "succeeded",
+            State::Failed => "failed",
+            State::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn is_terminal(self) -> bool {
+        matches!(self, State::Succeeded | State::Failed | State::Cancelled)
+    }
+
+    /// The legal-transition table. A state never "transitions" to itself.
+    pub fn can_become(self, to: State) -> bool {
+        matches!(
+            (self, to),
+            (
+                State::Queued,
+                State::Running | State::Cancelled | State::Failed
+            ) | (
+                State::Running,
+                State::Succeeded | State::Failed | State::Cancelled
+            )
+        )
+    }
+}
+
+impl fmt::Display for State {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown operation state {0:?}")]
+pub struct UnknownState(pub String);
+
+impl FromStr for State {
+    type Err = UnknownState;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        State::ALL
+            .into_iter()
+            .find(|state| state.as_str() == s)
+            .ok_or_else(|| UnknownState(s.to_owned()))
+    }
+}
+
+/// A checked transition: constructing one proves it is in the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transition {
+    pub from: State,
+    pub to: State,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("illegal transition {from} → {to}")]
+pub struct IllegalTransition {
+    pub from: State,
+    pub to: State,
+}
+
+impl Transition {
+    pub fn new(from: State, to: State) -> Result<Self, IllegalTransition> {
+        if from.can_become(to) {
+            Ok(Self { from, to })
+        } else {
+            Err(IllegalTransition { from, to })
+        }
+    }
+}
+
+/// Every legal `(from, to)` pair, for stores that render the table into SQL
+/// and for tests that compare the schema against it.
+pub fn legal_transitions() -> impl Iterator<Item = Transition> {
+    State::ALL.into_iter().flat_map(|from| {
+        State::ALL
+            .into_iter()
+            .filter(move |&to| from.can_become(to))
+            .map(move |to| Transition { from, to })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn terminal_states_are_final() {
+        for from in State::ALL.into_iter().filter(|s| s.is_terminal()) {
+            for to in State::ALL {
+                assert!(!from.can_become(to), "{from} must not become {to}");
+            }
+        }
+    }
+
+    #[test]
+    fn table_has_exactly_the_documented_edges() {
+        let edges: Vec<(State, State)> = legal_transitions().map(|t| (t.from, t.to)).collect();
+        assert_eq!(
+            edges,
+            vec![
+                (State::Queued, State::Running),
+                (State::Queued, State::Failed),
+                (State::Queued, State::Cancelled),
+                (State::Running, State::Succeeded),
+                (State::Running, State::Failed),
+                (State::Running, State::Cancelled),
+            ]
+        );
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for s in State::ALL {
+            assert_eq!(s.as_str().parse::<State>().unwrap(), s);
+        }
+        assert!("done".parse::<State>().is_err());
+    }
+}

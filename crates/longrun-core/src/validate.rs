@@ -1,0 +1,166 @@
+//! Bounds and syntax for what clients submit, checked before anything is
+//! accepted. Each rule names the field it is about, so the HTTP edge can say
+//! exactly what was wrong.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+pub const MAX_KIND_LEN: usize = 64;
+pub const MAX_LABELS: usize = 32;
+pub const MAX_LABEL_KEY_LEN: usize = 63;
+pub const MAX_LABEL_VALUE_LEN: usize = 256;
+/// The serialized `input` may not exceed this, whatever the body limit is.
+pub const MAX_INPUT_BYTES: usize = 256 * 1024;
+/// The longest deadline any kind may be given: 30 days.
+pub const MAX_DEADLINE_SECONDS: u64 = 30 * 24 * 3600;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct Invalid {
+    pub field: &'static str,
+    pub message: String,
+}
+
+fn invalid(field: &'static str, message: impl Into<String>) -> Invalid {
+    Invalid {
+        field,
+        message: message.into(),
+    }
+}
+
+fn is_name_char(b: u8) -> bool {
+    b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'_' | b'.' | b'-')
+}
+
+/// A kind name: 1–64 of `a-z 0-9 _ . -`, starting with a letter or digit.
+pub fn kind_name(kind: &str) -> Result<(), Invalid> {
+    let ok = !kind.is_empty()
+        && kind.len() <= MAX_KIND_LEN
+        && kind.bytes().all(is_name_char)
+        && kind.as_bytes()[0].is_ascii_alphanumeric();
+    if ok {
+        Ok(())
+    } else {
+        Err(invalid(
+            "kind",
+            format!("must be 1–{MAX_KIND_LEN} characters of a-z, 0-9, '_', '.', '-'"),
+        ))
+    }
+}
+
+/// Labels: at most 32; keys like kind names (plus '/') up to 63 characters;
+/// string values up to 256 characters.
+pub fn labels(labels: &BTreeMap<String, String>) -> Result<(), Invalid> {
+    if labels.len() > MAX_LABELS {
+        return Err(invalid("labels", format!("at most {MAX_LABELS} labels")));
+    }
+    for (key, value) in labels {
+        let key_ok = !key.is_empty()
+            && key.len() <= MAX_LABEL_KEY_LEN
+            && key.bytes().all(|b| is_name_char(b) || b == b'/');
+        if !key_ok {
+            return Err(invalid(
+                "labels",
+                format!(
+                    "label key {key:?} must be 1–{MAX_LABEL_KEY_LEN} characters of a-z, 0-9, '_', '.', '-', '/'"
+                ),
+            ));
+        }
+        if value.chars().count() > MAX_LABEL_VALUE_LEN {
+            return Err(invalid(
+                "labels",
+                format!("label {key:?} is longer than {MAX_LABEL_VALUE_LEN} characters"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A label selector of `GET /v1/operations?label=k:v`.
+pub fn label_selector(selector: &str) -> Result<(String, String), Invalid> {
+    let (k, v) = selector
+        .split_once(':')
+        .ok_or_else(|| invalid("label", "must be key:value"))?;
+    let mut one = BTreeMap::new();
+    one.insert(k.to_owned(), v.to_owned());
+    labels(&one).map_err(|e| invalid("label", e.message))?;
+    Ok((k.to_owned(), v.to_owned()))
+}
+
+pub fn input_size(input: &Value) -> Result<(), Invalid> {
+    let len = serde_json::to_string(input)
+        .map(|s| s.len())
+        .unwrap_or(usize::MAX);
+    if len > MAX_INPUT_BYTES {
+        return Err(invalid(
+            "input",
+            format!("serialized input is {len} bytes, more than {MAX_INPUT_BYTES}"),
+        ));
+    }
+    Ok(())
+}
+
+pub fn deadline_seconds(seconds: u64, max: u64) -> Result<(), Invalid> {
+    if seconds == 0 || seconds > max {
+        return Err(invalid(
+            "deadline_seconds",
+            format!("must be between 1 and {max}"),
+        ));
+    }
+    Ok(())
+}
+
+pub fn max_cost_units(units: f64) -> Result<(), Invalid> {
+    if !(units.is_finite() && units > 0.0) {
+        return Err(invalid(
+            "budget.max_cost_units",
+            "must be a positive number",
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kind_names() {
+        for good in ["sleep", "export", "media.transcode-v2", "a", "9x"] {
+            assert!(kind_name(good).is_ok(), "{good}");
+        }
+        for bad in ["", "Sleep", "-x", "has space", "ü", &"x".repeat(65)] {
+            assert!(kind_name(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn label_bounds() {
+        let mut l = BTreeMap::new();
+        l.insert("team".to_owned(), "billing".to_owned());
+        l.insert("app.kubernetes.io/name".to_owned(), "x".to_owned());
+        assert!(labels(&l).is_ok());
+        l.insert("Team".to_owned(), "x".to_owned());
+        assert!(labels(&l).is_err());
+        let long: BTreeMap<_, _> = [("k".to_owned(), "v".repeat(257))].into();
+        assert!(labels(&long).is_err());
+        let many: BTreeMap<_, _> = (0..33).map(|i| (format!("k{i}"), String::new())).collect();
+        assert!(labels(&many).is_err());
+        assert_eq!(
+            label_selector("team:billing").unwrap(),
+            ("team".into(), "billing".into())
+        );
+        assert!(label_selector("team").is_err());
+    }
+
+    #[test]
+    fn numeric_bounds() {
+        assert!(deadline_seconds(0, 100).is_err());
+        assert!(deadline_seconds(100, 100).is_ok());
+        assert!(deadline_seconds(101, 100).is_err());
+        assert!(max_cost_units(0.0).is_err());
+        assert!(max_cost_units(0.5).is_ok());
+        assert!(input_size(&Value::String("x".repeat(MAX_INPUT_BYTES))).is_err());
+    }
+}
