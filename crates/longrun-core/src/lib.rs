@@ -12,6 +12,7 @@ pub mod clock;
 pub mod fingerprint;
 pub mod id;
 pub mod idempotency;
+pub mod lease;
 pub mod retry_after;
 pub mod state;
 pub mod validate;

@@ -1,1 +1,75 @@
-//! placeholder
+//! Durable state of Longrun behind one [`Store`] trait.
+//!
+//! Every backend implements the same noun-first methods, each taking one
+//! params struct, and passes the same [`conformance`] suite. Invariants live in
+//! the schema too: CHECK constraints on states and roles, a unique constraint
+//! on idempotency keys (the convergence point of concurrent first requests),
+//! and a trigger that refuses any state change not in the core's
+//! legal-transition table.
+//!
+//! Callers pass `now` in every params struct: the store never reads a clock,
+//! so tests drive lease expiry and retention with an injected one.
+
+pub mod conformance;
+mod error;
+pub mod sqlite;
+mod types;
+
+pub use error::StoreError;
+pub use sqlite::{SqliteConfig, SqliteStore};
+pub use types::*;
+
+use async_trait::async_trait;
+use longrun_core::Id;
+
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Accepts a submission: operation row, idempotency record, first event
+    /// and dispatch record commit together, or the existing operation for the
+    /// same key is returned (or refused when the request differs).
+    async fn operation_accept(&self, params: AcceptParams) -> Result<AcceptOutcome>;
+
+    /// The operation `id` if it belongs to `tenant`; `None` for both an unknown
+    /// id and another tenant's, so callers cannot tell them apart.
+    async fn operation_get(&self, tenant: &str, id: &Id) -> Result<Option<Operation>>;
+
+    /// Newest first, keyset-paginated.
+    async fn operation_list(&self, params: ListParams) -> Result<OperationPage>;
+
+    /// Events oldest first; `None` when the operation is not the tenant's.
+    async fn operation_history(&self, tenant: &str, id: &Id) -> Result<Option<Vec<Event>>>;
+
+    /// Requests cancellation: queued work is cancelled at once, running work is
+    /// flagged for its worker, terminal work is left unchanged.
+    async fn operation_cancel(&self, params: CancelParams) -> Result<CancelOutcome>;
+
+    /// Leases up to `max_tasks` ready tasks of the given kinds.
+    async fn task_claim(&self, params: ClaimParams) -> Result<Vec<Task>>;
+
+    /// Renews a lease and records progress, fenced by the lease token.
+    async fn task_heartbeat(&self, params: HeartbeatParams) -> Result<HeartbeatAck>;
+
+    /// Ends a running operation, fenced by the lease token:
+    /// `SetStateIfRunning` in River's words.
+    async fn task_finish(&self, params: FinishParams) -> Result<Operation>;
+
+    /// Handles leases that were not renewed in time: re-queues rerun-safe
+    /// kinds with attempts left, fails the others with `outcome_unknown`.
+    async fn task_reap(&self, params: ReapParams) -> Result<ReapCounts>;
+
+    async fn api_key_create(&self, params: ApiKeyCreateParams) -> Result<()>;
+    async fn api_key_get(&self, id: &Id) -> Result<Option<ApiKeyRecord>>;
+    async fn api_key_list(&self) -> Result<Vec<ApiKeyRecord>>;
+    /// `true` if a key was revoked now, `false` if unknown or already revoked.
+    async fn api_key_revoke(&self, id: &Id, now: longrun_core::Timestamp) -> Result<bool>;
+    async fn api_key_count(&self) -> Result<u64>;
+
+    async fn kind_upsert(&self, spec: KindSpec) -> Result<()>;
+    async fn kind_get(&self, name: &str) -> Result<Option<KindSpec>>;
+    async fn kind_list(&self) -> Result<Vec<KindSpec>>;
+
+    /// Cheap round trip to the database, for `/readyz`.
+    async fn ping(&self) -> Result<()>;
+}

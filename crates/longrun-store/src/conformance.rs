@@ -1,0 +1,1201 @@
+//! The conformance suite every [`Store`] backend must pass, unchanged.
+//!
+//! A backend's test file invokes [`store_conformance!`](crate::store_conformance)
+//! with an async factory returning a fresh [`TestStore`]; the macro expands to
+//! one `#[tokio::test]` per case below, so a failure names the case. Extend the
+//! suite whenever the trait grows.
+
+use std::any::Any;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use longrun_core::apikey::{NewApiKey, Role};
+use longrun_core::fingerprint::Fingerprinter;
+use longrun_core::{Id, IdKind, IdempotencyKey, State, Timestamp};
+use serde_json::{Value, json};
+
+use crate::*;
+
+/// A store under test and whatever keeps it alive (a temp dir, a database).
+pub struct TestStore {
+    pub store: Arc<dyn Store>,
+    pub guard: Box<dyn Any + Send + Sync>,
+}
+
+/// Expands to one test per conformance case for the backend made by `$factory`
+/// (an `async fn() -> TestStore`).
+#[macro_export]
+macro_rules! store_conformance {
+    ($factory:path) => {
+        $crate::store_conformance!(@cases $factory;
+            accept_creates_a_queued_operation_with_its_first_event,
+            accept_replays_the_same_request_and_refuses_a_different_one,
+            idempotency_scope_is_tenant_kind_and_key,
+            concurrent_first_requests_converge_on_one_operation,
+            operations_are_invisible_to_other_tenants,
+            list_is_newest_first_filtered_and_paginated,
+            claim_heartbeat_complete_walks_the_state_machine,
+            stale_lease_tokens_are_fenced_out,
+            an_operation_completes_at_most_once,
+            progress_never_goes_backwards_and_idle_heartbeats_keep_the_version,
+            cancelling_queued_work_cancels_it_at_once,
+            cancelling_running_work_asks_the_worker,
+            worker_that_finishes_first_wins_the_cancel_race,
+            cancel_after_the_commit_point_is_refused,
+            cancel_honours_if_match,
+            reaper_requeues_rerun_safe_kinds_and_fails_the_others,
+            queued_work_past_its_deadline_is_never_started,
+            failed_outcome_carries_the_error_and_drops_the_input,
+            api_keys_are_created_listed_and_revoked,
+            kinds_are_declared_and_updated,
+            state_machine_matches_the_reference_model,
+        );
+    };
+    (@cases $factory:path; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let test_store: $crate::conformance::TestStore = $factory().await;
+                $crate::conformance::$case(test_store.store.as_ref()).await;
+            }
+        )*
+    };
+}
+
+const T0: Timestamp = Timestamp(1_800_000_000_000);
+const LEASE: Duration = Duration::from_secs(30);
+
+fn fingerprinter() -> Fingerprinter {
+    Fingerprinter::new(b"conformance")
+}
+
+fn accept_params(tenant: &str, kind: &str, key: Option<&str>, input: Value) -> AcceptParams {
+    let idempotency = key.map(|k| {
+        let request = json!({"kind": kind, "input": input});
+        (
+            IdempotencyKey::parse(k.as_bytes()).unwrap(),
+            fingerprinter().fingerprint(&request),
+        )
+    });
+    AcceptParams {
+        id: Id::generate(IdKind::Operation),
+        tenant: tenant.into(),
+        kind: kind.into(),
+        input,
+        callback_url: None,
+        deadline_at: None,
+        budget_max_cost: None,
+        labels: BTreeMap::new(),
+        idempotency,
+        now: T0,
+    }
+}
+
+async fn create(store: &dyn Store, tenant: &str, kind: &str) -> Operation {
+    match store
+        .operation_accept(accept_params(tenant, kind, None, json!({"n": 1})))
+        .await
+        .unwrap()
+    {
+        AcceptOutcome::Created(op) => op,
+        other => panic!("expected Created, got {other:?}"),
+    }
+}
+
+async fn claim_one(store: &dyn Store, kind: &str, now: Timestamp) -> Task {
+    let mut tasks = claim(store, kind, 1, now).await;
+    assert_eq!(tasks.len(), 1, "expected one task of kind {kind}");
+    tasks.remove(0)
+}
+
+async fn claim(store: &dyn Store, kind: &str, max_tasks: u32, now: Timestamp) -> Vec<Task> {
+    store
+        .task_claim(ClaimParams {
+            kinds: vec![kind.into()],
+            max_tasks,
+            lease: LEASE,
+            worker_id: "conformance".into(),
+            now,
+        })
+        .await
+        .unwrap()
+}
+
+fn finish(task: &Task, outcome: Outcome, now: Timestamp) -> FinishParams {
+    FinishParams {
+        operation_id: task.operation_id.clone(),
+        lease_token: task.lease_token.clone(),
+        outcome,
+        now,
+    }
+}
+
+fn heartbeat(task: &Task, now: Timestamp) -> HeartbeatParams {
+    HeartbeatParams {
+        operation_id: task.operation_id.clone(),
+        lease_token: task.lease_token.clone(),
+        lease: LEASE,
+        progress: None,
+        cost_units: None,
+        cancellable: None,
+        now,
+    }
+}
+
+fn cancel(tenant: &str, id: &Id, now: Timestamp) -> CancelParams {
+    CancelParams {
+        tenant: tenant.into(),
+        id: id.clone(),
+        requested_by: "key_test".into(),
+        reason: Some("changed my mind".into()),
+        if_match: None,
+        now,
+    }
+}
+
+async fn get(store: &dyn Store, op: &Operation) -> Operation {
+    store
+        .operation_get(&op.tenant, &op.id)
+        .await
+        .unwrap()
+        .expect("operation exists")
+}
+
+fn at(seconds: u64) -> Timestamp {
+    T0.plus(Duration::from_secs(seconds))
+}
+
+pub async fn accept_creates_a_queued_operation_with_its_first_event(store: &dyn Store) {
+    let op = create(store, "t1", "sleep").await;
+    assert_eq!((op.state, op.version, op.attempt), (State::Queued, 1, 0));
+    assert_eq!(op.created_at, T0);
+    assert_eq!(
+        get(store, &op).await,
+        op,
+        "what accept returns is what is stored"
+    );
+    let history = store
+        .operation_history("t1", &op.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(history.len(), 1);
+    assert_eq!(
+        (
+            history[0].version,
+            history[0].event_type.as_str(),
+            history[0].state
+        ),
+        (1, "created", State::Queued)
+    );
+}
+
+pub async fn accept_replays_the_same_request_and_refuses_a_different_one(store: &dyn Store) {
+    let first = store
+        .operation_accept(accept_params("t1", "sleep", Some("k1"), json!({"a": 1})))
+        .await
+        .unwrap();
+    let AcceptOutcome::Created(original) = first else {
+        panic!("expected Created")
+    };
+
+    let replay = store
+        .operation_accept(accept_params("t1", "sleep", Some("k1"), json!({"a": 1})))
+        .await
+        .unwrap();
+    assert_eq!(replay, AcceptOutcome::Replayed(original.clone()));
+
+    let reused = store
+        .operation_accept(accept_params("t1", "sleep", Some("k1"), json!({"a": 2})))
+        .await
+        .unwrap();
+    assert_eq!(
+        reused,
+        AcceptOutcome::KeyReused {
+            operation_id: original.id.clone()
+        }
+    );
+
+    let page = store
+        .operation_list(ListParams {
+            tenant: "t1".into(),
+            page_size: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        page.operations.len(),
+        1,
+        "a refused or replayed request creates nothing"
+    );
+}
+
+pub async fn idempotency_scope_is_tenant_kind_and_key(store: &dyn Store) {
+    let mut ids = Vec::new();
+    for (tenant, kind) in [("t1", "sleep"), ("t2", "sleep"), ("t1", "export")] {
+        let outcome = store
+            .operation_accept(accept_params(tenant, kind, Some("same"), json!({})))
+            .await
+            .unwrap();
+        let AcceptOutcome::Created(op) = outcome else {
+            panic!("{tenant}/{kind} should be a new scope")
+        };
+        ids.push(op.id);
+    }
+    ids.dedup();
+    assert_eq!(ids.len(), 3);
+}
+
+pub async fn concurrent_first_requests_converge_on_one_operation(store: &dyn Store) {
+    let outcomes = futures_join_all((0..32).map(|_| {
+        store.operation_accept(accept_params(
+            "t1",
+            "sleep",
+            Some("race"),
+            json!({"x": [1, 2, 3]}),
+        ))
+    }))
+    .await;
+    let mut created = 0;
+    let mut ids = std::collections::HashSet::new();
+    for outcome in outcomes {
+        match outcome.unwrap() {
+            AcceptOutcome::Created(op) => {
+                created += 1;
+                ids.insert(op.id);
+            }
+            AcceptOutcome::Replayed(op) => {
+                ids.insert(op.id);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(created, 1);
+    assert_eq!(ids.len(), 1, "every response names the same operation");
+}
+
+/// Polls the futures together on this task (no extra dependency needed).
+async fn futures_join_all<F: std::future::Future>(
+    futures: impl Iterator<Item = F>,
+) -> Vec<F::Output> {
+    let mut pinned: Vec<_> = futures.map(Box::pin).collect();
+    let mut outputs: Vec<Option<F::Output>> = pinned.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (fut, out) in pinned.iter_mut().zip(outputs.iter_mut()) {
+            if out.is_none() {
+                match fut.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => *out = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    outputs
+        .into_iter()
+        .map(|o| o.expect("every future completed"))
+        .collect()
+}
+
+pub async fn operations_are_invisible_to_other_tenants(store: &dyn Store) {
+    let op = create(store, "t1", "sleep").await;
+    assert!(store.operation_get("t2", &op.id).await.unwrap().is_none());
+    assert!(
+        store
+            .operation_history("t2", &op.id)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(matches!(
+        store.operation_cancel(cancel("t2", &op.id, T0)).await,
+        Err(StoreError::NotFound)
+    ));
+    let page = store
+        .operation_list(ListParams {
+            tenant: "t2".into(),
+            page_size: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(page.operations.is_empty());
+    assert_eq!(
+        get(store, &op).await.state,
+        State::Queued,
+        "another tenant's cancel changed nothing"
+    );
+}
+
+pub async fn list_is_newest_first_filtered_and_paginated(store: &dyn Store) {
+    let mut created = Vec::new();
+    for i in 0..5 {
+        let mut p = accept_params(
+            "t1",
+            if i % 2 == 0 { "even" } else { "odd" },
+            None,
+            json!({"i": i}),
+        );
+        p.labels
+            .insert("team".into(), if i < 3 { "a".into() } else { "b".into() });
+        let AcceptOutcome::Created(op) = store.operation_accept(p).await.unwrap() else {
+            panic!()
+        };
+        created.push(op.id);
+    }
+    let mut seen = Vec::new();
+    let mut before = None;
+    loop {
+        let page = store
+            .operation_list(ListParams {
+                tenant: "t1".into(),
+                page_size: 2,
+                before_seq: before,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert!(page.operations.len() <= 2);
+        seen.extend(page.operations.into_iter().map(|o| o.id));
+        match page.next_before_seq {
+            Some(next) => before = Some(next),
+            None => break,
+        }
+    }
+    let newest_first: Vec<Id> = created.iter().rev().cloned().collect();
+    assert_eq!(seen, newest_first);
+
+    let list = |kind: Option<&str>, label: Option<(&str, &str)>, state: Option<State>| ListParams {
+        tenant: "t1".into(),
+        kind: kind.map(str::to_owned),
+        label: label.map(|(k, v)| (k.to_owned(), v.to_owned())),
+        state,
+        page_size: 100,
+        before_seq: None,
+    };
+    let evens = store
+        .operation_list(list(Some("even"), None, None))
+        .await
+        .unwrap();
+    assert_eq!(evens.operations.len(), 3);
+    assert!(evens.next_before_seq.is_none());
+    let team_b = store
+        .operation_list(list(None, Some(("team", "b")), None))
+        .await
+        .unwrap();
+    assert_eq!(
+        team_b
+            .operations
+            .iter()
+            .map(|o| o.id.clone())
+            .collect::<Vec<_>>(),
+        vec![created[4].clone(), created[3].clone()]
+    );
+    let running = store
+        .operation_list(list(None, None, Some(State::Running)))
+        .await
+        .unwrap();
+    assert!(running.operations.is_empty());
+}
+
+pub async fn claim_heartbeat_complete_walks_the_state_machine(store: &dyn Store) {
+    let op = create(store, "t1", "walk").await;
+    let task = claim_one(store, "walk", at(1)).await;
+    assert_eq!(
+        (task.operation_id.clone(), task.attempt, task.input.clone()),
+        (op.id.clone(), 1, json!({"n": 1}))
+    );
+    assert_eq!(task.lease_expires_at, at(1).plus(LEASE));
+    let running = get(store, &op).await;
+    assert_eq!(
+        (running.state, running.version, running.started_at),
+        (State::Running, 2, Some(at(1)))
+    );
+    assert!(
+        claim(store, "walk", 10, at(1)).await.is_empty(),
+        "a leased task is not handed out twice"
+    );
+
+    let mut hb = heartbeat(&task, at(2));
+    hb.progress = Some(ProgressUpdate {
+        completed_units: Some(5.0),
+        total_units: Some(10.0),
+        unit: Some("rows".into()),
+        phase: Some("WRITING".into()),
+        details: Some(json!({"partial": [1]})),
+    });
+    hb.cost_units = Some(1.5);
+    let ack = store.task_heartbeat(hb).await.unwrap();
+    assert_eq!(
+        (ack.version, ack.cancel_requested, ack.lease_expires_at),
+        (3, false, at(2).plus(LEASE))
+    );
+    let progressed = get(store, &op).await;
+    let progress = progressed.progress.clone().unwrap();
+    assert_eq!(
+        (
+            progress.completed_units,
+            progress.total_units,
+            progress.updated_at
+        ),
+        (Some(5.0), Some(10.0), Some(at(2)))
+    );
+    assert_eq!(progressed.cost_units, 1.5);
+
+    let done = store
+        .task_finish(finish(
+            &task,
+            Outcome::Succeeded {
+                result: Some(json!({"rows": 10})),
+            },
+            at(3),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        (done.state, done.version, done.completed_at),
+        (State::Succeeded, 4, Some(at(3)))
+    );
+    assert_eq!(done.result, Some(json!({"rows": 10})));
+    assert_eq!(
+        done.input, None,
+        "the input is dropped when the operation ends"
+    );
+    assert!(done.expires_at.is_some_and(|e| e > at(3)));
+    assert_eq!(get(store, &op).await, done);
+
+    let history = store
+        .operation_history("t1", &op.id)
+        .await
+        .unwrap()
+        .unwrap();
+    let trail: Vec<(i64, &str, State)> = history
+        .iter()
+        .map(|e| (e.version, e.event_type.as_str(), e.state))
+        .collect();
+    assert_eq!(
+        trail,
+        vec![
+            (1, "created", State::Queued),
+            (2, "started", State::Running),
+            (3, "progress", State::Running),
+            (4, "succeeded", State::Succeeded)
+        ]
+    );
+}
+
+pub async fn stale_lease_tokens_are_fenced_out(store: &dyn Store) {
+    let op = create(store, "t1", "fence").await;
+    let task = claim_one(store, "fence", at(1)).await;
+    let mut forged = task.clone();
+    forged.lease_token = "not-the-token".into();
+    assert!(matches!(
+        store.task_heartbeat(heartbeat(&forged, at(2))).await,
+        Err(StoreError::LeaseLost)
+    ));
+    assert!(matches!(
+        store
+            .task_finish(finish(&forged, Outcome::Succeeded { result: None }, at(2)))
+            .await,
+        Err(StoreError::LeaseLost)
+    ));
+    let unchanged = get(store, &op).await;
+    assert_eq!((unchanged.state, unchanged.version), (State::Running, 2));
+}
+
+pub async fn an_operation_completes_at_most_once(store: &dyn Store) {
+    let op = create(store, "t1", "once").await;
+    let task = claim_one(store, "once", at(1)).await;
+    store
+        .task_finish(finish(
+            &task,
+            Outcome::Succeeded {
+                result: Some(json!(1)),
+            },
+            at(2),
+        ))
+        .await
+        .unwrap();
+    for outcome in [
+        Outcome::Succeeded {
+            result: Some(json!(2)),
+        },
+        Outcome::Cancelled,
+        Outcome::Failed {
+            error: OperationError {
+                code: "x".into(),
+                message: "x".into(),
+                retryable: false,
+            },
+        },
+    ] {
+        assert!(matches!(
+            store.task_finish(finish(&task, outcome, at(3))).await,
+            Err(StoreError::LeaseLost)
+        ));
+    }
+    assert!(matches!(
+        store.task_heartbeat(heartbeat(&task, at(3))).await,
+        Err(StoreError::LeaseLost)
+    ));
+    let done = get(store, &op).await;
+    assert_eq!(
+        (done.state, done.version, done.result),
+        (State::Succeeded, 3, Some(json!(1)))
+    );
+}
+
+pub async fn progress_never_goes_backwards_and_idle_heartbeats_keep_the_version(store: &dyn Store) {
+    let op = create(store, "t1", "prog").await;
+    let task = claim_one(store, "prog", at(1)).await;
+    let report = |units: f64, now| {
+        let mut hb = heartbeat(&task, now);
+        hb.progress = Some(ProgressUpdate {
+            completed_units: Some(units),
+            ..Default::default()
+        });
+        hb
+    };
+    assert_eq!(
+        store
+            .task_heartbeat(report(50.0, at(2)))
+            .await
+            .unwrap()
+            .version,
+        3
+    );
+    // Lower progress is ignored: nothing changed, so the version stays.
+    assert_eq!(
+        store
+            .task_heartbeat(report(10.0, at(3)))
+            .await
+            .unwrap()
+            .version,
+        3
+    );
+    assert_eq!(
+        store
+            .task_heartbeat(heartbeat(&task, at(4)))
+            .await
+            .unwrap()
+            .version,
+        3
+    );
+    let current = get(store, &op).await;
+    assert_eq!(current.progress.unwrap().completed_units, Some(50.0));
+    assert_eq!(current.version, 3);
+}
+
+pub async fn cancelling_queued_work_cancels_it_at_once(store: &dyn Store) {
+    let op = create(store, "t1", "cq").await;
+    let CancelOutcome::CancelledNow(cancelled) = store
+        .operation_cancel(cancel("t1", &op.id, at(1)))
+        .await
+        .unwrap()
+    else {
+        panic!("expected CancelledNow")
+    };
+    assert_eq!(
+        (cancelled.state, cancelled.version, cancelled.completed_at),
+        (State::Cancelled, 2, Some(at(1)))
+    );
+    let request = cancelled.cancel.clone().unwrap();
+    assert_eq!(
+        (request.requested_by.as_str(), request.requested_at),
+        ("key_test", at(1))
+    );
+    assert!(
+        claim(store, "cq", 1, at(2)).await.is_empty(),
+        "cancelled work is never started"
+    );
+    let again = store
+        .operation_cancel(cancel("t1", &op.id, at(3)))
+        .await
+        .unwrap();
+    assert_eq!(again, CancelOutcome::AlreadyTerminal(cancelled));
+}
+
+pub async fn cancelling_running_work_asks_the_worker(store: &dyn Store) {
+    let op = create(store, "t1", "cr").await;
+    let task = claim_one(store, "cr", at(1)).await;
+    let CancelOutcome::Requested(requested) = store
+        .operation_cancel(cancel("t1", &op.id, at(2)))
+        .await
+        .unwrap()
+    else {
+        panic!("expected Requested")
+    };
+    assert_eq!((requested.state, requested.version), (State::Running, 3));
+    assert!(matches!(
+        store.operation_cancel(cancel("t1", &op.id, at(3))).await.unwrap(),
+        CancelOutcome::AlreadyRequested(ref o) if o.version == 3
+    ));
+    let ack = store.task_heartbeat(heartbeat(&task, at(4))).await.unwrap();
+    assert!(ack.cancel_requested);
+    assert_eq!(ack.cancel_reason.as_deref(), Some("changed my mind"));
+    let done = store
+        .task_finish(finish(&task, Outcome::Cancelled, at(5)))
+        .await
+        .unwrap();
+    assert_eq!(
+        (done.state, done.version, done.error),
+        (State::Cancelled, 4, None)
+    );
+}
+
+pub async fn worker_that_finishes_first_wins_the_cancel_race(store: &dyn Store) {
+    let op = create(store, "t1", "race").await;
+    let task = claim_one(store, "race", at(1)).await;
+    store
+        .operation_cancel(cancel("t1", &op.id, at(2)))
+        .await
+        .unwrap();
+    let done = store
+        .task_finish(finish(&task, Outcome::Succeeded { result: None }, at(3)))
+        .await
+        .unwrap();
+    assert_eq!(done.state, State::Succeeded);
+    assert!(done.cancel.is_some(), "the request stays on record");
+}
+
+pub async fn cancel_after_the_commit_point_is_refused(store: &dyn Store) {
+    let op = create(store, "t1", "commit").await;
+    let task = claim_one(store, "commit", at(1)).await;
+    let mut hb = heartbeat(&task, at(2));
+    hb.cancellable = Some(false);
+    store.task_heartbeat(hb).await.unwrap();
+    // Saying "cancellable" again does not undo the commit point.
+    let mut hb = heartbeat(&task, at(3));
+    hb.cancellable = Some(true);
+    store.task_heartbeat(hb).await.unwrap();
+    assert!(matches!(
+        store.operation_cancel(cancel("t1", &op.id, at(4))).await,
+        Err(StoreError::NotCancellable)
+    ));
+    assert!(get(store, &op).await.cancel.is_none());
+}
+
+pub async fn cancel_honours_if_match(store: &dyn Store) {
+    let op = create(store, "t1", "ifm").await;
+    let mut stale = cancel("t1", &op.id, at(1));
+    stale.if_match = Some(7);
+    assert!(matches!(
+        store.operation_cancel(stale).await,
+        Err(StoreError::PreconditionFailed { current_version: 1 })
+    ));
+    let mut fresh = cancel("t1", &op.id, at(1));
+    fresh.if_match = Some(1);
+    assert!(matches!(
+        store.operation_cancel(fresh).await.unwrap(),
+        CancelOutcome::CancelledNow(_)
+    ));
+}
+
+pub async fn reaper_requeues_rerun_safe_kinds_and_fails_the_others(store: &dyn Store) {
+    let kind = |name: &str, rerun_safe| KindSpec {
+        name: name.into(),
+        builtin: false,
+        rerun_safe,
+        max_attempts: 2,
+        default_deadline_seconds: None,
+        max_deadline_seconds: None,
+    };
+    store.kind_upsert(kind("safe", true)).await.unwrap();
+    store.kind_upsert(kind("unsafe", false)).await.unwrap();
+    let safe = create(store, "t1", "safe").await;
+    let unsafe_op = create(store, "t1", "unsafe").await;
+    let safe_task = claim_one(store, "safe", at(1)).await;
+    claim_one(store, "unsafe", at(1)).await;
+
+    let nothing = store
+        .task_reap(ReapParams {
+            now: at(10),
+            limit: 100,
+        })
+        .await
+        .unwrap();
+    assert_eq!(nothing, ReapCounts::default(), "live leases are left alone");
+
+    let lapsed = at(1).plus(LEASE).plus(Duration::from_secs(1));
+    let counts = store
+        .task_reap(ReapParams {
+            now: lapsed,
+            limit: 100,
+        })
+        .await
+        .unwrap();
+    assert_eq!((counts.requeued, counts.failed_outcome_unknown), (1, 1));
+
+    let failed = get(store, &unsafe_op).await;
+    assert_eq!(failed.state, State::Failed);
+    assert_eq!(failed.error.unwrap().code, "outcome_unknown");
+
+    let retrying = get(store, &safe).await;
+    assert_eq!(
+        (retrying.state, retrying.attempt),
+        (State::Running, 2),
+        "retries keep the public state"
+    );
+    assert!(
+        claim(store, "safe", 1, lapsed).await.is_empty(),
+        "the retry waits for its backoff"
+    );
+    let retry = claim_one(store, "safe", lapsed.plus(Duration::from_secs(60))).await;
+    assert_eq!(retry.attempt, 2);
+    assert_ne!(retry.lease_token, safe_task.lease_token);
+    assert!(matches!(
+        store
+            .task_finish(finish(
+                &safe_task,
+                Outcome::Succeeded {
+                    result: Some(json!("zombie"))
+                },
+                lapsed
+            ))
+            .await,
+        Err(StoreError::LeaseLost)
+    ));
+    let done = store
+        .task_finish(finish(
+            &retry,
+            Outcome::Succeeded {
+                result: Some(json!("second")),
+            },
+            lapsed.plus(LEASE),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        (done.state, done.result),
+        (State::Succeeded, Some(json!("second")))
+    );
+
+    // Out of attempts: the next lapse fails it with the outcome unknown.
+    let third = create(store, "t1", "safe").await;
+    let mut now = at(1000);
+    for _ in 0..2 {
+        now = now.plus(Duration::from_secs(600));
+        claim_one(store, "safe", now).await;
+        now = now.plus(LEASE).plus(Duration::from_secs(1));
+        store
+            .task_reap(ReapParams { now, limit: 100 })
+            .await
+            .unwrap();
+    }
+    let exhausted = get(store, &third).await;
+    assert_eq!((exhausted.state, exhausted.attempt), (State::Failed, 2));
+    assert_eq!(exhausted.error.unwrap().code, "outcome_unknown");
+}
+
+pub async fn queued_work_past_its_deadline_is_never_started(store: &dyn Store) {
+    let mut p = accept_params("t1", "dl", None, json!({}));
+    p.deadline_at = Some(at(5));
+    let AcceptOutcome::Created(op) = store.operation_accept(p).await.unwrap() else {
+        panic!()
+    };
+    assert!(claim(store, "dl", 1, at(6)).await.is_empty());
+    let failed = get(store, &op).await;
+    assert_eq!((failed.state, failed.started_at), (State::Failed, None));
+    assert_eq!(failed.error.unwrap().code, "deadline_exceeded");
+}
+
+pub async fn failed_outcome_carries_the_error_and_drops_the_input(store: &dyn Store) {
+    let op = create(store, "t1", "fail").await;
+    let task = claim_one(store, "fail", at(1)).await;
+    let error = OperationError {
+        code: "boom".into(),
+        message: "it broke".into(),
+        retryable: false,
+    };
+    let done = store
+        .task_finish(finish(
+            &task,
+            Outcome::Failed {
+                error: error.clone(),
+            },
+            at(2),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            done.state,
+            done.error.clone(),
+            done.result.clone(),
+            done.input.clone()
+        ),
+        (State::Failed, Some(error), None, None)
+    );
+    assert_eq!(get(store, &op).await, done);
+}
+
+pub async fn api_keys_are_created_listed_and_revoked(store: &dyn Store) {
+    assert_eq!(store.api_key_count().await.unwrap(), 0);
+    let key = NewApiKey::generate();
+    store
+        .api_key_create(ApiKeyCreateParams {
+            id: key.id.clone(),
+            tenant: "t1".into(),
+            role: Role::Worker,
+            secret_hash: key.secret_hash,
+            now: T0,
+        })
+        .await
+        .unwrap();
+    let stored = store.api_key_get(&key.id).await.unwrap().unwrap();
+    assert_eq!(
+        (stored.tenant.as_str(), stored.role, stored.revoked_at),
+        ("t1", Role::Worker, None)
+    );
+    assert_eq!(stored.secret_hash, key.secret_hash.to_vec());
+    assert_eq!(store.api_key_list().await.unwrap(), vec![stored]);
+    assert!(store.api_key_revoke(&key.id, at(1)).await.unwrap());
+    assert!(
+        !store.api_key_revoke(&key.id, at(2)).await.unwrap(),
+        "revoking twice is a no-op"
+    );
+    assert_eq!(
+        store
+            .api_key_get(&key.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .revoked_at,
+        Some(at(1))
+    );
+    assert_eq!(store.api_key_count().await.unwrap(), 1);
+    assert!(
+        store
+            .api_key_get(&Id::generate(IdKind::ApiKey))
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
+pub async fn kinds_are_declared_and_updated(store: &dyn Store) {
+    let mut spec = KindSpec {
+        name: "thumbnail".into(),
+        builtin: false,
+        rerun_safe: false,
+        max_attempts: 1,
+        default_deadline_seconds: Some(60),
+        max_deadline_seconds: None,
+    };
+    store.kind_upsert(spec.clone()).await.unwrap();
+    assert_eq!(
+        store.kind_get("thumbnail").await.unwrap(),
+        Some(spec.clone())
+    );
+    spec.rerun_safe = true;
+    spec.max_attempts = 5;
+    store.kind_upsert(spec.clone()).await.unwrap();
+    assert_eq!(store.kind_list().await.unwrap(), vec![spec]);
+    assert_eq!(store.kind_get("nope").await.unwrap(), None);
+}
+
+/// Commands of the state-machine property test.
+#[derive(Debug, Clone)]
+enum Command {
+    Claim,
+    Heartbeat {
+        stale: bool,
+        units: u8,
+        commit_point: bool,
+    },
+    Complete {
+        stale: bool,
+    },
+    Fail {
+        stale: bool,
+    },
+    AckCancel {
+        stale: bool,
+    },
+    Cancel,
+    LapseAndReap,
+}
+
+fn command_strategy() -> impl proptest::strategy::Strategy<Value = Command> {
+    use proptest::prelude::*;
+    prop_oneof![
+        3 => Just(Command::Claim),
+        3 => (any::<bool>(), any::<u8>(), proptest::bool::weighted(0.1))
+            .prop_map(|(stale, units, commit_point)| Command::Heartbeat { stale, units, commit_point }),
+        2 => any::<bool>().prop_map(|stale| Command::Complete { stale }),
+        1 => any::<bool>().prop_map(|stale| Command::Fail { stale }),
+        1 => any::<bool>().prop_map(|stale| Command::AckCancel { stale }),
+        2 => Just(Command::Cancel),
+        1 => Just(Command::LapseAndReap),
+    ]
+}
+
+/// The reference model of one operation.
+#[derive(Debug, Clone)]
+struct Model {
+    state: State,
+    version: i64,
+    attempt: i64,
+    has_lease: bool,
+    cancel_requested: bool,
+    cancellable: bool,
+    /// Completed units reported so far, if any report was made.
+    units: Option<f64>,
+}
+
+pub async fn state_machine_matches_the_reference_model(store: &dyn Store) {
+    use proptest::strategy::{Strategy, ValueTree};
+    use proptest::test_runner::{Config, TestRunner};
+
+    // The kind is re-run safe with 3 attempts, so reaping exercises both paths.
+    let mut runner = TestRunner::new(Config {
+        cases: 48,
+        ..Config::default()
+    });
+    let strategy = proptest::collection::vec(command_strategy(), 1..40);
+    for case in 0..48u64 {
+        let commands = strategy.new_tree(&mut runner).expect("strategy").current();
+        let kind = format!("model-{case}");
+        store
+            .kind_upsert(KindSpec {
+                name: kind.clone(),
+                builtin: false,
+                rerun_safe: true,
+                max_attempts: 3,
+                default_deadline_seconds: None,
+                max_deadline_seconds: None,
+            })
+            .await
+            .unwrap();
+        // Cases share the store; each runs in its own stretch of time.
+        let start = at(case * 1_000_000);
+        run_model_case(store, &kind, &commands, start).await;
+    }
+}
+
+async fn run_model_case(store: &dyn Store, kind: &str, commands: &[Command], start: Timestamp) {
+    let op = create(store, "model", kind).await;
+    let mut model = Model {
+        state: State::Queued,
+        version: 1,
+        attempt: 0,
+        has_lease: false,
+        cancel_requested: false,
+        cancellable: true,
+        units: None,
+    };
+    let mut task: Option<Task> = None;
+    let mut now = start;
+    let mut last_version = 1;
+    let mut terminal: Option<Operation> = None;
+
+    for (step, command) in commands.iter().enumerate() {
+        now = now.plus(Duration::from_secs(1));
+        let context = format!("step {step} {command:?} model {model:?}");
+        let token_for = |stale: bool| -> Option<Task> {
+            let mut t = task.clone()?;
+            if stale {
+                t.lease_token = "stale".into();
+            }
+            Some(t)
+        };
+        match command {
+            Command::Claim => {
+                // Retries wait for their backoff: claim far enough in the future.
+                now = now.plus(Duration::from_secs(600));
+                let tasks = claim(store, kind, 1, now).await;
+                let claimable = !model.has_lease && !model.state.is_terminal();
+                assert_eq!(tasks.len(), usize::from(claimable), "{context}");
+                if let Some(t) = tasks.into_iter().next() {
+                    model.state = State::Running;
+                    model.attempt = model.attempt.max(1);
+                    model.version += 1;
+                    model.has_lease = true;
+                    assert_eq!(t.attempt, model.attempt, "{context}");
+                    task = Some(t);
+                }
+            }
+            Command::Heartbeat {
+                stale,
+                units,
+                commit_point,
+            } => {
+                let Some(t) = token_for(*stale) else { continue };
+                let mut hb = heartbeat(&t, now);
+                hb.progress = Some(ProgressUpdate {
+                    completed_units: Some(f64::from(*units)),
+                    ..Default::default()
+                });
+                hb.cancellable = commit_point.then_some(false);
+                let result = store.task_heartbeat(hb).await;
+                if *stale || !model.has_lease {
+                    assert!(
+                        matches!(result, Err(StoreError::LeaseLost)),
+                        "{context}: {result:?}"
+                    );
+                } else {
+                    let ack = result.unwrap();
+                    let reported = f64::from(*units);
+                    let new_units = Some(model.units.map_or(reported, |old| old.max(reported)));
+                    let changed = new_units != model.units || (*commit_point && model.cancellable);
+                    if changed {
+                        model.version += 1;
+                    }
+                    model.units = new_units;
+                    model.cancellable &= !*commit_point;
+                    assert_eq!(ack.version, model.version, "{context}");
+                    assert_eq!(ack.cancel_requested, model.cancel_requested, "{context}");
+                }
+            }
+            Command::Complete { stale }
+            | Command::Fail { stale }
+            | Command::AckCancel { stale } => {
+                let Some(t) = token_for(*stale) else { continue };
+                let outcome = match command {
+                    Command::Complete { .. } => Outcome::Succeeded {
+                        result: Some(json!(step)),
+                    },
+                    Command::Fail { .. } => Outcome::Failed {
+                        error: OperationError {
+                            code: "boom".into(),
+                            message: "m".into(),
+                            retryable: false,
+                        },
+                    },
+                    _ => Outcome::Cancelled,
+                };
+                let result = store.task_finish(finish(&t, outcome, now)).await;
+                if *stale || !model.has_lease {
+                    assert!(
+                        matches!(result, Err(StoreError::LeaseLost)),
+                        "{context}: {result:?}"
+                    );
+                } else {
+                    let done = result.unwrap();
+                    model.state = match command {
+                        Command::Complete { .. } => State::Succeeded,
+                        Command::Fail { .. } => State::Failed,
+                        _ => State::Cancelled,
+                    };
+                    model.version += 1;
+                    model.has_lease = false;
+                    assert_eq!(
+                        (done.state, done.version),
+                        (model.state, model.version),
+                        "{context}"
+                    );
+                }
+            }
+            Command::Cancel => {
+                let result = store.operation_cancel(cancel("model", &op.id, now)).await;
+                match (model.state, model.cancel_requested, model.cancellable) {
+                    (s, _, _) if s.is_terminal() => {
+                        assert!(
+                            matches!(result, Ok(CancelOutcome::AlreadyTerminal(_))),
+                            "{context}: {result:?}"
+                        )
+                    }
+                    (State::Running, true, _) => {
+                        assert!(
+                            matches!(result, Ok(CancelOutcome::AlreadyRequested(_))),
+                            "{context}: {result:?}"
+                        )
+                    }
+                    (State::Running, false, false) => {
+                        assert!(
+                            matches!(result, Err(StoreError::NotCancellable)),
+                            "{context}: {result:?}"
+                        )
+                    }
+                    (State::Running, false, true) if model.has_lease => {
+                        assert!(
+                            matches!(result, Ok(CancelOutcome::Requested(_))),
+                            "{context}: {result:?}"
+                        );
+                        model.cancel_requested = true;
+                        model.version += 1;
+                    }
+                    _ => {
+                        // Queued, or running but waiting for a retry with no
+                        // worker holding it: cancelled at once.
+                        assert!(
+                            matches!(result, Ok(CancelOutcome::CancelledNow(_))),
+                            "{context}: {result:?}"
+                        );
+                        model.state = State::Cancelled;
+                        model.version += 1;
+                    }
+                }
+            }
+            Command::LapseAndReap => {
+                now = now.plus(LEASE).plus(Duration::from_secs(1));
+                let counts = store
+                    .task_reap(ReapParams { now, limit: 1000 })
+                    .await
+                    .unwrap();
+                if model.has_lease {
+                    model.has_lease = false;
+                    model.version += 1;
+                    if model.cancel_requested {
+                        model.state = State::Cancelled;
+                        assert_eq!(counts.ended_cancel_requested, 1, "{context}");
+                    } else if model.attempt < 3 {
+                        model.attempt += 1;
+                        assert_eq!(counts.requeued, 1, "{context}");
+                    } else {
+                        model.state = State::Failed;
+                        assert_eq!(counts.failed_outcome_unknown, 1, "{context}");
+                    }
+                } else {
+                    assert_eq!(counts, ReapCounts::default(), "{context}");
+                }
+            }
+        }
+
+        let stored = get(store, &op).await;
+        assert_eq!(
+            (stored.state, stored.version, stored.attempt),
+            (model.state, model.version, model.attempt),
+            "{context}"
+        );
+        assert!(
+            stored.version >= last_version,
+            "{context}: versions never go down"
+        );
+        last_version = stored.version;
+        match &terminal {
+            Some(frozen) => assert_eq!(
+                &stored, frozen,
+                "{context}: a terminal operation never changes"
+            ),
+            None if stored.state.is_terminal() => terminal = Some(stored),
+            None => {}
+        }
+    }
+    let history = store
+        .operation_history("model", &op.id)
+        .await
+        .unwrap()
+        .unwrap();
+    let versions: Vec<i64> = history.iter().map(|e| e.version).collect();
+    assert_eq!(
+        versions,
+        (1..=model.version).collect::<Vec<_>>(),
+        "one event per version, in order"
+    );
+    // Leave no live lease behind for the next case's reaper to find.
+    if let (true, Some(t)) = (model.has_lease, task) {
+        store
+            .task_finish(finish(&t, Outcome::Succeeded { result: None }, now))
+            .await
+            .unwrap();
+    }
+}

@@ -1,0 +1,32 @@
+//! What a store call can refuse, besides failing on IO.
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    #[error("not found")]
+    NotFound,
+    /// The lease token is not the current one, or the task is no longer running.
+    #[error("lease lost")]
+    LeaseLost,
+    /// The worker passed its commit point; cancellation is refused.
+    #[error("operation is not cancellable")]
+    NotCancellable,
+    /// `If-Match` named a version that is not the current one.
+    #[error("precondition failed: current version is {current_version}")]
+    PreconditionFailed { current_version: i64 },
+    /// The schema refused a state change (a bug in the caller if ever seen).
+    #[error("illegal state transition: {0}")]
+    IllegalTransition(String),
+    #[error("database error: {0}")]
+    Backend(String),
+}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        let text = e.to_string();
+        if text.contains("illegal state transition") || text.contains("terminal operation") {
+            StoreError::IllegalTransition(text)
+        } else {
+            StoreError::Backend(text)
+        }
+    }
+}

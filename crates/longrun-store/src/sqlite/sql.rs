@@ -1,0 +1,897 @@
+//! The SQL of the SQLite backend. Every function runs on a connection handed
+//! to it by the writer thread (inside a savepoint of a group commit) or by the
+//! reader pool; none of them opens its own transaction.
+
+use std::collections::BTreeMap;
+
+use longrun_core::apikey::Role;
+use longrun_core::fingerprint::Fingerprint;
+use longrun_core::id::random_base32;
+use longrun_core::lease::retry_backoff;
+use longrun_core::{Id, State, Timestamp};
+use rusqlite::types::Type;
+use rusqlite::{Connection, OptionalExtension, Row, params};
+use serde_json::{Value, json};
+
+use super::WritePolicy;
+use crate::*;
+
+const OP_COLUMNS: &str = "id, tenant, kind, state, version, attempt, input, callback_url, deadline_at, \
+    budget_max_cost, cost_units, labels, progress, result, error_code, error_message, error_retryable, \
+    cancel_requested_at, cancel_requested_by, cancel_reason, cancellable, idempotency_key, created_at, \
+    started_at, completed_at, updated_at, expires_at";
+
+const OP_COLUMN_COUNT: usize = 27;
+
+/// Who a cancellation by the server itself is attributed to.
+pub(crate) const SYSTEM: &str = "system";
+/// Cancel reasons that end the operation `failed` with the reason as its code.
+const FAILING_CANCEL_REASONS: [&str; 2] = ["deadline_exceeded", "budget_exhausted"];
+
+fn conversion_error(
+    idx: usize,
+    e: impl std::error::Error + Send + Sync + 'static,
+) -> rusqlite::Error {
+    rusqlite::Error::FromSqlConversionFailure(idx, Type::Text, Box::new(e))
+}
+
+fn json_column(r: &Row, idx: usize) -> rusqlite::Result<Option<Value>> {
+    let text: Option<String> = r.get(idx)?;
+    text.map(|t| serde_json::from_str(&t).map_err(|e| conversion_error(idx, e)))
+        .transpose()
+}
+
+fn ts(ms: Option<i64>) -> Option<Timestamp> {
+    ms.map(Timestamp)
+}
+
+fn state_column(r: &Row, idx: usize) -> rusqlite::Result<State> {
+    let s: String = r.get(idx)?;
+    s.parse().map_err(|e| conversion_error(idx, e))
+}
+
+fn operation_from_row(r: &Row) -> rusqlite::Result<Operation> {
+    let labels: BTreeMap<String, String> = match json_column(r, 11)? {
+        Some(v) => serde_json::from_value(v).map_err(|e| conversion_error(11, e))?,
+        None => BTreeMap::new(),
+    };
+    let error_code: Option<String> = r.get(14)?;
+    let cancel_requested_at: Option<i64> = r.get(17)?;
+    Ok(Operation {
+        id: Id::from_trusted(r.get(0)?),
+        tenant: r.get(1)?,
+        kind: r.get(2)?,
+        state: state_column(r, 3)?,
+        version: r.get(4)?,
+        attempt: r.get(5)?,
+        input: json_column(r, 6)?,
+        callback_url: r.get(7)?,
+        deadline_at: ts(r.get(8)?),
+        budget_max_cost: r.get(9)?,
+        cost_units: r.get(10)?,
+        labels,
+        progress: json_column(r, 12)?.map(|v| progress_from_json(&v)),
+        result: json_column(r, 13)?,
+        error: match error_code {
+            Some(code) => Some(OperationError {
+                code,
+                message: r.get::<_, Option<String>>(15)?.unwrap_or_default(),
+                retryable: r.get::<_, Option<bool>>(16)?.unwrap_or(false),
+            }),
+            None => None,
+        },
+        cancel: match cancel_requested_at {
+            Some(at) => Some(CancelRequest {
+                requested_at: Timestamp(at),
+                requested_by: r.get::<_, Option<String>>(18)?.unwrap_or_default(),
+                reason: r.get(19)?,
+            }),
+            None => None,
+        },
+        cancellable: r.get(20)?,
+        idempotency_key: r.get(21)?,
+        created_at: Timestamp(r.get(22)?),
+        started_at: ts(r.get(23)?),
+        completed_at: ts(r.get(24)?),
+        updated_at: Timestamp(r.get(25)?),
+        expires_at: ts(r.get(26)?),
+    })
+}
+
+fn progress_to_json(p: &Progress) -> Value {
+    json!({
+        "completed_units": p.completed_units,
+        "total_units": p.total_units,
+        "unit": p.unit,
+        "phase": p.phase,
+        "details": p.details,
+        "updated_at": p.updated_at.map(|t| t.0),
+    })
+}
+
+fn progress_from_json(v: &Value) -> Progress {
+    let text = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_owned);
+    Progress {
+        completed_units: v.get("completed_units").and_then(Value::as_f64),
+        total_units: v.get("total_units").and_then(Value::as_f64),
+        unit: text("unit"),
+        phase: text("phase"),
+        details: v.get("details").filter(|d| !d.is_null()).cloned(),
+        updated_at: v.get("updated_at").and_then(Value::as_i64).map(Timestamp),
+    }
+}
+
+fn event_insert(
+    c: &Connection,
+    operation_id: &str,
+    version: i64,
+    event_type: &str,
+    state: State,
+    at: Timestamp,
+    data: &Value,
+) -> Result<()> {
+    c.prepare_cached(
+        "INSERT INTO operation_events (operation_id, version, type, state, at, data) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    )?
+    .execute(params![operation_id, version, event_type, state.as_str(), at.0, data.to_string()])?;
+    Ok(())
+}
+
+fn operation_by_id(c: &Connection, id: &str) -> Result<Option<Operation>> {
+    let sql = format!("SELECT {OP_COLUMNS} FROM operations WHERE id = ?1");
+    Ok(c.prepare_cached(&sql)?
+        .query_row(params![id], operation_from_row)
+        .optional()?)
+}
+
+pub(super) fn operation_get(c: &Connection, tenant: &str, id: &Id) -> Result<Option<Operation>> {
+    // The tenant is part of the lookup: another tenant's id is simply absent.
+    let sql = format!("SELECT {OP_COLUMNS} FROM operations WHERE id = ?1 AND tenant = ?2");
+    Ok(c.prepare_cached(&sql)?
+        .query_row(params![id.as_str(), tenant], operation_from_row)
+        .optional()?)
+}
+
+pub(super) fn operation_accept(c: &Connection, p: &AcceptParams) -> Result<AcceptOutcome> {
+    if let Some((key, fingerprint)) = &p.idempotency {
+        // Insert-or-detect: the primary key on (tenant, kind, key) is where
+        // concurrent first requests converge, never an in-memory check.
+        let inserted = c
+            .prepare_cached(
+                "INSERT INTO idempotency_keys (tenant, kind, key, fingerprint, operation_id, created_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT DO NOTHING",
+            )?
+            .execute(params![p.tenant, p.kind, key.as_str(), &fingerprint.0[..], p.id.as_str(), p.now.0])?;
+        if inserted == 0 {
+            let (stored, operation_id): (Vec<u8>, String) = c
+                .prepare_cached(
+                    "SELECT fingerprint, operation_id FROM idempotency_keys WHERE tenant = ?1 AND kind = ?2 AND key = ?3",
+                )?
+                .query_row(params![p.tenant, p.kind, key.as_str()], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            let stored = Fingerprint(
+                stored
+                    .try_into()
+                    .map_err(|_| StoreError::Backend("bad fingerprint".into()))?,
+            );
+            let operation_id = Id::from_trusted(operation_id);
+            if !fingerprint.matches(&stored) {
+                return Ok(AcceptOutcome::KeyReused { operation_id });
+            }
+            let original =
+                operation_by_id(c, operation_id.as_str())?.ok_or(StoreError::NotFound)?;
+            return Ok(AcceptOutcome::Replayed(original));
+        }
+    }
+
+    let labels =
+        serde_json::to_string(&p.labels).map_err(|e| StoreError::Backend(e.to_string()))?;
+    let idempotency_key = p.idempotency.as_ref().map(|(k, _)| k.as_str());
+    c.prepare_cached(
+        "INSERT INTO operations (id, tenant, kind, state, version, attempt, input, callback_url, deadline_at,
+                                 budget_max_cost, labels, idempotency_key, created_at, updated_at)
+         VALUES (?1, ?2, ?3, 'queued', 1, 0, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10)",
+    )?
+    .execute(params![
+        p.id.as_str(),
+        p.tenant,
+        p.kind,
+        p.input.to_string(),
+        p.callback_url,
+        p.deadline_at.map(|t| t.0),
+        p.budget_max_cost,
+        labels,
+        idempotency_key,
+        p.now.0,
+    ])?;
+    let seq = c.last_insert_rowid();
+    event_insert(
+        c,
+        p.id.as_str(),
+        1,
+        "created",
+        State::Queued,
+        p.now,
+        &json!({}),
+    )?;
+    c.prepare_cached(
+        "INSERT INTO tasks (operation_id, seq, tenant, kind, status, available_at) VALUES (?1, ?2, ?3, ?4, 'ready', ?5)",
+    )?
+    .execute(params![p.id.as_str(), seq, p.tenant, p.kind, p.now.0])?;
+
+    Ok(AcceptOutcome::Created(Operation {
+        id: p.id.clone(),
+        tenant: p.tenant.clone(),
+        kind: p.kind.clone(),
+        state: State::Queued,
+        version: 1,
+        attempt: 0,
+        input: Some(p.input.clone()),
+        callback_url: p.callback_url.clone(),
+        deadline_at: p.deadline_at,
+        budget_max_cost: p.budget_max_cost,
+        cost_units: 0.0,
+        labels: p.labels.clone(),
+        progress: None,
+        result: None,
+        error: None,
+        cancel: None,
+        cancellable: true,
+        idempotency_key: idempotency_key.map(str::to_owned),
+        created_at: p.now,
+        started_at: None,
+        completed_at: None,
+        updated_at: p.now,
+        expires_at: None,
+    }))
+}
+
+pub(super) fn operation_list(c: &Connection, p: &ListParams) -> Result<OperationPage> {
+    let mut sql = format!("SELECT {OP_COLUMNS}, seq FROM operations WHERE tenant = ?1");
+    let mut args: Vec<Box<dyn rusqlite::ToSql>> = vec![Box::new(p.tenant.clone())];
+    if let Some(state) = p.state {
+        args.push(Box::new(state.as_str()));
+        sql.push_str(&format!(" AND state = ?{}", args.len()));
+    }
+    if let Some(kind) = &p.kind {
+        args.push(Box::new(kind.clone()));
+        sql.push_str(&format!(" AND kind = ?{}", args.len()));
+    }
+    if let Some((key, value)) = &p.label {
+        // Label keys are validated to [a-z0-9_.-/], so quoting the path is safe.
+        args.push(Box::new(format!("$.\"{key}\"")));
+        args.push(Box::new(value.clone()));
+        sql.push_str(&format!(
+            " AND json_extract(labels, ?{}) = ?{}",
+            args.len() - 1,
+            args.len()
+        ));
+    }
+    if let Some(before) = p.before_seq {
+        args.push(Box::new(before));
+        sql.push_str(&format!(" AND seq < ?{}", args.len()));
+    }
+    let page_size = i64::from(p.page_size.max(1));
+    args.push(Box::new(page_size + 1));
+    sql.push_str(&format!(" ORDER BY seq DESC LIMIT ?{}", args.len()));
+
+    let mut stmt = c.prepare_cached(&sql)?;
+    let rows = stmt.query_map(rusqlite::params_from_iter(args.iter()), |r| {
+        let seq: i64 = r.get(OP_COLUMN_COUNT)?;
+        Ok((seq, operation_from_row(r)?))
+    })?;
+    let mut operations = Vec::new();
+    let mut seqs = Vec::new();
+    for row in rows {
+        let (seq, op) = row?;
+        seqs.push(seq);
+        operations.push(op);
+    }
+    let next_before_seq = if operations.len() as i64 > page_size {
+        operations.truncate(page_size as usize);
+        seqs.get(page_size as usize - 1).copied()
+    } else {
+        None
+    };
+    Ok(OperationPage {
+        operations,
+        next_before_seq,
+    })
+}
+
+pub(super) fn operation_history(
+    c: &Connection,
+    tenant: &str,
+    id: &Id,
+) -> Result<Option<Vec<Event>>> {
+    let owned: Option<i64> = c
+        .prepare_cached("SELECT 1 FROM operations WHERE id = ?1 AND tenant = ?2")?
+        .query_row(params![id.as_str(), tenant], |r| r.get(0))
+        .optional()?;
+    if owned.is_none() {
+        return Ok(None);
+    }
+    let mut stmt = c.prepare_cached(
+        "SELECT version, type, state, at, data FROM operation_events WHERE operation_id = ?1 ORDER BY version",
+    )?;
+    let events = stmt
+        .query_map(params![id.as_str()], |r| {
+            Ok(Event {
+                operation_id: id.clone(),
+                version: r.get(0)?,
+                event_type: r.get(1)?,
+                state: state_column(r, 2)?,
+                at: Timestamp(r.get(3)?),
+                data: json_column(r, 4)?.unwrap_or(Value::Null),
+            })
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    Ok(Some(events))
+}
+
+/// Moves a non-terminal operation to a terminal state, removes its dispatch
+/// record, drops its input (unless kept) and records the event.
+fn operation_end(
+    c: &Connection,
+    policy: WritePolicy,
+    id: &str,
+    to: State,
+    result: Option<&Value>,
+    error: Option<&OperationError>,
+    now: Timestamp,
+) -> Result<()> {
+    debug_assert!(to.is_terminal());
+    let expires_at = now.plus(policy.operation_retention);
+    let version: Option<i64> = c
+        .prepare_cached(
+            "UPDATE operations
+                SET state = ?2, version = version + 1, result = ?3, error_code = ?4, error_message = ?5,
+                    error_retryable = ?6, completed_at = ?7, updated_at = ?7, expires_at = ?8,
+                    input = CASE WHEN ?9 THEN input ELSE NULL END
+              WHERE id = ?1 AND state IN ('queued', 'running')
+          RETURNING version",
+        )?
+        .query_row(
+            params![
+                id,
+                to.as_str(),
+                result.map(Value::to_string),
+                error.map(|e| e.code.as_str()),
+                error.map(|e| e.message.as_str()),
+                error.map(|e| e.retryable),
+                now.0,
+                expires_at.0,
+                policy.keep_inputs,
+            ],
+            |r| r.get(0),
+        )
+        .optional()?;
+    let version = version.ok_or(StoreError::LeaseLost)?;
+    c.prepare_cached("DELETE FROM tasks WHERE operation_id = ?1")?
+        .execute(params![id])?;
+    let data = match error {
+        Some(e) => {
+            json!({"error": {"code": e.code, "message": e.message, "retryable": e.retryable}})
+        }
+        None => json!({}),
+    };
+    event_insert(c, id, version, to.as_str(), to, now, &data)
+}
+
+pub(super) fn operation_cancel(
+    c: &Connection,
+    policy: WritePolicy,
+    p: &CancelParams,
+) -> Result<CancelOutcome> {
+    let op = operation_get(c, &p.tenant, &p.id)?.ok_or(StoreError::NotFound)?;
+    if op.state.is_terminal() {
+        // Nothing would change, so a stale If-Match cannot lose an update.
+        return Ok(CancelOutcome::AlreadyTerminal(op));
+    }
+    if let Some(expected) = p.if_match {
+        if expected != op.version {
+            return Err(StoreError::PreconditionFailed {
+                current_version: op.version,
+            });
+        }
+    }
+    if op.cancel.is_some() {
+        return Ok(CancelOutcome::AlreadyRequested(op));
+    }
+    if !op.cancellable {
+        return Err(StoreError::NotCancellable);
+    }
+    c.prepare_cached(
+        "UPDATE operations SET cancel_requested_at = ?2, cancel_requested_by = ?3, cancel_reason = ?4 WHERE id = ?1",
+    )?
+    .execute(params![p.id.as_str(), p.now.0, p.requested_by, p.reason])?;
+    // Running work waiting for a retry has no worker to tell: like queued
+    // work, it is cancelled at once.
+    let leased: Option<bool> = c
+        .prepare_cached("SELECT status = 'leased' FROM tasks WHERE operation_id = ?1")?
+        .query_row(params![p.id.as_str()], |r| r.get(0))
+        .optional()?;
+    match leased {
+        Some(false) | None => {
+            operation_end(
+                c,
+                policy,
+                p.id.as_str(),
+                State::Cancelled,
+                None,
+                None,
+                p.now,
+            )?;
+            let op = operation_by_id(c, p.id.as_str())?.ok_or(StoreError::NotFound)?;
+            Ok(CancelOutcome::CancelledNow(op))
+        }
+        Some(true) => {
+            let version: i64 = c
+                .prepare_cached(
+                    "UPDATE operations SET version = version + 1, updated_at = ?2
+                      WHERE id = ?1 AND state = 'running' RETURNING version",
+                )?
+                .query_row(params![p.id.as_str(), p.now.0], |r| r.get(0))?;
+            let data = json!({"requested_by": p.requested_by, "reason": p.reason});
+            event_insert(
+                c,
+                p.id.as_str(),
+                version,
+                "cancel_requested",
+                State::Running,
+                p.now,
+                &data,
+            )?;
+            let op = operation_by_id(c, p.id.as_str())?.ok_or(StoreError::NotFound)?;
+            Ok(CancelOutcome::Requested(op))
+        }
+    }
+}
+
+pub(super) fn task_claim(
+    c: &Connection,
+    policy: WritePolicy,
+    p: &ClaimParams,
+) -> Result<Vec<Task>> {
+    if p.kinds.is_empty() || p.max_tasks == 0 {
+        return Ok(Vec::new());
+    }
+    let placeholders = (0..p.kinds.len())
+        .map(|i| format!("?{}", i + 3))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let sql = format!(
+        "SELECT operation_id FROM tasks
+          WHERE status = 'ready' AND kind IN ({placeholders}) AND available_at <= ?1
+          ORDER BY seq LIMIT ?2"
+    );
+    let mut args: Vec<&dyn rusqlite::ToSql> = vec![&p.now.0, &p.max_tasks];
+    args.extend(p.kinds.iter().map(|k| k as &dyn rusqlite::ToSql));
+    let ids: Vec<String> = c
+        .prepare_cached(&sql)?
+        .query_map(args.as_slice(), |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+
+    let lease_expires_at = p.now.plus(p.lease);
+    let mut tasks = Vec::with_capacity(ids.len());
+    for id in ids {
+        let deadline_at: Option<i64> = c
+            .prepare_cached("SELECT deadline_at FROM operations WHERE id = ?1")?
+            .query_row(params![id], |r| r.get(0))?;
+        if deadline_at.is_some_and(|d| d <= p.now.0) {
+            // A queued operation whose deadline passed is never started.
+            let error = OperationError {
+                code: "deadline_exceeded".into(),
+                message: "the deadline passed before the operation could start".into(),
+                retryable: false,
+            };
+            operation_end(c, policy, &id, State::Failed, None, Some(&error), p.now)?;
+            continue;
+        }
+        let token = random_base32::<16>();
+        c.prepare_cached(
+            "UPDATE tasks SET status = 'leased', lease_token = ?2, lease_expires_at = ?3, worker_id = ?4
+              WHERE operation_id = ?1 AND status = 'ready'",
+        )?
+        .execute(params![id, token, lease_expires_at.0, p.worker_id])?;
+        let task = c
+            .prepare_cached(
+                "UPDATE operations
+                    SET state = 'running', attempt = MAX(attempt, 1), started_at = COALESCE(started_at, ?2),
+                        version = version + 1, updated_at = ?2
+                  WHERE id = ?1 AND state IN ('queued', 'running')
+              RETURNING version, attempt, input, tenant, kind, budget_max_cost",
+            )?
+            .query_row(params![id, p.now.0], |r| {
+                let version: i64 = r.get(0)?;
+                Ok((
+                    version,
+                    Task {
+                        operation_id: Id::from_trusted(id.clone()),
+                        tenant: r.get(3)?,
+                        kind: r.get(4)?,
+                        input: json_column(r, 2)?.unwrap_or(Value::Null),
+                        attempt: r.get(1)?,
+                        lease_token: token.clone(),
+                        lease_expires_at,
+                        deadline_at: ts(deadline_at),
+                        budget_max_cost: r.get(5)?,
+                    },
+                ))
+            })?;
+        let (version, task) = task;
+        let data = json!({"attempt": task.attempt, "worker_id": p.worker_id});
+        event_insert(c, &id, version, "started", State::Running, p.now, &data)?;
+        tasks.push(task);
+    }
+    Ok(tasks)
+}
+
+/// The fenced view of a running task: present only for the current lease holder.
+struct Fenced {
+    version: i64,
+    progress: Option<Progress>,
+    cost_units: f64,
+    cancellable: bool,
+    cancel_requested: bool,
+    cancel_reason: Option<String>,
+    cancel_requested_by: Option<String>,
+}
+
+fn fenced(c: &Connection, operation_id: &Id, lease_token: &str) -> Result<Fenced> {
+    c.prepare_cached(
+        "SELECT o.version, o.progress, o.cost_units, o.cancellable, o.cancel_requested_at IS NOT NULL,
+                o.cancel_reason, o.cancel_requested_by
+           FROM tasks t JOIN operations o ON o.id = t.operation_id
+          WHERE t.operation_id = ?1 AND t.status = 'leased' AND t.lease_token = ?2 AND o.state = 'running'",
+    )?
+    .query_row(params![operation_id.as_str(), lease_token], |r| {
+        Ok(Fenced {
+            version: r.get(0)?,
+            progress: json_column(r, 1)?.map(|v| progress_from_json(&v)),
+            cost_units: r.get(2)?,
+            cancellable: r.get(3)?,
+            cancel_requested: r.get(4)?,
+            cancel_reason: r.get(5)?,
+            cancel_requested_by: r.get(6)?,
+        })
+    })
+    .optional()?
+    .ok_or(StoreError::LeaseLost)
+}
+
+/// Merges a worker's report into the stored progress. Completed units never
+/// go backwards; fields the worker leaves out keep their value.
+fn merge_progress(old: Option<&Progress>, update: &ProgressUpdate) -> Progress {
+    let old = old.cloned().unwrap_or_default();
+    let completed_units = match (old.completed_units, update.completed_units) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => b.or(a),
+    };
+    Progress {
+        completed_units,
+        total_units: update.total_units.or(old.total_units),
+        unit: update.unit.clone().or(old.unit),
+        phase: update.phase.clone().or(old.phase),
+        details: update.details.clone().or(old.details),
+        updated_at: old.updated_at,
+    }
+}
+
+pub(super) fn task_heartbeat(c: &Connection, p: &HeartbeatParams) -> Result<HeartbeatAck> {
+    let current = fenced(c, &p.operation_id, &p.lease_token)?;
+    let lease_expires_at = p.now.plus(p.lease);
+    c.prepare_cached("UPDATE tasks SET lease_expires_at = ?2 WHERE operation_id = ?1")?
+        .execute(params![p.operation_id.as_str(), lease_expires_at.0])?;
+
+    let mut progress = current.progress.clone();
+    if let Some(update) = &p.progress {
+        let mut merged = merge_progress(current.progress.as_ref(), update);
+        let unchanged = current.progress.as_ref().is_some_and(|old| {
+            let mut old = old.clone();
+            old.updated_at = merged.updated_at;
+            old == merged
+        });
+        if !unchanged {
+            merged.updated_at = Some(p.now);
+            progress = Some(merged);
+        }
+    }
+    let cost_units = p
+        .cost_units
+        .map_or(current.cost_units, |c| c.max(current.cost_units));
+    // Once past the commit point, an operation stays uncancellable.
+    let cancellable = current.cancellable && p.cancellable.unwrap_or(true);
+
+    let changed = progress != current.progress
+        || cost_units != current.cost_units
+        || cancellable != current.cancellable;
+    let mut version = current.version;
+    if changed {
+        version = c
+            .prepare_cached(
+                "UPDATE operations SET progress = ?2, cost_units = ?3, cancellable = ?4, version = version + 1,
+                        updated_at = ?5
+                  WHERE id = ?1 AND state = 'running' RETURNING version",
+            )?
+            .query_row(
+                params![
+                    p.operation_id.as_str(),
+                    progress.as_ref().map(|p| progress_to_json(p).to_string()),
+                    cost_units,
+                    cancellable,
+                    p.now.0
+                ],
+                |r| r.get(0),
+            )?;
+        let data = json!({
+            "progress": progress.as_ref().map(progress_to_json),
+            "cost_units": cost_units,
+            "cancellable": cancellable,
+        });
+        event_insert(
+            c,
+            p.operation_id.as_str(),
+            version,
+            "progress",
+            State::Running,
+            p.now,
+            &data,
+        )?;
+    }
+    Ok(HeartbeatAck {
+        lease_expires_at,
+        cancel_requested: current.cancel_requested,
+        cancel_reason: current.cancel_reason,
+        version,
+    })
+}
+
+/// The error a cancellation by the server itself ends with, if it was one.
+fn failing_cancel(requested_by: Option<&str>, reason: Option<&str>) -> Option<OperationError> {
+    let reason =
+        reason.filter(|r| requested_by == Some(SYSTEM) && FAILING_CANCEL_REASONS.contains(r))?;
+    Some(OperationError {
+        code: reason.to_owned(),
+        message: match reason {
+            "deadline_exceeded" => "the operation's deadline passed".to_owned(),
+            _ => "the operation's cost budget was exhausted".to_owned(),
+        },
+        retryable: false,
+    })
+}
+
+pub(super) fn task_finish(
+    c: &Connection,
+    policy: WritePolicy,
+    p: &FinishParams,
+) -> Result<Operation> {
+    let current = fenced(c, &p.operation_id, &p.lease_token)?;
+    let id = p.operation_id.as_str();
+    match &p.outcome {
+        Outcome::Succeeded { result } => {
+            let value = result.clone().unwrap_or(Value::Null);
+            operation_end(c, policy, id, State::Succeeded, Some(&value), None, p.now)?;
+        }
+        Outcome::Failed { error } => {
+            operation_end(c, policy, id, State::Failed, None, Some(error), p.now)?;
+        }
+        Outcome::Cancelled => {
+            match failing_cancel(
+                current.cancel_requested_by.as_deref(),
+                current.cancel_reason.as_deref(),
+            ) {
+                Some(error) => {
+                    operation_end(c, policy, id, State::Failed, None, Some(&error), p.now)?
+                }
+                None => operation_end(c, policy, id, State::Cancelled, None, None, p.now)?,
+            }
+        }
+    }
+    operation_by_id(c, id)?.ok_or(StoreError::NotFound)
+}
+
+pub(super) fn task_reap(c: &Connection, policy: WritePolicy, p: &ReapParams) -> Result<ReapCounts> {
+    struct Expired {
+        id: String,
+        attempt: i64,
+        cancel_requested: bool,
+        cancel_requested_by: Option<String>,
+        cancel_reason: Option<String>,
+        rerun_safe: bool,
+        max_attempts: i64,
+    }
+    let expired: Vec<Expired> = c
+        .prepare_cached(
+            "SELECT t.operation_id, o.attempt, o.cancel_requested_at IS NOT NULL, o.cancel_requested_by,
+                    o.cancel_reason, COALESCE(k.rerun_safe, 0), COALESCE(k.max_attempts, 1)
+               FROM tasks t
+               JOIN operations o ON o.id = t.operation_id
+               LEFT JOIN kinds k ON k.name = t.kind
+              WHERE t.status = 'leased' AND t.lease_expires_at < ?1
+              ORDER BY t.lease_expires_at LIMIT ?2",
+        )?
+        .query_map(params![p.now.0, p.limit], |r| {
+            Ok(Expired {
+                id: r.get(0)?,
+                attempt: r.get(1)?,
+                cancel_requested: r.get(2)?,
+                cancel_requested_by: r.get(3)?,
+                cancel_reason: r.get(4)?,
+                rerun_safe: r.get(5)?,
+                max_attempts: r.get(6)?,
+            })
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+
+    let mut counts = ReapCounts::default();
+    for task in expired {
+        if task.cancel_requested {
+            // Cancellation was asked for and the worker is gone: honour it.
+            match failing_cancel(
+                task.cancel_requested_by.as_deref(),
+                task.cancel_reason.as_deref(),
+            ) {
+                Some(error) => operation_end(
+                    c,
+                    policy,
+                    &task.id,
+                    State::Failed,
+                    None,
+                    Some(&error),
+                    p.now,
+                )?,
+                None => operation_end(c, policy, &task.id, State::Cancelled, None, None, p.now)?,
+            }
+            counts.ended_cancel_requested += 1;
+        } else if task.rerun_safe && task.attempt < task.max_attempts {
+            let next_attempt = task.attempt + 1;
+            let available_at = p.now.plus(retry_backoff(next_attempt));
+            c.prepare_cached(
+                "UPDATE tasks SET status = 'ready', lease_token = NULL, lease_expires_at = NULL, worker_id = NULL,
+                        available_at = ?2
+                  WHERE operation_id = ?1",
+            )?
+            .execute(params![task.id, available_at.0])?;
+            let version: i64 = c
+                .prepare_cached(
+                    "UPDATE operations SET attempt = ?2, version = version + 1, updated_at = ?3
+                      WHERE id = ?1 AND state = 'running' RETURNING version",
+                )?
+                .query_row(params![task.id, next_attempt, p.now.0], |r| r.get(0))?;
+            let data = json!({"reason": "lease_expired", "next_attempt": next_attempt, "available_at": available_at.0});
+            event_insert(
+                c,
+                &task.id,
+                version,
+                "retry_scheduled",
+                State::Running,
+                p.now,
+                &data,
+            )?;
+            counts.requeued += 1;
+        } else {
+            let error = OperationError {
+                code: "outcome_unknown".into(),
+                message: "the worker stopped renewing its lease after starting work that is not safe to re-run; \
+                          external effects may have happened"
+                    .into(),
+                retryable: false,
+            };
+            operation_end(
+                c,
+                policy,
+                &task.id,
+                State::Failed,
+                None,
+                Some(&error),
+                p.now,
+            )?;
+            counts.failed_outcome_unknown += 1;
+        }
+    }
+    Ok(counts)
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("unknown role {0:?}")]
+struct UnknownRole(String);
+
+fn api_key_from_row(r: &Row) -> rusqlite::Result<ApiKeyRecord> {
+    let role: String = r.get(2)?;
+    Ok(ApiKeyRecord {
+        id: Id::from_trusted(r.get(0)?),
+        tenant: r.get(1)?,
+        role: Role::parse(&role).ok_or_else(|| conversion_error(2, UnknownRole(role)))?,
+        secret_hash: r.get(3)?,
+        created_at: Timestamp(r.get(4)?),
+        revoked_at: ts(r.get(5)?),
+    })
+}
+
+pub(super) fn api_key_create(c: &Connection, p: &ApiKeyCreateParams) -> Result<()> {
+    c.prepare_cached(
+        "INSERT INTO tenants (name, created_at) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
+    )?
+    .execute(params![p.tenant, p.now.0])?;
+    c.prepare_cached(
+        "INSERT INTO api_keys (id, tenant, role, secret_hash, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+    )?
+    .execute(params![p.id.as_str(), p.tenant, p.role.as_str(), &p.secret_hash[..], p.now.0])?;
+    Ok(())
+}
+
+pub(super) fn api_key_get(c: &Connection, id: &Id) -> Result<Option<ApiKeyRecord>> {
+    Ok(c.prepare_cached(
+        "SELECT id, tenant, role, secret_hash, created_at, revoked_at FROM api_keys WHERE id = ?1",
+    )?
+    .query_row(params![id.as_str()], api_key_from_row)
+    .optional()?)
+}
+
+pub(super) fn api_key_list(c: &Connection) -> Result<Vec<ApiKeyRecord>> {
+    Ok(c
+        .prepare_cached(
+            "SELECT id, tenant, role, secret_hash, created_at, revoked_at FROM api_keys ORDER BY created_at, id",
+        )?
+        .query_map([], api_key_from_row)?
+        .collect::<rusqlite::Result<_>>()?)
+}
+
+pub(super) fn api_key_revoke(c: &Connection, id: &Id, now: Timestamp) -> Result<bool> {
+    let n = c
+        .prepare_cached("UPDATE api_keys SET revoked_at = ?2 WHERE id = ?1 AND revoked_at IS NULL")?
+        .execute(params![id.as_str(), now.0])?;
+    Ok(n == 1)
+}
+
+pub(super) fn api_key_count(c: &Connection) -> Result<u64> {
+    let n: i64 = c.query_row("SELECT COUNT(*) FROM api_keys", [], |r| r.get(0))?;
+    Ok(u64::try_from(n).unwrap_or(0))
+}
+
+fn kind_from_row(r: &Row) -> rusqlite::Result<KindSpec> {
+    Ok(KindSpec {
+        name: r.get(0)?,
+        builtin: r.get(1)?,
+        rerun_safe: r.get(2)?,
+        max_attempts: r.get(3)?,
+        default_deadline_seconds: r.get(4)?,
+        max_deadline_seconds: r.get(5)?,
+    })
+}
+
+pub(super) fn kind_upsert(c: &Connection, k: &KindSpec) -> Result<()> {
+    c.prepare_cached(
+        "INSERT INTO kinds (name, builtin, rerun_safe, max_attempts, default_deadline_seconds, max_deadline_seconds)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+         ON CONFLICT (name) DO UPDATE SET builtin = excluded.builtin, rerun_safe = excluded.rerun_safe,
+             max_attempts = excluded.max_attempts, default_deadline_seconds = excluded.default_deadline_seconds,
+             max_deadline_seconds = excluded.max_deadline_seconds",
+    )?
+    .execute(params![
+        k.name,
+        k.builtin,
+        k.rerun_safe,
+        k.max_attempts,
+        k.default_deadline_seconds,
+        k.max_deadline_seconds
+    ])?;
+    Ok(())
+}
+
+const KIND_COLUMNS: &str =
+    "name, builtin, rerun_safe, max_attempts, default_deadline_seconds, max_deadline_seconds";
+
+pub(super) fn kind_get(c: &Connection, name: &str) -> Result<Option<KindSpec>> {
+    let sql = format!("SELECT {KIND_COLUMNS} FROM kinds WHERE name = ?1");
+    Ok(c.prepare_cached(&sql)?
+        .query_row(params![name], kind_from_row)
+        .optional()?)
+}
+
+pub(super) fn kind_list(c: &Connection) -> Result<Vec<KindSpec>> {
+    let sql = format!("SELECT {KIND_COLUMNS} FROM kinds ORDER BY name");
+    Ok(c.prepare_cached(&sql)?
+        .query_map([], kind_from_row)?
+        .collect::<rusqlite::Result<_>>()?)
+}

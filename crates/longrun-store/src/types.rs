@@ -1,0 +1,261 @@
+//! Records and params of the [`Store`](crate::Store) trait. Storage types, not
+//! wire types: the HTTP edge maps them to the public representation.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use longrun_core::apikey::Role;
+use longrun_core::fingerprint::Fingerprint;
+use longrun_core::{Id, IdempotencyKey, State, Timestamp};
+use serde_json::Value;
+
+/// An operation as stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Operation {
+    pub id: Id,
+    pub tenant: String,
+    pub kind: String,
+    pub state: State,
+    pub version: i64,
+    pub attempt: i64,
+    /// Dropped (None) once the operation ends, unless inputs are kept.
+    pub input: Option<Value>,
+    pub callback_url: Option<String>,
+    pub deadline_at: Option<Timestamp>,
+    pub budget_max_cost: Option<f64>,
+    pub cost_units: f64,
+    pub labels: BTreeMap<String, String>,
+    pub progress: Option<Progress>,
+    pub result: Option<Value>,
+    pub error: Option<OperationError>,
+    pub cancel: Option<CancelRequest>,
+    pub cancellable: bool,
+    pub created_at: Timestamp,
+    pub started_at: Option<Timestamp>,
+    pub completed_at: Option<Timestamp>,
+    pub updated_at: Timestamp,
+    /// When the record itself will be removed; set when it becomes terminal.
+    pub expires_at: Option<Timestamp>,
+    /// The `Idempotency-Key` it was submitted with, if any; its record lives
+    /// exactly as long as the operation's.
+    pub idempotency_key: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Progress {
+    pub completed_units: Option<f64>,
+    pub total_units: Option<f64>,
+    pub unit: Option<String>,
+    pub phase: Option<String>,
+    pub details: Option<Value>,
+    pub updated_at: Option<Timestamp>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct OperationError {
+    pub code: String,
+    pub message: String,
+    pub retryable: bool,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct CancelRequest {
+    pub requested_at: Timestamp,
+    /// The API key id (or `system`) that asked.
+    pub requested_by: String,
+    pub reason: Option<String>,
+}
+
+/// One entry of an operation's audit trail; `version` is unique per operation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    pub operation_id: Id,
+    pub version: i64,
+    pub event_type: String,
+    pub state: State,
+    pub at: Timestamp,
+    pub data: Value,
+}
+
+#[derive(Debug, Clone)]
+pub struct AcceptParams {
+    pub id: Id,
+    pub tenant: String,
+    pub kind: String,
+    pub input: Value,
+    pub callback_url: Option<String>,
+    pub deadline_at: Option<Timestamp>,
+    pub budget_max_cost: Option<f64>,
+    pub labels: BTreeMap<String, String>,
+    /// `None` only when the server's policy makes keys optional.
+    pub idempotency: Option<(IdempotencyKey, Fingerprint)>,
+    pub now: Timestamp,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum AcceptOutcome {
+    Created(Operation),
+    /// Same key, same canonical request: the original operation.
+    Replayed(Operation),
+    /// Same key, different request: nothing was created.
+    KeyReused {
+        operation_id: Id,
+    },
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ListParams {
+    pub tenant: String,
+    pub state: Option<State>,
+    pub kind: Option<String>,
+    pub label: Option<(String, String)>,
+    pub page_size: u32,
+    /// Exclusive upper bound on the internal sequence number (newest first).
+    pub before_seq: Option<i64>,
+}
+
+#[derive(Debug, Clone)]
+pub struct OperationPage {
+    pub operations: Vec<Operation>,
+    /// The cursor for the next page, if there may be one.
+    pub next_before_seq: Option<i64>,
+}
+
+#[derive(Debug, Clone)]
+pub struct CancelParams {
+    pub tenant: String,
+    pub id: Id,
+    pub requested_by: String,
+    pub reason: Option<String>,
+    pub if_match: Option<i64>,
+    pub now: Timestamp,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum CancelOutcome {
+    /// Was queued, is now `cancelled`.
+    CancelledNow(Operation),
+    /// Was running; the worker will be told.
+    Requested(Operation),
+    /// Running and already asked to cancel: unchanged.
+    AlreadyRequested(Operation),
+    /// Terminal: unchanged.
+    AlreadyTerminal(Operation),
+}
+
+#[derive(Debug, Clone)]
+pub struct ClaimParams {
+    pub kinds: Vec<String>,
+    pub max_tasks: u32,
+    pub lease: Duration,
+    pub worker_id: String,
+    pub now: Timestamp,
+}
+
+/// A leased unit of work.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Task {
+    pub operation_id: Id,
+    pub tenant: String,
+    pub kind: String,
+    pub input: Value,
+    pub attempt: i64,
+    pub lease_token: String,
+    pub lease_expires_at: Timestamp,
+    pub deadline_at: Option<Timestamp>,
+    pub budget_max_cost: Option<f64>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ProgressUpdate {
+    pub completed_units: Option<f64>,
+    pub total_units: Option<f64>,
+    pub unit: Option<String>,
+    pub phase: Option<String>,
+    pub details: Option<Value>,
+}
+
+#[derive(Debug, Clone)]
+pub struct HeartbeatParams {
+    pub operation_id: Id,
+    pub lease_token: String,
+    pub lease: Duration,
+    pub progress: Option<ProgressUpdate>,
+    /// Total cost so far (not an increment); never decreases.
+    pub cost_units: Option<f64>,
+    /// `Some(false)` marks the commit point.
+    pub cancellable: Option<bool>,
+    pub now: Timestamp,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct HeartbeatAck {
+    pub lease_expires_at: Timestamp,
+    pub cancel_requested: bool,
+    pub cancel_reason: Option<String>,
+    pub version: i64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    Succeeded {
+        result: Option<Value>,
+    },
+    Failed {
+        error: OperationError,
+    },
+    /// The worker acknowledged a cancellation.
+    Cancelled,
+}
+
+#[derive(Debug, Clone)]
+pub struct FinishParams {
+    pub operation_id: Id,
+    pub lease_token: String,
+    pub outcome: Outcome,
+    pub now: Timestamp,
+}
+
+#[derive(Debug, Clone)]
+pub struct ReapParams {
+    pub now: Timestamp,
+    pub limit: u32,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReapCounts {
+    pub requeued: u64,
+    pub failed_outcome_unknown: u64,
+    /// Cancellation had been requested and the worker vanished: ended as asked.
+    pub ended_cancel_requested: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct ApiKeyCreateParams {
+    pub id: Id,
+    pub tenant: String,
+    pub role: Role,
+    pub secret_hash: [u8; 32],
+    pub now: Timestamp,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiKeyRecord {
+    pub id: Id,
+    pub tenant: String,
+    pub role: Role,
+    pub secret_hash: Vec<u8>,
+    pub created_at: Timestamp,
+    pub revoked_at: Option<Timestamp>,
+}
+
+/// A declared operation kind.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KindSpec {
+    pub name: String,
+    pub builtin: bool,
+    pub rerun_safe: bool,
+    pub max_attempts: i64,
+    pub default_deadline_seconds: Option<i64>,
+    pub max_deadline_seconds: Option<i64>,
+}
