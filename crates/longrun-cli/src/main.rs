@@ -1,1 +1,356 @@
-fn main() {}
+//! `longrun`: the one binary (CONTRACT §1). A thin clap layer over the server,
+//! the store and (later) the client SDK.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use longrun_core::apikey::{NewApiKey, Role};
+use longrun_core::duration::parse_duration;
+use longrun_core::{Clock, Id, IdKind, SystemClock};
+use longrun_server::{CallbackPolicy, Config, ServeOptions};
+use longrun_store::{ApiKeyCreateParams, KindSpec, SqliteConfig, SqliteStore, Store};
+
+#[derive(Parser)]
+#[command(
+    name = "longrun",
+    version,
+    about = "A durable server for HTTP work that finishes later."
+)]
+struct Cli {
+    #[command(flatten)]
+    global: Global,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Args, Clone)]
+struct Global {
+    /// Where the embedded database (longrun.db) and artifacts live.
+    #[arg(
+        long,
+        env = "LONGRUN_DATA_DIR",
+        default_value = "./longrun-data",
+        global = true
+    )]
+    data_dir: PathBuf,
+    /// A postgres:// URL to use PostgreSQL instead of the embedded SQLite.
+    #[arg(long, env = "LONGRUN_DATABASE", global = true)]
+    database: Option<String>,
+    /// Log format.
+    #[arg(
+        long,
+        env = "LONGRUN_LOG_FORMAT",
+        value_enum,
+        default_value = "text",
+        global = true
+    )]
+    log_format: LogFormat,
+    /// Log filter (tracing EnvFilter syntax), e.g. `info` or `longrun=debug`.
+    #[arg(long, env = "LONGRUN_LOG", default_value = "info", global = true)]
+    log: String,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the HTTP API with built-in workers and maintenance loops.
+    Serve(ServeArgs),
+    /// Apply schema migrations and exit (serve also applies them at start).
+    Migrate,
+    /// Manage API keys.
+    #[command(subcommand)]
+    Keys(KeysCommand),
+    /// Declare the operation kinds that remote workers serve.
+    #[command(subcommand)]
+    Kinds(KindsCommand),
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    #[arg(long, env = "LONGRUN_LISTEN", default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+    /// Largest request body accepted, in bytes.
+    #[arg(long, env = "LONGRUN_MAX_BODY_BYTES", default_value_t = 1024 * 1024)]
+    max_body_bytes: usize,
+    /// Run the built-in kinds (sleep) in this process.
+    #[arg(long, env = "LONGRUN_BUILTIN_WORKERS", default_value_t = true, action = clap::ArgAction::Set)]
+    builtin_workers: bool,
+    /// Built-in tasks run at once in this process.
+    #[arg(long, env = "LONGRUN_WORKER_CONCURRENCY", default_value_t = 64)]
+    worker_concurrency: usize,
+    /// Refuse submissions without an Idempotency-Key header.
+    #[arg(long, env = "LONGRUN_REQUIRE_IDEMPOTENCY_KEY", default_value_t = true, action = clap::ArgAction::Set)]
+    require_idempotency_key: bool,
+    /// How long a finished operation (and its idempotency record) is kept.
+    #[arg(long, env = "LONGRUN_OPERATION_RETENTION", default_value = "30d", value_parser = parse_duration)]
+    operation_retention: Duration,
+    /// Keep each operation's input after it ends.
+    #[arg(long, env = "LONGRUN_KEEP_INPUTS")]
+    keep_inputs: bool,
+    /// Allow http:// callback URLs (development only).
+    #[arg(long, env = "LONGRUN_WEBHOOK_ALLOW_HTTP")]
+    webhook_allow_http: bool,
+    /// Allow callback URLs naming private or loopback addresses (development only).
+    #[arg(long, env = "LONGRUN_WEBHOOK_ALLOW_PRIVATE")]
+    webhook_allow_private: bool,
+}
+
+#[derive(Subcommand)]
+enum KeysCommand {
+    /// Create a key and print it once (only its hash is stored).
+    Create {
+        #[arg(long)]
+        tenant: String,
+        #[arg(long, value_parser = parse_role)]
+        role: Role,
+    },
+    /// List keys (ids, tenants, roles; never secrets).
+    List,
+    /// Revoke a key by id.
+    Revoke { id: String },
+}
+
+#[derive(Subcommand)]
+enum KindsCommand {
+    /// Declare or update a kind.
+    Set {
+        name: String,
+        /// Re-running an attempt whose worker vanished is safe.
+        #[arg(long)]
+        rerun_safe: bool,
+        #[arg(long, default_value_t = 3)]
+        max_attempts: i64,
+        /// Deadline given when a submission names none, in seconds.
+        #[arg(long)]
+        default_deadline: Option<i64>,
+        /// Longest deadline a submission may ask for, in seconds.
+        #[arg(long)]
+        max_deadline: Option<i64>,
+    },
+    /// List declared kinds.
+    List,
+}
+
+fn parse_role(s: &str) -> Result<Role, String> {
+    Role::parse(s).ok_or_else(|| "role must be client, worker or admin".to_owned())
+}
+
+fn init_logging(global: &Global) {
+    let filter = tracing_subscriber::EnvFilter::try_new(&global.log)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match global.log_format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .init(),
+    }
+}
+
+fn sqlite_config(global: &Global) -> anyhow::Result<SqliteConfig> {
+    if let Some(url) = &global.database {
+        bail!("--database {url:?}: only the embedded SQLite store is available in this build");
+    }
+    Ok(SqliteConfig::new(global.data_dir.join("longrun.db")))
+}
+
+fn open_store(global: &Global) -> anyhow::Result<Arc<dyn Store>> {
+    let config = sqlite_config(global)?;
+    let store = SqliteStore::open(config.clone())
+        .with_context(|| format!("failed to open {}", config.path.display()))?;
+    Ok(Arc::new(store))
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    init_logging(&cli.global);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(run(cli))
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let global = cli.global;
+    match cli.command {
+        Command::Serve(args) => serve(&global, args).await,
+        Command::Migrate => {
+            let config = sqlite_config(&global)?;
+            if let Some(dir) = config.path.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            let applied = longrun_store::sqlite::migrate(&config.path)?;
+            println!(
+                "applied {applied} migration(s) to {}",
+                config.path.display()
+            );
+            Ok(())
+        }
+        Command::Keys(command) => keys(&global, command).await,
+        Command::Kinds(command) => kinds(&global, command).await,
+    }
+}
+
+async fn serve(global: &Global, args: ServeArgs) -> anyhow::Result<()> {
+    let mut sqlite = sqlite_config(global)?;
+    sqlite.keep_inputs = args.keep_inputs;
+    let mut options = ServeOptions::new(args.listen, sqlite);
+    options.builtin_workers = args.builtin_workers;
+    options.dispatcher.concurrency = args.worker_concurrency;
+    options.http = Config {
+        max_body_bytes: args.max_body_bytes,
+        require_idempotency_key: args.require_idempotency_key,
+        operation_retention: args.operation_retention,
+        callback_policy: CallbackPolicy {
+            allow_http: args.webhook_allow_http,
+            allow_private: args.webhook_allow_private,
+        },
+        ..Config::default()
+    };
+    let server = longrun_server::start(options).await?;
+    if let Some(keys) = &server.bootstrap {
+        println!(
+            "First start: created tenant {:?} with these API keys. They are shown once; store them now.",
+            keys.tenant
+        );
+        println!("  admin key:  {}", keys.admin);
+        println!("  client key: {}", keys.client);
+    }
+    println!("longrun listening on http://{}", server.addr);
+    let token = server.shutdown_token();
+    tokio::spawn(async move {
+        longrun_server::shutdown_signal().await;
+        tracing::info!("shutting down: finishing in-flight requests");
+        token.cancel();
+        // A second signal, or a hang past the hard limit, ends the process.
+        tokio::select! {
+            () = longrun_server::shutdown_signal() => {}
+            () = tokio::time::sleep(longrun_server::HARD_STOP_AFTER) => {}
+        }
+        tracing::warn!("forced exit");
+        std::process::exit(1);
+    });
+    server.wait().await
+}
+
+async fn keys(global: &Global, command: KeysCommand) -> anyhow::Result<()> {
+    let store = open_store(global)?;
+    let now = SystemClock.now();
+    match command {
+        KeysCommand::Create { tenant, role } => {
+            longrun_core::validate::kind_name(&tenant).map_err(|_| {
+                anyhow::anyhow!("tenant names are 1–64 characters of a-z, 0-9, '_', '.', '-'")
+            })?;
+            let key = NewApiKey::generate();
+            store
+                .api_key_create(ApiKeyCreateParams {
+                    id: key.id.clone(),
+                    tenant: tenant.clone(),
+                    role,
+                    secret_hash: key.secret_hash,
+                    now,
+                })
+                .await?;
+            eprintln!(
+                "created {} key {} for tenant {tenant:?}; it is shown once:",
+                role.as_str(),
+                key.id
+            );
+            println!("{}", key.token);
+        }
+        KeysCommand::List => {
+            println!(
+                "{:<32} {:<16} {:<8} {:<26} REVOKED",
+                "ID", "TENANT", "ROLE", "CREATED"
+            );
+            for key in store.api_key_list().await? {
+                println!(
+                    "{:<32} {:<16} {:<8} {:<26} {}",
+                    key.id,
+                    key.tenant,
+                    key.role.as_str(),
+                    key.created_at.to_rfc3339(),
+                    key.revoked_at
+                        .map(|t| t.to_rfc3339())
+                        .unwrap_or_else(|| "-".into())
+                );
+            }
+        }
+        KeysCommand::Revoke { id } => {
+            let id = Id::parse(IdKind::ApiKey, &id).context("key ids look like key_…")?;
+            if store.api_key_revoke(&id, now).await? {
+                println!("revoked {id} (servers stop accepting it within a few seconds)");
+            } else {
+                bail!("no active key {id}");
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn kinds(global: &Global, command: KindsCommand) -> anyhow::Result<()> {
+    let store = open_store(global)?;
+    match command {
+        KindsCommand::Set {
+            name,
+            rerun_safe,
+            max_attempts,
+            default_deadline,
+            max_deadline,
+        } => {
+            longrun_core::validate::kind_name(&name)?;
+            if max_attempts < 1 {
+                bail!("--max-attempts must be at least 1");
+            }
+            if let Some(existing) = store.kind_get(&name).await? {
+                if existing.builtin {
+                    bail!("{name} is a built-in kind; it cannot be redeclared");
+                }
+            }
+            store
+                .kind_upsert(KindSpec {
+                    name: name.clone(),
+                    builtin: false,
+                    rerun_safe,
+                    max_attempts,
+                    default_deadline_seconds: default_deadline,
+                    max_deadline_seconds: max_deadline,
+                })
+                .await?;
+            println!("declared kind {name}");
+        }
+        KindsCommand::List => {
+            println!(
+                "{:<24} {:<8} {:<10} {:<12} {:<16} MAX_DEADLINE",
+                "KIND", "BUILTIN", "RERUN_SAFE", "MAX_ATTEMPTS", "DEFAULT_DEADLINE"
+            );
+            for k in store.kind_list().await? {
+                let secs =
+                    |s: Option<i64>| s.map(|s| format!("{s}s")).unwrap_or_else(|| "-".into());
+                println!(
+                    "{:<24} {:<8} {:<10} {:<12} {:<16} {}",
+                    k.name,
+                    k.builtin,
+                    k.rerun_safe,
+                    k.max_attempts,
+                    secs(k.default_deadline_seconds),
+                    secs(k.max_deadline_seconds)
+                );
+            }
+        }
+    }
+    Ok(())
+}

@@ -9,6 +9,7 @@
 
 pub mod apikey;
 pub mod clock;
+pub mod duration;
 pub mod fingerprint;
 pub mod id;
 pub mod idempotency;

@@ -49,6 +49,7 @@ macro_rules! store_conformance {
             failed_outcome_carries_the_error_and_drops_the_input,
             api_keys_are_created_listed_and_revoked,
             kinds_are_declared_and_updated,
+            server_secrets_are_created_once,
             state_machine_matches_the_reference_model,
         );
     };
@@ -900,6 +901,22 @@ pub async fn kinds_are_declared_and_updated(store: &dyn Store) {
     store.kind_upsert(spec.clone()).await.unwrap();
     assert_eq!(store.kind_list().await.unwrap(), vec![spec]);
     assert_eq!(store.kind_get("nope").await.unwrap(), None);
+}
+
+pub async fn server_secrets_are_created_once(store: &dyn Store) {
+    let first = store
+        .server_secret("fingerprint", vec![1; 32], T0)
+        .await
+        .unwrap();
+    assert_eq!(first, vec![1; 32]);
+    let second = store
+        .server_secret("fingerprint", vec![2; 32], at(1))
+        .await
+        .unwrap();
+    assert_eq!(
+        second, first,
+        "a later candidate never replaces the stored secret"
+    );
 }
 
 /// Commands of the state-machine property test.

@@ -70,6 +70,15 @@ pub trait Store: Send + Sync + 'static {
     async fn kind_get(&self, name: &str) -> Result<Option<KindSpec>>;
     async fn kind_list(&self) -> Result<Vec<KindSpec>>;
 
+    /// The server-wide secret `name`: `candidate` is stored if there is none
+    /// yet; either way the stored value is returned, so every process agrees.
+    async fn server_secret(
+        &self,
+        name: &str,
+        candidate: Vec<u8>,
+        now: longrun_core::Timestamp,
+    ) -> Result<Vec<u8>>;
+
     /// Cheap round trip to the database, for `/readyz`.
     async fn ping(&self) -> Result<()>;
 }

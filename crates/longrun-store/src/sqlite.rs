@@ -270,6 +270,18 @@ impl Store for SqliteStore {
         self.read(sql::kind_list).await
     }
 
+    async fn server_secret(
+        &self,
+        name: &str,
+        candidate: Vec<u8>,
+        now: Timestamp,
+    ) -> Result<Vec<u8>> {
+        let name = name.to_owned();
+        self.writer
+            .write(move |c| sql::server_secret(c, &name, &candidate, now))
+            .await
+    }
+
     async fn ping(&self) -> Result<()> {
         self.read(|c| Ok(c.query_row("SELECT 1", [], |_| Ok(()))?))
             .await

@@ -623,8 +623,16 @@ pub(super) fn task_heartbeat(c: &Connection, p: &HeartbeatParams) -> Result<Hear
                 ],
                 |r| r.get(0),
             )?;
+        // The event's own `at` says when; the record's internal timestamp stays out.
+        let public_progress = progress.as_ref().map(|p| {
+            let mut v = progress_to_json(p);
+            if let Some(fields) = v.as_object_mut() {
+                fields.remove("updated_at");
+            }
+            v
+        });
         let data = json!({
-            "progress": progress.as_ref().map(progress_to_json),
+            "progress": public_progress,
             "cost_units": cost_units,
             "cancellable": cancellable,
         });
@@ -894,4 +902,18 @@ pub(super) fn kind_list(c: &Connection) -> Result<Vec<KindSpec>> {
     Ok(c.prepare_cached(&sql)?
         .query_map([], kind_from_row)?
         .collect::<rusqlite::Result<_>>()?)
+}
+
+pub(super) fn server_secret(
+    c: &Connection,
+    name: &str,
+    candidate: &[u8],
+    now: Timestamp,
+) -> Result<Vec<u8>> {
+    c.prepare_cached("INSERT INTO server_secrets (name, value, created_at) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING")?
+        .execute(params![name, candidate, now.0])?;
+    Ok(
+        c.prepare_cached("SELECT value FROM server_secrets WHERE name = ?1")?
+            .query_row(params![name], |r| r.get(0))?,
+    )
 }

@@ -132,3 +132,11 @@ CREATE TABLE tasks (
 
 CREATE INDEX tasks_ready ON tasks (kind, seq) WHERE status = 'ready';
 CREATE INDEX tasks_leased ON tasks (lease_expires_at) WHERE status = 'leased';
+
+-- Server-wide secrets (the idempotency fingerprint key), shared by every
+-- process on this database. Created once, never printed.
+CREATE TABLE server_secrets (
+    name        TEXT PRIMARY KEY,
+    value       BLOB NOT NULL,
+    created_at  INTEGER NOT NULL
+) STRICT;

@@ -1,0 +1,212 @@
+//! Runs built-in kinds in this process: claims tasks through the same store
+//! primitives remote workers use (claim with a lease, fenced heartbeats and
+//! completion), with bounded concurrency.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use longrun_core::{Clock, Id};
+use longrun_store::{
+    ClaimParams, FinishParams, HeartbeatAck, HeartbeatParams, Outcome, ProgressUpdate, Store,
+    StoreError, Task,
+};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::kinds::Registry;
+use crate::signals::Signals;
+use crate::worker::{TaskContext, TaskLink, run_task};
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Tasks running at once in this process.
+    pub concurrency: usize,
+    pub lease: Duration,
+    /// How often to look for work when no wake-up arrives.
+    pub poll_interval: Duration,
+    /// How long shutdown waits for running tasks before leaving them to the
+    /// reaper (built-in kinds are safe to re-run).
+    pub shutdown_grace: Duration,
+    pub worker_id: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            concurrency: 64,
+            lease: Duration::from_secs(30),
+            poll_interval: Duration::from_secs(1),
+            shutdown_grace: Duration::from_secs(10),
+            worker_id: "in-process".into(),
+        }
+    }
+}
+
+pub struct Dispatcher {
+    store: Arc<dyn Store>,
+    registry: Registry,
+    signals: Signals,
+    clock: Arc<dyn Clock>,
+    config: Config,
+    slots: Arc<Semaphore>,
+    tracker: TaskTracker,
+}
+
+impl Dispatcher {
+    pub fn new(
+        store: Arc<dyn Store>,
+        registry: Registry,
+        signals: Signals,
+        clock: Arc<dyn Clock>,
+        config: Config,
+    ) -> Self {
+        let slots = Arc::new(Semaphore::new(config.concurrency.max(1)));
+        Self {
+            store,
+            registry,
+            signals,
+            clock,
+            config,
+            slots,
+            tracker: TaskTracker::new(),
+        }
+    }
+
+    /// Claims as many tasks as there are free slots and starts them.
+    /// Returns how many were started.
+    pub async fn run_once(&self) -> Result<usize, StoreError> {
+        let free = self.slots.available_permits();
+        if free == 0 {
+            return Ok(0);
+        }
+        let tasks = self
+            .store
+            .task_claim(ClaimParams {
+                kinds: self.registry.kinds(),
+                max_tasks: u32::try_from(free).unwrap_or(u32::MAX),
+                lease: self.config.lease,
+                worker_id: self.config.worker_id.clone(),
+                now: self.clock.now(),
+            })
+            .await?;
+        let started = tasks.len();
+        for task in tasks {
+            self.start(task);
+        }
+        Ok(started)
+    }
+
+    fn start(&self, task: Task) {
+        let Some(handler) = self.registry.get(&task.kind).cloned() else {
+            tracing::error!(kind = %task.kind, "claimed a task of a kind with no handler");
+            return;
+        };
+        let permit = self
+            .slots
+            .clone()
+            .try_acquire_owned()
+            .expect("claimed no more tasks than free slots");
+        let signals = self.signals.clone();
+        let link = Arc::new(StoreLink {
+            store: self.store.clone(),
+            clock: self.clock.clone(),
+            operation_id: task.operation_id.clone(),
+            lease_token: task.lease_token.clone(),
+            lease: self.config.lease,
+        });
+        let heartbeat_every = self.config.lease / 3;
+        self.tracker.spawn(async move {
+            let _permit = permit;
+            let flag = signals.track(&task.operation_id);
+            let ctx = TaskContext::new(task.operation_id.clone(), task.attempt, task.input, link, flag);
+            match run_task(handler, ctx, heartbeat_every).await {
+                Ok(()) => tracing::debug!(op.id = %task.operation_id, "task finished"),
+                Err(StoreError::LeaseLost) => {
+                    tracing::warn!(op.id = %task.operation_id, "lease lost; the outcome was discarded")
+                }
+                Err(e) => tracing::error!(op.id = %task.operation_id, error = %e, "could not report the outcome"),
+            }
+            signals.untrack(&task.operation_id);
+            // A slot is free again: look for more work.
+            signals.work_available();
+        });
+    }
+
+    /// Claims and runs tasks until `shutdown`; then stops claiming and waits
+    /// up to the grace period for running tasks.
+    pub async fn run(self, shutdown: CancellationToken) {
+        loop {
+            let started = match self.run_once().await {
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::error!(error = %e, "claiming tasks failed");
+                    0
+                }
+            };
+            if started == 0 {
+                tokio::select! {
+                    () = self.signals.wait_for_work() => {}
+                    () = tokio::time::sleep(self.config.poll_interval) => {}
+                    () = shutdown.cancelled() => break,
+                }
+            } else if shutdown.is_cancelled() {
+                break;
+            }
+        }
+        self.tracker.close();
+        if tokio::time::timeout(self.config.shutdown_grace, self.tracker.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                running = self.tracker.len(),
+                "shutdown grace ended; running tasks are left to the reaper"
+            );
+        }
+    }
+}
+
+/// The in-process [`TaskLink`]: straight to the store.
+struct StoreLink {
+    store: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+    operation_id: Id,
+    lease_token: String,
+    lease: Duration,
+}
+
+#[async_trait]
+impl TaskLink for StoreLink {
+    async fn heartbeat(
+        &self,
+        progress: Option<ProgressUpdate>,
+        cost_units: Option<f64>,
+        cancellable: Option<bool>,
+    ) -> Result<HeartbeatAck, StoreError> {
+        self.store
+            .task_heartbeat(HeartbeatParams {
+                operation_id: self.operation_id.clone(),
+                lease_token: self.lease_token.clone(),
+                lease: self.lease,
+                progress,
+                cost_units,
+                cancellable,
+                now: self.clock.now(),
+            })
+            .await
+    }
+
+    async fn finish(&self, outcome: Outcome) -> Result<(), StoreError> {
+        self.store
+            .task_finish(FinishParams {
+                operation_id: self.operation_id.clone(),
+                lease_token: self.lease_token.clone(),
+                outcome,
+                now: self.clock.now(),
+            })
+            .await
+            .map(|_| ())
+    }
+}

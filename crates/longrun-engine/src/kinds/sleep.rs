@@ -1,0 +1,175 @@
+//! The `sleep` kind: waits `duration_ms` in `steps`, reporting progress after
+//! each step and stopping at the next step boundary once cancellation is
+//! requested. `fail_with` makes it fail with that code at the end. For tests,
+//! demos and benchmarks.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use longrun_core::validate::Invalid;
+use longrun_store::ProgressUpdate;
+use serde_json::{Value, json};
+
+use crate::worker::{Handler, KindInfo, TaskContext, TaskError};
+
+pub const MAX_DURATION_MS: u64 = 24 * 3600 * 1000;
+pub const MAX_STEPS: u64 = 10_000;
+
+pub struct Sleep;
+
+/// A validated `sleep` input.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SleepInput {
+    pub duration: Duration,
+    pub steps: u64,
+    pub fail_with: Option<String>,
+}
+
+fn invalid(message: impl Into<String>) -> Invalid {
+    Invalid {
+        field: "input",
+        message: message.into(),
+    }
+}
+
+impl SleepInput {
+    pub fn parse(input: &Value) -> Result<Self, Invalid> {
+        let object = input
+            .as_object()
+            .ok_or_else(|| invalid("must be an object"))?;
+        for key in object.keys() {
+            if !matches!(key.as_str(), "duration_ms" | "steps" | "fail_with") {
+                return Err(invalid(format!(
+                    "unknown field {key:?}; expected duration_ms, steps, fail_with"
+                )));
+            }
+        }
+        let duration_ms = object
+            .get("duration_ms")
+            .ok_or_else(|| invalid("duration_ms is required"))
+            .and_then(|v| {
+                whole_number(v, 0, MAX_DURATION_MS).ok_or_else(|| {
+                    invalid(format!(
+                        "duration_ms must be an integer between 0 and {MAX_DURATION_MS}"
+                    ))
+                })
+            })?;
+        let steps = match object.get("steps") {
+            None => 10,
+            Some(v) => whole_number(v, 1, MAX_STEPS).ok_or_else(|| {
+                invalid(format!(
+                    "steps must be an integer between 1 and {MAX_STEPS}"
+                ))
+            })?,
+        };
+        let fail_with = match object.get("fail_with") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(code)) if longrun_core::validate::kind_name(code).is_ok() => {
+                Some(code.clone())
+            }
+            Some(_) => {
+                return Err(invalid(
+                    "fail_with must be an error code like \"boom\" (a-z, 0-9, '_', '.', '-')",
+                ));
+            }
+        };
+        Ok(Self {
+            duration: Duration::from_millis(duration_ms),
+            steps,
+            fail_with,
+        })
+    }
+}
+
+/// A JSON number with an integral value in `min..=max`, however it is
+/// spelled (`100`, `100.0`, `1e2`): the fingerprint treats those as equal, so
+/// validation does too.
+fn whole_number(v: &Value, min: u64, max: u64) -> Option<u64> {
+    let f = v.as_f64()?;
+    (f.fract() == 0.0 && f >= min as f64 && f <= max as f64).then_some(f as u64)
+}
+
+#[async_trait]
+impl Handler for Sleep {
+    fn info(&self) -> KindInfo {
+        KindInfo {
+            name: "sleep",
+            rerun_safe: true,
+            max_attempts: 3,
+        }
+    }
+
+    fn validate(&self, input: &Value) -> Result<(), Invalid> {
+        SleepInput::parse(input).map(|_| ())
+    }
+
+    async fn run(&self, ctx: TaskContext) -> Result<Option<Value>, TaskError> {
+        let input = SleepInput::parse(ctx.input())
+            .map_err(|e| TaskError::fatal("invalid_input", e.message))?;
+        let step = input.duration / u32::try_from(input.steps).unwrap_or(u32::MAX);
+        for done in 1..=input.steps {
+            if ctx.is_cancelled() {
+                return Err(TaskError::Cancelled);
+            }
+            tokio::select! {
+                () = tokio::time::sleep(step) => {}
+                () = ctx.cancelled() => return Err(TaskError::Cancelled),
+            }
+            ctx.progress(ProgressUpdate {
+                completed_units: Some(done as f64),
+                total_units: Some(input.steps as f64),
+                unit: Some("steps".into()),
+                phase: Some("SLEEPING".into()),
+                details: None,
+            })
+            .await?;
+        }
+        if let Some(code) = input.fail_with {
+            return Err(TaskError::fatal(code, "failed as asked by fail_with"));
+        }
+        Ok(Some(json!({"slept_ms": input.duration.as_millis() as u64})))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn input_validation() {
+        assert_eq!(
+            SleepInput::parse(&json!({"duration_ms": 100})).unwrap(),
+            SleepInput {
+                duration: Duration::from_millis(100),
+                steps: 10,
+                fail_with: None
+            }
+        );
+        assert_eq!(
+            SleepInput::parse(&json!({"duration_ms": 0, "steps": 1, "fail_with": "boom"}))
+                .unwrap()
+                .fail_with
+                .as_deref(),
+            Some("boom")
+        );
+        let spelled: Value = serde_json::from_str(r#"{"duration_ms": 1e2, "steps": 2.0}"#).unwrap();
+        assert_eq!(
+            SleepInput::parse(&spelled).unwrap().duration,
+            Duration::from_millis(100)
+        );
+        for bad in [
+            json!(null),
+            json!([]),
+            json!({}),
+            json!({"duration_ms": -1}),
+            json!({"duration_ms": 1.5}),
+            json!({"duration_ms": "100"}),
+            json!({"duration_ms": MAX_DURATION_MS + 1}),
+            json!({"duration_ms": 1, "steps": 0}),
+            json!({"duration_ms": 1, "fail_with": "Has Space"}),
+            json!({"duration_ms": 1, "extra": true}),
+        ] {
+            assert!(SleepInput::parse(&bad).is_err(), "{bad}");
+        }
+    }
+}

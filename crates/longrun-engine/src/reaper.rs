@@ -1,0 +1,88 @@
+//! The lease reaper: a lease not renewed in time means the worker is gone.
+//! Re-run-safe kinds with attempts left go back to the queue after a backoff;
+//! any other kind ends `failed` with `outcome_unknown`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use longrun_core::Clock;
+use longrun_store::{ReapCounts, ReapParams, Store, StoreError};
+use tokio_util::sync::CancellationToken;
+
+use crate::signals::Signals;
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub interval: Duration,
+    /// Most leases handled per round.
+    pub batch: u32,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(1),
+            batch: 500,
+        }
+    }
+}
+
+pub struct Reaper {
+    store: Arc<dyn Store>,
+    signals: Signals,
+    clock: Arc<dyn Clock>,
+    config: Config,
+}
+
+impl Reaper {
+    pub fn new(
+        store: Arc<dyn Store>,
+        signals: Signals,
+        clock: Arc<dyn Clock>,
+        config: Config,
+    ) -> Self {
+        Self {
+            store,
+            signals,
+            clock,
+            config,
+        }
+    }
+
+    /// One round: every expired lease up to the batch size.
+    pub async fn run_once(&self) -> Result<ReapCounts, StoreError> {
+        let counts = self
+            .store
+            .task_reap(ReapParams {
+                now: self.clock.now(),
+                limit: self.config.batch,
+            })
+            .await?;
+        if counts.requeued > 0 {
+            self.signals.work_available();
+        }
+        if counts != ReapCounts::default() {
+            tracing::info!(
+                requeued = counts.requeued,
+                failed_outcome_unknown = counts.failed_outcome_unknown,
+                ended_cancel_requested = counts.ended_cancel_requested,
+                "reaped expired leases"
+            );
+        }
+        Ok(counts)
+    }
+
+    pub async fn run(self, shutdown: CancellationToken) {
+        let mut tick = tokio::time::interval(self.config.interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = shutdown.cancelled() => return,
+            }
+            if let Err(e) = self.run_once().await {
+                tracing::error!(error = %e, "reaping leases failed");
+            }
+        }
+    }
+}

@@ -1,0 +1,226 @@
+//! The worker SDK: one [`Handler`] trait and the [`TaskContext`] it runs with.
+//!
+//! The context reports progress and cost, exposes cancellation (a future that
+//! resolves when cancel is requested, and a cheap check), marks the commit
+//! point, and carries the operation id: a stable idempotency token a handler
+//! can pass to external systems so that a re-run does not repeat an effect.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use longrun_core::Id;
+use longrun_core::validate::Invalid;
+use longrun_store::{HeartbeatAck, OperationError, Outcome, ProgressUpdate, StoreError};
+use serde_json::Value;
+use tokio::sync::{Mutex, watch};
+
+/// How a handler's run ended, other than with a result.
+#[derive(Debug, thiserror::Error)]
+pub enum TaskError {
+    /// Worth another attempt (if the kind has attempts left).
+    #[error("retryable: {0}")]
+    Retryable(String),
+    /// Final: the operation fails with this code.
+    #[error("{code}: {message}")]
+    Fatal { code: String, message: String },
+    /// The handler stopped because cancellation was requested.
+    #[error("cancelled")]
+    Cancelled,
+}
+
+impl TaskError {
+    pub fn fatal(code: impl Into<String>, message: impl Into<String>) -> Self {
+        TaskError::Fatal {
+            code: code.into(),
+            message: message.into(),
+        }
+    }
+
+    fn into_outcome(self) -> Outcome {
+        match self {
+            TaskError::Cancelled => Outcome::Cancelled,
+            TaskError::Retryable(message) => Outcome::Failed {
+                error: OperationError {
+                    code: "worker_error".into(),
+                    message,
+                    retryable: true,
+                },
+            },
+            TaskError::Fatal { code, message } => Outcome::Failed {
+                error: OperationError {
+                    code,
+                    message,
+                    retryable: false,
+                },
+            },
+        }
+    }
+}
+
+/// What a kind declares about itself.
+#[derive(Debug, Clone)]
+pub struct KindInfo {
+    pub name: &'static str,
+    pub rerun_safe: bool,
+    pub max_attempts: i64,
+}
+
+/// One operation kind's code.
+#[async_trait]
+pub trait Handler: Send + Sync + 'static {
+    fn info(&self) -> KindInfo;
+
+    /// Cheap, deterministic checks of `input`, run at submission.
+    fn validate(&self, input: &Value) -> Result<(), Invalid>;
+
+    async fn run(&self, ctx: TaskContext) -> Result<Option<Value>, TaskError>;
+}
+
+/// How a task context talks to the server: directly to the store in process,
+/// over HTTP for remote workers.
+#[async_trait]
+pub trait TaskLink: Send + Sync + 'static {
+    async fn heartbeat(
+        &self,
+        progress: Option<ProgressUpdate>,
+        cost_units: Option<f64>,
+        cancellable: Option<bool>,
+    ) -> Result<HeartbeatAck, StoreError>;
+
+    async fn finish(&self, outcome: Outcome) -> Result<(), StoreError>;
+}
+
+/// Everything a handler gets for one task.
+#[derive(Clone)]
+pub struct TaskContext {
+    operation_id: Id,
+    attempt: i64,
+    input: Value,
+    link: Arc<dyn TaskLink>,
+    cancel: Arc<watch::Sender<bool>>,
+    cost: Arc<Mutex<f64>>,
+}
+
+impl TaskContext {
+    /// `cancel` turns `true` when cancellation is requested; the context also
+    /// sets it itself when a heartbeat reports a request.
+    pub fn new(
+        operation_id: Id,
+        attempt: i64,
+        input: Value,
+        link: Arc<dyn TaskLink>,
+        cancel: Arc<watch::Sender<bool>>,
+    ) -> Self {
+        Self {
+            operation_id,
+            attempt,
+            input,
+            link,
+            cancel,
+            cost: Arc::new(Mutex::new(0.0)),
+        }
+    }
+
+    /// Stable across attempts: pass it to external systems as an idempotency key.
+    pub fn operation_id(&self) -> &Id {
+        &self.operation_id
+    }
+
+    pub fn attempt(&self) -> i64 {
+        self.attempt
+    }
+
+    pub fn input(&self) -> &Value {
+        &self.input
+    }
+
+    /// Reports progress now (also renews the lease). Learns of cancellation.
+    pub async fn progress(&self, update: ProgressUpdate) -> Result<(), TaskError> {
+        self.send(Some(update), None, None).await
+    }
+
+    /// Adds to the cost reported to the server.
+    pub async fn add_cost(&self, units: f64) -> Result<(), TaskError> {
+        let total = {
+            let mut cost = self.cost.lock().await;
+            *cost += units;
+            *cost
+        };
+        self.send(None, Some(total), None).await
+    }
+
+    /// Marks the commit point: from now on cancel requests are refused.
+    pub async fn commit_point(&self) -> Result<(), TaskError> {
+        self.send(None, None, Some(false)).await
+    }
+
+    /// Cheap check, no IO.
+    pub fn is_cancelled(&self) -> bool {
+        *self.cancel.borrow()
+    }
+
+    /// Resolves when cancellation is requested.
+    pub async fn cancelled(&self) {
+        let mut rx = self.cancel.subscribe();
+        let _ = rx.wait_for(|c| *c).await;
+    }
+
+    async fn send(
+        &self,
+        progress: Option<ProgressUpdate>,
+        cost: Option<f64>,
+        cancellable: Option<bool>,
+    ) -> Result<(), TaskError> {
+        match self.link.heartbeat(progress, cost, cancellable).await {
+            Ok(ack) => {
+                if ack.cancel_requested {
+                    self.cancel.send_replace(true);
+                }
+                Ok(())
+            }
+            // The lease is gone: nothing this task does will count any more.
+            Err(StoreError::LeaseLost) => Err(TaskError::fatal("lease_lost", "the lease was lost")),
+            // A failed report is not fatal: the next one may go through.
+            Err(e) => {
+                tracing::warn!(op.id = %self.operation_id, error = %e, "progress report failed");
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Runs `handler` for one task: renews the lease in the background (which
+/// also learns of cancellation) and reports the outcome through the link.
+pub async fn run_task(
+    handler: Arc<dyn Handler>,
+    ctx: TaskContext,
+    heartbeat_every: Duration,
+) -> Result<(), StoreError> {
+    let link = ctx.link.clone();
+    let keepalive = {
+        let ctx = ctx.clone();
+        async move {
+            let mut tick = tokio::time::interval(heartbeat_every);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                if ctx.send(None, None, None).await.is_err() {
+                    return;
+                }
+            }
+        }
+    };
+    let outcome = tokio::select! {
+        result = handler.run(ctx) => result,
+        () = keepalive => Err(TaskError::fatal("lease_lost", "the lease was lost")),
+    };
+    let outcome = match outcome {
+        Ok(result) => Outcome::Succeeded { result },
+        Err(TaskError::Fatal { code, .. }) if code == "lease_lost" => {
+            return Err(StoreError::LeaseLost);
+        }
+        Err(e) => e.into_outcome(),
+    };
+    link.finish(outcome).await
+}

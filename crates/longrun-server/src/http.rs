@@ -1,0 +1,94 @@
+//! The HTTP edge: routers per resource, the problem+json renderer, request
+//! ids, and request logging.
+
+pub mod auth;
+pub mod error;
+pub mod extract;
+pub mod health;
+pub mod operations;
+pub mod wire;
+
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::Request;
+use axum::http::{HeaderValue, header};
+use axum::middleware::Next;
+use axum::response::Response;
+use longrun_core::{Id, IdKind};
+use tracing::Instrument;
+
+use error::{ApiError, Problem};
+
+/// The id of the request being handled, as an extension.
+#[derive(Debug, Clone)]
+pub struct RequestId(pub String);
+
+const PROBLEM_JSON: &str = "application/problem+json";
+
+/// Outermost middleware: gives every request an id, logs it, and makes every
+/// error response a problem+json body carrying that id.
+pub async fn edge(mut req: Request, next: Next) -> Response {
+    let request_id = Id::generate(IdKind::Request).into_string();
+    req.extensions_mut().insert(RequestId(request_id.clone()));
+    let span = tracing::info_span!(
+        "http",
+        method = %req.method(),
+        path = %req.uri().path(),
+        request_id = %request_id,
+        tenant = tracing::field::Empty,
+        op.id = tracing::field::Empty,
+    );
+    let started = Instant::now();
+    let mut response = next.run(req).instrument(span.clone()).await;
+
+    let status = response.status();
+    let problem = match response.extensions_mut().remove::<Problem>() {
+        Some(problem) => Some(problem),
+        None if (status.is_client_error() || status.is_server_error())
+            && !is_problem(&response) =>
+        {
+            // Not from an ApiError: a framework rejection or a caught panic.
+            let mut problem = ApiError::for_status(status).problem();
+            problem.status = status.as_u16();
+            Some(problem)
+        }
+        None => None,
+    };
+    if let Some(mut problem) = problem {
+        problem.request_id = request_id.clone();
+        let body = serde_json::to_vec(&problem).expect("a problem serializes");
+        let headers = response.headers_mut();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+        headers.remove(header::CONTENT_LENGTH);
+        *response.body_mut() = Body::from(body);
+    }
+    response.headers_mut().insert(
+        "x-request-id",
+        HeaderValue::from_str(&request_id).expect("request ids are header-safe"),
+    );
+
+    let _entered = span.enter();
+    let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
+    if status.is_server_error() {
+        tracing::error!(status = status.as_u16(), elapsed_ms, "request failed");
+    } else {
+        tracing::debug!(status = status.as_u16(), elapsed_ms, "request handled");
+    }
+    response
+}
+
+fn is_problem(response: &Response) -> bool {
+    response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(PROBLEM_JSON.as_bytes()))
+}
+
+pub async fn not_found() -> ApiError {
+    ApiError::NotFound
+}
+
+pub async fn method_not_allowed() -> ApiError {
+    ApiError::MethodNotAllowed
+}

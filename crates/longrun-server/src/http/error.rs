@@ -1,0 +1,273 @@
+//! One error type for the HTTP edge, one variant per stable `code` of
+//! CONTRACT §6, rendered as RFC 9457 problem+json in one place.
+//!
+//! Handlers return [`ApiError`]; its response carries the problem as an
+//! extension and the [`edge`](crate::http::edge) middleware writes the body,
+//! adding the request id. Responses that did not come from an `ApiError`
+//! (a panic caught, anything from a layer) are turned into problems there too,
+//! so a client never sees plain text.
+
+use std::time::Duration;
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use longrun_core::Id;
+use longrun_store::StoreError;
+use serde::Serialize;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{0}")]
+    InvalidRequest(String),
+    #[error("this endpoint requires an Idempotency-Key header")]
+    IdempotencyKeyRequired,
+    #[error("missing or invalid API key")]
+    Unauthenticated,
+    #[error("this API key's role may not do that")]
+    Forbidden,
+    #[error("no such resource")]
+    NotFound,
+    #[error("the HTTP method is not allowed on this resource")]
+    MethodNotAllowed,
+    #[error("this Idempotency-Key was used with a different request")]
+    IdempotencyKeyReused { operation_id: Id },
+    #[error("the operation passed its commit point and can no longer be cancelled")]
+    OperationNotCancellable { operation_id: Id },
+    #[error("the lease is no longer held by this worker")]
+    LeaseLost { operation_id: Id },
+    #[error("the resource was removed")]
+    Gone,
+    #[error("the result has expired")]
+    ResultExpired { operation_id: Id },
+    #[error("If-Match names version {given}, the current version is {current}")]
+    PreconditionFailed { given: i64, current: i64 },
+    #[error("this request requires an If-Match header")]
+    PreconditionRequired,
+    #[error("{0}")]
+    PayloadTooLarge(String),
+    #[error("{0}")]
+    UnsupportedMediaType(String),
+    #[error("{0}")]
+    InvalidInput(String),
+    #[error("{0}")]
+    UnsupportedKind(String),
+    #[error("{0}")]
+    InvalidCallbackUrl(String),
+    #[error("{detail}")]
+    QuotaExceeded {
+        detail: String,
+        retry_after: Duration,
+    },
+    #[error("{detail}")]
+    RateLimited {
+        detail: String,
+        retry_after: Duration,
+    },
+    #[error("{detail}")]
+    TemporarilyUnavailable {
+        detail: String,
+        retry_after: Duration,
+    },
+    /// The message is logged, never shown.
+    #[error("internal error")]
+    Internal(String),
+}
+
+impl ApiError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            ApiError::InvalidRequest(_) => "invalid_request",
+            ApiError::IdempotencyKeyRequired => "idempotency_key_required",
+            ApiError::Unauthenticated => "unauthenticated",
+            ApiError::Forbidden => "forbidden",
+            ApiError::NotFound => "not_found",
+            ApiError::MethodNotAllowed => "method_not_allowed",
+            ApiError::IdempotencyKeyReused { .. } => "idempotency_key_reused",
+            ApiError::OperationNotCancellable { .. } => "operation_not_cancellable",
+            ApiError::LeaseLost { .. } => "lease_lost",
+            ApiError::Gone => "gone",
+            ApiError::ResultExpired { .. } => "result_expired",
+            ApiError::PreconditionFailed { .. } => "precondition_failed",
+            ApiError::PreconditionRequired => "precondition_required",
+            ApiError::PayloadTooLarge(_) => "payload_too_large",
+            ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
+            ApiError::InvalidInput(_) => "invalid_input",
+            ApiError::UnsupportedKind(_) => "unsupported_kind",
+            ApiError::InvalidCallbackUrl(_) => "invalid_callback_url",
+            ApiError::QuotaExceeded { .. } => "quota_exceeded",
+            ApiError::RateLimited { .. } => "rate_limited",
+            ApiError::TemporarilyUnavailable { .. } => "temporarily_unavailable",
+            ApiError::Internal(_) => "internal",
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::InvalidRequest(_) | ApiError::IdempotencyKeyRequired => {
+                StatusCode::BAD_REQUEST
+            }
+            ApiError::Unauthenticated => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden => StatusCode::FORBIDDEN,
+            ApiError::NotFound => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::IdempotencyKeyReused { .. }
+            | ApiError::OperationNotCancellable { .. }
+            | ApiError::LeaseLost { .. } => StatusCode::CONFLICT,
+            ApiError::Gone | ApiError::ResultExpired { .. } => StatusCode::GONE,
+            ApiError::PreconditionFailed { .. } => StatusCode::PRECONDITION_FAILED,
+            ApiError::PreconditionRequired => StatusCode::PRECONDITION_REQUIRED,
+            ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::InvalidInput(_)
+            | ApiError::UnsupportedKind(_)
+            | ApiError::InvalidCallbackUrl(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::QuotaExceeded { .. } | ApiError::RateLimited { .. } => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
+            ApiError::TemporarilyUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn title(&self) -> &'static str {
+        match self {
+            ApiError::InvalidRequest(_) => "Invalid request",
+            ApiError::IdempotencyKeyRequired => "Idempotency key required",
+            ApiError::Unauthenticated => "Unauthenticated",
+            ApiError::Forbidden => "Forbidden",
+            ApiError::NotFound => "Not found",
+            ApiError::MethodNotAllowed => "Method not allowed",
+            ApiError::IdempotencyKeyReused { .. } => "Idempotency key reused",
+            ApiError::OperationNotCancellable { .. } => "Operation not cancellable",
+            ApiError::LeaseLost { .. } => "Lease lost",
+            ApiError::Gone => "Gone",
+            ApiError::ResultExpired { .. } => "Result expired",
+            ApiError::PreconditionFailed { .. } => "Precondition failed",
+            ApiError::PreconditionRequired => "Precondition required",
+            ApiError::PayloadTooLarge(_) => "Payload too large",
+            ApiError::UnsupportedMediaType(_) => "Unsupported media type",
+            ApiError::InvalidInput(_) => "Invalid input",
+            ApiError::UnsupportedKind(_) => "Unsupported kind",
+            ApiError::InvalidCallbackUrl(_) => "Invalid callback URL",
+            ApiError::QuotaExceeded { .. } => "Quota exceeded",
+            ApiError::RateLimited { .. } => "Rate limited",
+            ApiError::TemporarilyUnavailable { .. } => "Temporarily unavailable",
+            ApiError::Internal(_) => "Internal error",
+        }
+    }
+
+    /// Whether the same request may succeed later without change.
+    fn retryable(&self) -> bool {
+        matches!(
+            self,
+            ApiError::QuotaExceeded { .. }
+                | ApiError::RateLimited { .. }
+                | ApiError::TemporarilyUnavailable { .. }
+                | ApiError::Internal(_)
+        )
+    }
+
+    fn operation_id(&self) -> Option<&Id> {
+        match self {
+            ApiError::IdempotencyKeyReused { operation_id }
+            | ApiError::OperationNotCancellable { operation_id }
+            | ApiError::LeaseLost { operation_id }
+            | ApiError::ResultExpired { operation_id } => Some(operation_id),
+            _ => None,
+        }
+    }
+
+    fn retry_after(&self) -> Option<Duration> {
+        match self {
+            ApiError::QuotaExceeded { retry_after, .. }
+            | ApiError::RateLimited { retry_after, .. }
+            | ApiError::TemporarilyUnavailable { retry_after, .. } => Some(*retry_after),
+            _ => None,
+        }
+    }
+
+    pub fn problem(&self) -> Problem {
+        let detail = match self {
+            ApiError::Internal(_) => {
+                "the server failed to handle the request; it has been logged".to_owned()
+            }
+            other => other.to_string(),
+        };
+        Problem {
+            problem_type: format!("urn:longrun:problem:{}", self.code()),
+            title: self.title(),
+            status: self.status().as_u16(),
+            code: self.code(),
+            detail,
+            request_id: String::new(),
+            operation_id: self.operation_id().map(|id| id.to_string()),
+            retryable: self.retryable(),
+        }
+    }
+
+    /// The problem for a response that did not come from an `ApiError`.
+    pub fn for_status(status: StatusCode) -> ApiError {
+        match status {
+            StatusCode::NOT_FOUND => ApiError::NotFound,
+            StatusCode::METHOD_NOT_ALLOWED => ApiError::MethodNotAllowed,
+            StatusCode::PAYLOAD_TOO_LARGE => {
+                ApiError::PayloadTooLarge("the request body is too large".into())
+            }
+            StatusCode::UNSUPPORTED_MEDIA_TYPE => {
+                ApiError::UnsupportedMediaType("the request body must be application/json".into())
+            }
+            StatusCode::UNAUTHORIZED => ApiError::Unauthenticated,
+            StatusCode::FORBIDDEN => ApiError::Forbidden,
+            s if s.is_client_error() => {
+                ApiError::InvalidRequest("the request could not be understood".into())
+            }
+            _ => ApiError::Internal(format!("an unexpected {status} response")),
+        }
+    }
+}
+
+/// The problem+json body (RFC 9457 plus our `code`, `request_id`, `retryable`).
+#[derive(Debug, Clone, Serialize)]
+pub struct Problem {
+    #[serde(rename = "type")]
+    pub problem_type: String,
+    pub title: &'static str,
+    pub status: u16,
+    pub code: &'static str,
+    pub detail: String,
+    pub request_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub operation_id: Option<String>,
+    pub retryable: bool,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if let ApiError::Internal(message) = &self {
+            tracing::error!(error = %message, "internal error");
+        }
+        let mut response = self.status().into_response();
+        if let Some(retry_after) = self.retry_after() {
+            let seconds = longrun_core::retry_after::header_seconds(retry_after).max(1);
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        if matches!(self, ApiError::Unauthenticated) {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response.extensions_mut().insert(self.problem());
+        response
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::NotFound => ApiError::NotFound,
+            other => ApiError::Internal(other.to_string()),
+        }
+    }
+}

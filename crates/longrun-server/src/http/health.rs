@@ -1,0 +1,39 @@
+//! `GET /healthz` (the process is up) and `GET /readyz` (the database answers).
+
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::routing::get;
+use axum::{Json, Router};
+use serde_json::{Value, json};
+
+use crate::AppState;
+use crate::http::error::ApiError;
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+}
+
+async fn healthz() -> Json<Value> {
+    Json(json!({"status": "ok"}))
+}
+
+async fn readyz(State(app): State<AppState>) -> Result<Json<Value>, ApiError> {
+    match tokio::time::timeout(Duration::from_secs(2), app.store.ping()).await {
+        Ok(Ok(())) => Ok(Json(json!({"status": "ready"}))),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "readiness check failed");
+            Err(unavailable())
+        }
+        Err(_) => Err(unavailable()),
+    }
+}
+
+fn unavailable() -> ApiError {
+    ApiError::TemporarilyUnavailable {
+        detail: "the database is not reachable".into(),
+        retry_after: Duration::from_secs(5),
+    }
+}

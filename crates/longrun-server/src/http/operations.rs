@@ -1,0 +1,487 @@
+//! The operation resource (CONTRACT §3): submit, read, list, history, cancel.
+
+use std::time::Duration;
+
+use axum::extract::{FromRequestParts, Path, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use data_encoding::BASE64URL_NOPAD;
+use longrun_core::validate::{self, MAX_DEADLINE_SECONDS};
+use longrun_core::{Id, IdKind, IdempotencyKey, State as OpState, Timestamp, retry_after};
+use longrun_store::{
+    AcceptOutcome, AcceptParams, CancelOutcome, CancelParams, ListParams, Operation, StoreError,
+};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::AppState;
+use crate::http::auth::Caller;
+use crate::http::error::ApiError;
+use crate::http::extract::{JsonBody, OptionalJsonBody, QueryParams};
+use crate::http::wire::{
+    CancelRequestBody, CancellationBody, EventBody, History, OperationBody, OperationList,
+    SubmitRequest,
+};
+
+pub const DEFAULT_PAGE_SIZE: u32 = 50;
+pub const MAX_PAGE_SIZE: u32 = 100;
+pub const MAX_CANCEL_REASON_CHARS: usize = 1024;
+pub const MAX_CALLBACK_URL_LEN: usize = 2048;
+/// Idempotency records never live less than this after an operation ends.
+pub const MIN_IDEMPOTENCY_LIFETIME: Duration = Duration::from_secs(24 * 3600);
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/v1/operations", post(submit).get(list))
+        .route("/v1/operations/{id}", get(read).delete(cancel))
+        .route("/v1/operations/{id}/history", get(history))
+        .route(
+            "/v1/operations/{id}/cancellation",
+            put(cancel).get(cancellation),
+        )
+}
+
+/// The optional `Idempotency-Key` header, syntax-checked.
+pub struct IdempotencyKeyHeader(pub Option<IdempotencyKey>);
+
+impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKeyHeader {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        match parts.headers.get("idempotency-key") {
+            None => Ok(IdempotencyKeyHeader(None)),
+            Some(value) => IdempotencyKey::parse(value.as_bytes())
+                .map(|k| IdempotencyKeyHeader(Some(k)))
+                .map_err(|e| ApiError::InvalidRequest(e.to_string())),
+        }
+    }
+}
+
+fn parse_operation_id(raw: &str) -> Result<Id, ApiError> {
+    // A malformed id is answered exactly like an unknown one.
+    Id::parse(IdKind::Operation, raw).ok_or(ApiError::NotFound)
+}
+
+pub fn etag(version: i64) -> HeaderValue {
+    HeaderValue::from_str(&format!("\"{version}\"")).expect("an integer ETag is a valid header")
+}
+
+/// Versions named by `If-None-Match` / `If-Match` (`*` matches any).
+enum EntityTags {
+    Any,
+    Versions(Vec<i64>),
+}
+
+fn entity_tags(
+    headers: &HeaderMap,
+    name: header::HeaderName,
+) -> Result<Option<EntityTags>, ApiError> {
+    let Some(value) = headers.get(&name) else {
+        return Ok(None);
+    };
+    let text = value
+        .to_str()
+        .map_err(|_| ApiError::InvalidRequest(format!("{name} is not valid text")))?;
+    if text.trim() == "*" {
+        return Ok(Some(EntityTags::Any));
+    }
+    let mut versions = Vec::new();
+    for tag in text.split(',') {
+        let tag = tag.trim();
+        let tag = tag.strip_prefix("W/").unwrap_or(tag);
+        let version = tag
+            .strip_prefix('"')
+            .and_then(|t| t.strip_suffix('"'))
+            .and_then(|t| t.parse::<i64>().ok())
+            .ok_or_else(|| {
+                ApiError::InvalidRequest(format!("{name} must list ETags like \"3\""))
+            })?;
+        versions.push(version);
+    }
+    Ok(Some(EntityTags::Versions(versions)))
+}
+
+/// `Some(version)` when `If-Match` names one version; `None` when absent or `*`.
+fn if_match(headers: &HeaderMap) -> Result<Option<i64>, ApiError> {
+    match entity_tags(headers, header::IF_MATCH)? {
+        None | Some(EntityTags::Any) => Ok(None),
+        Some(EntityTags::Versions(v)) if v.len() == 1 => Ok(Some(v[0])),
+        Some(EntityTags::Versions(_)) => Err(ApiError::InvalidRequest(
+            "If-Match must name one ETag".into(),
+        )),
+    }
+}
+
+fn not_modified(headers: &HeaderMap, version: i64) -> Result<bool, ApiError> {
+    Ok(match entity_tags(headers, header::IF_NONE_MATCH)? {
+        None => false,
+        Some(EntityTags::Any) => true,
+        Some(EntityTags::Versions(v)) => v.contains(&version),
+    })
+}
+
+/// How long a client should wait before polling `op` again.
+fn poll_hint(op: &Operation, now: Timestamp) -> Duration {
+    retry_after::retry_after(now.since(op.created_at), None)
+}
+
+/// The representation of `op` with its ETag and, while it is not terminal,
+/// a `Retry-After`.
+fn operation_response(app: &AppState, op: &Operation, status: StatusCode) -> Response {
+    let mut response = (status, Json(OperationBody::from(op))).into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::ETAG, etag(op.version));
+    if !op.state.is_terminal() {
+        let seconds = retry_after::header_seconds(poll_hint(op, app.clock.now()));
+        headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+    }
+    response
+}
+
+fn record_operation_id(id: &Id) {
+    tracing::Span::current().record("op.id", id.as_str());
+}
+
+async fn submit(
+    State(app): State<AppState>,
+    caller: Caller,
+    IdempotencyKeyHeader(key): IdempotencyKeyHeader,
+    JsonBody(request): JsonBody<SubmitRequest>,
+) -> Result<Response, ApiError> {
+    caller.require_client()?;
+    if key.is_none() && app.config.require_idempotency_key {
+        return Err(ApiError::IdempotencyKeyRequired);
+    }
+    validate::kind_name(&request.kind).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
+    let labels = request.labels.unwrap_or_default();
+    validate::labels(&labels).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
+    let input = request.input.unwrap_or(Value::Null);
+    validate::input_size(&input).map_err(|e| ApiError::PayloadTooLarge(e.to_string()))?;
+    let budget = request.budget.map(|b| b.max_cost_units);
+    if let Some(units) = budget {
+        validate::max_cost_units(units).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
+    }
+
+    let spec = app.kind_spec(&request.kind).await?.ok_or_else(|| {
+        ApiError::UnsupportedKind(format!("no kind named {:?} is declared", request.kind))
+    })?;
+    if let Some(handler) = app.registry.get(&request.kind) {
+        handler
+            .validate(&input)
+            .map_err(|e| ApiError::InvalidInput(e.to_string()))?;
+    }
+    let max_deadline = spec
+        .max_deadline_seconds
+        .map_or(MAX_DEADLINE_SECONDS, |s| s as u64)
+        .min(MAX_DEADLINE_SECONDS);
+    let deadline_seconds = request
+        .deadline_seconds
+        .or(spec.default_deadline_seconds.map(|s| s as u64));
+    if let Some(seconds) = deadline_seconds {
+        validate::deadline_seconds(seconds, max_deadline)
+            .map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
+    }
+    let callback_url = match request.callback {
+        Some(callback) => Some(crate::callback::check_url(
+            &callback.url,
+            &app.config.callback_policy,
+        )?),
+        None => None,
+    };
+
+    // The semantic request: every field that changes what the work is, and
+    // nothing volatile. Omitted optional fields and their defaults agree.
+    let semantic = json!({
+        "api_version": "v1",
+        "kind": request.kind,
+        "input": input,
+        "callback": callback_url.as_ref().map(|url| json!({"url": url})),
+        "deadline_seconds": request.deadline_seconds,
+        "budget": budget.map(|units| json!({"max_cost_units": units})),
+        "labels": labels,
+    });
+    let now = app.clock.now();
+    let params = AcceptParams {
+        id: Id::generate(IdKind::Operation),
+        tenant: caller.tenant.clone(),
+        kind: request.kind,
+        input,
+        callback_url,
+        deadline_at: deadline_seconds.map(|s| now.plus(Duration::from_secs(s))),
+        budget_max_cost: budget,
+        labels,
+        idempotency: key.map(|k| (k, app.fingerprinter.fingerprint(&semantic))),
+        now,
+    };
+    let (op, replayed) = match app.store.operation_accept(params).await? {
+        AcceptOutcome::Created(op) => {
+            app.signals.work_available();
+            (op, false)
+        }
+        AcceptOutcome::Replayed(op) => (op, true),
+        AcceptOutcome::KeyReused { operation_id } => {
+            return Err(ApiError::IdempotencyKeyReused { operation_id });
+        }
+    };
+    record_operation_id(&op.id);
+
+    let status = if replayed && op.state.is_terminal() {
+        StatusCode::OK
+    } else {
+        StatusCode::ACCEPTED
+    };
+    let mut response = operation_response(&app, &op, status);
+    let headers = response.headers_mut();
+    let location = format!("/v1/operations/{}", op.id);
+    headers.insert(
+        header::LOCATION,
+        HeaderValue::from_str(&location).expect("ids are header-safe"),
+    );
+    if replayed {
+        headers.insert("idempotent-replayed", HeaderValue::from_static("true"));
+    }
+    if op.idempotency_key.is_some() {
+        let expires = idempotency_expires(&app, &op, now);
+        headers.insert(
+            "idempotency-expires",
+            HeaderValue::from_str(&expires.to_http_date()).expect("a date"),
+        );
+    }
+    Ok(response)
+}
+
+/// Until when the idempotency record is kept: as long as the operation's
+/// record. For an operation still running that is at least the retention
+/// period from now, which is what we promise.
+fn idempotency_expires(app: &AppState, op: &Operation, now: Timestamp) -> Timestamp {
+    let retention = app.config.operation_retention.max(MIN_IDEMPOTENCY_LIFETIME);
+    op.expires_at.unwrap_or_else(|| now.plus(retention))
+}
+
+async fn read(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    caller.require_client()?;
+    let id = parse_operation_id(&id)?;
+    record_operation_id(&id);
+    let op = app
+        .store
+        .operation_get(&caller.tenant, &id)
+        .await?
+        .ok_or(ApiError::NotFound)?;
+    if not_modified(&headers, op.version)? {
+        let mut response = StatusCode::NOT_MODIFIED.into_response();
+        response
+            .headers_mut()
+            .insert(header::ETAG, etag(op.version));
+        if !op.state.is_terminal() {
+            let seconds = retry_after::header_seconds(poll_hint(&op, app.clock.now()));
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        return Ok(response);
+    }
+    Ok(operation_response(&app, &op, StatusCode::OK))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListQuery {
+    state: Option<String>,
+    kind: Option<String>,
+    label: Option<String>,
+    page_size: Option<u32>,
+    page_token: Option<String>,
+}
+
+const PAGE_TOKEN_PREFIX: &str = "v1:";
+
+fn encode_page_token(before_seq: i64) -> String {
+    BASE64URL_NOPAD.encode(format!("{PAGE_TOKEN_PREFIX}{before_seq}").as_bytes())
+}
+
+fn decode_page_token(token: &str) -> Result<i64, ApiError> {
+    let invalid =
+        || ApiError::InvalidRequest("page_token is not a token this server issued".into());
+    let bytes = BASE64URL_NOPAD
+        .decode(token.as_bytes())
+        .map_err(|_| invalid())?;
+    let text = String::from_utf8(bytes).map_err(|_| invalid())?;
+    text.strip_prefix(PAGE_TOKEN_PREFIX)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(invalid)
+}
+
+async fn list(
+    State(app): State<AppState>,
+    caller: Caller,
+    QueryParams(query): QueryParams<ListQuery>,
+) -> Result<Json<OperationList>, ApiError> {
+    caller.require_client()?;
+    let page_size = match query.page_size {
+        None | Some(0) => DEFAULT_PAGE_SIZE,
+        Some(n) if n <= MAX_PAGE_SIZE => n,
+        Some(n) => {
+            return Err(ApiError::InvalidRequest(format!(
+                "page_size {n} is more than {MAX_PAGE_SIZE}"
+            )));
+        }
+    };
+    let state = query
+        .state
+        .map(|s| {
+            s.parse::<OpState>()
+                .map_err(|e| ApiError::InvalidRequest(e.to_string()))
+        })
+        .transpose()?;
+    if let Some(kind) = &query.kind {
+        validate::kind_name(kind).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
+    }
+    let label = query
+        .label
+        .map(|l| validate::label_selector(&l).map_err(|e| ApiError::InvalidRequest(e.to_string())))
+        .transpose()?;
+    let before_seq = query
+        .page_token
+        .as_deref()
+        .map(decode_page_token)
+        .transpose()?;
+    let page = app
+        .store
+        .operation_list(ListParams {
+            tenant: caller.tenant,
+            state,
+            kind: query.kind,
+            label,
+            page_size,
+            before_seq,
+        })
+        .await?;
+    Ok(Json(OperationList {
+        operations: page.operations.iter().map(OperationBody::from).collect(),
+        next_page_token: page.next_before_seq.map(encode_page_token),
+    }))
+}
+
+async fn history(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<History>, ApiError> {
+    caller.require_client()?;
+    let id = parse_operation_id(&id)?;
+    let events = app
+        .store
+        .operation_history(&caller.tenant, &id)
+        .await?
+        .ok_or(ApiError::NotFound)?;
+    Ok(Json(History {
+        operation_id: id.to_string(),
+        events: events.iter().map(EventBody::from).collect(),
+    }))
+}
+
+async fn cancel(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    OptionalJsonBody(body): OptionalJsonBody<CancelRequestBody>,
+) -> Result<Response, ApiError> {
+    caller.require_client()?;
+    let id = parse_operation_id(&id)?;
+    record_operation_id(&id);
+    let reason = body.unwrap_or_default().reason;
+    if reason
+        .as_ref()
+        .is_some_and(|r| r.chars().count() > MAX_CANCEL_REASON_CHARS)
+    {
+        return Err(ApiError::InvalidRequest(format!(
+            "reason is longer than {MAX_CANCEL_REASON_CHARS} characters"
+        )));
+    }
+    let params = CancelParams {
+        tenant: caller.tenant.clone(),
+        id: id.clone(),
+        requested_by: caller.key_id.to_string(),
+        reason,
+        if_match: if_match(&headers)?,
+        now: app.clock.now(),
+    };
+    let outcome = app
+        .store
+        .operation_cancel(params)
+        .await
+        .map_err(|e| match e {
+            StoreError::NotCancellable => ApiError::OperationNotCancellable {
+                operation_id: id.clone(),
+            },
+            StoreError::PreconditionFailed { current_version } => ApiError::PreconditionFailed {
+                given: if_match(&headers).ok().flatten().unwrap_or(0),
+                current: current_version,
+            },
+            other => other.into(),
+        })?;
+    Ok(match outcome {
+        CancelOutcome::CancelledNow(op) | CancelOutcome::AlreadyTerminal(op) => {
+            operation_response(&app, &op, StatusCode::OK)
+        }
+        CancelOutcome::Requested(op) => {
+            app.signals.cancel_requested(&op.id);
+            operation_response(&app, &op, StatusCode::ACCEPTED)
+        }
+        CancelOutcome::AlreadyRequested(op) => operation_response(&app, &op, StatusCode::ACCEPTED),
+    })
+}
+
+async fn cancellation(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<CancellationBody>, ApiError> {
+    caller.require_client()?;
+    let id = parse_operation_id(&id)?;
+    let op = app
+        .store
+        .operation_get(&caller.tenant, &id)
+        .await?
+        .ok_or(ApiError::NotFound)?;
+    Ok(Json(CancellationBody::from(&op)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn page_tokens_round_trip_and_reject_garbage() {
+        assert_eq!(decode_page_token(&encode_page_token(42)).unwrap(), 42);
+        for bad in ["", "!!", "djE6", "eHl6"] {
+            assert!(decode_page_token(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn entity_tag_lists() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::IF_NONE_MATCH,
+            HeaderValue::from_static("\"3\", W/\"4\""),
+        );
+        assert!(not_modified(&headers, 4).unwrap());
+        assert!(!not_modified(&headers, 5).unwrap());
+        headers.insert(header::IF_NONE_MATCH, HeaderValue::from_static("*"));
+        assert!(not_modified(&headers, 9).unwrap());
+        headers.insert(header::IF_MATCH, HeaderValue::from_static("\"7\""));
+        assert_eq!(if_match(&headers).unwrap(), Some(7));
+        headers.insert(header::IF_MATCH, HeaderValue::from_static("seven"));
+        assert!(if_match(&headers).is_err());
+    }
+}

@@ -1,0 +1,222 @@
+//! Wire types: the public JSON shapes of CONTRACT §3. Storage records are
+//! mapped here and nowhere else, because what is serialized is contract.
+
+use std::collections::BTreeMap;
+
+use longrun_core::Timestamp;
+use longrun_store::{Event, Operation};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubmitRequest {
+    pub kind: String,
+    #[serde(default)]
+    pub input: Option<Value>,
+    #[serde(default)]
+    pub callback: Option<CallbackRequest>,
+    #[serde(default)]
+    pub deadline_seconds: Option<u64>,
+    #[serde(default)]
+    pub budget: Option<BudgetRequest>,
+    #[serde(default)]
+    pub labels: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CallbackRequest {
+    pub url: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetRequest {
+    pub max_cost_units: f64,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CancelRequestBody {
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct OperationBody {
+    pub id: String,
+    pub kind: String,
+    pub state: &'static str,
+    pub terminal: bool,
+    pub cancel_requested: bool,
+    pub version: i64,
+    pub attempt: i64,
+    pub created_at: String,
+    pub started_at: Option<String>,
+    pub completed_at: Option<String>,
+    pub updated_at: String,
+    pub deadline_at: Option<String>,
+    pub progress: Option<ProgressBody>,
+    pub cost: CostBody,
+    pub result: Option<Value>,
+    pub error: Option<ErrorBody>,
+    pub labels: BTreeMap<String, String>,
+    pub expires_at: Option<String>,
+    pub links: Links,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ProgressBody {
+    pub completed_units: Option<f64>,
+    pub total_units: Option<f64>,
+    pub unit: Option<String>,
+    pub phase: Option<String>,
+    pub details: Option<Value>,
+    pub updated_at: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct CostBody {
+    pub units: f64,
+    pub max_units: Option<f64>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ErrorBody {
+    pub code: String,
+    pub message: String,
+    pub retryable: bool,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Links {
+    #[serde(rename = "self")]
+    pub self_: String,
+    pub cancel: String,
+    pub events: String,
+    pub result: Option<String>,
+}
+
+fn rfc3339(t: Option<Timestamp>) -> Option<String> {
+    t.map(Timestamp::to_rfc3339)
+}
+
+impl From<&Operation> for OperationBody {
+    fn from(op: &Operation) -> Self {
+        let base = format!("/v1/operations/{}", op.id);
+        OperationBody {
+            id: op.id.to_string(),
+            kind: op.kind.clone(),
+            state: op.state.as_str(),
+            terminal: op.state.is_terminal(),
+            cancel_requested: op.cancel.is_some(),
+            version: op.version,
+            attempt: op.attempt,
+            created_at: op.created_at.to_rfc3339(),
+            started_at: rfc3339(op.started_at),
+            completed_at: rfc3339(op.completed_at),
+            updated_at: op.updated_at.to_rfc3339(),
+            deadline_at: rfc3339(op.deadline_at),
+            progress: op.progress.as_ref().map(|p| ProgressBody {
+                completed_units: p.completed_units,
+                total_units: p.total_units,
+                unit: p.unit.clone(),
+                phase: p.phase.clone(),
+                details: p.details.clone(),
+                updated_at: rfc3339(p.updated_at),
+            }),
+            cost: CostBody {
+                units: op.cost_units,
+                max_units: op.budget_max_cost,
+            },
+            result: op
+                .result
+                .as_ref()
+                .map(|value| serde_json::json!({ "value": value })),
+            error: op.error.as_ref().map(|e| ErrorBody {
+                code: e.code.clone(),
+                message: e.message.clone(),
+                retryable: e.retryable,
+            }),
+            labels: op.labels.clone(),
+            expires_at: rfc3339(op.expires_at),
+            links: Links {
+                cancel: format!("{base}/cancellation"),
+                events: format!("{base}/events"),
+                result: None,
+                self_: base,
+            },
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct OperationList {
+    pub operations: Vec<OperationBody>,
+    pub next_page_token: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct EventBody {
+    pub version: i64,
+    pub state: &'static str,
+    #[serde(rename = "type")]
+    pub event_type: String,
+    pub at: String,
+    pub data: Value,
+}
+
+impl From<&Event> for EventBody {
+    fn from(e: &Event) -> Self {
+        EventBody {
+            version: e.version,
+            state: e.state.as_str(),
+            event_type: e.event_type.clone(),
+            at: e.at.to_rfc3339(),
+            data: e.data.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct History {
+    pub operation_id: String,
+    pub events: Vec<EventBody>,
+}
+
+/// `GET …/cancellation`: who asked, when, why, and how it ended.
+#[derive(Debug, Serialize)]
+pub struct CancellationBody {
+    pub operation_id: String,
+    pub requested: bool,
+    pub requested_at: Option<String>,
+    pub requested_by: Option<String>,
+    pub reason: Option<String>,
+    pub cancellable: bool,
+    pub state: &'static str,
+    /// `pending` while the worker has not answered; the terminal state after.
+    pub outcome: Option<&'static str>,
+}
+
+impl From<&Operation> for CancellationBody {
+    fn from(op: &Operation) -> Self {
+        let request = op.cancel.as_ref();
+        CancellationBody {
+            operation_id: op.id.to_string(),
+            requested: request.is_some(),
+            requested_at: request.map(|r| r.requested_at.to_rfc3339()),
+            requested_by: request.map(|r| r.requested_by.clone()),
+            reason: request.and_then(|r| r.reason.clone()),
+            cancellable: op.cancellable && !op.state.is_terminal(),
+            state: op.state.as_str(),
+            outcome: request.map(|_| {
+                if op.state.is_terminal() {
+                    op.state.as_str()
+                } else {
+                    "pending"
+                }
+            }),
+        }
+    }
+}

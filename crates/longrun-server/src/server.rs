@@ -1,0 +1,228 @@
+//! Running Longrun as a process: store, bootstrap, services, listener, and a
+//! graceful shutdown that lets in-flight requests finish.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use longrun_core::apikey::{NewApiKey, Role};
+use longrun_core::fingerprint::Fingerprinter;
+use longrun_core::id::random_bytes;
+use longrun_core::{Clock, SystemClock};
+use longrun_engine::dispatcher::{self, Dispatcher};
+use longrun_engine::reaper::{self, Reaper};
+use longrun_engine::{CancellationToken, Registry, Signals};
+use longrun_store::{ApiKeyCreateParams, SqliteConfig, SqliteStore, Store};
+use tokio::task::JoinHandle;
+
+use crate::{AppState, Config, app};
+
+pub struct ServeOptions {
+    pub listen: SocketAddr,
+    pub sqlite: SqliteConfig,
+    pub http: Config,
+    /// Run the built-in kinds in this process.
+    pub builtin_workers: bool,
+    pub dispatcher: dispatcher::Config,
+    pub reaper: reaper::Config,
+    pub clock: Arc<dyn Clock>,
+}
+
+impl ServeOptions {
+    pub fn new(listen: SocketAddr, sqlite: SqliteConfig) -> Self {
+        Self {
+            listen,
+            sqlite,
+            http: Config::default(),
+            builtin_workers: true,
+            dispatcher: dispatcher::Config::default(),
+            reaper: reaper::Config::default(),
+            clock: Arc::new(SystemClock),
+        }
+    }
+}
+
+/// The keys created on first start, shown once.
+#[derive(Debug, Clone)]
+pub struct BootstrapKeys {
+    pub tenant: String,
+    pub admin: String,
+    pub client: String,
+}
+
+pub struct RunningServer {
+    pub addr: SocketAddr,
+    pub bootstrap: Option<BootstrapKeys>,
+    pub store: Arc<dyn Store>,
+    shutdown: CancellationToken,
+    handle: JoinHandle<anyhow::Result<()>>,
+}
+
+impl RunningServer {
+    /// Stops accepting, lets in-flight requests and tasks finish (within the
+    /// grace periods) and waits for everything to stop.
+    pub async fn shutdown(self) -> anyhow::Result<()> {
+        self.shutdown.cancel();
+        self.handle.await.context("the server task panicked")?
+    }
+
+    /// Resolves when the server stops on its own (or after `shutdown`).
+    pub async fn wait(self) -> anyhow::Result<()> {
+        self.handle.await.context("the server task panicked")?
+    }
+
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+}
+
+/// Opens the store, prepares it, binds the listener and starts serving.
+pub async fn start(options: ServeOptions) -> anyhow::Result<RunningServer> {
+    let mut sqlite = options.sqlite.clone();
+    sqlite.operation_retention = options.http.operation_retention;
+    let store: Arc<dyn Store> = Arc::new(
+        SqliteStore::open(sqlite.clone())
+            .with_context(|| format!("failed to open {}", sqlite.path.display()))?,
+    );
+    let clock = options.clock.clone();
+
+    let registry = Registry::builtin();
+    for spec in registry.specs() {
+        store
+            .kind_upsert(spec)
+            .await
+            .context("failed to declare built-in kinds")?;
+    }
+    let secret = store
+        .server_secret("fingerprint", random_bytes::<32>().to_vec(), clock.now())
+        .await
+        .context("failed to load the fingerprint secret")?;
+    let bootstrap = bootstrap_keys(store.as_ref(), clock.as_ref()).await?;
+
+    let signals = Signals::default();
+    let state = AppState::new(
+        store.clone(),
+        clock.clone(),
+        registry.clone(),
+        signals.clone(),
+        Fingerprinter::new(&secret),
+        options.http.clone(),
+    );
+    let listener = tokio::net::TcpListener::bind(options.listen)
+        .await
+        .with_context(|| format!("failed to listen on {}", options.listen))?;
+    let addr = listener.local_addr()?;
+    tracing::info!(%addr, database = %sqlite.path.display(), "longrun is serving");
+
+    let shutdown = CancellationToken::new();
+    let services_stop = CancellationToken::new();
+    let mut services = Vec::new();
+    if options.builtin_workers {
+        let dispatcher = Dispatcher::new(
+            store.clone(),
+            registry.clone(),
+            signals.clone(),
+            clock.clone(),
+            options.dispatcher.clone(),
+        );
+        services.push(tokio::spawn(dispatcher.run(services_stop.clone())));
+    }
+    let reaper = Reaper::new(
+        store.clone(),
+        signals.clone(),
+        clock.clone(),
+        options.reaper.clone(),
+    );
+    services.push(tokio::spawn(reaper.run(services_stop.clone())));
+
+    let router = app(state);
+    let stop = shutdown.clone();
+    let handle = tokio::spawn(async move {
+        let served = axum::serve(listener, router)
+            .with_graceful_shutdown(stop.cancelled_owned())
+            .await;
+        // Requests are done: nothing more can be accepted. Now stop claiming
+        // and let running tasks finish within their grace period.
+        services_stop.cancel();
+        for service in services {
+            let _ = service.await;
+        }
+        served.context("the HTTP server failed")
+    });
+    Ok(RunningServer {
+        addr,
+        bootstrap,
+        store,
+        shutdown,
+        handle,
+    })
+}
+
+/// On first start with no keys: tenant `default`, one admin and one client key.
+async fn bootstrap_keys(
+    store: &dyn Store,
+    clock: &dyn Clock,
+) -> anyhow::Result<Option<BootstrapKeys>> {
+    if store.api_key_count().await? > 0 {
+        return Ok(None);
+    }
+    // Several processes may start at once on one database: only the one whose
+    // marker is stored creates the keys.
+    let marker = random_bytes::<16>().to_vec();
+    if store
+        .server_secret("bootstrap", marker.clone(), clock.now())
+        .await?
+        != marker
+    {
+        return Ok(None);
+    }
+    let tenant = "default".to_owned();
+    let mut tokens = Vec::new();
+    for role in [Role::Admin, Role::Client] {
+        let key = NewApiKey::generate();
+        store
+            .api_key_create(ApiKeyCreateParams {
+                id: key.id,
+                tenant: tenant.clone(),
+                role,
+                secret_hash: key.secret_hash,
+                now: clock.now(),
+            })
+            .await?;
+        tokens.push(key.token);
+    }
+    let client = tokens.pop().expect("two keys");
+    let admin = tokens.pop().expect("two keys");
+    Ok(Some(BootstrapKeys {
+        tenant,
+        admin,
+        client,
+    }))
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = terminate => {}
+    }
+}
+
+/// Bounded wait used by the CLI after the signal: a second signal or this
+/// timeout ends the process even if something hangs.
+pub const HARD_STOP_AFTER: Duration = Duration::from_secs(30);
