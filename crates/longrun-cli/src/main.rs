@@ -30,24 +30,13 @@ struct Cli {
 #[derive(Args, Clone)]
 struct Global {
     /// Where the embedded database (longrun.db) and artifacts live.
-    #[arg(
-        long,
-        env = "LONGRUN_DATA_DIR",
-        default_value = "./longrun-data",
-        global = true
-    )]
+    #[arg(long, env = "LONGRUN_DATA_DIR", default_value = "./longrun-data", global = true)]
     data_dir: PathBuf,
     /// A postgres:// URL to use PostgreSQL instead of the embedded SQLite.
     #[arg(long, env = "LONGRUN_DATABASE", global = true)]
     database: Option<String>,
     /// Log format.
-    #[arg(
-        long,
-        env = "LONGRUN_LOG_FORMAT",
-        value_enum,
-        default_value = "text",
-        global = true
-    )]
+    #[arg(long, env = "LONGRUN_LOG_FORMAT", value_enum, default_value = "text", global = true)]
     log_format: LogFormat,
     /// Log filter (tracing EnvFilter syntax), e.g. `info` or `longrun=debug`.
     #[arg(long, env = "LONGRUN_LOG", default_value = "info", global = true)]
@@ -152,11 +141,7 @@ fn init_logging(global: &Global) {
         .with_writer(std::io::stderr);
     match global.log_format {
         LogFormat::Text => builder.init(),
-        LogFormat::Json => builder
-            .json()
-            .flatten_event(true)
-            .with_current_span(true)
-            .init(),
+        LogFormat::Json => builder.json().flatten_event(true).with_current_span(true).init(),
     }
 }
 
@@ -169,17 +154,15 @@ fn sqlite_config(global: &Global) -> anyhow::Result<SqliteConfig> {
 
 fn open_store(global: &Global) -> anyhow::Result<Arc<dyn Store>> {
     let config = sqlite_config(global)?;
-    let store = SqliteStore::open(config.clone())
-        .with_context(|| format!("failed to open {}", config.path.display()))?;
+    let store =
+        SqliteStore::open(config.clone()).with_context(|| format!("failed to open {}", config.path.display()))?;
     Ok(Arc::new(store))
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     init_logging(&cli.global);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(run(cli))
 }
 
@@ -193,10 +176,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 std::fs::create_dir_all(dir)?;
             }
             let applied = longrun_store::sqlite::migrate(&config.path)?;
-            println!(
-                "applied {applied} migration(s) to {}",
-                config.path.display()
-            );
+            println!("applied {applied} migration(s) to {}", config.path.display());
             Ok(())
         }
         Command::Keys(command) => keys(&global, command).await,
@@ -251,9 +231,8 @@ async fn keys(global: &Global, command: KeysCommand) -> anyhow::Result<()> {
     let now = SystemClock.now();
     match command {
         KeysCommand::Create { tenant, role } => {
-            longrun_core::validate::kind_name(&tenant).map_err(|_| {
-                anyhow::anyhow!("tenant names are 1–64 characters of a-z, 0-9, '_', '.', '-'")
-            })?;
+            longrun_core::validate::kind_name(&tenant)
+                .map_err(|_| anyhow::anyhow!("tenant names are 1–64 characters of a-z, 0-9, '_', '.', '-'"))?;
             let key = NewApiKey::generate();
             store
                 .api_key_create(ApiKeyCreateParams {
@@ -272,10 +251,7 @@ async fn keys(global: &Global, command: KeysCommand) -> anyhow::Result<()> {
             println!("{}", key.token);
         }
         KeysCommand::List => {
-            println!(
-                "{:<32} {:<16} {:<8} {:<26} REVOKED",
-                "ID", "TENANT", "ROLE", "CREATED"
-            );
+            println!("{:<32} {:<16} {:<8} {:<26} REVOKED", "ID", "TENANT", "ROLE", "CREATED");
             for key in store.api_key_list().await? {
                 println!(
                     "{:<32} {:<16} {:<8} {:<26} {}",
@@ -283,9 +259,7 @@ async fn keys(global: &Global, command: KeysCommand) -> anyhow::Result<()> {
                     key.tenant,
                     key.role.as_str(),
                     key.created_at.to_rfc3339(),
-                    key.revoked_at
-                        .map(|t| t.to_rfc3339())
-                        .unwrap_or_else(|| "-".into())
+                    key.revoked_at.map(|t| t.to_rfc3339()).unwrap_or_else(|| "-".into())
                 );
             }
         }
@@ -315,10 +289,8 @@ async fn kinds(global: &Global, command: KindsCommand) -> anyhow::Result<()> {
             if max_attempts < 1 {
                 bail!("--max-attempts must be at least 1");
             }
-            if let Some(existing) = store.kind_get(&name).await? {
-                if existing.builtin {
-                    bail!("{name} is a built-in kind; it cannot be redeclared");
-                }
+            if store.kind_get(&name).await?.is_some_and(|existing| existing.builtin) {
+                bail!("{name} is a built-in kind; it cannot be redeclared");
             }
             store
                 .kind_upsert(KindSpec {
@@ -338,8 +310,7 @@ async fn kinds(global: &Global, command: KindsCommand) -> anyhow::Result<()> {
                 "KIND", "BUILTIN", "RERUN_SAFE", "MAX_ATTEMPTS", "DEFAULT_DEADLINE"
             );
             for k in store.kind_list().await? {
-                let secs =
-                    |s: Option<i64>| s.map(|s| format!("{s}s")).unwrap_or_else(|| "-".into());
+                let secs = |s: Option<i64>| s.map(|s| format!("{s}s")).unwrap_or_else(|| "-".into());
                 println!(
                     "{:<24} {:<8} {:<10} {:<12} {:<16} {}",
                     k.name,

@@ -48,17 +48,10 @@ impl NewApiKey {
     pub fn generate() -> Self {
         let id = Id::generate(IdKind::ApiKey);
         let secret = random_base32::<32>();
-        let body = id
-            .as_str()
-            .strip_prefix("key_")
-            .expect("key ids start with key_");
+        let body = id.as_str().strip_prefix("key_").expect("key ids start with key_");
         let token = format!("{PREFIX}{body}_{secret}");
         let secret_hash = hash_secret(&secret);
-        Self {
-            id,
-            token,
-            secret_hash,
-        }
+        Self { id, token, secret_hash }
     }
 }
 
@@ -82,10 +75,7 @@ impl PresentedKey {
 
     /// Constant-time check against a stored hash.
     pub fn verify(&self, stored_hash: &[u8]) -> bool {
-        hash_secret(&self.secret)
-            .as_slice()
-            .ct_eq(stored_hash)
-            .into()
+        hash_secret(&self.secret).as_slice().ct_eq(stored_hash).into()
     }
 }
 
@@ -107,22 +97,12 @@ mod tests {
         let mut tampered = key.token.clone();
         let last = tampered.pop().unwrap();
         tampered.push(if last == 'a' { 'b' } else { 'a' });
-        assert!(
-            !PresentedKey::parse(&tampered)
-                .unwrap()
-                .verify(&key.secret_hash)
-        );
+        assert!(!PresentedKey::parse(&tampered).unwrap().verify(&key.secret_hash));
     }
 
     #[test]
     fn malformed_tokens_do_not_parse() {
-        for bad in [
-            "",
-            "lr_",
-            "lr_abc_def",
-            "Bearer x",
-            "lr_aaaaaaaaaaaaaaaaaaaaaaaaaa_",
-        ] {
+        for bad in ["", "lr_", "lr_abc_def", "Bearer x", "lr_aaaaaaaaaaaaaaaaaaaaaaaaaa_"] {
             assert!(PresentedKey::parse(bad).is_none(), "{bad}");
         }
     }

@@ -21,17 +21,11 @@ impl Timestamp {
     }
 
     pub fn plus(self, d: Duration) -> Self {
-        Self(
-            self.0
-                .saturating_add(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
-        )
+        Self(self.0.saturating_add(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)))
     }
 
     pub fn minus(self, d: Duration) -> Self {
-        Self(
-            self.0
-                .saturating_sub(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
-        )
+        Self(self.0.saturating_sub(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)))
     }
 
     /// Time elapsed from `earlier` to `self`, zero if `earlier` is later.
@@ -42,18 +36,15 @@ impl Timestamp {
     /// RFC 3339 in UTC, always with millisecond precision, e.g. `2026-11-29T08:49:14.123Z`.
     pub fn to_rfc3339(self) -> String {
         let nanos = i128::from(self.0) * 1_000_000;
-        let t =
-            OffsetDateTime::from_unix_timestamp_nanos(nanos).unwrap_or(OffsetDateTime::UNIX_EPOCH);
-        let fmt = time::macros::format_description!(
-            "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"
-        );
+        let t = OffsetDateTime::from_unix_timestamp_nanos(nanos).unwrap_or(OffsetDateTime::UNIX_EPOCH);
+        let fmt =
+            time::macros::format_description!("[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z");
         t.format(&fmt).unwrap_or_default()
     }
 
     /// The HTTP-date form (RFC 9110 IMF-fixdate), for headers such as `Idempotency-Expires`.
     pub fn to_http_date(self) -> String {
-        let t = OffsetDateTime::from_unix_timestamp(self.0.div_euclid(1000))
-            .unwrap_or(OffsetDateTime::UNIX_EPOCH);
+        let t = OffsetDateTime::from_unix_timestamp(self.0.div_euclid(1000)).unwrap_or(OffsetDateTime::UNIX_EPOCH);
         let fmt = time::macros::format_description!(
             "[weekday repr:short], [day] [month repr:short] [year] [hour]:[minute]:[second] GMT"
         );
@@ -93,10 +84,8 @@ impl ManualClock {
     }
 
     pub fn advance(&self, d: Duration) {
-        self.now.fetch_add(
-            i64::try_from(d.as_millis()).unwrap_or(i64::MAX),
-            Ordering::SeqCst,
-        );
+        self.now
+            .fetch_add(i64::try_from(d.as_millis()).unwrap_or(i64::MAX), Ordering::SeqCst);
     }
 
     pub fn set(&self, t: Timestamp) {
@@ -117,10 +106,7 @@ mod tests {
     #[test]
     fn rfc3339_has_millis_and_z() {
         assert_eq!(Timestamp(0).to_rfc3339(), "1970-01-01T00:00:00.000Z");
-        assert_eq!(
-            Timestamp(1_796_000_000_123).to_rfc3339(),
-            "2026-11-30T00:53:20.123Z"
-        );
+        assert_eq!(Timestamp(1_796_000_000_123).to_rfc3339(), "2026-11-30T00:53:20.123Z");
     }
 
     #[test]

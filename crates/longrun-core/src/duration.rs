@@ -9,16 +9,10 @@ pub struct InvalidDuration(pub String);
 pub fn parse_duration(text: &str) -> Result<Duration, InvalidDuration> {
     let invalid = || InvalidDuration(text.to_owned());
     let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .ok_or_else(invalid)?;
+    let split = text.find(|c: char| !c.is_ascii_digit()).ok_or_else(invalid)?;
     let (number, unit) = text.split_at(split);
     let n: u64 = number.parse().map_err(|_| invalid())?;
-    let seconds = |factor: u64| {
-        n.checked_mul(factor)
-            .map(Duration::from_secs)
-            .ok_or_else(invalid)
-    };
+    let seconds = |factor: u64| n.checked_mul(factor).map(Duration::from_secs).ok_or_else(invalid);
     match unit {
         "ms" => Ok(Duration::from_millis(n)),
         "s" => seconds(1),
@@ -38,10 +32,7 @@ mod tests {
         assert_eq!(parse_duration("90s").unwrap(), Duration::from_secs(90));
         assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
         assert_eq!(parse_duration("12h").unwrap(), Duration::from_secs(43_200));
-        assert_eq!(
-            parse_duration("30d").unwrap(),
-            Duration::from_secs(2_592_000)
-        );
+        assert_eq!(parse_duration("30d").unwrap(), Duration::from_secs(2_592_000));
         assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
         for bad in ["", "s", "10", "1.5h", "-1s", "3w", "99999999999999999999d"] {
             assert!(parse_duration(bad).is_err(), "{bad}");

@@ -24,11 +24,7 @@ impl Fingerprint {
 
 impl std::fmt::Debug for Fingerprint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "Fingerprint({}…)",
-            data_encoding::HEXLOWER.encode(&self.0[..4])
-        )
+        write!(f, "Fingerprint({}…)", data_encoding::HEXLOWER.encode(&self.0[..4]))
     }
 }
 
@@ -157,10 +153,7 @@ mod tests {
         // "\u{10000}" (a surrogate pair, 0xD800…) sorts before "\u{ff61}" in UTF-16
         // although it sorts after it in UTF-8 / code point order.
         let v = json!({"\u{ff61}": 1, "\u{10000}": 2, "a": 3, "": 4});
-        assert_eq!(
-            canonical_json(&v),
-            "{\"\":4,\"a\":3,\"\u{10000}\":2,\"\u{ff61}\":1}"
-        );
+        assert_eq!(canonical_json(&v), "{\"\":4,\"a\":3,\"\u{10000}\":2,\"\u{ff61}\":1}");
     }
 
     #[test]
@@ -229,8 +222,7 @@ mod tests {
         leaf.prop_recursive(4, 32, 6, |inner| {
             prop_oneof![
                 proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
-                proptest::collection::hash_map(".*", inner, 0..6)
-                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+                proptest::collection::hash_map(".*", inner, 0..6).prop_map(|m| Value::Object(m.into_iter().collect())),
             ]
         })
     }

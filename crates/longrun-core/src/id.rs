@@ -77,9 +77,7 @@ impl fmt::Display for Id {
 
 /// `N` random bytes from the OS, base32 lowercase without padding.
 pub fn random_base32<const N: usize>() -> String {
-    BASE32_NOPAD
-        .encode(&random_bytes::<N>())
-        .to_ascii_lowercase()
+    BASE32_NOPAD.encode(&random_bytes::<N>()).to_ascii_lowercase()
 }
 
 /// `N` random bytes from the operating system's CSPRNG.

@@ -52,14 +52,8 @@ mod tests {
         assert!(IdempotencyKey::parse(b"a").is_ok());
         assert!(IdempotencyKey::parse(b"0f8fad5b-d9cb-469f-a165-70867728950e").is_ok());
         assert!(IdempotencyKey::parse(&[b'x'; 255]).is_ok());
-        assert_eq!(
-            IdempotencyKey::parse(b""),
-            Err(InvalidIdempotencyKey::Empty)
-        );
-        assert_eq!(
-            IdempotencyKey::parse(&[b'x'; 256]),
-            Err(InvalidIdempotencyKey::TooLong)
-        );
+        assert_eq!(IdempotencyKey::parse(b""), Err(InvalidIdempotencyKey::Empty));
+        assert_eq!(IdempotencyKey::parse(&[b'x'; 256]), Err(InvalidIdempotencyKey::TooLong));
         assert_eq!(
             IdempotencyKey::parse(b"has space"),
             Err(InvalidIdempotencyKey::NotVisibleAscii)

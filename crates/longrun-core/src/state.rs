@@ -45,13 +45,8 @@ impl State {
     pub fn can_become(self, to: State) -> bool {
         matches!(
             (self, to),
-            (
-                State::Queued,
-                State::Running | State::Cancelled | State::Failed
-            ) | (
-                State::Running,
-                State::Succeeded | State::Failed | State::Cancelled
-            )
+            (State::Queued, State::Running | State::Cancelled | State::Failed)
+                | (State::Running, State::Succeeded | State::Failed | State::Cancelled)
         )
     }
 }

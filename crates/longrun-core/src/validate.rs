@@ -56,15 +56,12 @@ pub fn labels(labels: &BTreeMap<String, String>) -> Result<(), Invalid> {
         return Err(invalid("labels", format!("at most {MAX_LABELS} labels")));
     }
     for (key, value) in labels {
-        let key_ok = !key.is_empty()
-            && key.len() <= MAX_LABEL_KEY_LEN
-            && key.bytes().all(|b| is_name_char(b) || b == b'/');
+        let key_ok =
+            !key.is_empty() && key.len() <= MAX_LABEL_KEY_LEN && key.bytes().all(|b| is_name_char(b) || b == b'/');
         if !key_ok {
             return Err(invalid(
                 "labels",
-                format!(
-                    "label key {key:?} must be 1–{MAX_LABEL_KEY_LEN} characters of a-z, 0-9, '_', '.', '-', '/'"
-                ),
+                format!("label key {key:?} must be 1–{MAX_LABEL_KEY_LEN} characters of a-z, 0-9, '_', '.', '-', '/'"),
             ));
         }
         if value.chars().count() > MAX_LABEL_VALUE_LEN {
@@ -89,9 +86,7 @@ pub fn label_selector(selector: &str) -> Result<(String, String), Invalid> {
 }
 
 pub fn input_size(input: &Value) -> Result<(), Invalid> {
-    let len = serde_json::to_string(input)
-        .map(|s| s.len())
-        .unwrap_or(usize::MAX);
+    let len = serde_json::to_string(input).map(|s| s.len()).unwrap_or(usize::MAX);
     if len > MAX_INPUT_BYTES {
         return Err(invalid(
             "input",
@@ -103,20 +98,14 @@ pub fn input_size(input: &Value) -> Result<(), Invalid> {
 
 pub fn deadline_seconds(seconds: u64, max: u64) -> Result<(), Invalid> {
     if seconds == 0 || seconds > max {
-        return Err(invalid(
-            "deadline_seconds",
-            format!("must be between 1 and {max}"),
-        ));
+        return Err(invalid("deadline_seconds", format!("must be between 1 and {max}")));
     }
     Ok(())
 }
 
 pub fn max_cost_units(units: f64) -> Result<(), Invalid> {
     if !(units.is_finite() && units > 0.0) {
-        return Err(invalid(
-            "budget.max_cost_units",
-            "must be a positive number",
-        ));
+        return Err(invalid("budget.max_cost_units", "must be a positive number"));
     }
     Ok(())
 }

@@ -8,8 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use longrun_core::{Clock, Id};
 use longrun_store::{
-    ClaimParams, FinishParams, HeartbeatAck, HeartbeatParams, Outcome, ProgressUpdate, Store,
-    StoreError, Task,
+    ClaimParams, FinishParams, HeartbeatAck, HeartbeatParams, Outcome, ProgressUpdate, Store, StoreError, Task,
 };
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;

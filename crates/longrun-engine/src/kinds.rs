@@ -24,8 +24,7 @@ impl Registry {
     }
 
     pub fn register(&mut self, handler: Arc<dyn Handler>) {
-        self.handlers
-            .insert(handler.info().name.to_owned(), handler);
+        self.handlers.insert(handler.info().name.to_owned(), handler);
     }
 
     pub fn get(&self, kind: &str) -> Option<&Arc<dyn Handler>> {

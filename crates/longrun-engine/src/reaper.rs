@@ -35,12 +35,7 @@ pub struct Reaper {
 }
 
 impl Reaper {
-    pub fn new(
-        store: Arc<dyn Store>,
-        signals: Signals,
-        clock: Arc<dyn Clock>,
-        config: Config,
-    ) -> Self {
+    pub fn new(store: Arc<dyn Store>, signals: Signals, clock: Arc<dyn Clock>, config: Config) -> Self {
         Self {
             store,
             signals,

@@ -42,11 +42,7 @@ impl Signals {
     }
 
     pub fn untrack(&self, id: &Id) {
-        self.inner
-            .running
-            .lock()
-            .expect("signals poisoned")
-            .remove(id);
+        self.inner.running.lock().expect("signals poisoned").remove(id);
     }
 
     /// Tells a task running in this process that cancellation was requested.

@@ -45,9 +45,7 @@ pub async fn edge(mut req: Request, next: Next) -> Response {
     let status = response.status();
     let problem = match response.extensions_mut().remove::<Problem>() {
         Some(problem) => Some(problem),
-        None if (status.is_client_error() || status.is_server_error())
-            && !is_problem(&response) =>
-        {
+        None if (status.is_client_error() || status.is_server_error()) && !is_problem(&response) => {
             // Not from an ApiError: a framework rejection or a caught panic.
             let mut problem = ApiError::for_status(status).problem();
             problem.status = status.as_u16();

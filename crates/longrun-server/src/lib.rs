@@ -22,9 +22,7 @@ use longrun_store::{KindSpec, Store, StoreError};
 use tower_http::catch_panic::CatchPanicLayer;
 
 pub use callback::CallbackPolicy;
-pub use server::{
-    BootstrapKeys, HARD_STOP_AFTER, RunningServer, ServeOptions, shutdown_signal, start,
-};
+pub use server::{BootstrapKeys, HARD_STOP_AFTER, RunningServer, ServeOptions, shutdown_signal, start};
 
 /// Settings of the HTTP edge.
 #[derive(Debug, Clone)]
@@ -102,10 +100,10 @@ impl AppState {
     /// The declaration of `kind`, cached for a few seconds: `longrun kinds
     /// set` from another process is seen within that time.
     pub async fn kind_spec(&self, kind: &str) -> Result<Option<KindSpec>, StoreError> {
-        if let Some((spec, at)) = self.kinds.lock().expect("kind cache poisoned").get(kind) {
-            if at.elapsed() < KIND_CACHE_TTL {
-                return Ok(spec.clone());
-            }
+        if let Some((spec, at)) = self.kinds.lock().expect("kind cache poisoned").get(kind)
+            && at.elapsed() < KIND_CACHE_TTL
+        {
+            return Ok(spec.clone());
         }
         let spec = self.store.kind_get(kind).await?;
         let mut cache = self.kinds.lock().expect("kind cache poisoned");

@@ -82,8 +82,7 @@ pub async fn start(options: ServeOptions) -> anyhow::Result<RunningServer> {
     let mut sqlite = options.sqlite.clone();
     sqlite.operation_retention = options.http.operation_retention;
     let store: Arc<dyn Store> = Arc::new(
-        SqliteStore::open(sqlite.clone())
-            .with_context(|| format!("failed to open {}", sqlite.path.display()))?,
+        SqliteStore::open(sqlite.clone()).with_context(|| format!("failed to open {}", sqlite.path.display()))?,
     );
     let clock = options.clock.clone();
 
@@ -128,12 +127,7 @@ pub async fn start(options: ServeOptions) -> anyhow::Result<RunningServer> {
         );
         services.push(tokio::spawn(dispatcher.run(services_stop.clone())));
     }
-    let reaper = Reaper::new(
-        store.clone(),
-        signals.clone(),
-        clock.clone(),
-        options.reaper.clone(),
-    );
+    let reaper = Reaper::new(store.clone(), signals.clone(), clock.clone(), options.reaper.clone());
     services.push(tokio::spawn(reaper.run(services_stop.clone())));
 
     let router = app(state);
@@ -160,21 +154,14 @@ pub async fn start(options: ServeOptions) -> anyhow::Result<RunningServer> {
 }
 
 /// On first start with no keys: tenant `default`, one admin and one client key.
-async fn bootstrap_keys(
-    store: &dyn Store,
-    clock: &dyn Clock,
-) -> anyhow::Result<Option<BootstrapKeys>> {
+async fn bootstrap_keys(store: &dyn Store, clock: &dyn Clock) -> anyhow::Result<Option<BootstrapKeys>> {
     if store.api_key_count().await? > 0 {
         return Ok(None);
     }
     // Several processes may start at once on one database: only the one whose
     // marker is stored creates the keys.
     let marker = random_bytes::<16>().to_vec();
-    if store
-        .server_secret("bootstrap", marker.clone(), clock.now())
-        .await?
-        != marker
-    {
+    if store.server_secret("bootstrap", marker.clone(), clock.now()).await? != marker {
         return Ok(None);
     }
     let tenant = "default".to_owned();
@@ -194,11 +181,7 @@ async fn bootstrap_keys(
     }
     let client = tokens.pop().expect("two keys");
     let admin = tokens.pop().expect("two keys");
-    Ok(Some(BootstrapKeys {
-        tenant,
-        admin,
-        client,
-    }))
+    Ok(Some(BootstrapKeys { tenant, admin, client }))
 }
 
 /// Resolves on SIGTERM or Ctrl-C.

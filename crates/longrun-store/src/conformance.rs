@@ -171,23 +171,11 @@ pub async fn accept_creates_a_queued_operation_with_its_first_event(store: &dyn 
     let op = create(store, "t1", "sleep").await;
     assert_eq!((op.state, op.version, op.attempt), (State::Queued, 1, 0));
     assert_eq!(op.created_at, T0);
-    assert_eq!(
-        get(store, &op).await,
-        op,
-        "what accept returns is what is stored"
-    );
-    let history = store
-        .operation_history("t1", &op.id)
-        .await
-        .unwrap()
-        .unwrap();
+    assert_eq!(get(store, &op).await, op, "what accept returns is what is stored");
+    let history = store.operation_history("t1", &op.id).await.unwrap().unwrap();
     assert_eq!(history.len(), 1);
     assert_eq!(
-        (
-            history[0].version,
-            history[0].event_type.as_str(),
-            history[0].state
-        ),
+        (history[0].version, history[0].event_type.as_str(), history[0].state),
         (1, "created", State::Queued)
     );
 }
@@ -250,14 +238,9 @@ pub async fn idempotency_scope_is_tenant_kind_and_key(store: &dyn Store) {
 }
 
 pub async fn concurrent_first_requests_converge_on_one_operation(store: &dyn Store) {
-    let outcomes = futures_join_all((0..32).map(|_| {
-        store.operation_accept(accept_params(
-            "t1",
-            "sleep",
-            Some("race"),
-            json!({"x": [1, 2, 3]}),
-        ))
-    }))
+    let outcomes = futures_join_all(
+        (0..32).map(|_| store.operation_accept(accept_params("t1", "sleep", Some("race"), json!({"x": [1, 2, 3]})))),
+    )
     .await;
     let mut created = 0;
     let mut ids = std::collections::HashSet::new();
@@ -278,9 +261,7 @@ pub async fn concurrent_first_requests_converge_on_one_operation(store: &dyn Sto
 }
 
 /// Polls the futures together on this task (no extra dependency needed).
-async fn futures_join_all<F: std::future::Future>(
-    futures: impl Iterator<Item = F>,
-) -> Vec<F::Output> {
+async fn futures_join_all<F: std::future::Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output> {
     let mut pinned: Vec<_> = futures.map(Box::pin).collect();
     let mut outputs: Vec<Option<F::Output>> = pinned.iter().map(|_| None).collect();
     std::future::poll_fn(|cx| {
@@ -309,13 +290,7 @@ async fn futures_join_all<F: std::future::Future>(
 pub async fn operations_are_invisible_to_other_tenants(store: &dyn Store) {
     let op = create(store, "t1", "sleep").await;
     assert!(store.operation_get("t2", &op.id).await.unwrap().is_none());
-    assert!(
-        store
-            .operation_history("t2", &op.id)
-            .await
-            .unwrap()
-            .is_none()
-    );
+    assert!(store.operation_history("t2", &op.id).await.unwrap().is_none());
     assert!(matches!(
         store.operation_cancel(cancel("t2", &op.id, T0)).await,
         Err(StoreError::NotFound)
@@ -339,12 +314,7 @@ pub async fn operations_are_invisible_to_other_tenants(store: &dyn Store) {
 pub async fn list_is_newest_first_filtered_and_paginated(store: &dyn Store) {
     let mut created = Vec::new();
     for i in 0..5 {
-        let mut p = accept_params(
-            "t1",
-            if i % 2 == 0 { "even" } else { "odd" },
-            None,
-            json!({"i": i}),
-        );
+        let mut p = accept_params("t1", if i % 2 == 0 { "even" } else { "odd" }, None, json!({"i": i}));
         p.labels
             .insert("team".into(), if i < 3 { "a".into() } else { "b".into() });
         let AcceptOutcome::Created(op) = store.operation_accept(p).await.unwrap() else {
@@ -382,10 +352,7 @@ pub async fn list_is_newest_first_filtered_and_paginated(store: &dyn Store) {
         page_size: 100,
         before_seq: None,
     };
-    let evens = store
-        .operation_list(list(Some("even"), None, None))
-        .await
-        .unwrap();
+    let evens = store.operation_list(list(Some("even"), None, None)).await.unwrap();
     assert_eq!(evens.operations.len(), 3);
     assert!(evens.next_before_seq.is_none());
     let team_b = store
@@ -393,11 +360,7 @@ pub async fn list_is_newest_first_filtered_and_paginated(store: &dyn Store) {
         .await
         .unwrap();
     assert_eq!(
-        team_b
-            .operations
-            .iter()
-            .map(|o| o.id.clone())
-            .collect::<Vec<_>>(),
+        team_b.operations.iter().map(|o| o.id.clone()).collect::<Vec<_>>(),
         vec![created[4].clone(), created[3].clone()]
     );
     let running = store
@@ -442,11 +405,7 @@ pub async fn claim_heartbeat_complete_walks_the_state_machine(store: &dyn Store)
     let progressed = get(store, &op).await;
     let progress = progressed.progress.clone().unwrap();
     assert_eq!(
-        (
-            progress.completed_units,
-            progress.total_units,
-            progress.updated_at
-        ),
+        (progress.completed_units, progress.total_units, progress.updated_at),
         (Some(5.0), Some(10.0), Some(at(2)))
     );
     assert_eq!(progressed.cost_units, 1.5);
@@ -466,18 +425,11 @@ pub async fn claim_heartbeat_complete_walks_the_state_machine(store: &dyn Store)
         (State::Succeeded, 4, Some(at(3)))
     );
     assert_eq!(done.result, Some(json!({"rows": 10})));
-    assert_eq!(
-        done.input, None,
-        "the input is dropped when the operation ends"
-    );
+    assert_eq!(done.input, None, "the input is dropped when the operation ends");
     assert!(done.expires_at.is_some_and(|e| e > at(3)));
     assert_eq!(get(store, &op).await, done);
 
-    let history = store
-        .operation_history("t1", &op.id)
-        .await
-        .unwrap()
-        .unwrap();
+    let history = store.operation_history("t1", &op.id).await.unwrap().unwrap();
     let trail: Vec<(i64, &str, State)> = history
         .iter()
         .map(|e| (e.version, e.event_type.as_str(), e.state))
@@ -516,19 +468,11 @@ pub async fn an_operation_completes_at_most_once(store: &dyn Store) {
     let op = create(store, "t1", "once").await;
     let task = claim_one(store, "once", at(1)).await;
     store
-        .task_finish(finish(
-            &task,
-            Outcome::Succeeded {
-                result: Some(json!(1)),
-            },
-            at(2),
-        ))
+        .task_finish(finish(&task, Outcome::Succeeded { result: Some(json!(1)) }, at(2)))
         .await
         .unwrap();
     for outcome in [
-        Outcome::Succeeded {
-            result: Some(json!(2)),
-        },
+        Outcome::Succeeded { result: Some(json!(2)) },
         Outcome::Cancelled,
         Outcome::Failed {
             error: OperationError {
@@ -565,31 +509,10 @@ pub async fn progress_never_goes_backwards_and_idle_heartbeats_keep_the_version(
         });
         hb
     };
-    assert_eq!(
-        store
-            .task_heartbeat(report(50.0, at(2)))
-            .await
-            .unwrap()
-            .version,
-        3
-    );
+    assert_eq!(store.task_heartbeat(report(50.0, at(2))).await.unwrap().version, 3);
     // Lower progress is ignored: nothing changed, so the version stays.
-    assert_eq!(
-        store
-            .task_heartbeat(report(10.0, at(3)))
-            .await
-            .unwrap()
-            .version,
-        3
-    );
-    assert_eq!(
-        store
-            .task_heartbeat(heartbeat(&task, at(4)))
-            .await
-            .unwrap()
-            .version,
-        3
-    );
+    assert_eq!(store.task_heartbeat(report(10.0, at(3))).await.unwrap().version, 3);
+    assert_eq!(store.task_heartbeat(heartbeat(&task, at(4))).await.unwrap().version, 3);
     let current = get(store, &op).await;
     assert_eq!(current.progress.unwrap().completed_units, Some(50.0));
     assert_eq!(current.version, 3);
@@ -597,10 +520,7 @@ pub async fn progress_never_goes_backwards_and_idle_heartbeats_keep_the_version(
 
 pub async fn cancelling_queued_work_cancels_it_at_once(store: &dyn Store) {
     let op = create(store, "t1", "cq").await;
-    let CancelOutcome::CancelledNow(cancelled) = store
-        .operation_cancel(cancel("t1", &op.id, at(1)))
-        .await
-        .unwrap()
+    let CancelOutcome::CancelledNow(cancelled) = store.operation_cancel(cancel("t1", &op.id, at(1))).await.unwrap()
     else {
         panic!("expected CancelledNow")
     };
@@ -617,21 +537,14 @@ pub async fn cancelling_queued_work_cancels_it_at_once(store: &dyn Store) {
         claim(store, "cq", 1, at(2)).await.is_empty(),
         "cancelled work is never started"
     );
-    let again = store
-        .operation_cancel(cancel("t1", &op.id, at(3)))
-        .await
-        .unwrap();
+    let again = store.operation_cancel(cancel("t1", &op.id, at(3))).await.unwrap();
     assert_eq!(again, CancelOutcome::AlreadyTerminal(cancelled));
 }
 
 pub async fn cancelling_running_work_asks_the_worker(store: &dyn Store) {
     let op = create(store, "t1", "cr").await;
     let task = claim_one(store, "cr", at(1)).await;
-    let CancelOutcome::Requested(requested) = store
-        .operation_cancel(cancel("t1", &op.id, at(2)))
-        .await
-        .unwrap()
-    else {
+    let CancelOutcome::Requested(requested) = store.operation_cancel(cancel("t1", &op.id, at(2))).await.unwrap() else {
         panic!("expected Requested")
     };
     assert_eq!((requested.state, requested.version), (State::Running, 3));
@@ -646,19 +559,13 @@ pub async fn cancelling_running_work_asks_the_worker(store: &dyn Store) {
         .task_finish(finish(&task, Outcome::Cancelled, at(5)))
         .await
         .unwrap();
-    assert_eq!(
-        (done.state, done.version, done.error),
-        (State::Cancelled, 4, None)
-    );
+    assert_eq!((done.state, done.version, done.error), (State::Cancelled, 4, None));
 }
 
 pub async fn worker_that_finishes_first_wins_the_cancel_race(store: &dyn Store) {
     let op = create(store, "t1", "race").await;
     let task = claim_one(store, "race", at(1)).await;
-    store
-        .operation_cancel(cancel("t1", &op.id, at(2)))
-        .await
-        .unwrap();
+    store.operation_cancel(cancel("t1", &op.id, at(2))).await.unwrap();
     let done = store
         .task_finish(finish(&task, Outcome::Succeeded { result: None }, at(3)))
         .await
@@ -774,10 +681,7 @@ pub async fn reaper_requeues_rerun_safe_kinds_and_fails_the_others(store: &dyn S
         ))
         .await
         .unwrap();
-    assert_eq!(
-        (done.state, done.result),
-        (State::Succeeded, Some(json!("second")))
-    );
+    assert_eq!((done.state, done.result), (State::Succeeded, Some(json!("second"))));
 
     // Out of attempts: the next lapse fails it with the outcome unknown.
     let third = create(store, "t1", "safe").await;
@@ -786,10 +690,7 @@ pub async fn reaper_requeues_rerun_safe_kinds_and_fails_the_others(store: &dyn S
         now = now.plus(Duration::from_secs(600));
         claim_one(store, "safe", now).await;
         now = now.plus(LEASE).plus(Duration::from_secs(1));
-        store
-            .task_reap(ReapParams { now, limit: 100 })
-            .await
-            .unwrap();
+        store.task_reap(ReapParams { now, limit: 100 }).await.unwrap();
     }
     let exhausted = get(store, &third).await;
     assert_eq!((exhausted.state, exhausted.attempt), (State::Failed, 2));
@@ -817,22 +718,11 @@ pub async fn failed_outcome_carries_the_error_and_drops_the_input(store: &dyn St
         retryable: false,
     };
     let done = store
-        .task_finish(finish(
-            &task,
-            Outcome::Failed {
-                error: error.clone(),
-            },
-            at(2),
-        ))
+        .task_finish(finish(&task, Outcome::Failed { error: error.clone() }, at(2)))
         .await
         .unwrap();
     assert_eq!(
-        (
-            done.state,
-            done.error.clone(),
-            done.result.clone(),
-            done.input.clone()
-        ),
+        (done.state, done.error.clone(), done.result.clone(), done.input.clone()),
         (State::Failed, Some(error), None, None)
     );
     assert_eq!(get(store, &op).await, done);
@@ -864,12 +754,7 @@ pub async fn api_keys_are_created_listed_and_revoked(store: &dyn Store) {
         "revoking twice is a no-op"
     );
     assert_eq!(
-        store
-            .api_key_get(&key.id)
-            .await
-            .unwrap()
-            .unwrap()
-            .revoked_at,
+        store.api_key_get(&key.id).await.unwrap().unwrap().revoked_at,
         Some(at(1))
     );
     assert_eq!(store.api_key_count().await.unwrap(), 1);
@@ -892,10 +777,7 @@ pub async fn kinds_are_declared_and_updated(store: &dyn Store) {
         max_deadline_seconds: None,
     };
     store.kind_upsert(spec.clone()).await.unwrap();
-    assert_eq!(
-        store.kind_get("thumbnail").await.unwrap(),
-        Some(spec.clone())
-    );
+    assert_eq!(store.kind_get("thumbnail").await.unwrap(), Some(spec.clone()));
     spec.rerun_safe = true;
     spec.max_attempts = 5;
     store.kind_upsert(spec.clone()).await.unwrap();
@@ -904,39 +786,20 @@ pub async fn kinds_are_declared_and_updated(store: &dyn Store) {
 }
 
 pub async fn server_secrets_are_created_once(store: &dyn Store) {
-    let first = store
-        .server_secret("fingerprint", vec![1; 32], T0)
-        .await
-        .unwrap();
+    let first = store.server_secret("fingerprint", vec![1; 32], T0).await.unwrap();
     assert_eq!(first, vec![1; 32]);
-    let second = store
-        .server_secret("fingerprint", vec![2; 32], at(1))
-        .await
-        .unwrap();
-    assert_eq!(
-        second, first,
-        "a later candidate never replaces the stored secret"
-    );
+    let second = store.server_secret("fingerprint", vec![2; 32], at(1)).await.unwrap();
+    assert_eq!(second, first, "a later candidate never replaces the stored secret");
 }
 
 /// Commands of the state-machine property test.
 #[derive(Debug, Clone)]
 enum Command {
     Claim,
-    Heartbeat {
-        stale: bool,
-        units: u8,
-        commit_point: bool,
-    },
-    Complete {
-        stale: bool,
-    },
-    Fail {
-        stale: bool,
-    },
-    AckCancel {
-        stale: bool,
-    },
+    Heartbeat { stale: bool, units: u8, commit_point: bool },
+    Complete { stale: bool },
+    Fail { stale: bool },
+    AckCancel { stale: bool },
     Cancel,
     LapseAndReap,
 }
@@ -1054,10 +917,7 @@ async fn run_model_case(store: &dyn Store, kind: &str, commands: &[Command], sta
                 hb.cancellable = commit_point.then_some(false);
                 let result = store.task_heartbeat(hb).await;
                 if *stale || !model.has_lease {
-                    assert!(
-                        matches!(result, Err(StoreError::LeaseLost)),
-                        "{context}: {result:?}"
-                    );
+                    assert!(matches!(result, Err(StoreError::LeaseLost)), "{context}: {result:?}");
                 } else {
                     let ack = result.unwrap();
                     let reported = f64::from(*units);
@@ -1072,9 +932,7 @@ async fn run_model_case(store: &dyn Store, kind: &str, commands: &[Command], sta
                     assert_eq!(ack.cancel_requested, model.cancel_requested, "{context}");
                 }
             }
-            Command::Complete { stale }
-            | Command::Fail { stale }
-            | Command::AckCancel { stale } => {
+            Command::Complete { stale } | Command::Fail { stale } | Command::AckCancel { stale } => {
                 let Some(t) = token_for(*stale) else { continue };
                 let outcome = match command {
                     Command::Complete { .. } => Outcome::Succeeded {
@@ -1091,10 +949,7 @@ async fn run_model_case(store: &dyn Store, kind: &str, commands: &[Command], sta
                 };
                 let result = store.task_finish(finish(&t, outcome, now)).await;
                 if *stale || !model.has_lease {
-                    assert!(
-                        matches!(result, Err(StoreError::LeaseLost)),
-                        "{context}: {result:?}"
-                    );
+                    assert!(matches!(result, Err(StoreError::LeaseLost)), "{context}: {result:?}");
                 } else {
                     let done = result.unwrap();
                     model.state = match command {
@@ -1104,11 +959,7 @@ async fn run_model_case(store: &dyn Store, kind: &str, commands: &[Command], sta
                     };
                     model.version += 1;
                     model.has_lease = false;
-                    assert_eq!(
-                        (done.state, done.version),
-                        (model.state, model.version),
-                        "{context}"
-                    );
+                    assert_eq!((done.state, done.version), (model.state, model.version), "{context}");
                 }
             }
             Command::Cancel => {
@@ -1154,10 +1005,7 @@ async fn run_model_case(store: &dyn Store, kind: &str, commands: &[Command], sta
             }
             Command::LapseAndReap => {
                 now = now.plus(LEASE).plus(Duration::from_secs(1));
-                let counts = store
-                    .task_reap(ReapParams { now, limit: 1000 })
-                    .await
-                    .unwrap();
+                let counts = store.task_reap(ReapParams { now, limit: 1000 }).await.unwrap();
                 if model.has_lease {
                     model.has_lease = false;
                     model.version += 1;
@@ -1183,25 +1031,15 @@ async fn run_model_case(store: &dyn Store, kind: &str, commands: &[Command], sta
             (model.state, model.version, model.attempt),
             "{context}"
         );
-        assert!(
-            stored.version >= last_version,
-            "{context}: versions never go down"
-        );
+        assert!(stored.version >= last_version, "{context}: versions never go down");
         last_version = stored.version;
         match &terminal {
-            Some(frozen) => assert_eq!(
-                &stored, frozen,
-                "{context}: a terminal operation never changes"
-            ),
+            Some(frozen) => assert_eq!(&stored, frozen, "{context}: a terminal operation never changes"),
             None if stored.state.is_terminal() => terminal = Some(stored),
             None => {}
         }
     }
-    let history = store
-        .operation_history("model", &op.id)
-        .await
-        .unwrap()
-        .unwrap();
+    let history = store.operation_history("model", &op.id).await.unwrap().unwrap();
     let versions: Vec<i64> = history.iter().map(|e| e.version).collect();
     assert_eq!(
         versions,

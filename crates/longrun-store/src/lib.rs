@@ -72,12 +72,7 @@ pub trait Store: Send + Sync + 'static {
 
     /// The server-wide secret `name`: `candidate` is stored if there is none
     /// yet; either way the stored value is returned, so every process agrees.
-    async fn server_secret(
-        &self,
-        name: &str,
-        candidate: Vec<u8>,
-        now: longrun_core::Timestamp,
-    ) -> Result<Vec<u8>>;
+    async fn server_secret(&self, name: &str, candidate: Vec<u8>, now: longrun_core::Timestamp) -> Result<Vec<u8>>;
 
     /// Cheap round trip to the database, for `/readyz`.
     async fn ping(&self) -> Result<()>;

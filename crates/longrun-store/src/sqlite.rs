@@ -61,9 +61,8 @@ impl SqliteStore {
     /// Opens (creating if needed) the database and applies migrations.
     pub fn open(config: SqliteConfig) -> Result<Self> {
         if let Some(dir) = config.path.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| {
-                StoreError::Backend(format!("cannot create {}: {e}", dir.display()))
-            })?;
+            std::fs::create_dir_all(dir)
+                .map_err(|e| StoreError::Backend(format!("cannot create {}: {e}", dir.display())))?;
         }
         let mut conn = open_connection(&config.path, false)?;
         migrate_connection(&mut conn)?;
@@ -107,9 +106,7 @@ fn open_connection(path: &Path, read_only: bool) -> Result<Connection> {
     let flags = if read_only {
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX
     } else {
-        OpenFlags::SQLITE_OPEN_READ_WRITE
-            | OpenFlags::SQLITE_OPEN_CREATE
-            | OpenFlags::SQLITE_OPEN_NO_MUTEX
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX
     };
     let conn = Connection::open_with_flags(path, flags)?;
     // Another process (`longrun keys create` beside a running server) may hold
@@ -129,11 +126,9 @@ fn migrate_connection(conn: &mut Connection) -> Result<usize> {
         "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)",
     )?;
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-    let current: i64 = tx.query_row(
-        "SELECT COALESCE(MAX(version), 0) FROM schema_migrations",
-        [],
-        |r| r.get(0),
-    )?;
+    let current: i64 = tx.query_row("SELECT COALESCE(MAX(version), 0) FROM schema_migrations", [], |r| {
+        r.get(0)
+    })?;
     let mut applied = 0;
     for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > current) {
         tx.execute_batch(sql)?;
@@ -176,15 +171,12 @@ impl ReaderPool {
 #[async_trait]
 impl Store for SqliteStore {
     async fn operation_accept(&self, params: AcceptParams) -> Result<AcceptOutcome> {
-        self.writer
-            .write(move |c| sql::operation_accept(c, &params))
-            .await
+        self.writer.write(move |c| sql::operation_accept(c, &params)).await
     }
 
     async fn operation_get(&self, tenant: &str, id: &Id) -> Result<Option<Operation>> {
         let (tenant, id) = (tenant.to_owned(), id.clone());
-        self.read(move |c| sql::operation_get(c, &tenant, &id))
-            .await
+        self.read(move |c| sql::operation_get(c, &tenant, &id)).await
     }
 
     async fn operation_list(&self, params: ListParams) -> Result<OperationPage> {
@@ -193,8 +185,7 @@ impl Store for SqliteStore {
 
     async fn operation_history(&self, tenant: &str, id: &Id) -> Result<Option<Vec<Event>>> {
         let (tenant, id) = (tenant.to_owned(), id.clone());
-        self.read(move |c| sql::operation_history(c, &tenant, &id))
-            .await
+        self.read(move |c| sql::operation_history(c, &tenant, &id)).await
     }
 
     async fn operation_cancel(&self, params: CancelParams) -> Result<CancelOutcome> {
@@ -206,35 +197,25 @@ impl Store for SqliteStore {
 
     async fn task_claim(&self, params: ClaimParams) -> Result<Vec<Task>> {
         let policy = self.policy;
-        self.writer
-            .write(move |c| sql::task_claim(c, policy, &params))
-            .await
+        self.writer.write(move |c| sql::task_claim(c, policy, &params)).await
     }
 
     async fn task_heartbeat(&self, params: HeartbeatParams) -> Result<HeartbeatAck> {
-        self.writer
-            .write(move |c| sql::task_heartbeat(c, &params))
-            .await
+        self.writer.write(move |c| sql::task_heartbeat(c, &params)).await
     }
 
     async fn task_finish(&self, params: FinishParams) -> Result<Operation> {
         let policy = self.policy;
-        self.writer
-            .write(move |c| sql::task_finish(c, policy, &params))
-            .await
+        self.writer.write(move |c| sql::task_finish(c, policy, &params)).await
     }
 
     async fn task_reap(&self, params: ReapParams) -> Result<ReapCounts> {
         let policy = self.policy;
-        self.writer
-            .write(move |c| sql::task_reap(c, policy, &params))
-            .await
+        self.writer.write(move |c| sql::task_reap(c, policy, &params)).await
     }
 
     async fn api_key_create(&self, params: ApiKeyCreateParams) -> Result<()> {
-        self.writer
-            .write(move |c| sql::api_key_create(c, &params))
-            .await
+        self.writer.write(move |c| sql::api_key_create(c, &params)).await
     }
 
     async fn api_key_get(&self, id: &Id) -> Result<Option<ApiKeyRecord>> {
@@ -248,9 +229,7 @@ impl Store for SqliteStore {
 
     async fn api_key_revoke(&self, id: &Id, now: Timestamp) -> Result<bool> {
         let id = id.clone();
-        self.writer
-            .write(move |c| sql::api_key_revoke(c, &id, now))
-            .await
+        self.writer.write(move |c| sql::api_key_revoke(c, &id, now)).await
     }
 
     async fn api_key_count(&self) -> Result<u64> {
@@ -270,12 +249,7 @@ impl Store for SqliteStore {
         self.read(sql::kind_list).await
     }
 
-    async fn server_secret(
-        &self,
-        name: &str,
-        candidate: Vec<u8>,
-        now: Timestamp,
-    ) -> Result<Vec<u8>> {
+    async fn server_secret(&self, name: &str, candidate: Vec<u8>, now: Timestamp) -> Result<Vec<u8>> {
         let name = name.to_owned();
         self.writer
             .write(move |c| sql::server_secret(c, &name, &candidate, now))
@@ -283,7 +257,6 @@ impl Store for SqliteStore {
     }
 
     async fn ping(&self) -> Result<()> {
-        self.read(|c| Ok(c.query_row("SELECT 1", [], |_| Ok(()))?))
-            .await
+        self.read(|c| Ok(c.query_row("SELECT 1", [], |_| Ok(()))?)).await
     }
 }

@@ -10,8 +10,7 @@ use longrun_store::{SqliteConfig, SqliteStore, store_conformance};
 
 async fn sqlite_store() -> TestStore {
     let dir = tempfile::tempdir().expect("temp dir");
-    let store =
-        SqliteStore::open(SqliteConfig::new(dir.path().join("longrun.db"))).expect("open store");
+    let store = SqliteStore::open(SqliteConfig::new(dir.path().join("longrun.db"))).expect("open store");
     TestStore {
         store: Arc::new(store),
         guard: Box::new(dir),
@@ -46,10 +45,7 @@ fn the_schema_refuses_every_transition_the_core_table_refuses() {
             } else {
                 from.can_become(to)
             };
-            assert_eq!(
-                allowed_by_schema, allowed_by_core,
-                "{from} → {to}: {result:?}"
-            );
+            assert_eq!(allowed_by_schema, allowed_by_core, "{from} → {to}: {result:?}");
         }
     }
     // Versions move one step at a time.

@@ -34,9 +34,7 @@ fn invalid(message: impl Into<String>) -> Invalid {
 
 impl SleepInput {
     pub fn parse(input: &Value) -> Result<Self, Invalid> {
-        let object = input
-            .as_object()
-            .ok_or_else(|| invalid("must be an object"))?;
+        let object = input.as_object().ok_or_else(|| invalid("must be an object"))?;
         for key in object.keys() {
             if !matches!(key.as_str(), "duration_ms" | "steps" | "fail_with") {
                 return Err(invalid(format!(
@@ -56,17 +54,12 @@ impl SleepInput {
             })?;
         let steps = match object.get("steps") {
             None => 10,
-            Some(v) => whole_number(v, 1, MAX_STEPS).ok_or_else(|| {
-                invalid(format!(
-                    "steps must be an integer between 1 and {MAX_STEPS}"
-                ))
-            })?,
+            Some(v) => whole_number(v, 1, MAX_STEPS)
+                .ok_or_else(|| invalid(format!("steps must be an integer between 1 and {MAX_STEPS}")))?,
         };
         let fail_with = match object.get("fail_with") {
             None | Some(Value::Null) => None,
-            Some(Value::String(code)) if longrun_core::validate::kind_name(code).is_ok() => {
-                Some(code.clone())
-            }
+            Some(Value::String(code)) if longrun_core::validate::kind_name(code).is_ok() => Some(code.clone()),
             Some(_) => {
                 return Err(invalid(
                     "fail_with must be an error code like \"boom\" (a-z, 0-9, '_', '.', '-')",
@@ -104,8 +97,7 @@ impl Handler for Sleep {
     }
 
     async fn run(&self, ctx: TaskContext) -> Result<Option<Value>, TaskError> {
-        let input = SleepInput::parse(ctx.input())
-            .map_err(|e| TaskError::fatal("invalid_input", e.message))?;
+        let input = SleepInput::parse(ctx.input()).map_err(|e| TaskError::fatal("invalid_input", e.message))?;
         let step = input.duration / u32::try_from(input.steps).unwrap_or(u32::MAX);
         for done in 1..=input.steps {
             if ctx.is_cancelled() {

@@ -72,10 +72,7 @@ impl KeyCache {
 impl FromRequestParts<AppState> for Caller {
     type Rejection = ApiError;
 
-    async fn from_request_parts(
-        parts: &mut Parts,
-        state: &AppState,
-    ) -> Result<Self, Self::Rejection> {
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
         let header = parts
             .headers
             .get(AUTHORIZATION)

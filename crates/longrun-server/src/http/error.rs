@@ -54,20 +54,11 @@ pub enum ApiError {
     #[error("{0}")]
     InvalidCallbackUrl(String),
     #[error("{detail}")]
-    QuotaExceeded {
-        detail: String,
-        retry_after: Duration,
-    },
+    QuotaExceeded { detail: String, retry_after: Duration },
     #[error("{detail}")]
-    RateLimited {
-        detail: String,
-        retry_after: Duration,
-    },
+    RateLimited { detail: String, retry_after: Duration },
     #[error("{detail}")]
-    TemporarilyUnavailable {
-        detail: String,
-        retry_after: Duration,
-    },
+    TemporarilyUnavailable { detail: String, retry_after: Duration },
     /// The message is logged, never shown.
     #[error("internal error")]
     Internal(String),
@@ -103,9 +94,7 @@ impl ApiError {
 
     pub fn status(&self) -> StatusCode {
         match self {
-            ApiError::InvalidRequest(_) | ApiError::IdempotencyKeyRequired => {
-                StatusCode::BAD_REQUEST
-            }
+            ApiError::InvalidRequest(_) | ApiError::IdempotencyKeyRequired => StatusCode::BAD_REQUEST,
             ApiError::Unauthenticated => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden => StatusCode::FORBIDDEN,
             ApiError::NotFound => StatusCode::NOT_FOUND,
@@ -118,12 +107,10 @@ impl ApiError {
             ApiError::PreconditionRequired => StatusCode::PRECONDITION_REQUIRED,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            ApiError::InvalidInput(_)
-            | ApiError::UnsupportedKind(_)
-            | ApiError::InvalidCallbackUrl(_) => StatusCode::UNPROCESSABLE_ENTITY,
-            ApiError::QuotaExceeded { .. } | ApiError::RateLimited { .. } => {
-                StatusCode::TOO_MANY_REQUESTS
+            ApiError::InvalidInput(_) | ApiError::UnsupportedKind(_) | ApiError::InvalidCallbackUrl(_) => {
+                StatusCode::UNPROCESSABLE_ENTITY
             }
+            ApiError::QuotaExceeded { .. } | ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::TemporarilyUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -188,9 +175,7 @@ impl ApiError {
 
     pub fn problem(&self) -> Problem {
         let detail = match self {
-            ApiError::Internal(_) => {
-                "the server failed to handle the request; it has been logged".to_owned()
-            }
+            ApiError::Internal(_) => "the server failed to handle the request; it has been logged".to_owned(),
             other => other.to_string(),
         };
         Problem {
@@ -210,17 +195,13 @@ impl ApiError {
         match status {
             StatusCode::NOT_FOUND => ApiError::NotFound,
             StatusCode::METHOD_NOT_ALLOWED => ApiError::MethodNotAllowed,
-            StatusCode::PAYLOAD_TOO_LARGE => {
-                ApiError::PayloadTooLarge("the request body is too large".into())
-            }
+            StatusCode::PAYLOAD_TOO_LARGE => ApiError::PayloadTooLarge("the request body is too large".into()),
             StatusCode::UNSUPPORTED_MEDIA_TYPE => {
                 ApiError::UnsupportedMediaType("the request body must be application/json".into())
             }
             StatusCode::UNAUTHORIZED => ApiError::Unauthenticated,
             StatusCode::FORBIDDEN => ApiError::Forbidden,
-            s if s.is_client_error() => {
-                ApiError::InvalidRequest("the request could not be understood".into())
-            }
+            s if s.is_client_error() => ApiError::InvalidRequest("the request could not be understood".into()),
             _ => ApiError::Internal(format!("an unexpected {status} response")),
         }
     }

@@ -18,21 +18,11 @@ pub struct JsonBody<T>(pub T);
 pub struct OptionalJsonBody<T>(pub Option<T>);
 
 fn is_json(req: &Request) -> bool {
-    let Some(value) = req
-        .headers()
-        .get(CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-    else {
+    let Some(value) = req.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()) else {
         return false;
     };
-    let essence = value
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
-    essence == "application/json"
-        || (essence.starts_with("application/") && essence.ends_with("+json"))
+    let essence = value.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    essence == "application/json" || (essence.starts_with("application/") && essence.ends_with("+json"))
 }
 
 async fn body_bytes<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, ApiError> {
@@ -40,17 +30,22 @@ async fn body_bytes<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, Ap
         if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::PayloadTooLarge("the request body is larger than the server's limit".into())
         } else {
-            ApiError::InvalidRequest(format!(
-                "could not read the request body: {}",
-                rejection.body_text()
-            ))
+            ApiError::InvalidRequest(format!("could not read the request body: {}", rejection.body_text()))
         }
     })
 }
 
+/// Every body of this API is a JSON object. Checking that first also stops
+/// serde from reading an array as a struct's fields in order.
 fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(bytes)
-        .map_err(|e| ApiError::InvalidRequest(format!("invalid JSON body: {e}")))
+    let value: serde_json::Value =
+        serde_json::from_slice(bytes).map_err(|e| ApiError::InvalidRequest(format!("invalid JSON body: {e}")))?;
+    if !value.is_object() {
+        return Err(ApiError::InvalidRequest(
+            "the request body must be a JSON object".into(),
+        ));
+    }
+    serde_json::from_value(value).map_err(|e| ApiError::InvalidRequest(format!("invalid request body: {e}")))
 }
 
 impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {

@@ -11,9 +11,7 @@ use axum::{Json, Router};
 use data_encoding::BASE64URL_NOPAD;
 use longrun_core::validate::{self, MAX_DEADLINE_SECONDS};
 use longrun_core::{Id, IdKind, IdempotencyKey, State as OpState, Timestamp, retry_after};
-use longrun_store::{
-    AcceptOutcome, AcceptParams, CancelOutcome, CancelParams, ListParams, Operation, StoreError,
-};
+use longrun_store::{AcceptOutcome, AcceptParams, CancelOutcome, CancelParams, ListParams, Operation, StoreError};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -22,8 +20,7 @@ use crate::http::auth::Caller;
 use crate::http::error::ApiError;
 use crate::http::extract::{JsonBody, OptionalJsonBody, QueryParams};
 use crate::http::wire::{
-    CancelRequestBody, CancellationBody, EventBody, History, OperationBody, OperationList,
-    SubmitRequest,
+    CancelRequestBody, CancellationBody, EventBody, History, OperationBody, OperationList, SubmitRequest,
 };
 
 pub const DEFAULT_PAGE_SIZE: u32 = 50;
@@ -38,10 +35,7 @@ pub fn router() -> Router<AppState> {
         .route("/v1/operations", post(submit).get(list))
         .route("/v1/operations/{id}", get(read).delete(cancel))
         .route("/v1/operations/{id}/history", get(history))
-        .route(
-            "/v1/operations/{id}/cancellation",
-            put(cancel).get(cancellation),
-        )
+        .route("/v1/operations/{id}/cancellation", put(cancel).get(cancellation))
 }
 
 /// The optional `Idempotency-Key` header, syntax-checked.
@@ -75,10 +69,7 @@ enum EntityTags {
     Versions(Vec<i64>),
 }
 
-fn entity_tags(
-    headers: &HeaderMap,
-    name: header::HeaderName,
-) -> Result<Option<EntityTags>, ApiError> {
+fn entity_tags(headers: &HeaderMap, name: header::HeaderName) -> Result<Option<EntityTags>, ApiError> {
     let Some(value) = headers.get(&name) else {
         return Ok(None);
     };
@@ -96,9 +87,7 @@ fn entity_tags(
             .strip_prefix('"')
             .and_then(|t| t.strip_suffix('"'))
             .and_then(|t| t.parse::<i64>().ok())
-            .ok_or_else(|| {
-                ApiError::InvalidRequest(format!("{name} must list ETags like \"3\""))
-            })?;
+            .ok_or_else(|| ApiError::InvalidRequest(format!("{name} must list ETags like \"3\"")))?;
         versions.push(version);
     }
     Ok(Some(EntityTags::Versions(versions)))
@@ -109,9 +98,7 @@ fn if_match(headers: &HeaderMap) -> Result<Option<i64>, ApiError> {
     match entity_tags(headers, header::IF_MATCH)? {
         None | Some(EntityTags::Any) => Ok(None),
         Some(EntityTags::Versions(v)) if v.len() == 1 => Ok(Some(v[0])),
-        Some(EntityTags::Versions(_)) => Err(ApiError::InvalidRequest(
-            "If-Match must name one ETag".into(),
-        )),
+        Some(EntityTags::Versions(_)) => Err(ApiError::InvalidRequest("If-Match must name one ETag".into())),
     }
 }
 
@@ -165,9 +152,10 @@ async fn submit(
         validate::max_cost_units(units).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
     }
 
-    let spec = app.kind_spec(&request.kind).await?.ok_or_else(|| {
-        ApiError::UnsupportedKind(format!("no kind named {:?} is declared", request.kind))
-    })?;
+    let spec = app
+        .kind_spec(&request.kind)
+        .await?
+        .ok_or_else(|| ApiError::UnsupportedKind(format!("no kind named {:?} is declared", request.kind)))?;
     if let Some(handler) = app.registry.get(&request.kind) {
         handler
             .validate(&input)
@@ -181,14 +169,10 @@ async fn submit(
         .deadline_seconds
         .or(spec.default_deadline_seconds.map(|s| s as u64));
     if let Some(seconds) = deadline_seconds {
-        validate::deadline_seconds(seconds, max_deadline)
-            .map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
+        validate::deadline_seconds(seconds, max_deadline).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
     }
     let callback_url = match request.callback {
-        Some(callback) => Some(crate::callback::check_url(
-            &callback.url,
-            &app.config.callback_policy,
-        )?),
+        Some(callback) => Some(crate::callback::check_url(&callback.url, &app.config.callback_policy)?),
         None => None,
     };
 
@@ -277,9 +261,7 @@ async fn read(
         .ok_or(ApiError::NotFound)?;
     if not_modified(&headers, op.version)? {
         let mut response = StatusCode::NOT_MODIFIED.into_response();
-        response
-            .headers_mut()
-            .insert(header::ETAG, etag(op.version));
+        response.headers_mut().insert(header::ETAG, etag(op.version));
         if !op.state.is_terminal() {
             let seconds = retry_after::header_seconds(poll_hint(&op, app.clock.now()));
             response
@@ -308,11 +290,8 @@ fn encode_page_token(before_seq: i64) -> String {
 }
 
 fn decode_page_token(token: &str) -> Result<i64, ApiError> {
-    let invalid =
-        || ApiError::InvalidRequest("page_token is not a token this server issued".into());
-    let bytes = BASE64URL_NOPAD
-        .decode(token.as_bytes())
-        .map_err(|_| invalid())?;
+    let invalid = || ApiError::InvalidRequest("page_token is not a token this server issued".into());
+    let bytes = BASE64URL_NOPAD.decode(token.as_bytes()).map_err(|_| invalid())?;
     let text = String::from_utf8(bytes).map_err(|_| invalid())?;
     text.strip_prefix(PAGE_TOKEN_PREFIX)
         .and_then(|s| s.parse().ok())
@@ -348,11 +327,7 @@ async fn list(
         .label
         .map(|l| validate::label_selector(&l).map_err(|e| ApiError::InvalidRequest(e.to_string())))
         .transpose()?;
-    let before_seq = query
-        .page_token
-        .as_deref()
-        .map(decode_page_token)
-        .transpose()?;
+    let before_seq = query.page_token.as_deref().map(decode_page_token).transpose()?;
     let page = app
         .store
         .operation_list(ListParams {
@@ -415,20 +390,16 @@ async fn cancel(
         if_match: if_match(&headers)?,
         now: app.clock.now(),
     };
-    let outcome = app
-        .store
-        .operation_cancel(params)
-        .await
-        .map_err(|e| match e {
-            StoreError::NotCancellable => ApiError::OperationNotCancellable {
-                operation_id: id.clone(),
-            },
-            StoreError::PreconditionFailed { current_version } => ApiError::PreconditionFailed {
-                given: if_match(&headers).ok().flatten().unwrap_or(0),
-                current: current_version,
-            },
-            other => other.into(),
-        })?;
+    let outcome = app.store.operation_cancel(params).await.map_err(|e| match e {
+        StoreError::NotCancellable => ApiError::OperationNotCancellable {
+            operation_id: id.clone(),
+        },
+        StoreError::PreconditionFailed { current_version } => ApiError::PreconditionFailed {
+            given: if_match(&headers).ok().flatten().unwrap_or(0),
+            current: current_version,
+        },
+        other => other.into(),
+    })?;
     Ok(match outcome {
         CancelOutcome::CancelledNow(op) | CancelOutcome::AlreadyTerminal(op) => {
             operation_response(&app, &op, StatusCode::OK)
@@ -471,10 +442,7 @@ mod tests {
     #[test]
     fn entity_tag_lists() {
         let mut headers = HeaderMap::new();
-        headers.insert(
-            header::IF_NONE_MATCH,
-            HeaderValue::from_static("\"3\", W/\"4\""),
-        );
+        headers.insert(header::IF_NONE_MATCH, HeaderValue::from_static("\"3\", W/\"4\""));
         assert!(not_modified(&headers, 4).unwrap());
         assert!(!not_modified(&headers, 5).unwrap());
         headers.insert(header::IF_NONE_MATCH, HeaderValue::from_static("*"));

@@ -130,10 +130,7 @@ impl From<&Operation> for OperationBody {
                 units: op.cost_units,
                 max_units: op.budget_max_cost,
             },
-            result: op
-                .result
-                .as_ref()
-                .map(|value| serde_json::json!({ "value": value })),
+            result: op.result.as_ref().map(|value| serde_json::json!({ "value": value })),
             error: op.error.as_ref().map(|e| ErrorBody {
                 code: e.code.clone(),
                 message: e.message.clone(),

@@ -28,10 +28,7 @@ pub(crate) const SYSTEM: &str = "system";
 /// Cancel reasons that end the operation `failed` with the reason as its code.
 const FAILING_CANCEL_REASONS: [&str; 2] = ["deadline_exceeded", "budget_exhausted"];
 
-fn conversion_error(
-    idx: usize,
-    e: impl std::error::Error + Send + Sync + 'static,
-) -> rusqlite::Error {
+fn conversion_error(idx: usize, e: impl std::error::Error + Send + Sync + 'static) -> rusqlite::Error {
     rusqlite::Error::FromSqlConversionFailure(idx, Type::Text, Box::new(e))
 }
 
@@ -133,7 +130,14 @@ fn event_insert(
     c.prepare_cached(
         "INSERT INTO operation_events (operation_id, version, type, state, at, data) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
     )?
-    .execute(params![operation_id, version, event_type, state.as_str(), at.0, data.to_string()])?;
+    .execute(params![
+        operation_id,
+        version,
+        event_type,
+        state.as_str(),
+        at.0,
+        data.to_string()
+    ])?;
     Ok(())
 }
 
@@ -161,7 +165,14 @@ pub(super) fn operation_accept(c: &Connection, p: &AcceptParams) -> Result<Accep
                 "INSERT INTO idempotency_keys (tenant, kind, key, fingerprint, operation_id, created_at)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT DO NOTHING",
             )?
-            .execute(params![p.tenant, p.kind, key.as_str(), &fingerprint.0[..], p.id.as_str(), p.now.0])?;
+            .execute(params![
+                p.tenant,
+                p.kind,
+                key.as_str(),
+                &fingerprint.0[..],
+                p.id.as_str(),
+                p.now.0
+            ])?;
         if inserted == 0 {
             let (stored, operation_id): (Vec<u8>, String) = c
                 .prepare_cached(
@@ -177,14 +188,12 @@ pub(super) fn operation_accept(c: &Connection, p: &AcceptParams) -> Result<Accep
             if !fingerprint.matches(&stored) {
                 return Ok(AcceptOutcome::KeyReused { operation_id });
             }
-            let original =
-                operation_by_id(c, operation_id.as_str())?.ok_or(StoreError::NotFound)?;
+            let original = operation_by_id(c, operation_id.as_str())?.ok_or(StoreError::NotFound)?;
             return Ok(AcceptOutcome::Replayed(original));
         }
     }
 
-    let labels =
-        serde_json::to_string(&p.labels).map_err(|e| StoreError::Backend(e.to_string()))?;
+    let labels = serde_json::to_string(&p.labels).map_err(|e| StoreError::Backend(e.to_string()))?;
     let idempotency_key = p.idempotency.as_ref().map(|(k, _)| k.as_str());
     c.prepare_cached(
         "INSERT INTO operations (id, tenant, kind, state, version, attempt, input, callback_url, deadline_at,
@@ -204,15 +213,7 @@ pub(super) fn operation_accept(c: &Connection, p: &AcceptParams) -> Result<Accep
         p.now.0,
     ])?;
     let seq = c.last_insert_rowid();
-    event_insert(
-        c,
-        p.id.as_str(),
-        1,
-        "created",
-        State::Queued,
-        p.now,
-        &json!({}),
-    )?;
+    event_insert(c, p.id.as_str(), 1, "created", State::Queued, p.now, &json!({}))?;
     c.prepare_cached(
         "INSERT INTO tasks (operation_id, seq, tenant, kind, status, available_at) VALUES (?1, ?2, ?3, ?4, 'ready', ?5)",
     )?
@@ -298,11 +299,7 @@ pub(super) fn operation_list(c: &Connection, p: &ListParams) -> Result<Operation
     })
 }
 
-pub(super) fn operation_history(
-    c: &Connection,
-    tenant: &str,
-    id: &Id,
-) -> Result<Option<Vec<Event>>> {
+pub(super) fn operation_history(c: &Connection, tenant: &str, id: &Id) -> Result<Option<Vec<Event>>> {
     let owned: Option<i64> = c
         .prepare_cached("SELECT 1 FROM operations WHERE id = ?1 AND tenant = ?2")?
         .query_row(params![id.as_str(), tenant], |r| r.get(0))
@@ -377,22 +374,18 @@ fn operation_end(
     event_insert(c, id, version, to.as_str(), to, now, &data)
 }
 
-pub(super) fn operation_cancel(
-    c: &Connection,
-    policy: WritePolicy,
-    p: &CancelParams,
-) -> Result<CancelOutcome> {
+pub(super) fn operation_cancel(c: &Connection, policy: WritePolicy, p: &CancelParams) -> Result<CancelOutcome> {
     let op = operation_get(c, &p.tenant, &p.id)?.ok_or(StoreError::NotFound)?;
     if op.state.is_terminal() {
         // Nothing would change, so a stale If-Match cannot lose an update.
         return Ok(CancelOutcome::AlreadyTerminal(op));
     }
-    if let Some(expected) = p.if_match {
-        if expected != op.version {
-            return Err(StoreError::PreconditionFailed {
-                current_version: op.version,
-            });
-        }
+    if let Some(expected) = p.if_match
+        && expected != op.version
+    {
+        return Err(StoreError::PreconditionFailed {
+            current_version: op.version,
+        });
     }
     if op.cancel.is_some() {
         return Ok(CancelOutcome::AlreadyRequested(op));
@@ -412,15 +405,7 @@ pub(super) fn operation_cancel(
         .optional()?;
     match leased {
         Some(false) | None => {
-            operation_end(
-                c,
-                policy,
-                p.id.as_str(),
-                State::Cancelled,
-                None,
-                None,
-                p.now,
-            )?;
+            operation_end(c, policy, p.id.as_str(), State::Cancelled, None, None, p.now)?;
             let op = operation_by_id(c, p.id.as_str())?.ok_or(StoreError::NotFound)?;
             Ok(CancelOutcome::CancelledNow(op))
         }
@@ -447,11 +432,7 @@ pub(super) fn operation_cancel(
     }
 }
 
-pub(super) fn task_claim(
-    c: &Connection,
-    policy: WritePolicy,
-    p: &ClaimParams,
-) -> Result<Vec<Task>> {
+pub(super) fn task_claim(c: &Connection, policy: WritePolicy, p: &ClaimParams) -> Result<Vec<Task>> {
     if p.kinds.is_empty() || p.max_tasks == 0 {
         return Ok(Vec::new());
     }
@@ -596,15 +577,12 @@ pub(super) fn task_heartbeat(c: &Connection, p: &HeartbeatParams) -> Result<Hear
             progress = Some(merged);
         }
     }
-    let cost_units = p
-        .cost_units
-        .map_or(current.cost_units, |c| c.max(current.cost_units));
+    let cost_units = p.cost_units.map_or(current.cost_units, |c| c.max(current.cost_units));
     // Once past the commit point, an operation stays uncancellable.
     let cancellable = current.cancellable && p.cancellable.unwrap_or(true);
 
-    let changed = progress != current.progress
-        || cost_units != current.cost_units
-        || cancellable != current.cancellable;
+    let changed =
+        progress != current.progress || cost_units != current.cost_units || cancellable != current.cancellable;
     let mut version = current.version;
     if changed {
         version = c
@@ -656,8 +634,7 @@ pub(super) fn task_heartbeat(c: &Connection, p: &HeartbeatParams) -> Result<Hear
 
 /// The error a cancellation by the server itself ends with, if it was one.
 fn failing_cancel(requested_by: Option<&str>, reason: Option<&str>) -> Option<OperationError> {
-    let reason =
-        reason.filter(|r| requested_by == Some(SYSTEM) && FAILING_CANCEL_REASONS.contains(r))?;
+    let reason = reason.filter(|r| requested_by == Some(SYSTEM) && FAILING_CANCEL_REASONS.contains(r))?;
     Some(OperationError {
         code: reason.to_owned(),
         message: match reason {
@@ -668,11 +645,7 @@ fn failing_cancel(requested_by: Option<&str>, reason: Option<&str>) -> Option<Op
     })
 }
 
-pub(super) fn task_finish(
-    c: &Connection,
-    policy: WritePolicy,
-    p: &FinishParams,
-) -> Result<Operation> {
+pub(super) fn task_finish(c: &Connection, policy: WritePolicy, p: &FinishParams) -> Result<Operation> {
     let current = fenced(c, &p.operation_id, &p.lease_token)?;
     let id = p.operation_id.as_str();
     match &p.outcome {
@@ -684,13 +657,8 @@ pub(super) fn task_finish(
             operation_end(c, policy, id, State::Failed, None, Some(error), p.now)?;
         }
         Outcome::Cancelled => {
-            match failing_cancel(
-                current.cancel_requested_by.as_deref(),
-                current.cancel_reason.as_deref(),
-            ) {
-                Some(error) => {
-                    operation_end(c, policy, id, State::Failed, None, Some(&error), p.now)?
-                }
+            match failing_cancel(current.cancel_requested_by.as_deref(), current.cancel_reason.as_deref()) {
+                Some(error) => operation_end(c, policy, id, State::Failed, None, Some(&error), p.now)?,
                 None => operation_end(c, policy, id, State::Cancelled, None, None, p.now)?,
             }
         }
@@ -735,19 +703,8 @@ pub(super) fn task_reap(c: &Connection, policy: WritePolicy, p: &ReapParams) -> 
     for task in expired {
         if task.cancel_requested {
             // Cancellation was asked for and the worker is gone: honour it.
-            match failing_cancel(
-                task.cancel_requested_by.as_deref(),
-                task.cancel_reason.as_deref(),
-            ) {
-                Some(error) => operation_end(
-                    c,
-                    policy,
-                    &task.id,
-                    State::Failed,
-                    None,
-                    Some(&error),
-                    p.now,
-                )?,
+            match failing_cancel(task.cancel_requested_by.as_deref(), task.cancel_reason.as_deref()) {
+                Some(error) => operation_end(c, policy, &task.id, State::Failed, None, Some(&error), p.now)?,
                 None => operation_end(c, policy, &task.id, State::Cancelled, None, None, p.now)?,
             }
             counts.ended_cancel_requested += 1;
@@ -767,15 +724,7 @@ pub(super) fn task_reap(c: &Connection, policy: WritePolicy, p: &ReapParams) -> 
                 )?
                 .query_row(params![task.id, next_attempt, p.now.0], |r| r.get(0))?;
             let data = json!({"reason": "lease_expired", "next_attempt": next_attempt, "available_at": available_at.0});
-            event_insert(
-                c,
-                &task.id,
-                version,
-                "retry_scheduled",
-                State::Running,
-                p.now,
-                &data,
-            )?;
+            event_insert(c, &task.id, version, "retry_scheduled", State::Running, p.now, &data)?;
             counts.requeued += 1;
         } else {
             let error = OperationError {
@@ -785,15 +734,7 @@ pub(super) fn task_reap(c: &Connection, policy: WritePolicy, p: &ReapParams) -> 
                     .into(),
                 retryable: false,
             };
-            operation_end(
-                c,
-                policy,
-                &task.id,
-                State::Failed,
-                None,
-                Some(&error),
-                p.now,
-            )?;
+            operation_end(c, policy, &task.id, State::Failed, None, Some(&error), p.now)?;
             counts.failed_outcome_unknown += 1;
         }
     }
@@ -817,32 +758,33 @@ fn api_key_from_row(r: &Row) -> rusqlite::Result<ApiKeyRecord> {
 }
 
 pub(super) fn api_key_create(c: &Connection, p: &ApiKeyCreateParams) -> Result<()> {
-    c.prepare_cached(
-        "INSERT INTO tenants (name, created_at) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
-    )?
-    .execute(params![p.tenant, p.now.0])?;
-    c.prepare_cached(
-        "INSERT INTO api_keys (id, tenant, role, secret_hash, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
-    )?
-    .execute(params![p.id.as_str(), p.tenant, p.role.as_str(), &p.secret_hash[..], p.now.0])?;
+    c.prepare_cached("INSERT INTO tenants (name, created_at) VALUES (?1, ?2) ON CONFLICT DO NOTHING")?
+        .execute(params![p.tenant, p.now.0])?;
+    c.prepare_cached("INSERT INTO api_keys (id, tenant, role, secret_hash, created_at) VALUES (?1, ?2, ?3, ?4, ?5)")?
+        .execute(params![
+            p.id.as_str(),
+            p.tenant,
+            p.role.as_str(),
+            &p.secret_hash[..],
+            p.now.0
+        ])?;
     Ok(())
 }
 
 pub(super) fn api_key_get(c: &Connection, id: &Id) -> Result<Option<ApiKeyRecord>> {
-    Ok(c.prepare_cached(
-        "SELECT id, tenant, role, secret_hash, created_at, revoked_at FROM api_keys WHERE id = ?1",
-    )?
-    .query_row(params![id.as_str()], api_key_from_row)
-    .optional()?)
+    Ok(
+        c.prepare_cached("SELECT id, tenant, role, secret_hash, created_at, revoked_at FROM api_keys WHERE id = ?1")?
+            .query_row(params![id.as_str()], api_key_from_row)
+            .optional()?,
+    )
 }
 
 pub(super) fn api_key_list(c: &Connection) -> Result<Vec<ApiKeyRecord>> {
-    Ok(c
-        .prepare_cached(
-            "SELECT id, tenant, role, secret_hash, created_at, revoked_at FROM api_keys ORDER BY created_at, id",
-        )?
-        .query_map([], api_key_from_row)?
-        .collect::<rusqlite::Result<_>>()?)
+    Ok(c.prepare_cached(
+        "SELECT id, tenant, role, secret_hash, created_at, revoked_at FROM api_keys ORDER BY created_at, id",
+    )?
+    .query_map([], api_key_from_row)?
+    .collect::<rusqlite::Result<_>>()?)
 }
 
 pub(super) fn api_key_revoke(c: &Connection, id: &Id, now: Timestamp) -> Result<bool> {
@@ -887,8 +829,7 @@ pub(super) fn kind_upsert(c: &Connection, k: &KindSpec) -> Result<()> {
     Ok(())
 }
 
-const KIND_COLUMNS: &str =
-    "name, builtin, rerun_safe, max_attempts, default_deadline_seconds, max_deadline_seconds";
+const KIND_COLUMNS: &str = "name, builtin, rerun_safe, max_attempts, default_deadline_seconds, max_deadline_seconds";
 
 pub(super) fn kind_get(c: &Connection, name: &str) -> Result<Option<KindSpec>> {
     let sql = format!("SELECT {KIND_COLUMNS} FROM kinds WHERE name = ?1");
@@ -904,16 +845,11 @@ pub(super) fn kind_list(c: &Connection) -> Result<Vec<KindSpec>> {
         .collect::<rusqlite::Result<_>>()?)
 }
 
-pub(super) fn server_secret(
-    c: &Connection,
-    name: &str,
-    candidate: &[u8],
-    now: Timestamp,
-) -> Result<Vec<u8>> {
-    c.prepare_cached("INSERT INTO server_secrets (name, value, created_at) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING")?
-        .execute(params![name, candidate, now.0])?;
-    Ok(
-        c.prepare_cached("SELECT value FROM server_secrets WHERE name = ?1")?
-            .query_row(params![name], |r| r.get(0))?,
-    )
+pub(super) fn server_secret(c: &Connection, name: &str, candidate: &[u8], now: Timestamp) -> Result<Vec<u8>> {
+    c.prepare_cached(
+        "INSERT INTO server_secrets (name, value, created_at) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
+    )?
+    .execute(params![name, candidate, now.0])?;
+    Ok(c.prepare_cached("SELECT value FROM server_secrets WHERE name = ?1")?
+        .query_row(params![name], |r| r.get(0))?)
 }

@@ -1,0 +1,300 @@
+//! The `longrun` binary as a process: first start, key and kind commands,
+//! SIGKILL after a burst of submissions, and graceful SIGTERM.
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+const BIN: &str = env!("CARGO_BIN_EXE_longrun");
+
+struct ServerProcess {
+    child: Child,
+    base: String,
+    /// The client key printed on first start, if this was the first start.
+    bootstrap_client_key: Option<String>,
+}
+
+/// Starts `longrun serve` on a free port and waits for it to say where it listens.
+async fn start_server(data_dir: &Path, extra: &[&str]) -> ServerProcess {
+    let mut child = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(data_dir)
+        .args(extra)
+        .env("LONGRUN_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("longrun starts");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut client_key = None;
+    let base = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if let Some(key) = line.trim().strip_prefix("client key:") {
+                client_key = Some(key.trim().to_owned());
+            }
+            if let Some(url) = line.strip_prefix("longrun listening on ") {
+                return url.trim().to_owned();
+            }
+        }
+        panic!("longrun exited before listening");
+    })
+    .await
+    .expect("longrun listens within 30 s");
+    // Keep draining stdout so the process never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    ServerProcess {
+        child,
+        base,
+        bootstrap_client_key: client_key,
+    }
+}
+
+fn run_cli(data_dir: &Path, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(BIN)
+        .args(args)
+        .arg("--data-dir")
+        .arg(data_dir)
+        .output()
+        .expect("longrun runs")
+}
+
+async fn submit(http: &reqwest::Client, base: &str, token: &str, key: &str) -> reqwest::Result<reqwest::Response> {
+    http.post(format!("{base}/v1/operations"))
+        .bearer_auth(token)
+        .header("Idempotency-Key", key)
+        .json(&json!({"kind": "sleep", "input": {"duration_ms": 60_000}}))
+        .send()
+        .await
+}
+
+/// Fires `total` submissions, 32 at a time; calls `on_progress(done)` as
+/// responses arrive. Returns key → operation id for every 202.
+async fn burst(
+    base: &str,
+    token: &str,
+    total: usize,
+    after: usize,
+    on_after: impl FnOnce() + Send + 'static,
+) -> HashMap<String, String> {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    let permits = Arc::new(tokio::sync::Semaphore::new(32));
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    for i in 0..total {
+        let (http, base, token, tx, permits) = (
+            http.clone(),
+            base.to_owned(),
+            token.to_owned(),
+            tx.clone(),
+            permits.clone(),
+        );
+        tokio::spawn(async move {
+            let _permit = permits.acquire_owned().await.unwrap();
+            let key = format!("burst-{i}");
+            let outcome = match submit(&http, &base, &token, &key).await {
+                Ok(r) if r.status() == StatusCode::ACCEPTED => {
+                    let op: Value = r.json().await.unwrap_or(Value::Null);
+                    op["id"].as_str().map(str::to_owned)
+                }
+                _ => None,
+            };
+            let _ = tx.send((key, outcome));
+        });
+    }
+    drop(tx);
+    let mut accepted = HashMap::new();
+    let mut on_after = Some(on_after);
+    let mut done = 0;
+    while let Some((key, outcome)) = rx.recv().await {
+        done += 1;
+        if let Some(id) = outcome {
+            accepted.insert(key, id);
+        }
+        if done == after {
+            (on_after.take().unwrap())();
+        }
+    }
+    accepted
+}
+
+/// After a restart: every accepted operation is there, and a replay of its
+/// key returns it.
+async fn assert_all_present(base: &str, token: &str, accepted: &HashMap<String, String>) {
+    let http = reqwest::Client::new();
+    for (key, id) in accepted {
+        let got = http
+            .get(format!("{base}/v1/operations/{id}"))
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(got.status(), StatusCode::OK, "{id} was accepted, so it must survive");
+        let replay = submit(&http, base, token, key).await.unwrap();
+        assert_eq!(replay.status(), StatusCode::ACCEPTED);
+        assert_eq!(replay.headers()["idempotent-replayed"], "true");
+        let op: Value = replay.json().await.unwrap();
+        assert_eq!(op["id"].as_str(), Some(id.as_str()));
+    }
+}
+
+async fn count_operations(base: &str, token: &str) -> usize {
+    let http = reqwest::Client::new();
+    let mut count = 0;
+    let mut token_param = String::new();
+    loop {
+        let page: Value = http
+            .get(format!("{base}/v1/operations?page_size=100{token_param}"))
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        count += page["operations"].as_array().unwrap().len();
+        match page["next_page_token"].as_str() {
+            Some(t) => token_param = format!("&page_token={t}"),
+            None => return count,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_during_a_burst_loses_no_accepted_operation() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = start_server(dir.path(), &["--builtin-workers=false"]).await;
+    let token = server
+        .bootstrap_client_key
+        .clone()
+        .expect("first start prints a client key");
+    let pid = server.child.id().unwrap();
+
+    // SIGKILL as soon as 150 of 400 responses are back: the rest are in flight.
+    let accepted = burst(&server.base, &token, 400, 150, move || {
+        std::process::Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status()
+            .unwrap();
+    })
+    .await;
+    let status = server.child.wait().await.unwrap();
+    assert!(!status.success(), "the server was killed");
+    assert!(
+        accepted.len() >= 150,
+        "at least the responses before the kill were accepted: {}",
+        accepted.len()
+    );
+
+    let restarted = start_server(dir.path(), &["--builtin-workers=false"]).await;
+    assert!(restarted.bootstrap_client_key.is_none(), "keys are bootstrapped once");
+    assert_all_present(&restarted.base, &token, &accepted).await;
+
+    // Requests whose response was lost to the kill may or may not have
+    // committed; replaying every key must never create a second operation.
+    let http = reqwest::Client::new();
+    let mut ids = HashSet::new();
+    for i in 0..400 {
+        let response = submit(&http, &restarted.base, &token, &format!("burst-{i}"))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::ACCEPTED);
+        let op: Value = response.json().await.unwrap();
+        ids.insert(op["id"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(ids.len(), 400);
+    assert_eq!(
+        count_operations(&restarted.base, &token).await,
+        400,
+        "one operation per key, none twice"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_finishes_in_flight_requests_and_exits_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = start_server(dir.path(), &["--builtin-workers=false"]).await;
+    let token = server.bootstrap_client_key.clone().unwrap();
+    let pid = server.child.id().unwrap();
+
+    let accepted = burst(&server.base, &token, 300, 100, move || {
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .unwrap();
+    })
+    .await;
+    let status = tokio::time::timeout(Duration::from_secs(30), server.child.wait())
+        .await
+        .expect("exits")
+        .unwrap();
+    assert!(status.success(), "graceful shutdown exits 0: {status:?}");
+    assert!(accepted.len() >= 100);
+
+    let restarted = start_server(dir.path(), &["--builtin-workers=false"]).await;
+    assert_all_present(&restarted.base, &token, &accepted).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_and_kinds_commands_work_beside_a_running_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let migrated = run_cli(dir.path(), &["migrate"]);
+    assert!(migrated.status.success(), "{migrated:?}");
+    let server = start_server(dir.path(), &[]).await;
+
+    let created = run_cli(dir.path(), &["keys", "create", "--tenant", "acme", "--role", "client"]);
+    assert!(created.status.success(), "{created:?}");
+    let token = String::from_utf8(created.stdout).unwrap().trim().to_owned();
+    assert!(token.starts_with("lr_"), "the key is printed once on stdout: {token}");
+
+    let http = reqwest::Client::new();
+    let ok = http
+        .get(format!("{}/v1/operations", server.base))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), StatusCode::OK);
+
+    let listed = String::from_utf8(run_cli(dir.path(), &["keys", "list"]).stdout).unwrap();
+    assert!(listed.contains("acme") && listed.contains("client") && listed.contains("default"));
+    assert!(!listed.contains(&token), "secrets are never listed");
+
+    let key_id = longrun_core::apikey::PresentedKey::parse(&token)
+        .unwrap()
+        .id
+        .to_string();
+    let revoked = run_cli(dir.path(), &["keys", "revoke", &key_id]);
+    assert!(revoked.status.success(), "{revoked:?}");
+    assert!(
+        !run_cli(dir.path(), &["keys", "revoke", &key_id]).status.success(),
+        "revoking twice fails"
+    );
+    assert!(
+        !run_cli(dir.path(), &["keys", "create", "--tenant", "acme", "--role", "root"])
+            .status
+            .success()
+    );
+
+    let declared = run_cli(
+        dir.path(),
+        &["kinds", "set", "thumbnail", "--rerun-safe", "--max-attempts", "5"],
+    );
+    assert!(declared.status.success(), "{declared:?}");
+    assert!(
+        !run_cli(dir.path(), &["kinds", "set", "sleep"]).status.success(),
+        "built-in kinds are not redeclared"
+    );
+    let kinds = String::from_utf8(run_cli(dir.path(), &["kinds", "list"]).stdout).unwrap();
+    assert!(kinds.contains("thumbnail") && kinds.contains("sleep"), "{kinds}");
+    drop(server);
+}

@@ -1,0 +1,245 @@
+//! `spawn_app()` and friends: one server per test on port 0 with its own data
+//! directory, keys for two tenants, and request helpers.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use longrun_core::apikey::{NewApiKey, Role};
+use longrun_core::{Clock, SystemClock};
+use longrun_server::{RunningServer, ServeOptions};
+use longrun_store::{ApiKeyCreateParams, SqliteConfig, Store};
+use reqwest::{Method, RequestBuilder, Response, StatusCode};
+use serde_json::Value;
+
+pub struct TestApp {
+    pub base: String,
+    pub http: reqwest::Client,
+    pub store: Arc<dyn Store>,
+    /// Client key of tenant `acme`.
+    pub client_key: String,
+    /// Client key of tenant `globex`, to prove tenants cannot see each other.
+    pub other_tenant_key: String,
+    pub worker_key: String,
+    server: Option<RunningServer>,
+    _dir: tempfile::TempDir,
+}
+
+#[derive(Clone)]
+pub struct Options {
+    pub builtin_workers: bool,
+    pub max_body_bytes: usize,
+    pub require_idempotency_key: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            builtin_workers: true,
+            max_body_bytes: 1024 * 1024,
+            require_idempotency_key: true,
+        }
+    }
+}
+
+/// Logs only when `TEST_LOG` is set, e.g. `TEST_LOG=debug cargo test`.
+fn init_tracing() {
+    if let Ok(filter) = std::env::var("TEST_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_test_writer()
+            .try_init();
+    }
+}
+
+pub async fn spawn_app() -> TestApp {
+    spawn_app_with(Options::default()).await
+}
+
+pub async fn spawn_app_with(options: Options) -> TestApp {
+    init_tracing();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut serve = ServeOptions::new(
+        "127.0.0.1:0".parse().unwrap(),
+        SqliteConfig::new(dir.path().join("longrun.db")),
+    );
+    serve.builtin_workers = options.builtin_workers;
+    serve.http.max_body_bytes = options.max_body_bytes;
+    serve.http.require_idempotency_key = options.require_idempotency_key;
+    // Revocation must bite at once in tests.
+    serve.http.key_cache_ttl = Duration::ZERO;
+    serve.dispatcher.poll_interval = Duration::from_millis(50);
+    let server = longrun_server::start(serve).await.expect("server starts");
+    let store = server.store.clone();
+    assert!(server.bootstrap.is_some(), "first start bootstraps keys");
+    let client_key = create_key(store.as_ref(), "acme", Role::Client).await;
+    let other_tenant_key = create_key(store.as_ref(), "globex", Role::Client).await;
+    let worker_key = create_key(store.as_ref(), "acme", Role::Worker).await;
+    TestApp {
+        base: format!("http://{}", server.addr),
+        http: reqwest::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .build()
+            .unwrap(),
+        store,
+        client_key,
+        other_tenant_key,
+        worker_key,
+        server: Some(server),
+        _dir: dir,
+    }
+}
+
+pub async fn create_key(store: &dyn Store, tenant: &str, role: Role) -> String {
+    let key = NewApiKey::generate();
+    store
+        .api_key_create(ApiKeyCreateParams {
+            id: key.id,
+            tenant: tenant.into(),
+            role,
+            secret_hash: key.secret_hash,
+            now: SystemClock.now(),
+        })
+        .await
+        .unwrap();
+    key.token
+}
+
+impl TestApp {
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    pub fn request(&self, method: Method, path: &str, key: &str) -> RequestBuilder {
+        self.http.request(method, self.url(path)).bearer_auth(key)
+    }
+
+    /// `POST /v1/operations` as tenant `acme` with `key` as Idempotency-Key.
+    pub async fn submit(&self, idempotency_key: &str, body: &Value) -> Response {
+        self.request(Method::POST, "/v1/operations", &self.client_key)
+            .header("Idempotency-Key", idempotency_key)
+            .json(body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    pub async fn submit_ok(&self, idempotency_key: &str, body: &Value) -> Value {
+        let response = self.submit(idempotency_key, body).await;
+        assert_eq!(response.status(), StatusCode::ACCEPTED, "submission accepted");
+        response.json().await.unwrap()
+    }
+
+    pub async fn get_operation(&self, id: &str) -> Value {
+        let response = self
+            .request(Method::GET, &format!("/v1/operations/{id}"), &self.client_key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        response.json().await.unwrap()
+    }
+
+    /// Polls until `done(operation)` holds: waiting on a condition, bounded.
+    pub async fn wait_for(&self, id: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let op = self.get_operation(id).await;
+            if done(&op) {
+                return op;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out waiting for {what}: {op}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    pub async fn wait_for_state(&self, id: &str, state: &str) -> Value {
+        self.wait_for(id, state, |op| op["state"] == state).await
+    }
+
+    pub async fn operation_count(&self, tenant: &str) -> usize {
+        let mut count = 0;
+        let mut before = None;
+        loop {
+            let page = self
+                .store
+                .operation_list(longrun_store::ListParams {
+                    tenant: tenant.into(),
+                    page_size: 100,
+                    before_seq: before,
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+            count += page.operations.len();
+            match page.next_before_seq {
+                Some(next) => before = Some(next),
+                None => return count,
+            }
+        }
+    }
+
+    pub async fn shutdown(mut self) {
+        if let Some(server) = self.server.take() {
+            server.shutdown().await.unwrap();
+        }
+    }
+}
+
+/// Reads a problem+json error and checks the parts every error must have.
+pub async fn problem(response: Response, status: StatusCode, code: &str) -> Value {
+    assert_eq!(response.status(), status, "status for {code}");
+    let request_id = response
+        .headers()
+        .get("x-request-id")
+        .expect("X-Request-Id")
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .expect("content type")
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(content_type, "application/problem+json");
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["code"], code, "{body}");
+    assert_eq!(body["status"], status.as_u16());
+    assert_eq!(body["request_id"], request_id);
+    assert!(body["title"].is_string() && body["detail"].is_string() && body["type"].is_string());
+    assert!(body["retryable"].is_boolean());
+    body
+}
+
+pub fn sleep_body(duration_ms: u64) -> Value {
+    serde_json::json!({"kind": "sleep", "input": {"duration_ms": duration_ms, "steps": 2}})
+}
+
+/// A loopback proxy that forwards each request to `upstream` and then cuts
+/// the connection instead of relaying the response: the server has answered
+/// — so it has committed — but the client never hears it.
+pub async fn response_dropping_proxy(upstream: SocketAddr) -> SocketAddr {
+    use tokio::io::AsyncReadExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let server = tokio::net::TcpStream::connect(upstream).await.unwrap();
+                let (mut client_read, client_write) = client.into_split();
+                let (mut server_read, mut server_write) = server.into_split();
+                let forward = tokio::spawn(async move { tokio::io::copy(&mut client_read, &mut server_write).await });
+                let mut first_byte = [0u8; 1];
+                let _ = server_read.read(&mut first_byte).await;
+                forward.abort();
+                drop(client_write);
+            });
+        }
+    });
+    addr
+}

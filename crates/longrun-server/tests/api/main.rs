@@ -1,0 +1,10 @@
+//! HTTP API tests: a real server on a loopback port, a real SQLite file per
+//! test, real HTTP through reqwest.
+
+mod auth;
+mod cancel;
+mod errors;
+mod helpers;
+mod idempotency;
+mod observe;
+mod submit;
