@@ -1,14 +1,15 @@
 //! Opaque, prefixed, unguessable identifiers: `op_…`, `res_…`, `evt_…`.
 //!
-//! 128 random bits from the operating system's CSPRNG, written in lowercase
-//! RFC 4648 base32 without padding (26 characters). Ids are never derived from
-//! anything a client could guess or enumerate.
+//! 128 random bits from a cryptographically secure generator (rand's
+//! `ThreadRng`: ChaCha12 seeded and periodically reseeded from the operating
+//! system, so no syscall per id), written in lowercase RFC 4648 base32
+//! without padding (26 characters). Ids are never derived from anything a
+//! client could guess or enumerate.
 
 use std::fmt;
 
 use data_encoding::BASE32_NOPAD;
-use rand::TryRngCore;
-use rand::rngs::OsRng;
+use rand::RngCore;
 
 /// Characters after the prefix and underscore.
 const BODY_LEN: usize = 26;
@@ -75,17 +76,15 @@ impl fmt::Display for Id {
     }
 }
 
-/// `N` random bytes from the OS, base32 lowercase without padding.
+/// `N` random bytes, base32 lowercase without padding.
 pub fn random_base32<const N: usize>() -> String {
     BASE32_NOPAD.encode(&random_bytes::<N>()).to_ascii_lowercase()
 }
 
-/// `N` random bytes from the operating system's CSPRNG.
+/// `N` random bytes from a CSPRNG seeded by the operating system.
 pub fn random_bytes<const N: usize>() -> [u8; N] {
     let mut bytes = [0u8; N];
-    OsRng
-        .try_fill_bytes(&mut bytes)
-        .expect("the OS random number generator failed");
+    rand::rng().fill_bytes(&mut bytes);
     bytes
 }
 
