@@ -137,6 +137,7 @@ impl Dispatcher {
     /// up to the grace period for running tasks.
     pub async fn run(self, shutdown: CancellationToken) {
         loop {
+            let mut work = self.signals.watch_work();
             let started = match self.run_once().await {
                 Ok(n) => n,
                 Err(e) => {
@@ -146,7 +147,7 @@ impl Dispatcher {
             };
             if started == 0 {
                 tokio::select! {
-                    () = self.signals.wait_for_work() => {}
+                    () = work.changed() => {}
                     () = tokio::time::sleep(self.config.poll_interval) => {}
                     () = shutdown.cancelled() => break,
                 }

@@ -7,27 +7,52 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use longrun_core::Id;
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Signals {
     inner: Arc<Inner>,
 }
 
-#[derive(Default)]
 struct Inner {
-    work: Notify,
+    /// Bumped whenever work may have become claimable; every waiter wakes.
+    work: watch::Sender<u64>,
     running: Mutex<HashMap<Id, Arc<watch::Sender<bool>>>>,
 }
 
+impl Default for Signals {
+    fn default() -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                work: watch::channel(0).0,
+                running: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+}
+
+/// A subscription taken *before* looking for work, so that work arriving
+/// between the look and the wait is never missed.
+pub struct WorkWatch(watch::Receiver<u64>);
+
+impl WorkWatch {
+    /// Resolves once work was signalled after this watch was taken.
+    pub async fn changed(&mut self) {
+        if self.0.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
 impl Signals {
-    /// Something was queued: wake a dispatcher.
+    /// Something may be claimable: wake every claimer (in-process dispatcher
+    /// and long-polling remote workers).
     pub fn work_available(&self) {
-        self.inner.work.notify_one();
+        self.inner.work.send_modify(|n| *n = n.wrapping_add(1));
     }
 
-    pub async fn wait_for_work(&self) {
-        self.inner.work.notified().await;
+    pub fn watch_work(&self) -> WorkWatch {
+        WorkWatch(self.inner.work.subscribe())
     }
 
     /// Registers a task running here; its flag turns `true` on cancel.

@@ -50,6 +50,14 @@ macro_rules! store_conformance {
             api_keys_are_created_listed_and_revoked,
             kinds_are_declared_and_updated,
             server_secrets_are_created_once,
+            retryable_failures_retry_until_attempts_run_out,
+            over_budget_work_is_asked_to_stop_and_fails_with_budget_exhausted,
+            the_enforcer_fails_late_queued_work_and_stops_late_running_work,
+            a_worker_that_ignores_the_deadline_is_fenced_out_after_the_grace,
+            max_active_refuses_new_work_but_replays_still_answer,
+            max_running_is_honoured_by_claims,
+            claims_are_fair_across_tenants,
+            intent_changes_need_the_current_version_and_terminal_intent_wins,
             state_machine_matches_the_reference_model,
         );
     };
@@ -790,6 +798,316 @@ pub async fn server_secrets_are_created_once(store: &dyn Store) {
     assert_eq!(first, vec![1; 32]);
     let second = store.server_secret("fingerprint", vec![2; 32], at(1)).await.unwrap();
     assert_eq!(second, first, "a later candidate never replaces the stored secret");
+}
+
+async fn declare(store: &dyn Store, name: &str, rerun_safe: bool, max_attempts: i64) {
+    store
+        .kind_upsert(KindSpec {
+            name: name.into(),
+            builtin: false,
+            rerun_safe,
+            max_attempts,
+            default_deadline_seconds: None,
+            max_deadline_seconds: None,
+        })
+        .await
+        .unwrap();
+}
+
+fn retryable(code: &str) -> Outcome {
+    Outcome::Failed {
+        error: OperationError {
+            code: code.into(),
+            message: "try again".into(),
+            retryable: true,
+        },
+    }
+}
+
+pub async fn retryable_failures_retry_until_attempts_run_out(store: &dyn Store) {
+    declare(store, "flaky", false, 2).await;
+    let op = create(store, "t1", "flaky").await;
+    let first = claim_one(store, "flaky", at(1)).await;
+    let after_first = store
+        .task_finish(finish(&first, retryable("upstream_503"), at(2)))
+        .await
+        .unwrap();
+    assert_eq!(
+        (after_first.state, after_first.attempt),
+        (State::Running, 2),
+        "the public state stays running"
+    );
+    assert!(
+        claim(store, "flaky", 1, at(2)).await.is_empty(),
+        "the retry waits for its backoff"
+    );
+    let second = claim_one(store, "flaky", at(60)).await;
+    assert_eq!(second.attempt, 2);
+    let done = store
+        .task_finish(finish(&second, retryable("upstream_503"), at(61)))
+        .await
+        .unwrap();
+    assert_eq!(done.state, State::Failed, "out of attempts: the last error stands");
+    assert_eq!(done.error.unwrap().code, "upstream_503");
+    let history = store.operation_history("t1", &op.id).await.unwrap().unwrap();
+    assert!(history.iter().any(|e| e.event_type == "retry_scheduled"));
+}
+
+pub async fn over_budget_work_is_asked_to_stop_and_fails_with_budget_exhausted(store: &dyn Store) {
+    let mut p = accept_params("t1", "metered", None, json!({}));
+    p.budget_max_cost = Some(10.0);
+    let AcceptOutcome::Created(op) = store.operation_accept(p).await.unwrap() else {
+        panic!()
+    };
+    let task = claim_one(store, "metered", at(1)).await;
+    let mut hb = heartbeat(&task, at(2));
+    hb.cost_units = Some(4.0);
+    assert!(!store.task_heartbeat(hb).await.unwrap().cancel_requested);
+    let mut hb = heartbeat(&task, at(3));
+    hb.cost_units = Some(12.5);
+    let ack = store.task_heartbeat(hb).await.unwrap();
+    assert_eq!(
+        (ack.cancel_requested, ack.cancel_reason.as_deref()),
+        (true, Some("budget_exhausted"))
+    );
+    let asked = get(store, &op).await;
+    assert_eq!(asked.cancel.unwrap().requested_by, "system");
+    let done = store
+        .task_finish(finish(&task, Outcome::Cancelled, at(4)))
+        .await
+        .unwrap();
+    assert_eq!(done.state, State::Failed);
+    assert_eq!(done.error.unwrap().code, "budget_exhausted");
+    assert_eq!(done.cost_units, 12.5);
+}
+
+fn enforce(now: Timestamp) -> EnforceParams {
+    EnforceParams {
+        now,
+        grace: Duration::from_secs(30),
+        limit: 100,
+    }
+}
+
+pub async fn the_enforcer_fails_late_queued_work_and_stops_late_running_work(store: &dyn Store) {
+    let mut p = accept_params("t1", "late", None, json!({}));
+    p.deadline_at = Some(at(10));
+    let AcceptOutcome::Created(queued) = store.operation_accept(p.clone()).await.unwrap() else {
+        panic!()
+    };
+    p.id = Id::generate(IdKind::Operation);
+    p.kind = "late-running".into();
+    let AcceptOutcome::Created(running) = store.operation_accept(p).await.unwrap() else {
+        panic!()
+    };
+    let task = claim_one(store, "late-running", at(1)).await;
+
+    assert_eq!(
+        store.deadline_enforce(enforce(at(9))).await.unwrap(),
+        EnforceCounts::default()
+    );
+    let counts = store.deadline_enforce(enforce(at(11))).await.unwrap();
+    assert_eq!((counts.expired_before_start, counts.cancel_requested), (1, 1));
+    let failed = get(store, &queued).await;
+    assert_eq!(
+        (failed.state, failed.error.unwrap().code.as_str()),
+        (State::Failed, "deadline_exceeded")
+    );
+
+    let ack = store.task_heartbeat(heartbeat(&task, at(12))).await.unwrap();
+    assert_eq!(
+        (ack.cancel_requested, ack.cancel_reason.as_deref()),
+        (true, Some("deadline_exceeded"))
+    );
+    let done = store
+        .task_finish(finish(&task, Outcome::Cancelled, at(13)))
+        .await
+        .unwrap();
+    assert_eq!(
+        (done.state, done.error.unwrap().code.as_str()),
+        (State::Failed, "deadline_exceeded")
+    );
+    assert_eq!(get(store, &running).await.state, State::Failed);
+    assert_eq!(
+        store.deadline_enforce(enforce(at(100))).await.unwrap(),
+        EnforceCounts::default(),
+        "idempotent"
+    );
+}
+
+pub async fn a_worker_that_ignores_the_deadline_is_fenced_out_after_the_grace(store: &dyn Store) {
+    let mut p = accept_params("t1", "stubborn", None, json!({}));
+    p.deadline_at = Some(at(10));
+    let AcceptOutcome::Created(op) = store.operation_accept(p).await.unwrap() else {
+        panic!()
+    };
+    let task = claim_one(store, "stubborn", at(1)).await;
+    store.deadline_enforce(enforce(at(11))).await.unwrap();
+    // The worker keeps heartbeating but never acknowledges.
+    store.task_heartbeat(heartbeat(&task, at(20))).await.unwrap();
+    assert_eq!(
+        store.deadline_enforce(enforce(at(30))).await.unwrap(),
+        EnforceCounts::default(),
+        "still in grace"
+    );
+    let counts = store.deadline_enforce(enforce(at(42))).await.unwrap();
+    assert_eq!(counts.ended_without_ack, 1);
+    let done = get(store, &op).await;
+    assert_eq!(
+        (done.state, done.error.unwrap().code.as_str()),
+        (State::Failed, "deadline_exceeded")
+    );
+    assert!(matches!(
+        store
+            .task_finish(finish(&task, Outcome::Succeeded { result: None }, at(43)))
+            .await,
+        Err(StoreError::LeaseLost)
+    ));
+}
+
+pub async fn max_active_refuses_new_work_but_replays_still_answer(store: &dyn Store) {
+    store
+        .tenant_set(TenantLimits {
+            name: "small".into(),
+            max_active: Some(2),
+            max_running: None,
+            rate: None,
+        })
+        .await
+        .unwrap();
+    assert_eq!(store.tenant_get("small").await.unwrap().unwrap().max_active, Some(2));
+    let first = store
+        .operation_accept(accept_params("small", "q", Some("k1"), json!({})))
+        .await
+        .unwrap();
+    store
+        .operation_accept(accept_params("small", "q", Some("k2"), json!({})))
+        .await
+        .unwrap();
+    let refused = store
+        .operation_accept(accept_params("small", "q", Some("k3"), json!({})))
+        .await;
+    assert!(
+        matches!(
+            refused,
+            Err(StoreError::QuotaExceeded {
+                active: 2,
+                max_active: 2
+            })
+        ),
+        "{refused:?}"
+    );
+    let AcceptOutcome::Created(first) = first else { panic!() };
+    let replay = store
+        .operation_accept(accept_params("small", "q", Some("k1"), json!({})))
+        .await
+        .unwrap();
+    assert_eq!(replay, AcceptOutcome::Replayed(first.clone()));
+    // The refused key was not consumed: once there is room it is accepted.
+    store.operation_cancel(cancel("small", &first.id, at(1))).await.unwrap();
+    let later = store
+        .operation_accept(accept_params("small", "q", Some("k3"), json!({})))
+        .await
+        .unwrap();
+    assert!(matches!(later, AcceptOutcome::Created(_)));
+}
+
+pub async fn max_running_is_honoured_by_claims(store: &dyn Store) {
+    store
+        .tenant_set(TenantLimits {
+            name: "capped".into(),
+            max_active: None,
+            max_running: Some(2),
+            rate: None,
+        })
+        .await
+        .unwrap();
+    for _ in 0..5 {
+        create(store, "capped", "capped-kind").await;
+    }
+    assert_eq!(claim(store, "capped-kind", 10, at(1)).await.len(), 2);
+    assert!(
+        claim(store, "capped-kind", 10, at(2)).await.is_empty(),
+        "at max_running, nothing more starts"
+    );
+}
+
+pub async fn claims_are_fair_across_tenants(store: &dyn Store) {
+    for _ in 0..300 {
+        create(store, "big", "fair").await;
+    }
+    for _ in 0..5 {
+        create(store, "small", "fair").await;
+    }
+    // One task per claim, as a single busy worker would take them.
+    let mut claims_before_small = None;
+    let mut small_done = 0;
+    for n in 1..=20 {
+        let task = claim_one(store, "fair", at(n)).await;
+        if task.tenant == "small" {
+            claims_before_small.get_or_insert(n);
+            small_done += 1;
+        }
+    }
+    assert_eq!(
+        claims_before_small,
+        Some(2),
+        "the small tenant's first task is the second claim"
+    );
+    assert_eq!(
+        small_done, 5,
+        "the small tenant is served every other claim until it is done"
+    );
+    // A batch claim is shared too.
+    for _ in 0..5 {
+        create(store, "small", "fair").await;
+    }
+    let batch = claim(store, "fair", 6, at(100)).await;
+    let small_in_batch = batch.iter().filter(|t| t.tenant == "small").count();
+    assert_eq!(small_in_batch, 3, "half of a batch goes to each tenant with work");
+}
+
+pub async fn intent_changes_need_the_current_version_and_terminal_intent_wins(store: &dyn Store) {
+    let op = create(store, "t1", "patch").await;
+    let update =
+        |if_match, deadline: Option<Option<Timestamp>>, labels: Option<BTreeMap<String, String>>| UpdateParams {
+            tenant: "t1".into(),
+            id: op.id.clone(),
+            if_match,
+            deadline_at: deadline,
+            labels,
+            now: at(5),
+        };
+    let stale = store.operation_update(update(9, Some(Some(at(100))), None)).await;
+    assert!(matches!(
+        stale,
+        Err(StoreError::PreconditionFailed { current_version: 1 })
+    ));
+    let labels: BTreeMap<String, String> = [("team".to_owned(), "red".to_owned())].into();
+    let updated = store
+        .operation_update(update(1, Some(Some(at(100))), Some(labels.clone())))
+        .await
+        .unwrap();
+    assert_eq!(
+        (updated.version, updated.deadline_at, updated.labels.clone()),
+        (2, Some(at(100)), labels)
+    );
+    let same = store
+        .operation_update(update(2, Some(Some(at(100))), None))
+        .await
+        .unwrap();
+    assert_eq!(same.version, 2, "a change to the same values is no change");
+    store.operation_cancel(cancel("t1", &op.id, at(6))).await.unwrap();
+    let late = store.operation_update(update(3, Some(None), None)).await;
+    assert!(matches!(late, Err(StoreError::Terminal { .. })), "{late:?}");
+    let foreign = UpdateParams {
+        tenant: "t2".into(),
+        ..update(3, None, None)
+    };
+    assert!(matches!(
+        store.operation_update(foreign).await,
+        Err(StoreError::NotFound)
+    ));
 }
 
 /// Commands of the state-machine property test.

@@ -13,6 +13,12 @@ pub enum StoreError {
     /// `If-Match` named a version that is not the current one.
     #[error("precondition failed: current version is {current_version}")]
     PreconditionFailed { current_version: i64 },
+    /// The tenant is at its `max_active` quota (the submission is rolled back).
+    #[error("quota exceeded: {active} of {max_active} active operations")]
+    QuotaExceeded { active: i64, max_active: i64 },
+    /// The operation is terminal: its intent can no longer change.
+    #[error("the operation is terminal")]
+    Terminal { current_version: i64 },
     /// The schema refused a state change (a bug in the caller if ever seen).
     #[error("illegal state transition: {0}")]
     IllegalTransition(String),

@@ -59,6 +59,16 @@ pub trait Store: Send + Sync + 'static {
     /// kinds with attempts left, fails the others with `outcome_unknown`.
     async fn task_reap(&self, params: ReapParams) -> Result<ReapCounts>;
 
+    /// Changes deadline or labels of a live operation under `If-Match`.
+    async fn operation_update(&self, params: UpdateParams) -> Result<Operation>;
+
+    /// Fails queued work past its deadline, asks running work past its
+    /// deadline to stop, and ends work whose worker ignored such a request.
+    async fn deadline_enforce(&self, params: EnforceParams) -> Result<EnforceCounts>;
+
+    async fn tenant_set(&self, limits: TenantLimits) -> Result<()>;
+    async fn tenant_get(&self, name: &str) -> Result<Option<TenantLimits>>;
+
     async fn api_key_create(&self, params: ApiKeyCreateParams) -> Result<()>;
     async fn api_key_get(&self, id: &Id) -> Result<Option<ApiKeyRecord>>;
     async fn api_key_list(&self) -> Result<Vec<ApiKeyRecord>>;

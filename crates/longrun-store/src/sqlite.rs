@@ -20,7 +20,10 @@ use rusqlite::{Connection, OpenFlags};
 use crate::*;
 use writer::Writer;
 
-const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("sqlite/migrations/0001_init.sql"))];
+const MIGRATIONS: &[(i64, &str)] = &[
+    (1, include_str!("sqlite/migrations/0001_init.sql")),
+    (2, include_str!("sqlite/migrations/0002_engine.sql")),
+];
 
 #[derive(Debug, Clone)]
 pub struct SqliteConfig {
@@ -212,6 +215,26 @@ impl Store for SqliteStore {
     async fn task_reap(&self, params: ReapParams) -> Result<ReapCounts> {
         let policy = self.policy;
         self.writer.write(move |c| sql::task_reap(c, policy, &params)).await
+    }
+
+    async fn operation_update(&self, params: UpdateParams) -> Result<Operation> {
+        self.writer.write(move |c| sql::operation_update(c, &params)).await
+    }
+
+    async fn deadline_enforce(&self, params: EnforceParams) -> Result<EnforceCounts> {
+        let policy = self.policy;
+        self.writer
+            .write(move |c| sql::deadline_enforce(c, policy, &params))
+            .await
+    }
+
+    async fn tenant_set(&self, limits: TenantLimits) -> Result<()> {
+        self.writer.write(move |c| sql::tenant_set(c, &limits)).await
+    }
+
+    async fn tenant_get(&self, name: &str) -> Result<Option<TenantLimits>> {
+        let name = name.to_owned();
+        self.read(move |c| sql::tenant_get(c, &name)).await
     }
 
     async fn api_key_create(&self, params: ApiKeyCreateParams) -> Result<()> {

@@ -259,3 +259,47 @@ pub struct KindSpec {
     pub default_deadline_seconds: Option<i64>,
     pub max_deadline_seconds: Option<i64>,
 }
+
+/// Per-tenant limits (`longrun tenants set`). `None` means unlimited.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct TenantLimits {
+    pub name: String,
+    /// Most operations not yet ended; more submissions get `quota_exceeded`.
+    pub max_active: Option<i64>,
+    /// Most operations running at once; claims skip the tenant beyond it.
+    pub max_running: Option<i64>,
+    /// Requests per second the API accepts from the tenant.
+    pub rate: Option<f64>,
+}
+
+/// `PATCH /v1/operations/{id}`: change intent of a live operation.
+#[derive(Debug, Clone)]
+pub struct UpdateParams {
+    pub tenant: String,
+    pub id: Id,
+    /// The version the client observed (required: `If-Match`).
+    pub if_match: i64,
+    /// `Some(None)` removes the deadline.
+    pub deadline_at: Option<Option<Timestamp>>,
+    pub labels: Option<BTreeMap<String, String>>,
+    pub now: Timestamp,
+}
+
+#[derive(Debug, Clone)]
+pub struct EnforceParams {
+    pub now: Timestamp,
+    /// How long a worker has to acknowledge a cancellation the server asked
+    /// for (deadline, budget) before the operation is ended without it.
+    pub grace: Duration,
+    pub limit: u32,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EnforceCounts {
+    /// Queued (or waiting for a retry) past the deadline: failed, never started.
+    pub expired_before_start: u64,
+    /// Running past the deadline: cancellation requested from the worker.
+    pub cancel_requested: u64,
+    /// The worker did not acknowledge within the grace period: failed and fenced out.
+    pub ended_without_ack: u64,
+}

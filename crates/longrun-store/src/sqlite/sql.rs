@@ -193,6 +193,24 @@ pub(super) fn operation_accept(c: &Connection, p: &AcceptParams) -> Result<Accep
         }
     }
 
+    // Quotas are checked after idempotency, so a replay still answers even
+    // when the tenant is at its limit, and inside the transaction, so
+    // concurrent submissions cannot overshoot it.
+    let max_active: Option<i64> = c
+        .prepare_cached("SELECT max_active FROM tenants WHERE name = ?1")?
+        .query_row(params![p.tenant], |r| r.get(0))
+        .optional()?
+        .flatten();
+    if let Some(max_active) = max_active {
+        let active: i64 = c
+            .prepare_cached("SELECT COUNT(*) FROM tasks WHERE tenant = ?1")?
+            .query_row(params![p.tenant], |r| r.get(0))?;
+        if active >= max_active {
+            // The idempotency record inserted above is rolled back with this job.
+            return Err(StoreError::QuotaExceeded { active, max_active });
+        }
+    }
+
     let labels = serde_json::to_string(&p.labels).map_err(|e| StoreError::Backend(e.to_string()))?;
     let idempotency_key = p.idempotency.as_ref().map(|(k, _)| k.as_str());
     c.prepare_cached(
@@ -393,123 +411,199 @@ pub(super) fn operation_cancel(c: &Connection, policy: WritePolicy, p: &CancelPa
     if !op.cancellable {
         return Err(StoreError::NotCancellable);
     }
-    c.prepare_cached(
-        "UPDATE operations SET cancel_requested_at = ?2, cancel_requested_by = ?3, cancel_reason = ?4 WHERE id = ?1",
-    )?
-    .execute(params![p.id.as_str(), p.now.0, p.requested_by, p.reason])?;
     // Running work waiting for a retry has no worker to tell: like queued
     // work, it is cancelled at once.
     let leased: Option<bool> = c
         .prepare_cached("SELECT status = 'leased' FROM tasks WHERE operation_id = ?1")?
         .query_row(params![p.id.as_str()], |r| r.get(0))
         .optional()?;
-    match leased {
-        Some(false) | None => {
-            operation_end(c, policy, p.id.as_str(), State::Cancelled, None, None, p.now)?;
-            let op = operation_by_id(c, p.id.as_str())?.ok_or(StoreError::NotFound)?;
-            Ok(CancelOutcome::CancelledNow(op))
-        }
-        Some(true) => {
-            let version: i64 = c
-                .prepare_cached(
-                    "UPDATE operations SET version = version + 1, updated_at = ?2
-                      WHERE id = ?1 AND state = 'running' RETURNING version",
-                )?
-                .query_row(params![p.id.as_str(), p.now.0], |r| r.get(0))?;
-            let data = json!({"requested_by": p.requested_by, "reason": p.reason});
-            event_insert(
-                c,
-                p.id.as_str(),
-                version,
-                "cancel_requested",
-                State::Running,
-                p.now,
-                &data,
-            )?;
-            let op = operation_by_id(c, p.id.as_str())?.ok_or(StoreError::NotFound)?;
-            Ok(CancelOutcome::Requested(op))
-        }
+    let id = p.id.as_str();
+    if leased == Some(true) {
+        cancel_request(c, id, &p.requested_by, p.reason.as_deref(), p.now)?;
+        let op = operation_by_id(c, id)?.ok_or(StoreError::NotFound)?;
+        return Ok(CancelOutcome::Requested(op));
     }
+    c.prepare_cached(
+        "UPDATE operations SET cancel_requested_at = ?2, cancel_requested_by = ?3, cancel_reason = ?4 WHERE id = ?1",
+    )?
+    .execute(params![id, p.now.0, p.requested_by, p.reason])?;
+    operation_end(c, policy, id, State::Cancelled, None, None, p.now)?;
+    let op = operation_by_id(c, id)?.ok_or(StoreError::NotFound)?;
+    Ok(CancelOutcome::CancelledNow(op))
 }
 
+/// Tenants with ready work, least recently served first. The recursive
+/// query walks the `tasks_ready_by_tenant` index one tenant at a time (a
+/// loose index scan), so its cost follows the number of tenants, not tasks.
+fn tenants_with_ready_work(c: &Connection) -> Result<Vec<(String, Option<i64>, i64)>> {
+    let mut stmt = c.prepare_cached(
+        "WITH RECURSIVE ready(tenant) AS (
+             SELECT MIN(tenant) FROM tasks WHERE status = 'ready'
+             UNION ALL
+             SELECT (SELECT MIN(tenant) FROM tasks WHERE status = 'ready' AND tenant > ready.tenant)
+               FROM ready WHERE ready.tenant IS NOT NULL
+         )
+         SELECT ready.tenant, t.max_running, COALESCE(d.last_claimed, 0)
+           FROM ready
+           LEFT JOIN tenants t ON t.name = ready.tenant
+           LEFT JOIN tenant_dispatch d ON d.tenant = ready.tenant
+          WHERE ready.tenant IS NOT NULL
+          ORDER BY COALESCE(d.last_claimed, 0), ready.tenant",
+    )?;
+    let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// Claims up to `max_tasks` tasks, fairly across tenants: tenants are served
+/// round-robin, least recently served first, one task at a time, and a tenant
+/// at its `max_running` is skipped. Within a tenant, oldest first.
 pub(super) fn task_claim(c: &Connection, policy: WritePolicy, p: &ClaimParams) -> Result<Vec<Task>> {
     if p.kinds.is_empty() || p.max_tasks == 0 {
         return Ok(Vec::new());
     }
-    let placeholders = (0..p.kinds.len())
-        .map(|i| format!("?{}", i + 3))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let sql = format!(
-        "SELECT operation_id FROM tasks
-          WHERE status = 'ready' AND kind IN ({placeholders}) AND available_at <= ?1
-          ORDER BY seq LIMIT ?2"
-    );
-    let mut args: Vec<&dyn rusqlite::ToSql> = vec![&p.now.0, &p.max_tasks];
-    args.extend(p.kinds.iter().map(|k| k as &dyn rusqlite::ToSql));
-    let ids: Vec<String> = c
-        .prepare_cached(&sql)?
-        .query_map(args.as_slice(), |r| r.get(0))?
-        .collect::<rusqlite::Result<_>>()?;
-
-    let lease_expires_at = p.now.plus(p.lease);
-    let mut tasks = Vec::with_capacity(ids.len());
-    for id in ids {
-        let deadline_at: Option<i64> = c
-            .prepare_cached("SELECT deadline_at FROM operations WHERE id = ?1")?
-            .query_row(params![id], |r| r.get(0))?;
-        if deadline_at.is_some_and(|d| d <= p.now.0) {
-            // A queued operation whose deadline passed is never started.
-            let error = OperationError {
-                code: "deadline_exceeded".into(),
-                message: "the deadline passed before the operation could start".into(),
-                retryable: false,
-            };
-            operation_end(c, policy, &id, State::Failed, None, Some(&error), p.now)?;
+    let want = p.max_tasks as usize;
+    // Each tenant's oldest claimable tasks of the wanted kinds, up to what it may run.
+    let mut queues: Vec<(String, std::collections::VecDeque<String>)> = Vec::new();
+    for (tenant, max_running, _) in tenants_with_ready_work(c)? {
+        let mut allowance = want as i64;
+        if let Some(max_running) = max_running {
+            let running: i64 = c
+                .prepare_cached("SELECT COUNT(*) FROM tasks WHERE tenant = ?1 AND status = 'leased'")?
+                .query_row(params![tenant], |r| r.get(0))?;
+            allowance = allowance.min(max_running - running);
+        }
+        if allowance <= 0 {
             continue;
         }
-        let token = random_base32::<16>();
-        c.prepare_cached(
-            "UPDATE tasks SET status = 'leased', lease_token = ?2, lease_expires_at = ?3, worker_id = ?4
-              WHERE operation_id = ?1 AND status = 'ready'",
-        )?
-        .execute(params![id, token, lease_expires_at.0, p.worker_id])?;
-        let task = c
-            .prepare_cached(
-                "UPDATE operations
-                    SET state = 'running', attempt = MAX(attempt, 1), started_at = COALESCE(started_at, ?2),
-                        version = version + 1, updated_at = ?2
-                  WHERE id = ?1 AND state IN ('queued', 'running')
-              RETURNING version, attempt, input, tenant, kind, budget_max_cost",
-            )?
-            .query_row(params![id, p.now.0], |r| {
-                let version: i64 = r.get(0)?;
-                Ok((
-                    version,
-                    Task {
-                        operation_id: Id::from_trusted(id.clone()),
-                        tenant: r.get(3)?,
-                        kind: r.get(4)?,
-                        input: json_column(r, 2)?.unwrap_or(Value::Null),
-                        attempt: r.get(1)?,
-                        lease_token: token.clone(),
-                        lease_expires_at,
-                        deadline_at: ts(deadline_at),
-                        budget_max_cost: r.get(5)?,
-                    },
-                ))
+        let mut heads: Vec<(i64, String)> = Vec::new();
+        for kind in &p.kinds {
+            let mut stmt = c.prepare_cached(
+                "SELECT seq, operation_id FROM tasks
+                  WHERE status = 'ready' AND tenant = ?1 AND kind = ?2 AND available_at <= ?3
+                  ORDER BY seq LIMIT ?4",
+            )?;
+            let rows = stmt.query_map(params![tenant, kind, p.now.0, allowance], |r| {
+                Ok((r.get(0)?, r.get(1)?))
             })?;
-        let (version, task) = task;
-        let data = json!({"attempt": task.attempt, "worker_id": p.worker_id});
-        event_insert(c, &id, version, "started", State::Running, p.now, &data)?;
-        tasks.push(task);
+            for row in rows {
+                heads.push(row?);
+            }
+        }
+        heads.sort();
+        heads.truncate(allowance as usize);
+        if !heads.is_empty() {
+            queues.push((tenant, heads.into_iter().map(|(_, id)| id).collect()));
+        }
+    }
+
+    let mut picked: Vec<(String, String)> = Vec::with_capacity(want);
+    while picked.len() < want && !queues.is_empty() {
+        queues.retain_mut(|(tenant, queue)| {
+            if picked.len() < want
+                && let Some(id) = queue.pop_front()
+            {
+                picked.push((tenant.clone(), id));
+            }
+            !queue.is_empty()
+        });
+    }
+
+    let lease_expires_at = p.now.plus(p.lease);
+    let mut tasks = Vec::with_capacity(picked.len());
+    let mut served: Vec<String> = Vec::new();
+    for (tenant, id) in picked {
+        if let Some(task) = lease_task(c, policy, p, &id, lease_expires_at)? {
+            tasks.push(task);
+            if !served.contains(&tenant) {
+                served.push(tenant);
+            }
+        }
+    }
+    for tenant in served {
+        c.prepare_cached(
+            "INSERT INTO tenant_dispatch (tenant, last_claimed)
+             VALUES (?1, (SELECT COALESCE(MAX(last_claimed), 0) + 1 FROM tenant_dispatch))
+             ON CONFLICT (tenant) DO UPDATE SET last_claimed = excluded.last_claimed",
+        )?
+        .execute(params![tenant])?;
     }
     Ok(tasks)
+}
+
+/// Leases one ready task; `None` if its deadline passed (it is failed instead).
+fn lease_task(
+    c: &Connection,
+    policy: WritePolicy,
+    p: &ClaimParams,
+    id: &str,
+    lease_expires_at: Timestamp,
+) -> Result<Option<Task>> {
+    let deadline_at: Option<i64> = c
+        .prepare_cached("SELECT deadline_at FROM operations WHERE id = ?1")?
+        .query_row(params![id], |r| r.get(0))?;
+    if deadline_at.is_some_and(|d| d <= p.now.0) {
+        // A queued operation whose deadline passed is never started.
+        operation_end(
+            c,
+            policy,
+            id,
+            State::Failed,
+            None,
+            Some(&deadline_error_before_start()),
+            p.now,
+        )?;
+        return Ok(None);
+    }
+    let token = random_base32::<16>();
+    c.prepare_cached(
+        "UPDATE tasks SET status = 'leased', lease_token = ?2, lease_expires_at = ?3, worker_id = ?4
+          WHERE operation_id = ?1 AND status = 'ready'",
+    )?
+    .execute(params![id, token, lease_expires_at.0, p.worker_id])?;
+    let (version, task) = c
+        .prepare_cached(
+            "UPDATE operations
+                SET state = 'running', attempt = MAX(attempt, 1), started_at = COALESCE(started_at, ?2),
+                    version = version + 1, updated_at = ?2
+              WHERE id = ?1 AND state IN ('queued', 'running')
+          RETURNING version, attempt, input, tenant, kind, budget_max_cost",
+        )?
+        .query_row(params![id, p.now.0], |r| {
+            let version: i64 = r.get(0)?;
+            Ok((
+                version,
+                Task {
+                    operation_id: Id::from_trusted(id.to_owned()),
+                    tenant: r.get(3)?,
+                    kind: r.get(4)?,
+                    input: json_column(r, 2)?.unwrap_or(Value::Null),
+                    attempt: r.get(1)?,
+                    lease_token: token.clone(),
+                    lease_expires_at,
+                    deadline_at: ts(deadline_at),
+                    budget_max_cost: r.get(5)?,
+                },
+            ))
+        })?;
+    let data = json!({"attempt": task.attempt, "worker_id": p.worker_id});
+    event_insert(c, id, version, "started", State::Running, p.now, &data)?;
+    Ok(Some(task))
+}
+
+fn deadline_error_before_start() -> OperationError {
+    OperationError {
+        code: "deadline_exceeded".into(),
+        message: "the deadline passed before the operation could start".into(),
+        retryable: false,
+    }
 }
 
 /// The fenced view of a running task: present only for the current lease holder.
 struct Fenced {
     version: i64,
+    attempt: i64,
+    max_attempts: i64,
+    budget_max_cost: Option<f64>,
     progress: Option<Progress>,
     cost_units: f64,
     cancellable: bool,
@@ -521,8 +615,10 @@ struct Fenced {
 fn fenced(c: &Connection, operation_id: &Id, lease_token: &str) -> Result<Fenced> {
     c.prepare_cached(
         "SELECT o.version, o.progress, o.cost_units, o.cancellable, o.cancel_requested_at IS NOT NULL,
-                o.cancel_reason, o.cancel_requested_by
-           FROM tasks t JOIN operations o ON o.id = t.operation_id
+                o.cancel_reason, o.cancel_requested_by, o.attempt, COALESCE(k.max_attempts, 1), o.budget_max_cost
+           FROM tasks t
+           JOIN operations o ON o.id = t.operation_id
+           LEFT JOIN kinds k ON k.name = o.kind
           WHERE t.operation_id = ?1 AND t.status = 'leased' AND t.lease_token = ?2 AND o.state = 'running'",
     )?
     .query_row(params![operation_id.as_str(), lease_token], |r| {
@@ -534,6 +630,9 @@ fn fenced(c: &Connection, operation_id: &Id, lease_token: &str) -> Result<Fenced
             cancel_requested: r.get(4)?,
             cancel_reason: r.get(5)?,
             cancel_requested_by: r.get(6)?,
+            attempt: r.get(7)?,
+            max_attempts: r.get(8)?,
+            budget_max_cost: r.get(9)?,
         })
     })
     .optional()?
@@ -624,12 +723,34 @@ pub(super) fn task_heartbeat(c: &Connection, p: &HeartbeatParams) -> Result<Hear
             &data,
         )?;
     }
+    let (mut cancel_requested, mut cancel_reason) = (current.cancel_requested, current.cancel_reason);
+    if !cancel_requested && cancellable && current.budget_max_cost.is_some_and(|max| cost_units > max) {
+        // Over budget: the server asks the worker to stop; it ends `failed`
+        // with `budget_exhausted` when it acknowledges (or is fenced out).
+        let reason = "budget_exhausted";
+        version = cancel_request(c, p.operation_id.as_str(), SYSTEM, Some(reason), p.now)?;
+        (cancel_requested, cancel_reason) = (true, Some(reason.to_owned()));
+    }
     Ok(HeartbeatAck {
         lease_expires_at,
-        cancel_requested: current.cancel_requested,
-        cancel_reason: current.cancel_reason,
+        cancel_requested,
+        cancel_reason,
         version,
     })
+}
+
+/// Records a cancellation request on a running operation; returns the new version.
+fn cancel_request(c: &Connection, id: &str, by: &str, reason: Option<&str>, now: Timestamp) -> Result<i64> {
+    let version: i64 = c
+        .prepare_cached(
+            "UPDATE operations SET cancel_requested_at = ?2, cancel_requested_by = ?3, cancel_reason = ?4,
+                    version = version + 1, updated_at = ?2
+              WHERE id = ?1 AND state = 'running' RETURNING version",
+        )?
+        .query_row(params![id, now.0, by, reason], |r| r.get(0))?;
+    let data = json!({"requested_by": by, "reason": reason});
+    event_insert(c, id, version, "cancel_requested", State::Running, now, &data)?;
+    Ok(version)
 }
 
 /// The error a cancellation by the server itself ends with, if it was one.
@@ -653,6 +774,17 @@ pub(super) fn task_finish(c: &Connection, policy: WritePolicy, p: &FinishParams)
             let value = result.clone().unwrap_or(Value::Null);
             operation_end(c, policy, id, State::Succeeded, Some(&value), None, p.now)?;
         }
+        Outcome::Failed { error }
+            if error.retryable && !current.cancel_requested && current.attempt < current.max_attempts =>
+        {
+            // The worker says another attempt may succeed and attempts are
+            // left: retry after a backoff; the public state stays running.
+            let data = json!({
+                "reason": "worker_error",
+                "error": {"code": error.code, "message": error.message, "retryable": true},
+            });
+            requeue(c, id, current.attempt + 1, p.now, &data)?;
+        }
         Outcome::Failed { error } => {
             operation_end(c, policy, id, State::Failed, None, Some(error), p.now)?;
         }
@@ -664,6 +796,30 @@ pub(super) fn task_finish(c: &Connection, policy: WritePolicy, p: &FinishParams)
         }
     }
     operation_by_id(c, id)?.ok_or(StoreError::NotFound)
+}
+
+/// Puts a running operation's task back in the queue for attempt
+/// `next_attempt` after the backoff; the public state stays `running`.
+fn requeue(c: &Connection, id: &str, next_attempt: i64, now: Timestamp, data: &Value) -> Result<()> {
+    let available_at = now.plus(retry_backoff(next_attempt));
+    c.prepare_cached(
+        "UPDATE tasks SET status = 'ready', lease_token = NULL, lease_expires_at = NULL, worker_id = NULL,
+                available_at = ?2
+          WHERE operation_id = ?1",
+    )?
+    .execute(params![id, available_at.0])?;
+    let version: i64 = c
+        .prepare_cached(
+            "UPDATE operations SET attempt = ?2, version = version + 1, updated_at = ?3
+              WHERE id = ?1 AND state = 'running' RETURNING version",
+        )?
+        .query_row(params![id, next_attempt, now.0], |r| r.get(0))?;
+    let mut data = data.clone();
+    if let Some(fields) = data.as_object_mut() {
+        fields.insert("next_attempt".into(), json!(next_attempt));
+        fields.insert("available_at".into(), json!(available_at.to_rfc3339()));
+    }
+    event_insert(c, id, version, "retry_scheduled", State::Running, now, &data)
 }
 
 pub(super) fn task_reap(c: &Connection, policy: WritePolicy, p: &ReapParams) -> Result<ReapCounts> {
@@ -709,22 +865,13 @@ pub(super) fn task_reap(c: &Connection, policy: WritePolicy, p: &ReapParams) -> 
             }
             counts.ended_cancel_requested += 1;
         } else if task.rerun_safe && task.attempt < task.max_attempts {
-            let next_attempt = task.attempt + 1;
-            let available_at = p.now.plus(retry_backoff(next_attempt));
-            c.prepare_cached(
-                "UPDATE tasks SET status = 'ready', lease_token = NULL, lease_expires_at = NULL, worker_id = NULL,
-                        available_at = ?2
-                  WHERE operation_id = ?1",
-            )?
-            .execute(params![task.id, available_at.0])?;
-            let version: i64 = c
-                .prepare_cached(
-                    "UPDATE operations SET attempt = ?2, version = version + 1, updated_at = ?3
-                      WHERE id = ?1 AND state = 'running' RETURNING version",
-                )?
-                .query_row(params![task.id, next_attempt, p.now.0], |r| r.get(0))?;
-            let data = json!({"reason": "lease_expired", "next_attempt": next_attempt, "available_at": available_at.0});
-            event_insert(c, &task.id, version, "retry_scheduled", State::Running, p.now, &data)?;
+            requeue(
+                c,
+                &task.id,
+                task.attempt + 1,
+                p.now,
+                &json!({"reason": "lease_expired"}),
+            )?;
             counts.requeued += 1;
         } else {
             let error = OperationError {
@@ -852,4 +999,128 @@ pub(super) fn server_secret(c: &Connection, name: &str, candidate: &[u8], now: T
     .execute(params![name, candidate, now.0])?;
     Ok(c.prepare_cached("SELECT value FROM server_secrets WHERE name = ?1")?
         .query_row(params![name], |r| r.get(0))?)
+}
+
+pub(super) fn operation_update(c: &Connection, p: &UpdateParams) -> Result<Operation> {
+    let op = operation_get(c, &p.tenant, &p.id)?.ok_or(StoreError::NotFound)?;
+    // Terminal intent wins over any change, stale or not.
+    if op.state.is_terminal() {
+        return Err(StoreError::Terminal {
+            current_version: op.version,
+        });
+    }
+    if p.if_match != op.version {
+        return Err(StoreError::PreconditionFailed {
+            current_version: op.version,
+        });
+    }
+    let deadline_at = p.deadline_at.unwrap_or(op.deadline_at);
+    let labels = p.labels.as_ref().unwrap_or(&op.labels);
+    if deadline_at == op.deadline_at && labels == &op.labels {
+        return Ok(op);
+    }
+    let labels_json = serde_json::to_string(labels).map_err(|e| StoreError::Backend(e.to_string()))?;
+    let version: i64 = c
+        .prepare_cached(
+            "UPDATE operations SET deadline_at = ?2, labels = ?3, version = version + 1, updated_at = ?4
+              WHERE id = ?1 AND state IN ('queued', 'running') RETURNING version",
+        )?
+        .query_row(
+            params![p.id.as_str(), deadline_at.map(|t| t.0), labels_json, p.now.0],
+            |r| r.get(0),
+        )?;
+    let data = json!({
+        "deadline_at": deadline_at.map(|t| t.to_rfc3339()),
+        "labels": labels,
+    });
+    event_insert(c, p.id.as_str(), version, "updated", op.state, p.now, &data)?;
+    operation_by_id(c, p.id.as_str())?.ok_or(StoreError::NotFound)
+}
+
+pub(super) fn deadline_enforce(c: &Connection, policy: WritePolicy, p: &EnforceParams) -> Result<EnforceCounts> {
+    let mut counts = EnforceCounts::default();
+
+    // Not started (or waiting for a retry) and past the deadline: never start it.
+    let waiting: Vec<String> = c
+        .prepare_cached(
+            "SELECT o.id FROM operations o JOIN tasks t ON t.operation_id = o.id
+              WHERE o.deadline_at IS NOT NULL AND o.deadline_at <= ?1 AND o.state IN ('queued', 'running')
+                AND t.status = 'ready'
+              ORDER BY o.deadline_at LIMIT ?2",
+        )?
+        .query_map(params![p.now.0, p.limit], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    for id in waiting {
+        let error = if operation_by_id(c, &id)?.is_some_and(|op| op.state == State::Queued) {
+            deadline_error_before_start()
+        } else {
+            failing_cancel(Some(SYSTEM), Some("deadline_exceeded")).expect("a failing reason")
+        };
+        operation_end(c, policy, &id, State::Failed, None, Some(&error), p.now)?;
+        counts.expired_before_start += 1;
+    }
+
+    // Running past the deadline: ask the worker to stop.
+    let running: Vec<String> = c
+        .prepare_cached(
+            "SELECT o.id FROM operations o JOIN tasks t ON t.operation_id = o.id
+              WHERE o.deadline_at IS NOT NULL AND o.deadline_at <= ?1 AND o.state IN ('queued', 'running')
+                AND t.status = 'leased' AND o.cancel_requested_at IS NULL AND o.cancellable = 1
+              ORDER BY o.deadline_at LIMIT ?2",
+        )?
+        .query_map(params![p.now.0, p.limit], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    for id in running {
+        cancel_request(c, &id, SYSTEM, Some("deadline_exceeded"), p.now)?;
+        counts.cancel_requested += 1;
+    }
+
+    // Asked to stop by the server and still not acknowledged after the grace
+    // period: end it as the server decided; the worker's lease is gone with
+    // its task row, so its later writes get lease_lost.
+    let cutoff = p.now.minus(p.grace);
+    let ignored: Vec<(String, Option<String>)> = c
+        .prepare_cached(
+            "SELECT id, cancel_reason FROM operations
+              WHERE state = 'running' AND cancel_requested_by = 'system' AND cancel_requested_at <= ?1
+              ORDER BY cancel_requested_at LIMIT ?2",
+        )?
+        .query_map(params![cutoff.0, p.limit], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    for (id, reason) in ignored {
+        let error = failing_cancel(Some(SYSTEM), reason.as_deref()).unwrap_or_else(|| OperationError {
+            code: "deadline_exceeded".into(),
+            message: "the operation's deadline passed".into(),
+            retryable: false,
+        });
+        operation_end(c, policy, &id, State::Failed, None, Some(&error), p.now)?;
+        counts.ended_without_ack += 1;
+    }
+    Ok(counts)
+}
+
+pub(super) fn tenant_set(c: &Connection, t: &TenantLimits) -> Result<()> {
+    c.prepare_cached(
+        "INSERT INTO tenants (name, created_at, max_active, max_running, rate)
+         VALUES (?1, CAST(unixepoch('subsec') * 1000 AS INTEGER), ?2, ?3, ?4)
+         ON CONFLICT (name) DO UPDATE SET max_active = excluded.max_active, max_running = excluded.max_running,
+             rate = excluded.rate",
+    )?
+    .execute(params![t.name, t.max_active, t.max_running, t.rate])?;
+    Ok(())
+}
+
+pub(super) fn tenant_get(c: &Connection, name: &str) -> Result<Option<TenantLimits>> {
+    Ok(
+        c.prepare_cached("SELECT name, max_active, max_running, rate FROM tenants WHERE name = ?1")?
+            .query_row(params![name], |r| {
+                Ok(TenantLimits {
+                    name: r.get(0)?,
+                    max_active: r.get(1)?,
+                    max_running: r.get(2)?,
+                    rate: r.get(3)?,
+                })
+            })
+            .optional()?,
+    )
 }
