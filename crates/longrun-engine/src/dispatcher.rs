@@ -113,7 +113,6 @@ impl Dispatcher {
             clock: self.clock.clone(),
             operation_id: task.operation_id.clone(),
             lease_token: task.lease_token.clone(),
-            lease: self.config.lease,
         });
         let heartbeat_every = self.config.lease / 3;
         self.tracker.spawn(async move {
@@ -174,7 +173,6 @@ struct StoreLink {
     clock: Arc<dyn Clock>,
     operation_id: Id,
     lease_token: String,
-    lease: Duration,
 }
 
 #[async_trait]
@@ -189,7 +187,6 @@ impl TaskLink for StoreLink {
             .task_heartbeat(HeartbeatParams {
                 operation_id: self.operation_id.clone(),
                 lease_token: self.lease_token.clone(),
-                lease: self.lease,
                 progress,
                 cost_units,
                 cancellable,

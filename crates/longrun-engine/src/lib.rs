@@ -5,6 +5,7 @@
 //!   workers over HTTP).
 //! - [`dispatcher`]: claims tasks of built-in kinds and runs their handlers.
 //! - [`reaper`]: handles leases that were not renewed in time.
+//! - [`enforcer`]: deadlines, and stops the server asked for that were ignored.
 //! - [`kinds`]: the built-in kinds and their registry.
 //!
 //! Every service has the same shape: a `Config` with defaults, `run_once()`
@@ -12,6 +13,7 @@
 //! injected clock.
 
 pub mod dispatcher;
+pub mod enforcer;
 pub mod kinds;
 pub mod reaper;
 pub mod signals;

@@ -7,6 +7,7 @@ pub mod extract;
 pub mod health;
 pub mod operations;
 pub mod wire;
+pub mod workers;
 
 use std::time::Instant;
 

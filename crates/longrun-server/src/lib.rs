@@ -5,23 +5,26 @@
 //! start, declares the built-in kinds, binds the listener and runs the
 //! background services until shutdown.
 
+pub mod cache;
 pub mod callback;
 pub mod http;
+pub mod ratelimit;
 mod server;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
-use longrun_core::Clock;
 use longrun_core::fingerprint::Fingerprinter;
+use longrun_core::{Clock, Id};
 use longrun_engine::{Registry, Signals};
-use longrun_store::{KindSpec, Store, StoreError};
+use longrun_store::{ApiKeyRecord, KindSpec, Store, StoreError, TenantLimits};
 use tower_http::catch_panic::CatchPanicLayer;
 
+use cache::TtlCache;
 pub use callback::CallbackPolicy;
+use ratelimit::RateLimiter;
 pub use server::{BootstrapKeys, HARD_STOP_AFTER, RunningServer, ServeOptions, shutdown_signal, start};
 
 /// Settings of the HTTP edge.
@@ -50,8 +53,8 @@ impl Default for Config {
     }
 }
 
-/// How long a kind declaration read from the store is trusted.
-const KIND_CACHE_TTL: Duration = Duration::from_secs(5);
+/// How long kind declarations and tenant limits read from the store are trusted.
+const RECORD_CACHE_TTL: Duration = Duration::from_secs(5);
 
 /// Everything a handler needs; cheap to clone.
 #[derive(Clone)]
@@ -63,9 +66,11 @@ pub struct Inner {
     pub registry: Registry,
     pub signals: Signals,
     pub fingerprinter: Fingerprinter,
+    pub(crate) keys: TtlCache<Id, Option<ApiKeyRecord>>,
+    kinds: TtlCache<String, Option<KindSpec>>,
+    tenants: TtlCache<String, Option<TenantLimits>>,
+    rates: RateLimiter,
     pub config: Config,
-    pub(crate) keys: http::auth::KeyCache,
-    kinds: Mutex<HashMap<String, (Option<KindSpec>, Instant)>>,
 }
 
 impl std::ops::Deref for AppState {
@@ -91,27 +96,39 @@ impl AppState {
             registry,
             signals,
             fingerprinter,
-            keys: http::auth::KeyCache::new(config.key_cache_ttl),
-            kinds: Mutex::new(HashMap::new()),
+            keys: TtlCache::new(config.key_cache_ttl),
+            kinds: TtlCache::new(RECORD_CACHE_TTL),
+            tenants: TtlCache::new(config.key_cache_ttl.min(RECORD_CACHE_TTL)),
+            rates: RateLimiter::default(),
             config,
         }))
     }
 
-    /// The declaration of `kind`, cached for a few seconds: `longrun kinds
-    /// set` from another process is seen within that time.
+    /// The declaration of `kind`; `longrun kinds set` from another process is
+    /// seen within a few seconds.
     pub async fn kind_spec(&self, kind: &str) -> Result<Option<KindSpec>, StoreError> {
-        if let Some((spec, at)) = self.kinds.lock().expect("kind cache poisoned").get(kind)
-            && at.elapsed() < KIND_CACHE_TTL
-        {
-            return Ok(spec.clone());
-        }
-        let spec = self.store.kind_get(kind).await?;
-        let mut cache = self.kinds.lock().expect("kind cache poisoned");
-        if cache.len() > 10_000 {
-            cache.clear();
-        }
-        cache.insert(kind.to_owned(), (spec.clone(), Instant::now()));
-        Ok(spec)
+        self.kinds
+            .get_or_load(&kind.to_owned(), || self.store.kind_get(kind))
+            .await
+    }
+
+    pub async fn tenant_limits(&self, tenant: &str) -> Result<Option<TenantLimits>, StoreError> {
+        self.tenants
+            .get_or_load(&tenant.to_owned(), || self.store.tenant_get(tenant))
+            .await
+    }
+
+    /// Applies the tenant's request rate, if it has one.
+    pub async fn check_rate(&self, tenant: &str) -> Result<(), http::error::ApiError> {
+        let Some(rate) = self.tenant_limits(tenant).await?.and_then(|l| l.rate) else {
+            return Ok(());
+        };
+        self.rates
+            .take(tenant, rate, std::time::Instant::now())
+            .map_err(|wait| http::error::ApiError::RateLimited {
+                detail: format!("the tenant is limited to {rate} requests per second"),
+                retry_after: wait,
+            })
     }
 }
 
@@ -120,6 +137,7 @@ pub fn app(state: AppState) -> Router {
     let max_body = state.config.max_body_bytes;
     Router::new()
         .merge(http::operations::router())
+        .merge(http::workers::router())
         .merge(http::health::router())
         .fallback(http::not_found)
         .method_not_allowed_fallback(http::method_not_allowed)

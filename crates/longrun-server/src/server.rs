@@ -11,6 +11,7 @@ use longrun_core::fingerprint::Fingerprinter;
 use longrun_core::id::random_bytes;
 use longrun_core::{Clock, SystemClock};
 use longrun_engine::dispatcher::{self, Dispatcher};
+use longrun_engine::enforcer::{self, Enforcer};
 use longrun_engine::reaper::{self, Reaper};
 use longrun_engine::{CancellationToken, Registry, Signals};
 use longrun_store::{ApiKeyCreateParams, SqliteConfig, SqliteStore, Store};
@@ -26,6 +27,7 @@ pub struct ServeOptions {
     pub builtin_workers: bool,
     pub dispatcher: dispatcher::Config,
     pub reaper: reaper::Config,
+    pub enforcer: enforcer::Config,
     pub clock: Arc<dyn Clock>,
 }
 
@@ -38,6 +40,7 @@ impl ServeOptions {
             builtin_workers: true,
             dispatcher: dispatcher::Config::default(),
             reaper: reaper::Config::default(),
+            enforcer: enforcer::Config::default(),
             clock: Arc::new(SystemClock),
         }
     }
@@ -129,6 +132,8 @@ pub async fn start(options: ServeOptions) -> anyhow::Result<RunningServer> {
     }
     let reaper = Reaper::new(store.clone(), signals.clone(), clock.clone(), options.reaper.clone());
     services.push(tokio::spawn(reaper.run(services_stop.clone())));
+    let enforcer = Enforcer::new(store.clone(), clock.clone(), options.enforcer.clone());
+    services.push(tokio::spawn(enforcer.run(services_stop.clone())));
 
     let router = app(state);
     let stop = shutdown.clone();

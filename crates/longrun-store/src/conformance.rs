@@ -144,7 +144,6 @@ fn heartbeat(task: &Task, now: Timestamp) -> HeartbeatParams {
     HeartbeatParams {
         operation_id: task.operation_id.clone(),
         lease_token: task.lease_token.clone(),
-        lease: LEASE,
         progress: None,
         cost_units: None,
         cancellable: None,

@@ -179,7 +179,6 @@ pub struct ProgressUpdate {
 pub struct HeartbeatParams {
     pub operation_id: Id,
     pub lease_token: String,
-    pub lease: Duration,
     pub progress: Option<ProgressUpdate>,
     /// Total cost so far (not an increment); never decreases.
     pub cost_units: Option<f64>,

@@ -3,23 +3,19 @@
 //! seconds so the hot paths do not read the key table on every request; a
 //! revocation takes effect within that time.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::extract::FromRequestParts;
 use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
 use longrun_core::Id;
 use longrun_core::apikey::{PresentedKey, Role};
-use longrun_store::ApiKeyRecord;
 
 use crate::AppState;
 use crate::http::error::ApiError;
 
 /// How long a looked-up key record is trusted before it is read again, by default.
 pub const KEY_CACHE_TTL: Duration = Duration::from_secs(5);
-const KEY_CACHE_MAX: usize = 10_000;
 
 /// The authenticated caller of a request.
 #[derive(Debug, Clone)]
@@ -39,36 +35,6 @@ impl Caller {
     }
 }
 
-pub struct KeyCache {
-    ttl: Duration,
-    entries: Mutex<HashMap<Id, (ApiKeyRecord, Instant)>>,
-}
-
-impl KeyCache {
-    pub fn new(ttl: Duration) -> Self {
-        Self {
-            ttl,
-            entries: Mutex::new(HashMap::new()),
-        }
-    }
-
-    fn get(&self, id: &Id) -> Option<ApiKeyRecord> {
-        let entries = self.entries.lock().expect("key cache poisoned");
-        entries
-            .get(id)
-            .filter(|(_, at)| at.elapsed() < self.ttl)
-            .map(|(record, _)| record.clone())
-    }
-
-    fn put(&self, record: ApiKeyRecord) {
-        let mut entries = self.entries.lock().expect("key cache poisoned");
-        if entries.len() >= KEY_CACHE_MAX {
-            entries.retain(|_, (_, at)| at.elapsed() < self.ttl);
-        }
-        entries.insert(record.id.clone(), (record, Instant::now()));
-    }
-}
-
 impl FromRequestParts<AppState> for Caller {
     type Rejection = ApiError;
 
@@ -83,18 +49,11 @@ impl FromRequestParts<AppState> for Caller {
             return Err(ApiError::Unauthenticated);
         }
         let presented = PresentedKey::parse(token.trim()).ok_or(ApiError::Unauthenticated)?;
-        let record = match state.keys.get(&presented.id) {
-            Some(record) => record,
-            None => {
-                let record = state
-                    .store
-                    .api_key_get(&presented.id)
-                    .await?
-                    .ok_or(ApiError::Unauthenticated)?;
-                state.keys.put(record.clone());
-                record
-            }
-        };
+        let record = state
+            .keys
+            .get_or_load(&presented.id, || state.store.api_key_get(&presented.id))
+            .await?
+            .ok_or(ApiError::Unauthenticated)?;
         if record.revoked_at.is_some() || !presented.verify(&record.secret_hash) {
             return Err(ApiError::Unauthenticated);
         }

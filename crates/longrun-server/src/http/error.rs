@@ -41,6 +41,8 @@ pub enum ApiError {
     ResultExpired { operation_id: Id },
     #[error("If-Match names version {given}, the current version is {current}")]
     PreconditionFailed { given: i64, current: i64 },
+    #[error("the operation is terminal (version {current}); terminal intent wins over this change")]
+    TerminalIntentWins { current: i64 },
     #[error("this request requires an If-Match header")]
     PreconditionRequired,
     #[error("{0}")]
@@ -78,7 +80,7 @@ impl ApiError {
             ApiError::LeaseLost { .. } => "lease_lost",
             ApiError::Gone => "gone",
             ApiError::ResultExpired { .. } => "result_expired",
-            ApiError::PreconditionFailed { .. } => "precondition_failed",
+            ApiError::PreconditionFailed { .. } | ApiError::TerminalIntentWins { .. } => "precondition_failed",
             ApiError::PreconditionRequired => "precondition_required",
             ApiError::PayloadTooLarge(_) => "payload_too_large",
             ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
@@ -103,7 +105,9 @@ impl ApiError {
             | ApiError::OperationNotCancellable { .. }
             | ApiError::LeaseLost { .. } => StatusCode::CONFLICT,
             ApiError::Gone | ApiError::ResultExpired { .. } => StatusCode::GONE,
-            ApiError::PreconditionFailed { .. } => StatusCode::PRECONDITION_FAILED,
+            ApiError::PreconditionFailed { .. } | ApiError::TerminalIntentWins { .. } => {
+                StatusCode::PRECONDITION_FAILED
+            }
             ApiError::PreconditionRequired => StatusCode::PRECONDITION_REQUIRED,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -129,7 +133,7 @@ impl ApiError {
             ApiError::LeaseLost { .. } => "Lease lost",
             ApiError::Gone => "Gone",
             ApiError::ResultExpired { .. } => "Result expired",
-            ApiError::PreconditionFailed { .. } => "Precondition failed",
+            ApiError::PreconditionFailed { .. } | ApiError::TerminalIntentWins { .. } => "Precondition failed",
             ApiError::PreconditionRequired => "Precondition required",
             ApiError::PayloadTooLarge(_) => "Payload too large",
             ApiError::UnsupportedMediaType(_) => "Unsupported media type",

@@ -11,7 +11,9 @@ use axum::{Json, Router};
 use data_encoding::BASE64URL_NOPAD;
 use longrun_core::validate::{self, MAX_DEADLINE_SECONDS};
 use longrun_core::{Id, IdKind, IdempotencyKey, State as OpState, Timestamp, retry_after};
-use longrun_store::{AcceptOutcome, AcceptParams, CancelOutcome, CancelParams, ListParams, Operation, StoreError};
+use longrun_store::{
+    AcceptOutcome, AcceptParams, CancelOutcome, CancelParams, ListParams, Operation, StoreError, UpdateParams,
+};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -20,10 +22,12 @@ use crate::http::auth::Caller;
 use crate::http::error::ApiError;
 use crate::http::extract::{JsonBody, OptionalJsonBody, QueryParams};
 use crate::http::wire::{
-    CancelRequestBody, CancellationBody, EventBody, History, OperationBody, OperationList, SubmitRequest,
+    CancelRequestBody, CancellationBody, EventBody, History, OperationBody, OperationList, SubmitRequest, UpdateRequest,
 };
 
 pub const DEFAULT_PAGE_SIZE: u32 = 50;
+/// When a tenant is at `max_active`, when to try again.
+pub const QUOTA_RETRY_AFTER: Duration = Duration::from_secs(5);
 pub const MAX_PAGE_SIZE: u32 = 100;
 pub const MAX_CANCEL_REASON_CHARS: usize = 1024;
 pub const MAX_CALLBACK_URL_LEN: usize = 2048;
@@ -33,7 +37,7 @@ pub const MIN_IDEMPOTENCY_LIFETIME: Duration = Duration::from_secs(24 * 3600);
 pub fn router() -> Router<AppState> {
     Router::new()
         .route("/v1/operations", post(submit).get(list))
-        .route("/v1/operations/{id}", get(read).delete(cancel))
+        .route("/v1/operations/{id}", get(read).delete(cancel).patch(update))
         .route("/v1/operations/{id}/history", get(history))
         .route("/v1/operations/{id}/cancellation", put(cancel).get(cancellation))
 }
@@ -200,7 +204,14 @@ async fn submit(
         idempotency: key.map(|k| (k, app.fingerprinter.fingerprint(&semantic))),
         now,
     };
-    let (op, replayed) = match app.store.operation_accept(params).await? {
+    let accepted = app.store.operation_accept(params).await.map_err(|e| match e {
+        StoreError::QuotaExceeded { active, max_active } => ApiError::QuotaExceeded {
+            detail: format!("the tenant has {active} operations not yet ended; its limit is {max_active}"),
+            retry_after: QUOTA_RETRY_AFTER,
+        },
+        other => other.into(),
+    })?;
+    let (op, replayed) = match accepted {
         AcceptOutcome::Created(op) => {
             app.signals.work_available();
             (op, false)
@@ -425,6 +436,62 @@ async fn cancellation(
         .await?
         .ok_or(ApiError::NotFound)?;
     Ok(Json(CancellationBody::from(&op)))
+}
+
+/// `PATCH /v1/operations/{id}`: a new `deadline_seconds` (counted from
+/// creation, like at submission; `null` removes it) and/or new `labels`,
+/// under `If-Match`.
+async fn update(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    JsonBody(request): JsonBody<UpdateRequest>,
+) -> Result<Response, ApiError> {
+    caller.require_client()?;
+    let id = parse_operation_id(&id)?;
+    record_operation_id(&id);
+    let if_match = if_match(&headers)?.ok_or(ApiError::PreconditionRequired)?;
+    if let Some(labels) = &request.labels {
+        validate::labels(labels).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
+    }
+    let current = app
+        .store
+        .operation_get(&caller.tenant, &id)
+        .await?
+        .ok_or(ApiError::NotFound)?;
+    let deadline_at = match request.deadline_seconds {
+        None => None,
+        Some(None) => Some(None),
+        Some(Some(seconds)) => {
+            let spec = app.kind_spec(&current.kind).await?;
+            let max = spec
+                .and_then(|s| s.max_deadline_seconds)
+                .map_or(MAX_DEADLINE_SECONDS, |s| s as u64)
+                .min(MAX_DEADLINE_SECONDS);
+            validate::deadline_seconds(seconds, max).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
+            Some(Some(current.created_at.plus(Duration::from_secs(seconds))))
+        }
+    };
+    let params = UpdateParams {
+        tenant: caller.tenant.clone(),
+        id: id.clone(),
+        if_match,
+        deadline_at,
+        labels: request.labels,
+        now: app.clock.now(),
+    };
+    let op = app.store.operation_update(params).await.map_err(|e| match e {
+        StoreError::PreconditionFailed { current_version } => ApiError::PreconditionFailed {
+            given: if_match,
+            current: current_version,
+        },
+        StoreError::Terminal { current_version } => ApiError::TerminalIntentWins {
+            current: current_version,
+        },
+        other => other.into(),
+    })?;
+    Ok(operation_response(&app, &op, StatusCode::OK))
 }
 
 #[cfg(test)]

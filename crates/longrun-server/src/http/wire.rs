@@ -36,6 +36,26 @@ pub struct BudgetRequest {
     pub max_cost_units: f64,
 }
 
+/// `PATCH` body. `deadline_seconds: null` removes the deadline; an absent
+/// field is left as it is.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateRequest {
+    #[serde(default, deserialize_with = "present")]
+    pub deadline_seconds: Option<Option<u64>>,
+    #[serde(default)]
+    pub labels: Option<BTreeMap<String, String>>,
+}
+
+/// Tells "present but null" (`Some(None)`) from "absent" (`None`).
+fn present<'de, D, T>(deserializer: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<T>::deserialize(deserializer).map(Some)
+}
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CancelRequestBody {

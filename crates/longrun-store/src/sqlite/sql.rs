@@ -3,6 +3,7 @@
 //! reader pool; none of them opens its own transaction.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use longrun_core::apikey::Role;
 use longrun_core::fingerprint::Fingerprint;
@@ -556,10 +557,10 @@ fn lease_task(
     }
     let token = random_base32::<16>();
     c.prepare_cached(
-        "UPDATE tasks SET status = 'leased', lease_token = ?2, lease_expires_at = ?3, worker_id = ?4
+        "UPDATE tasks SET status = 'leased', lease_token = ?2, lease_expires_at = ?3, worker_id = ?4, lease_ms = ?5
           WHERE operation_id = ?1 AND status = 'ready'",
     )?
-    .execute(params![id, token, lease_expires_at.0, p.worker_id])?;
+    .execute(params![id, token, lease_expires_at.0, p.worker_id, lease_ms(p.lease)])?;
     let (version, task) = c
         .prepare_cached(
             "UPDATE operations
@@ -590,6 +591,10 @@ fn lease_task(
     Ok(Some(task))
 }
 
+fn lease_ms(lease: Duration) -> i64 {
+    i64::try_from(lease.as_millis()).unwrap_or(i64::MAX)
+}
+
 fn deadline_error_before_start() -> OperationError {
     OperationError {
         code: "deadline_exceeded".into(),
@@ -604,6 +609,7 @@ struct Fenced {
     attempt: i64,
     max_attempts: i64,
     budget_max_cost: Option<f64>,
+    lease_ms: i64,
     progress: Option<Progress>,
     cost_units: f64,
     cancellable: bool,
@@ -615,7 +621,8 @@ struct Fenced {
 fn fenced(c: &Connection, operation_id: &Id, lease_token: &str) -> Result<Fenced> {
     c.prepare_cached(
         "SELECT o.version, o.progress, o.cost_units, o.cancellable, o.cancel_requested_at IS NOT NULL,
-                o.cancel_reason, o.cancel_requested_by, o.attempt, COALESCE(k.max_attempts, 1), o.budget_max_cost
+                o.cancel_reason, o.cancel_requested_by, o.attempt, COALESCE(k.max_attempts, 1), o.budget_max_cost,
+                COALESCE(t.lease_ms, 30000)
            FROM tasks t
            JOIN operations o ON o.id = t.operation_id
            LEFT JOIN kinds k ON k.name = o.kind
@@ -633,6 +640,7 @@ fn fenced(c: &Connection, operation_id: &Id, lease_token: &str) -> Result<Fenced
             attempt: r.get(7)?,
             max_attempts: r.get(8)?,
             budget_max_cost: r.get(9)?,
+            lease_ms: r.get(10)?,
         })
     })
     .optional()?
@@ -659,7 +667,9 @@ fn merge_progress(old: Option<&Progress>, update: &ProgressUpdate) -> Progress {
 
 pub(super) fn task_heartbeat(c: &Connection, p: &HeartbeatParams) -> Result<HeartbeatAck> {
     let current = fenced(c, &p.operation_id, &p.lease_token)?;
-    let lease_expires_at = p.now.plus(p.lease);
+    let lease_expires_at = p
+        .now
+        .plus(Duration::from_millis(u64::try_from(current.lease_ms).unwrap_or(0)));
     c.prepare_cached("UPDATE tasks SET lease_expires_at = ?2 WHERE operation_id = ?1")?
         .execute(params![p.operation_id.as_str(), lease_expires_at.0])?;
 

@@ -4,6 +4,9 @@ ALTER TABLE tenants ADD COLUMN max_active INTEGER CHECK (max_active IS NULL OR m
 ALTER TABLE tenants ADD COLUMN max_running INTEGER CHECK (max_running IS NULL OR max_running >= 0);
 ALTER TABLE tenants ADD COLUMN rate REAL CHECK (rate IS NULL OR rate > 0);
 
+-- The lease length a worker asked for at claim time; heartbeats renew by it.
+ALTER TABLE tasks ADD COLUMN lease_ms INTEGER;
+
 -- Which tenant was served least recently: claims go round the tenants in
 -- this order, so one tenant's backlog cannot starve another's.
 CREATE TABLE tenant_dispatch (

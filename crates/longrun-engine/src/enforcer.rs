@@ -1,0 +1,75 @@
+//! The deadline enforcer: queued work past its deadline is failed without
+//! starting; running work past it is asked to stop (reason
+//! `deadline_exceeded`); work whose worker ignores a stop the server asked for
+//! (deadline or budget) is ended after a grace period and its worker fenced out.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use longrun_core::Clock;
+use longrun_store::{EnforceCounts, EnforceParams, Store, StoreError};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub interval: Duration,
+    /// How long a worker has to acknowledge a server-requested stop.
+    pub grace: Duration,
+    pub batch: u32,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(1),
+            grace: Duration::from_secs(30),
+            batch: 500,
+        }
+    }
+}
+
+pub struct Enforcer {
+    store: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+    config: Config,
+}
+
+impl Enforcer {
+    pub fn new(store: Arc<dyn Store>, clock: Arc<dyn Clock>, config: Config) -> Self {
+        Self { store, clock, config }
+    }
+
+    pub async fn run_once(&self) -> Result<EnforceCounts, StoreError> {
+        let counts = self
+            .store
+            .deadline_enforce(EnforceParams {
+                now: self.clock.now(),
+                grace: self.config.grace,
+                limit: self.config.batch,
+            })
+            .await?;
+        if counts != EnforceCounts::default() {
+            tracing::info!(
+                expired_before_start = counts.expired_before_start,
+                cancel_requested = counts.cancel_requested,
+                ended_without_ack = counts.ended_without_ack,
+                "enforced deadlines"
+            );
+        }
+        Ok(counts)
+    }
+
+    pub async fn run(self, shutdown: CancellationToken) {
+        let mut tick = tokio::time::interval(self.config.interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = shutdown.cancelled() => return,
+            }
+            if let Err(e) = self.run_once().await {
+                tracing::error!(error = %e, "enforcing deadlines failed");
+            }
+        }
+    }
+}

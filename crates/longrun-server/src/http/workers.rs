@@ -1,0 +1,414 @@
+//! The remote worker protocol (CONTRACT §4), for keys of role `worker`:
+//! long-polling batch claims, fenced heartbeats and outcomes.
+//!
+//! Workers serve every tenant's tasks of the kinds they ask for (they are the
+//! operator's fleet); claims are fair across tenants and honour each
+//! tenant's `max_running`.
+
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::routing::post;
+use axum::{Json, Router};
+use longrun_core::lease::{MAX_LEASE, MIN_LEASE};
+use longrun_core::{Id, IdKind, validate};
+use longrun_store::{ClaimParams, FinishParams, HeartbeatParams, OperationError, Outcome, ProgressUpdate, StoreError};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::AppState;
+use crate::http::auth::Caller;
+use crate::http::error::ApiError;
+use crate::http::extract::JsonBody;
+
+pub const MAX_TASKS_PER_CLAIM: u32 = 100;
+pub const MAX_CLAIM_WAIT_SECONDS: u64 = 60;
+pub const MAX_KINDS_PER_CLAIM: usize = 32;
+/// Largest inline result; anything bigger goes through an artifact upload.
+pub const MAX_INLINE_RESULT_BYTES: usize = 64 * 1024;
+pub const MAX_PROGRESS_DETAILS_BYTES: usize = 4 * 1024;
+pub const MAX_ERROR_MESSAGE_CHARS: usize = 4096;
+/// While a claim long-polls, it also looks again this often: work can become
+/// claimable without a signal (a retry's backoff ending).
+const CLAIM_FALLBACK_POLL: Duration = Duration::from_millis(500);
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/v1/worker/claims", post(claim))
+        .route("/v1/worker/tasks/{id}/heartbeat", post(heartbeat))
+        .route("/v1/worker/tasks/{id}/complete", post(complete))
+        .route("/v1/worker/tasks/{id}/fail", post(fail))
+        .route("/v1/worker/tasks/{id}/cancelled", post(cancelled))
+}
+
+fn require_worker(caller: &Caller) -> Result<(), ApiError> {
+    match caller.role {
+        longrun_core::apikey::Role::Worker | longrun_core::apikey::Role::Admin => Ok(()),
+        longrun_core::apikey::Role::Client => Err(ApiError::Forbidden),
+    }
+}
+
+fn default_max_tasks() -> u32 {
+    1
+}
+
+fn default_lease_seconds() -> u64 {
+    30
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClaimRequest {
+    pub kinds: Vec<String>,
+    #[serde(default = "default_max_tasks")]
+    pub max_tasks: u32,
+    #[serde(default = "default_lease_seconds")]
+    pub lease_seconds: u64,
+    #[serde(default)]
+    pub wait_seconds: u64,
+    #[serde(default)]
+    pub worker_id: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ClaimResponse {
+    pub tasks: Vec<TaskBody>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct TaskBody {
+    pub operation_id: String,
+    pub kind: String,
+    pub input: Value,
+    pub attempt: i64,
+    pub lease_token: String,
+    pub lease_expires_at: String,
+    pub deadline_at: Option<String>,
+    pub budget: Option<BudgetBody>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct BudgetBody {
+    pub max_cost_units: f64,
+}
+
+async fn claim(
+    State(app): State<AppState>,
+    caller: Caller,
+    JsonBody(request): JsonBody<ClaimRequest>,
+) -> Result<Json<ClaimResponse>, ApiError> {
+    require_worker(&caller)?;
+    if request.kinds.is_empty() || request.kinds.len() > MAX_KINDS_PER_CLAIM {
+        return Err(ApiError::InvalidRequest(format!(
+            "kinds must name 1–{MAX_KINDS_PER_CLAIM} kinds"
+        )));
+    }
+    for kind in &request.kinds {
+        validate::kind_name(kind).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
+    }
+    if !(1..=MAX_TASKS_PER_CLAIM).contains(&request.max_tasks) {
+        return Err(ApiError::InvalidRequest(format!(
+            "max_tasks must be between 1 and {MAX_TASKS_PER_CLAIM}"
+        )));
+    }
+    let lease = Duration::from_secs(request.lease_seconds);
+    if !(MIN_LEASE..=MAX_LEASE).contains(&lease) {
+        return Err(ApiError::InvalidRequest(format!(
+            "lease_seconds must be between {} and {}",
+            MIN_LEASE.as_secs(),
+            MAX_LEASE.as_secs()
+        )));
+    }
+    if request.wait_seconds > MAX_CLAIM_WAIT_SECONDS {
+        return Err(ApiError::InvalidRequest(format!(
+            "wait_seconds must be at most {MAX_CLAIM_WAIT_SECONDS}"
+        )));
+    }
+    let worker_id = request.worker_id.unwrap_or_else(|| caller.key_id.to_string());
+    if worker_id.is_empty() || worker_id.len() > 128 {
+        return Err(ApiError::InvalidRequest("worker_id must be 1–128 characters".into()));
+    }
+
+    let give_up_at = tokio::time::Instant::now() + Duration::from_secs(request.wait_seconds);
+    loop {
+        // Subscribe before looking, so work that arrives in between wakes us.
+        let mut work = app.signals.watch_work();
+        let tasks = app
+            .store
+            .task_claim(ClaimParams {
+                kinds: request.kinds.clone(),
+                max_tasks: request.max_tasks,
+                lease,
+                worker_id: worker_id.clone(),
+                now: app.clock.now(),
+            })
+            .await?;
+        let now = tokio::time::Instant::now();
+        if !tasks.is_empty() || now >= give_up_at {
+            return Ok(Json(ClaimResponse {
+                tasks: tasks
+                    .into_iter()
+                    .map(|t| TaskBody {
+                        operation_id: t.operation_id.to_string(),
+                        kind: t.kind,
+                        input: t.input,
+                        attempt: t.attempt,
+                        lease_token: t.lease_token,
+                        lease_expires_at: t.lease_expires_at.to_rfc3339(),
+                        deadline_at: t.deadline_at.map(|d| d.to_rfc3339()),
+                        budget: t.budget_max_cost.map(|max_cost_units| BudgetBody { max_cost_units }),
+                    })
+                    .collect(),
+            }));
+        }
+        let wake_at = give_up_at.min(now + CLAIM_FALLBACK_POLL);
+        tokio::select! {
+            () = work.changed() => {}
+            () = tokio::time::sleep_until(wake_at) => {}
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProgressRequest {
+    #[serde(default)]
+    pub completed_units: Option<f64>,
+    #[serde(default)]
+    pub total_units: Option<f64>,
+    #[serde(default)]
+    pub unit: Option<String>,
+    #[serde(default)]
+    pub phase: Option<String>,
+    #[serde(default)]
+    pub details: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeartbeatRequest {
+    pub lease_token: String,
+    #[serde(default)]
+    pub progress: Option<ProgressRequest>,
+    #[serde(default)]
+    pub cost_units: Option<f64>,
+    #[serde(default)]
+    pub cancellable: Option<bool>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct HeartbeatResponse {
+    pub lease_expires_at: String,
+    pub cancel_requested: bool,
+    pub cancel_reason: Option<String>,
+}
+
+/// A task id in a worker path. An unknown id is answered like a stale lease:
+/// the worker cannot hold a lease on it.
+fn task_id(raw: &str) -> Result<Id, ApiError> {
+    Id::parse(IdKind::Operation, raw)
+        .ok_or_else(|| ApiError::InvalidRequest("the path must name an operation id (op_…)".into()))
+}
+
+fn lease_error(id: &Id) -> impl FnOnce(StoreError) -> ApiError + '_ {
+    move |e| match e {
+        StoreError::LeaseLost => ApiError::LeaseLost {
+            operation_id: id.clone(),
+        },
+        other => other.into(),
+    }
+}
+
+fn check_progress(progress: &ProgressRequest) -> Result<ProgressUpdate, ApiError> {
+    let finite = |v: Option<f64>, field: &str| match v {
+        Some(x) if !x.is_finite() || x < 0.0 => Err(ApiError::InvalidRequest(format!(
+            "progress.{field} must be a non-negative number"
+        ))),
+        _ => Ok(v),
+    };
+    let short = |v: &Option<String>, field: &str, max: usize| match v {
+        Some(s) if s.is_empty() || s.chars().count() > max => Err(ApiError::InvalidRequest(format!(
+            "progress.{field} must be 1–{max} characters"
+        ))),
+        _ => Ok(()),
+    };
+    short(&progress.unit, "unit", 32)?;
+    short(&progress.phase, "phase", 64)?;
+    if let Some(details) = &progress.details {
+        let size = serde_json::to_string(details).map(|s| s.len()).unwrap_or(usize::MAX);
+        if size > MAX_PROGRESS_DETAILS_BYTES {
+            return Err(ApiError::PayloadTooLarge(format!(
+                "progress.details is {size} bytes; at most {MAX_PROGRESS_DETAILS_BYTES}"
+            )));
+        }
+    }
+    Ok(ProgressUpdate {
+        completed_units: finite(progress.completed_units, "completed_units")?,
+        total_units: finite(progress.total_units, "total_units")?,
+        unit: progress.unit.clone(),
+        phase: progress.phase.clone(),
+        details: progress.details.clone().filter(|d| !d.is_null()),
+    })
+}
+
+async fn heartbeat(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    JsonBody(request): JsonBody<HeartbeatRequest>,
+) -> Result<Json<HeartbeatResponse>, ApiError> {
+    require_worker(&caller)?;
+    let id = task_id(&id)?;
+    let progress = request.progress.as_ref().map(check_progress).transpose()?;
+    if let Some(cost) = request.cost_units
+        && (!cost.is_finite() || cost < 0.0)
+    {
+        return Err(ApiError::InvalidRequest(
+            "cost_units must be a non-negative number".into(),
+        ));
+    }
+    let ack = app
+        .store
+        .task_heartbeat(HeartbeatParams {
+            operation_id: id.clone(),
+            lease_token: request.lease_token,
+            progress,
+            cost_units: request.cost_units,
+            cancellable: request.cancellable,
+            now: app.clock.now(),
+        })
+        .await
+        .map_err(lease_error(&id))?;
+    Ok(Json(HeartbeatResponse {
+        lease_expires_at: ack.lease_expires_at.to_rfc3339(),
+        cancel_requested: ack.cancel_requested,
+        cancel_reason: ack.cancel_reason,
+    }))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompleteRequest {
+    pub lease_token: String,
+    #[serde(default)]
+    pub result: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FailRequest {
+    pub lease_token: String,
+    pub error: ErrorRequest,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ErrorRequest {
+    pub code: String,
+    #[serde(default)]
+    pub message: String,
+    #[serde(default)]
+    pub retryable: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CancelledRequest {
+    pub lease_token: String,
+}
+
+/// What an outcome call answers: the operation's new state and version.
+#[derive(Debug, Serialize)]
+pub struct OutcomeResponse {
+    pub operation_id: String,
+    pub state: &'static str,
+    pub version: i64,
+    pub attempt: i64,
+}
+
+async fn finish(
+    app: &AppState,
+    id: Id,
+    lease_token: String,
+    outcome: Outcome,
+) -> Result<Json<OutcomeResponse>, ApiError> {
+    let op = app
+        .store
+        .task_finish(FinishParams {
+            operation_id: id.clone(),
+            lease_token,
+            outcome,
+            now: app.clock.now(),
+        })
+        .await
+        .map_err(lease_error(&id))?;
+    // A slot of the tenant's max_running (or a retry) may now be claimable.
+    app.signals.work_available();
+    Ok(Json(OutcomeResponse {
+        operation_id: op.id.to_string(),
+        state: op.state.as_str(),
+        version: op.version,
+        attempt: op.attempt,
+    }))
+}
+
+async fn complete(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    JsonBody(request): JsonBody<CompleteRequest>,
+) -> Result<Json<OutcomeResponse>, ApiError> {
+    require_worker(&caller)?;
+    let id = task_id(&id)?;
+    if let Some(result) = &request.result {
+        let size = serde_json::to_string(result).map(|s| s.len()).unwrap_or(usize::MAX);
+        if size > MAX_INLINE_RESULT_BYTES {
+            return Err(ApiError::PayloadTooLarge(format!(
+                "the inline result is {size} bytes; at most {MAX_INLINE_RESULT_BYTES} may be inline. Upload larger \
+                 results as an artifact (PUT /v1/worker/tasks/{id}/artifact) and complete without `result`"
+            )));
+        }
+    }
+    finish(
+        &app,
+        id,
+        request.lease_token,
+        Outcome::Succeeded { result: request.result },
+    )
+    .await
+}
+
+async fn fail(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    JsonBody(request): JsonBody<FailRequest>,
+) -> Result<Json<OutcomeResponse>, ApiError> {
+    require_worker(&caller)?;
+    let id = task_id(&id)?;
+    validate::kind_name(&request.error.code).map_err(|_| {
+        ApiError::InvalidRequest("error.code must be 1–64 characters of a-z, 0-9, '_', '.', '-'".into())
+    })?;
+    if request.error.message.chars().count() > MAX_ERROR_MESSAGE_CHARS {
+        return Err(ApiError::InvalidRequest(format!(
+            "error.message is longer than {MAX_ERROR_MESSAGE_CHARS} characters"
+        )));
+    }
+    let error = OperationError {
+        code: request.error.code,
+        message: request.error.message,
+        retryable: request.error.retryable,
+    };
+    finish(&app, id, request.lease_token, Outcome::Failed { error }).await
+}
+
+async fn cancelled(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    JsonBody(request): JsonBody<CancelledRequest>,
+) -> Result<Json<OutcomeResponse>, ApiError> {
+    require_worker(&caller)?;
+    let id = task_id(&id)?;
+    finish(&app, id, request.lease_token, Outcome::Cancelled).await
+}
