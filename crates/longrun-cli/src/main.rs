@@ -11,8 +11,11 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use longrun_core::apikey::{NewApiKey, Role};
 use longrun_core::duration::parse_duration;
 use longrun_core::{Clock, Id, IdKind, SystemClock};
+use longrun_engine::exec::ExecHandler;
+use longrun_engine::remote::{RemoteConfig, RemoteWorker};
+use longrun_engine::{CancellationToken, Registry};
 use longrun_server::{CallbackPolicy, Config, ServeOptions};
-use longrun_store::{ApiKeyCreateParams, KindSpec, SqliteConfig, SqliteStore, Store};
+use longrun_store::{ApiKeyCreateParams, KindSpec, SqliteConfig, SqliteStore, Store, TenantLimits};
 
 #[derive(Parser)]
 #[command(
@@ -61,6 +64,63 @@ enum Command {
     /// Declare the operation kinds that remote workers serve.
     #[command(subcommand)]
     Kinds(KindsCommand),
+    /// Quotas and limits per tenant.
+    #[command(subcommand)]
+    Tenants(TenantsCommand),
+    /// Run a remote worker that serves kind K by running CMD per task.
+    ///
+    /// The input JSON arrives on stdin; LONGRUN_OPERATION_ID and LONGRUN_ATTEMPT
+    /// are set. Print JSON lines on stdout: {"progress": {"completed_units": 5,
+    /// "total_units": 10, "unit": "rows", "phase": "WRITING"}} updates progress,
+    /// {"result": …} gives the result. Exit 0 succeeds, anything else fails with
+    /// worker_error. Cancellation sends SIGTERM, then SIGKILL after --grace.
+    Worker(WorkerArgs),
+}
+
+#[derive(Args)]
+struct WorkerArgs {
+    /// The kind to serve (declare it first with `longrun kinds set`).
+    #[arg(long)]
+    kind: String,
+    /// The command to run per task, through `sh -c`.
+    #[arg(long)]
+    exec: String,
+    /// Tasks run at once.
+    #[arg(long, default_value_t = 1)]
+    concurrency: usize,
+    #[arg(long, env = "LONGRUN_SERVER", default_value = "http://127.0.0.1:8080")]
+    server: String,
+    /// A key of role worker.
+    #[arg(long, env = "LONGRUN_TOKEN", hide_env_values = true)]
+    token: String,
+    /// Lease length; heartbeats renew it every third of it.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    lease: Duration,
+    /// Between SIGTERM and SIGKILL when a task is cancelled.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    grace: Duration,
+    /// On SIGTERM/Ctrl-C, how long running tasks may finish before they are given back.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    shutdown_grace: Duration,
+}
+
+#[derive(Subcommand)]
+enum TenantsCommand {
+    /// Set a tenant's limits (omitted limits are removed).
+    Set {
+        tenant: String,
+        /// Most operations not yet ended; more are refused with quota_exceeded.
+        #[arg(long)]
+        max_active: Option<i64>,
+        /// Most operations running at once.
+        #[arg(long)]
+        max_running: Option<i64>,
+        /// Requests per second.
+        #[arg(long)]
+        rate: Option<f64>,
+    },
+    /// Show a tenant's limits.
+    Get { tenant: String },
 }
 
 #[derive(Args)]
@@ -181,6 +241,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Keys(command) => keys(&global, command).await,
         Command::Kinds(command) => kinds(&global, command).await,
+        Command::Tenants(command) => tenants(&global, command).await,
+        Command::Worker(args) => worker(args).await,
     }
 }
 
@@ -323,5 +385,73 @@ async fn kinds(global: &Global, command: KindsCommand) -> anyhow::Result<()> {
             }
         }
     }
+    Ok(())
+}
+
+async fn tenants(global: &Global, command: TenantsCommand) -> anyhow::Result<()> {
+    let store = open_store(global)?;
+    match command {
+        TenantsCommand::Set {
+            tenant,
+            max_active,
+            max_running,
+            rate,
+        } => {
+            longrun_core::validate::kind_name(&tenant)
+                .map_err(|_| anyhow::anyhow!("tenant names are 1–64 characters of a-z, 0-9, '_', '.', '-'"))?;
+            if max_active.is_some_and(|n| n < 0) || max_running.is_some_and(|n| n < 0) {
+                bail!("limits must not be negative");
+            }
+            if rate.is_some_and(|r| !(r.is_finite() && r > 0.0)) {
+                bail!("--rate must be a positive number of requests per second");
+            }
+            store
+                .tenant_set(TenantLimits {
+                    name: tenant.clone(),
+                    max_active,
+                    max_running,
+                    rate,
+                })
+                .await?;
+            println!("set limits of tenant {tenant} (servers apply them within a few seconds)");
+        }
+        TenantsCommand::Get { tenant } => match store.tenant_get(&tenant).await? {
+            Some(t) => {
+                let show = |v: Option<String>| v.unwrap_or_else(|| "unlimited".into());
+                println!("tenant       {}", t.name);
+                println!("max_active   {}", show(t.max_active.map(|n| n.to_string())));
+                println!("max_running  {}", show(t.max_running.map(|n| n.to_string())));
+                println!("rate         {}", show(t.rate.map(|r| format!("{r}/s"))));
+            }
+            None => bail!("no tenant {tenant}"),
+        },
+    }
+    Ok(())
+}
+
+async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
+    longrun_core::validate::kind_name(&args.kind)?;
+    let mut registry = Registry::default();
+    registry.register(Arc::new(ExecHandler {
+        kind: args.kind.clone(),
+        command: args.exec,
+        grace: args.grace,
+    }));
+    let mut config = RemoteConfig::new(args.server, args.token);
+    config.concurrency = args.concurrency.max(1);
+    config.lease = args.lease;
+    config.shutdown_grace = args.shutdown_grace;
+    let shutdown = CancellationToken::new();
+    let stop = shutdown.clone();
+    tokio::spawn(async move {
+        longrun_server::shutdown_signal().await;
+        tracing::info!("worker shutting down: finishing running tasks");
+        stop.cancel();
+    });
+    eprintln!(
+        "longrun worker serving kind {} with concurrency {}",
+        args.kind, config.concurrency
+    );
+    RemoteWorker::new(config, registry).run(shutdown).await;
     Ok(())
 }

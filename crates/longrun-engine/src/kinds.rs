@@ -24,7 +24,7 @@ impl Registry {
     }
 
     pub fn register(&mut self, handler: Arc<dyn Handler>) {
-        self.handlers.insert(handler.info().name.to_owned(), handler);
+        self.handlers.insert(handler.info().name, handler);
     }
 
     pub fn get(&self, kind: &str) -> Option<&Arc<dyn Handler>> {
@@ -42,7 +42,7 @@ impl Registry {
             .map(|h| {
                 let info = h.info();
                 KindSpec {
-                    name: info.name.to_owned(),
+                    name: info.name,
                     builtin: true,
                     rerun_safe: info.rerun_safe,
                     max_attempts: info.max_attempts,

@@ -14,8 +14,10 @@
 
 pub mod dispatcher;
 pub mod enforcer;
+pub mod exec;
 pub mod kinds;
 pub mod reaper;
+pub mod remote;
 pub mod signals;
 pub mod worker;
 

@@ -61,7 +61,7 @@ impl TaskError {
 /// What a kind declares about itself.
 #[derive(Debug, Clone)]
 pub struct KindInfo {
-    pub name: &'static str,
+    pub name: String,
     pub rerun_safe: bool,
     pub max_attempts: i64,
 }

@@ -86,7 +86,7 @@ fn whole_number(v: &Value, min: u64, max: u64) -> Option<u64> {
 impl Handler for Sleep {
     fn info(&self) -> KindInfo {
         KindInfo {
-            name: "sleep",
+            name: "sleep".into(),
             rerun_safe: true,
             max_attempts: 3,
         }

@@ -1,0 +1,142 @@
+//! `longrun worker --exec CMD`: any program becomes an operation kind.
+//!
+//! Per task, `sh -c CMD` runs in its own process group with the input JSON on
+//! stdin and `LONGRUN_OPERATION_ID` / `LONGRUN_ATTEMPT` in its environment.
+//! Each stdout line that is a JSON object with `progress` reports progress;
+//! one with `result` gives the result. Exit 0 succeeds; any other exit fails
+//! with `worker_error` and the end of stderr. On cancellation the group gets
+//! SIGTERM, then SIGKILL after the grace period.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use longrun_core::validate::Invalid;
+use longrun_store::ProgressUpdate;
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::process::Command;
+
+use crate::worker::{Handler, KindInfo, TaskContext, TaskError};
+
+/// How much of stderr a failure message keeps (the end of it).
+const STDERR_TAIL: usize = 2048;
+
+pub struct ExecHandler {
+    pub kind: String,
+    pub command: String,
+    /// Between SIGTERM and SIGKILL.
+    pub grace: Duration,
+}
+
+fn progress_from(v: &Value) -> ProgressUpdate {
+    let text = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_owned);
+    ProgressUpdate {
+        completed_units: v.get("completed_units").and_then(Value::as_f64),
+        total_units: v.get("total_units").and_then(Value::as_f64),
+        unit: text("unit"),
+        phase: text("phase"),
+        details: v.get("details").filter(|d| !d.is_null()).cloned(),
+    }
+}
+
+fn signal_group(pid: Option<u32>, signal: libc::c_int) {
+    if let Some(pid) = pid.and_then(|p| libc::pid_t::try_from(p).ok()) {
+        // SAFETY: kill(2) with a negative pid signals the process group we
+        // created for this child; it touches no memory of ours.
+        unsafe {
+            libc::kill(-pid, signal);
+        }
+    }
+}
+
+#[async_trait]
+impl Handler for ExecHandler {
+    fn info(&self) -> KindInfo {
+        // Declared by `longrun kinds set`; the worker does not decide retries.
+        KindInfo {
+            name: self.kind.clone(),
+            rerun_safe: false,
+            max_attempts: 1,
+        }
+    }
+
+    fn validate(&self, _input: &Value) -> Result<(), Invalid> {
+        Ok(())
+    }
+
+    async fn run(&self, ctx: TaskContext) -> Result<Option<Value>, TaskError> {
+        let mut child = Command::new("sh")
+            .arg("-c")
+            .arg(&self.command)
+            .env("LONGRUN_OPERATION_ID", ctx.operation_id().as_str())
+            .env("LONGRUN_ATTEMPT", ctx.attempt().to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| TaskError::fatal("worker_error", format!("could not start the command: {e}")))?;
+        let pid = child.id();
+
+        let mut stdin = child.stdin.take().expect("piped stdin");
+        let input = serde_json::to_vec(ctx.input()).unwrap_or_default();
+        tokio::spawn(async move {
+            // A program that does not read its input is fine.
+            let _ = stdin.write_all(&input).await;
+            let _ = stdin.shutdown().await;
+        });
+        let mut stderr = child.stderr.take().expect("piped stderr");
+        let stderr_tail = tokio::spawn(async move {
+            let mut all = Vec::new();
+            let _ = stderr.read_to_end(&mut all).await;
+            let start = all.len().saturating_sub(STDERR_TAIL);
+            String::from_utf8_lossy(&all[start..]).into_owned()
+        });
+
+        let mut lines = BufReader::new(child.stdout.take().expect("piped stdout")).lines();
+        let mut result = None;
+        let mut cancelled = false;
+        loop {
+            tokio::select! {
+                line = lines.next_line() => match line {
+                    Ok(Some(line)) => {
+                        let Ok(Value::Object(message)) = serde_json::from_str::<Value>(&line) else { continue };
+                        if let Some(progress) = message.get("progress") {
+                            ctx.progress(progress_from(progress)).await?;
+                        }
+                        if let Some(value) = message.get("result") {
+                            result = Some(value.clone());
+                        }
+                    }
+                    _ => break,
+                },
+                () = ctx.cancelled(), if !cancelled => {
+                    cancelled = true;
+                    signal_group(pid, libc::SIGTERM);
+                    let grace = self.grace;
+                    tokio::spawn(async move {
+                        tokio::time::sleep(grace).await;
+                        signal_group(pid, libc::SIGKILL);
+                    });
+                }
+            }
+        }
+        let status = child
+            .wait()
+            .await
+            .map_err(|e| TaskError::fatal("worker_error", format!("could not wait for the command: {e}")))?;
+        if cancelled || ctx.is_cancelled() && !status.success() {
+            return Err(TaskError::Cancelled);
+        }
+        if status.success() {
+            return Ok(result);
+        }
+        let tail = stderr_tail.await.unwrap_or_default();
+        Err(TaskError::fatal(
+            "worker_error",
+            format!("the command exited with {status}: {}", tail.trim()),
+        ))
+    }
+}

@@ -1,0 +1,308 @@
+//! Remote workers: the same [`Handler`]s, driven over the HTTP worker
+//! protocol (CONTRACT §4) instead of straight through the store.
+//!
+//! [`RemoteWorker`] long-polls for batches, runs each task with an
+//! [`HttpLink`] (heartbeats carry progress and cost and bring back cancel
+//! requests; outcomes are fenced by the lease token), and on shutdown stops
+//! claiming, lets running tasks finish within a grace period, then gives back
+//! what is left as a retryable failure.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use longrun_core::{Id, IdKind, Timestamp};
+use longrun_store::{HeartbeatAck, Outcome, ProgressUpdate, StoreError};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::kinds::Registry;
+use crate::worker::{TaskContext, TaskLink, run_task};
+
+#[derive(Debug, Clone)]
+pub struct RemoteConfig {
+    /// e.g. `http://127.0.0.1:8080`
+    pub server: String,
+    pub token: String,
+    pub worker_id: String,
+    pub concurrency: usize,
+    pub lease: Duration,
+    /// How long one claim request long-polls.
+    pub claim_wait: Duration,
+    /// How long shutdown waits for running tasks before giving them back.
+    pub shutdown_grace: Duration,
+}
+
+impl RemoteConfig {
+    pub fn new(server: impl Into<String>, token: impl Into<String>) -> Self {
+        Self {
+            server: server.into().trim_end_matches('/').to_owned(),
+            token: token.into(),
+            worker_id: format!("worker-{}", std::process::id()),
+            concurrency: 4,
+            lease: Duration::from_secs(30),
+            claim_wait: Duration::from_secs(20),
+            shutdown_grace: Duration::from_secs(30),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct ClaimResponse {
+    tasks: Vec<ClaimedTask>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ClaimedTask {
+    operation_id: String,
+    kind: String,
+    input: Value,
+    attempt: i64,
+    lease_token: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct HeartbeatResponse {
+    cancel_requested: bool,
+    cancel_reason: Option<String>,
+}
+
+/// The problem body's `code`, which is all a client decides on.
+#[derive(Debug, Deserialize)]
+struct ProblemCode {
+    code: String,
+}
+
+/// A task's link to the server over HTTP.
+pub struct HttpLink {
+    http: reqwest::Client,
+    base: String,
+    token: String,
+    operation_id: Id,
+    lease_token: String,
+}
+
+impl HttpLink {
+    async fn post(&self, action: &str, body: Value) -> Result<reqwest::Response, StoreError> {
+        let url = format!("{}/v1/worker/tasks/{}/{action}", self.base, self.operation_id);
+        let response = self
+            .http
+            .post(url)
+            .bearer_auth(&self.token)
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| StoreError::Backend(format!("{action} request failed: {e}")))?;
+        if response.status().is_success() {
+            return Ok(response);
+        }
+        let status = response.status();
+        let code = response.json::<ProblemCode>().await.map(|p| p.code).unwrap_or_default();
+        Err(match code.as_str() {
+            "lease_lost" => StoreError::LeaseLost,
+            _ => StoreError::Backend(format!("{action} answered {status} {code}")),
+        })
+    }
+}
+
+#[async_trait]
+impl TaskLink for HttpLink {
+    async fn heartbeat(
+        &self,
+        progress: Option<ProgressUpdate>,
+        cost_units: Option<f64>,
+        cancellable: Option<bool>,
+    ) -> Result<HeartbeatAck, StoreError> {
+        let mut body = json!({"lease_token": self.lease_token});
+        if let Some(p) = progress {
+            body["progress"] = json!({
+                "completed_units": p.completed_units,
+                "total_units": p.total_units,
+                "unit": p.unit,
+                "phase": p.phase,
+                "details": p.details,
+            });
+        }
+        if let Some(cost) = cost_units {
+            body["cost_units"] = json!(cost);
+        }
+        if let Some(c) = cancellable {
+            body["cancellable"] = json!(c);
+        }
+        let ack: HeartbeatResponse = self
+            .post("heartbeat", body)
+            .await?
+            .json()
+            .await
+            .map_err(|e| StoreError::Backend(format!("bad heartbeat response: {e}")))?;
+        Ok(HeartbeatAck {
+            // The server's clock decides when the lease ends; a worker only
+            // needs to know whether to stop.
+            lease_expires_at: Timestamp(0),
+            cancel_requested: ack.cancel_requested,
+            cancel_reason: ack.cancel_reason,
+            version: 0,
+        })
+    }
+
+    async fn finish(&self, outcome: Outcome) -> Result<(), StoreError> {
+        let (action, body) = match outcome {
+            Outcome::Succeeded { result } => ("complete", json!({"lease_token": self.lease_token, "result": result})),
+            Outcome::Failed { error } => (
+                "fail",
+                json!({"lease_token": self.lease_token,
+                       "error": {"code": error.code, "message": error.message, "retryable": error.retryable}}),
+            ),
+            Outcome::Cancelled => ("cancelled", json!({"lease_token": self.lease_token})),
+        };
+        self.post(action, body).await.map(|_| ())
+    }
+}
+
+/// Claims tasks of its handlers' kinds over HTTP and runs them.
+pub struct RemoteWorker {
+    http: reqwest::Client,
+    config: RemoteConfig,
+    registry: Registry,
+}
+
+impl RemoteWorker {
+    pub fn new(config: RemoteConfig, registry: Registry) -> Self {
+        let http = reqwest::Client::builder()
+            .timeout(config.claim_wait + Duration::from_secs(30))
+            .build()
+            .expect("an HTTP client");
+        Self { http, config, registry }
+    }
+
+    /// Runs until `shutdown`, then drains (see the module docs).
+    pub async fn run(self, shutdown: CancellationToken) {
+        let slots = Arc::new(Semaphore::new(self.config.concurrency.max(1)));
+        let tracker = TaskTracker::new();
+        let abandon = CancellationToken::new();
+        while !shutdown.is_cancelled() {
+            // Wait for a free slot (or shutdown) before asking for work.
+            let permit = tokio::select! {
+                permit = slots.clone().acquire_owned() => permit.expect("semaphore open"),
+                () = shutdown.cancelled() => break,
+            };
+            let free = slots.available_permits() + 1;
+            // The claim itself is not cancelled by shutdown: tasks the server
+            // leased to us must be run or given back, never dropped.
+            let tasks = match self.claim(free).await {
+                Ok(tasks) => tasks,
+                Err(e) => {
+                    tracing::warn!(error = %e, "claim failed; retrying");
+                    drop(permit);
+                    tokio::select! {
+                        () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                        () = shutdown.cancelled() => {}
+                    }
+                    continue;
+                }
+            };
+            let mut permit = Some(permit);
+            for task in tasks {
+                let permit = match permit.take() {
+                    Some(p) => p,
+                    None => slots
+                        .clone()
+                        .try_acquire_owned()
+                        .expect("claimed no more than free slots"),
+                };
+                let link = self.link(&task);
+                if shutdown.is_cancelled() {
+                    give_back(&link, "the worker is shutting down").await;
+                    continue;
+                }
+                self.start(task, link, permit, &tracker, abandon.clone());
+            }
+        }
+        tracker.close();
+        if tokio::time::timeout(self.config.shutdown_grace, tracker.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                running = tracker.len(),
+                "shutdown grace ended; giving back running tasks"
+            );
+            abandon.cancel();
+            tracker.wait().await;
+        }
+    }
+
+    async fn claim(&self, max_tasks: usize) -> Result<Vec<ClaimedTask>, reqwest::Error> {
+        let kinds = self.registry.kinds();
+        let response = self
+            .http
+            .post(format!("{}/v1/worker/claims", self.config.server))
+            .bearer_auth(&self.config.token)
+            .json(&json!({
+                "kinds": kinds,
+                "max_tasks": max_tasks.min(100),
+                "lease_seconds": self.config.lease.as_secs(),
+                "wait_seconds": self.config.claim_wait.as_secs(),
+                "worker_id": self.config.worker_id,
+            }))
+            .send()
+            .await?
+            .error_for_status()?;
+        Ok(response.json::<ClaimResponse>().await?.tasks)
+    }
+
+    fn link(&self, task: &ClaimedTask) -> Arc<HttpLink> {
+        Arc::new(HttpLink {
+            http: self.http.clone(),
+            base: self.config.server.clone(),
+            token: self.config.token.clone(),
+            operation_id: Id::parse(IdKind::Operation, &task.operation_id)
+                .unwrap_or_else(|| Id::from_trusted(task.operation_id.clone())),
+            lease_token: task.lease_token.clone(),
+        })
+    }
+
+    fn start(
+        &self,
+        task: ClaimedTask,
+        link: Arc<HttpLink>,
+        permit: tokio::sync::OwnedSemaphorePermit,
+        tracker: &TaskTracker,
+        abandon: CancellationToken,
+    ) {
+        let Some(handler) = self.registry.get(&task.kind).cloned() else {
+            tracing::error!(kind = %task.kind, "claimed a kind this worker has no handler for");
+            return;
+        };
+        let heartbeat_every = self.config.lease / 3;
+        tracker.spawn(async move {
+            let _permit = permit;
+            let flag = Arc::new(tokio::sync::watch::channel(false).0);
+            let id = link.operation_id.clone();
+            let ctx = TaskContext::new(id.clone(), task.attempt, task.input, link.clone(), flag);
+            tokio::select! {
+                result = run_task(handler, ctx, heartbeat_every) => match result {
+                    Ok(()) => tracing::debug!(op.id = %id, "task finished"),
+                    Err(StoreError::LeaseLost) => tracing::warn!(op.id = %id, "lease lost; outcome discarded"),
+                    Err(e) => tracing::error!(op.id = %id, error = %e, "could not report the outcome"),
+                },
+                () = abandon.cancelled() => give_back(&link, "the worker shut down before the task finished").await,
+            }
+        });
+    }
+}
+
+/// Hands a task back: a retryable failure, so it runs again if attempts are left.
+async fn give_back(link: &HttpLink, why: &str) {
+    let error = longrun_store::OperationError {
+        code: "worker_shutdown".into(),
+        message: why.into(),
+        retryable: true,
+    };
+    if let Err(e) = link.finish(Outcome::Failed { error }).await {
+        tracing::warn!(op.id = %link.operation_id, error = %e, "could not give a task back");
+    }
+}
