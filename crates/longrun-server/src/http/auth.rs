@@ -63,6 +63,9 @@ impl FromRequestParts<AppState> for Caller {
             role: record.role,
         };
         tracing::Span::current().record("tenant", caller.tenant.as_str());
+        if caller.role != Role::Admin {
+            state.check_rate(&caller.tenant).await?;
+        }
         Ok(caller)
     }
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use longrun_core::apikey::{NewApiKey, Role};
-use longrun_core::{Clock, SystemClock};
+use longrun_core::{Clock, ManualClock, SystemClock};
 use longrun_server::{RunningServer, ServeOptions};
 use longrun_store::{ApiKeyCreateParams, SqliteConfig, Store};
 use reqwest::{Method, RequestBuilder, Response, StatusCode};
@@ -30,6 +30,8 @@ pub struct Options {
     pub builtin_workers: bool,
     pub max_body_bytes: usize,
     pub require_idempotency_key: bool,
+    /// Drive leases and deadlines with this clock instead of the wall clock.
+    pub clock: Option<ManualClock>,
 }
 
 impl Default for Options {
@@ -38,8 +40,14 @@ impl Default for Options {
             builtin_workers: true,
             max_body_bytes: 1024 * 1024,
             require_idempotency_key: true,
+            clock: None,
         }
     }
+}
+
+/// A manual clock starting now, for tests that move time.
+pub fn manual_clock() -> ManualClock {
+    ManualClock::new(SystemClock.now())
 }
 
 /// Logs only when `TEST_LOG` is set, e.g. `TEST_LOG=debug cargo test`.
@@ -69,6 +77,12 @@ pub async fn spawn_app_with(options: Options) -> TestApp {
     // Revocation must bite at once in tests.
     serve.http.key_cache_ttl = Duration::ZERO;
     serve.dispatcher.poll_interval = Duration::from_millis(50);
+    // Maintenance runs often so that moving the manual clock takes effect fast.
+    serve.reaper.interval = Duration::from_millis(20);
+    serve.enforcer.interval = Duration::from_millis(20);
+    if let Some(clock) = &options.clock {
+        serve.clock = Arc::new(clock.clone());
+    }
     let server = longrun_server::start(serve).await.expect("server starts");
     let store = server.store.clone();
     assert!(server.bootstrap.is_some(), "first start bootstraps keys");
@@ -179,6 +193,71 @@ impl TestApp {
                 Some(next) => before = Some(next),
                 None => return count,
             }
+        }
+    }
+
+    /// Declares a kind served by remote workers.
+    pub async fn declare_kind(&self, name: &str, rerun_safe: bool, max_attempts: i64) {
+        self.store
+            .kind_upsert(longrun_store::KindSpec {
+                name: name.into(),
+                builtin: false,
+                rerun_safe,
+                max_attempts,
+                default_deadline_seconds: None,
+                max_deadline_seconds: None,
+            })
+            .await
+            .unwrap();
+    }
+
+    /// `POST` a worker protocol call with the worker key.
+    pub async fn worker_post(&self, path: &str, body: &Value) -> Response {
+        self.request(Method::POST, path, &self.worker_key)
+            .json(body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// Claims (no waiting) and returns the tasks.
+    pub async fn claim(&self, kind: &str, max_tasks: u32) -> Vec<Value> {
+        let response = self
+            .worker_post(
+                "/v1/worker/claims",
+                &serde_json::json!({"kinds": [kind], "max_tasks": max_tasks, "lease_seconds": 30}),
+            )
+            .await;
+        assert_eq!(response.status(), StatusCode::OK);
+        let body: Value = response.json().await.unwrap();
+        body["tasks"].as_array().unwrap().clone()
+    }
+
+    /// Polls the history until an event of `event_type` is recorded.
+    pub async fn wait_for_event(&self, id: &str, event_type: &str) -> Value {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let history: Value = self
+                .request(Method::GET, &format!("/v1/operations/{id}/history"), &self.client_key)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            if let Some(event) = history["events"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|e| e["type"] == event_type)
+            {
+                return event.clone();
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out waiting for event {event_type}: {history}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
 

@@ -8,3 +8,4 @@ mod helpers;
 mod idempotency;
 mod observe;
 mod submit;
+mod workers;
