@@ -298,3 +298,64 @@ async fn keys_and_kinds_commands_work_beside_a_running_server() {
     assert!(kinds.contains("thumbnail") && kinds.contains("sleep"), "{kinds}");
     drop(server);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_sigkill_every_in_flight_operation_still_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = start_server(dir.path(), &[]).await;
+    let token = server.bootstrap_client_key.clone().unwrap();
+    let http = reqwest::Client::new();
+    let mut ids = Vec::new();
+    for i in 0..20 {
+        let response = http
+            .post(format!("{}/v1/operations", server.base))
+            .bearer_auth(&token)
+            .header("Idempotency-Key", format!("inflight-{i}"))
+            .json(&json!({"kind": "sleep", "input": {"duration_ms": 3000, "steps": 30}}))
+            .send()
+            .await
+            .unwrap();
+        let op: Value = response.json().await.unwrap();
+        ids.push(op["id"].as_str().unwrap().to_owned());
+    }
+    // Wait until they run, then kill the server mid-work.
+    wait_until(&server.base, &token, &ids, |op| op["state"] == "running").await;
+    server.child.start_kill().unwrap();
+    server.child.wait().await.unwrap();
+
+    let restarted = start_server(dir.path(), &[]).await;
+    let ops = wait_until(&restarted.base, &token, &ids, |op| op["terminal"] == true).await;
+    for op in ops {
+        assert_eq!(op["state"], "succeeded", "sleep is safe to re-run: {op}");
+        assert!(
+            op["attempt"].as_i64().unwrap() >= 2,
+            "it was retried after the crash: {op}"
+        );
+    }
+}
+
+/// Waits (bounded) until every operation satisfies `done`; returns them.
+async fn wait_until(base: &str, token: &str, ids: &[String], done: impl Fn(&Value) -> bool) -> Vec<Value> {
+    let http = reqwest::Client::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut ops = Vec::new();
+        for id in ids {
+            let op: Value = http
+                .get(format!("{base}/v1/operations/{id}"))
+                .bearer_auth(token)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            ops.push(op);
+        }
+        if ops.iter().all(&done) {
+            return ops;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "timed out; operations: {ops:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

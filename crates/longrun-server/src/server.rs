@@ -101,6 +101,19 @@ pub async fn start(options: ServeOptions) -> anyhow::Result<RunningServer> {
         .await
         .context("failed to load the fingerprint secret")?;
     let bootstrap = bootstrap_keys(store.as_ref(), clock.as_ref()).await?;
+    // The in-process workers of this node's previous run are gone (a crash or
+    // a kill): hand their leases to the reaper now rather than after the
+    // lease time. One SQLite database has one serving process, so the id is
+    // this node's.
+    let orphaned = store
+        .task_expire_worker(&options.dispatcher.worker_id, clock.now())
+        .await?;
+    if orphaned > 0 {
+        tracing::warn!(
+            orphaned,
+            "tasks of the previous run's in-process workers are being reaped"
+        );
+    }
 
     let signals = Signals::default();
     let state = AppState::new(

@@ -58,6 +58,7 @@ macro_rules! store_conformance {
             max_running_is_honoured_by_claims,
             claims_are_fair_across_tenants,
             intent_changes_need_the_current_version_and_terminal_intent_wins,
+            leases_of_a_worker_known_gone_are_reaped_at_once,
             state_machine_matches_the_reference_model,
         );
     };
@@ -1107,6 +1108,32 @@ pub async fn intent_changes_need_the_current_version_and_terminal_intent_wins(st
         store.operation_update(foreign).await,
         Err(StoreError::NotFound)
     ));
+}
+
+pub async fn leases_of_a_worker_known_gone_are_reaped_at_once(store: &dyn Store) {
+    declare(store, "restartable", true, 3).await;
+    let op = create(store, "t1", "restartable").await;
+    let other = create(store, "t1", "restartable").await;
+    claim_one(store, "restartable", at(1)).await;
+    let survivor = store
+        .task_claim(ClaimParams {
+            kinds: vec!["restartable".into()],
+            max_tasks: 1,
+            lease: LEASE,
+            worker_id: "another-node".into(),
+            now: at(1),
+        })
+        .await
+        .unwrap();
+    assert_eq!(survivor.len(), 1);
+    assert_eq!(store.task_expire_worker("conformance", at(2)).await.unwrap(), 1);
+    let counts = store.task_reap(ReapParams { now: at(2), limit: 10 }).await.unwrap();
+    assert_eq!(
+        counts.requeued, 1,
+        "only the gone worker's lease, and without waiting for it to lapse"
+    );
+    assert_eq!(get(store, &op).await.attempt, 2);
+    assert_eq!(get(store, &other).await.attempt, 1);
 }
 
 /// Commands of the state-machine property test.

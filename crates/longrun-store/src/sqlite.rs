@@ -212,6 +212,13 @@ impl Store for SqliteStore {
         self.writer.write(move |c| sql::task_finish(c, policy, &params)).await
     }
 
+    async fn task_expire_worker(&self, worker_id: &str, now: Timestamp) -> Result<u64> {
+        let worker_id = worker_id.to_owned();
+        self.writer
+            .write(move |c| sql::task_expire_worker(c, &worker_id, now))
+            .await
+    }
+
     async fn task_reap(&self, params: ReapParams) -> Result<ReapCounts> {
         let policy = self.policy;
         self.writer.write(move |c| sql::task_reap(c, policy, &params)).await

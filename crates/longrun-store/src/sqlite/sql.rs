@@ -1134,3 +1134,12 @@ pub(super) fn tenant_get(c: &Connection, name: &str) -> Result<Option<TenantLimi
             .optional()?,
     )
 }
+
+pub(super) fn task_expire_worker(c: &Connection, worker_id: &str, now: Timestamp) -> Result<u64> {
+    let n = c
+        .prepare_cached(
+            "UPDATE tasks SET lease_expires_at = ?2 WHERE status = 'leased' AND worker_id = ?1 AND lease_expires_at >= ?2",
+        )?
+        .execute(params![worker_id, now.0 - 1])?;
+    Ok(n as u64)
+}

@@ -1,0 +1,280 @@
+//! `longrun worker --exec` as real processes against an in-process server
+//! whose clock the test moves: scripts that succeed, fail and get cancelled,
+//! and workers SIGKILLed mid-task.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use longrun_core::apikey::{NewApiKey, Role};
+use longrun_core::{Clock, ManualClock, SystemClock};
+use longrun_server::{RunningServer, ServeOptions};
+use longrun_store::{ApiKeyCreateParams, KindSpec, SqliteConfig, Store};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tokio::process::{Child, Command};
+
+const BIN: &str = env!("CARGO_BIN_EXE_longrun");
+
+struct Harness {
+    server: Option<RunningServer>,
+    base: String,
+    client_key: String,
+    worker_key: String,
+    clock: ManualClock,
+    http: reqwest::Client,
+    dir: tempfile::TempDir,
+}
+
+async fn key(store: &dyn Store, role: Role) -> String {
+    let key = NewApiKey::generate();
+    store
+        .api_key_create(ApiKeyCreateParams {
+            id: key.id,
+            tenant: "acme".into(),
+            role,
+            secret_hash: key.secret_hash,
+            now: SystemClock.now(),
+        })
+        .await
+        .unwrap();
+    key.token
+}
+
+async fn harness() -> Harness {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(SystemClock.now());
+    let mut options = ServeOptions::new(
+        "127.0.0.1:0".parse().unwrap(),
+        SqliteConfig::new(dir.path().join("longrun.db")),
+    );
+    options.clock = Arc::new(clock.clone());
+    options.reaper.interval = Duration::from_millis(20);
+    options.http.key_cache_ttl = Duration::ZERO;
+    let server = longrun_server::start(options).await.unwrap();
+    let client_key = key(server.store.as_ref(), Role::Client).await;
+    let worker_key = key(server.store.as_ref(), Role::Worker).await;
+    Harness {
+        base: format!("http://{}", server.addr),
+        server: Some(server),
+        client_key,
+        worker_key,
+        clock,
+        http: reqwest::Client::new(),
+        dir,
+    }
+}
+
+impl Harness {
+    fn store(&self) -> Arc<dyn Store> {
+        self.server.as_ref().unwrap().store.clone()
+    }
+
+    async fn declare(&self, kind: &str, rerun_safe: bool) {
+        self.store()
+            .kind_upsert(KindSpec {
+                name: kind.into(),
+                builtin: false,
+                rerun_safe,
+                max_attempts: 3,
+                default_deadline_seconds: None,
+                max_deadline_seconds: None,
+            })
+            .await
+            .unwrap();
+    }
+
+    fn script(&self, name: &str, body: &str) -> PathBuf {
+        let path = self.dir.path().join(name);
+        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::process::Command::new("chmod")
+            .arg("+x")
+            .arg(&path)
+            .status()
+            .unwrap();
+        path
+    }
+
+    /// A `longrun worker` process. Its lease is the shortest allowed (5 s), so
+    /// it heartbeats — and learns of cancellation — every ~1.7 s.
+    fn worker(&self, kind: &str, script: &Path, env: &[(&str, &str)]) -> Child {
+        let mut command = Command::new(BIN);
+        command
+            .args(["worker", "--kind", kind, "--exec"])
+            .arg(script)
+            .args(["--server", &self.base, "--grace", "5s", "--lease", "5s"])
+            .env("LONGRUN_TOKEN", &self.worker_key)
+            .env("LONGRUN_LOG", "warn")
+            .stdout(Stdio::null())
+            .kill_on_drop(true);
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        command.spawn().expect("the worker starts")
+    }
+
+    async fn submit(&self, key: &str, kind: &str, input: Value) -> String {
+        let response = self
+            .http
+            .post(format!("{}/v1/operations", self.base))
+            .bearer_auth(&self.client_key)
+            .header("Idempotency-Key", key)
+            .json(&json!({"kind": kind, "input": input}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::ACCEPTED);
+        response.json::<Value>().await.unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    async fn get(&self, id: &str) -> Value {
+        self.http
+            .get(format!("{}/v1/operations/{id}", self.base))
+            .bearer_auth(&self.client_key)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    /// Waits (bounded) for a condition on the operation.
+    async fn wait_for(&self, id: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let op = self.get(id).await;
+            if done(&op) {
+                return op;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out waiting for {what}: {op}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exec_script_reports_progress_and_succeeds() {
+    let h = harness().await;
+    h.declare("shout", false).await;
+    let script = h.script(
+        "shout.sh",
+        r#"input=$(cat)
+echo '{"progress":{"completed_units":1,"total_units":2,"unit":"steps","phase":"WORKING"}}'
+echo 'a line that is not JSON is ignored'
+echo '{"progress":{"completed_units":2,"total_units":2,"unit":"steps","phase":"WORKING"}}'
+printf '{"result":{"input":%s,"op":"%s","attempt":%s}}\n' "$input" "$LONGRUN_OPERATION_ID" "$LONGRUN_ATTEMPT""#,
+    );
+    let _worker = h.worker("shout", &script, &[]);
+    let id = h.submit("e1", "shout", json!({"text": "hello"})).await;
+    let op = h.wait_for(&id, "success", |op| op["state"] == "succeeded").await;
+    assert_eq!(
+        op["result"]["value"],
+        json!({"input": {"text": "hello"}, "op": id, "attempt": 1})
+    );
+    assert_eq!(op["progress"]["completed_units"], 2.0);
+    assert_eq!(op["progress"]["phase"], "WORKING");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exec_script_that_exits_non_zero_fails_with_worker_error() {
+    let h = harness().await;
+    h.declare("fragile", false).await;
+    let script = h.script("fail.sh", "echo 'disk full' >&2\nexit 3");
+    let _worker = h.worker("fragile", &script, &[]);
+    let id = h.submit("e2", "fragile", json!({})).await;
+    let op = h.wait_for(&id, "failure", |op| op["state"] == "failed").await;
+    assert_eq!(op["error"]["code"], "worker_error");
+    let message = op["error"]["message"].as_str().unwrap();
+    assert!(message.contains("disk full") && message.contains('3'), "{message}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_exec_script_gets_sigterm_and_the_operation_ends_cancelled() {
+    let h = harness().await;
+    h.declare("patient", false).await;
+    let marker = h.dir.path().join("terminated");
+    let script = h.script(
+        "wait.sh",
+        r#"trap 'echo terminated > "$MARKER"; exit 143' TERM
+echo '{"progress":{"completed_units":0,"total_units":1,"phase":"WAITING"}}'
+while true; do sleep 0.05; done"#,
+    );
+    let _worker = h.worker("patient", &script, &[("MARKER", marker.to_str().unwrap())]);
+    let id = h.submit("e3", "patient", json!({})).await;
+    h.wait_for(&id, "the script to start", |op| op["progress"]["phase"] == "WAITING")
+        .await;
+    let response = h
+        .http
+        .put(format!("{}/v1/operations/{id}/cancellation", h.base))
+        .bearer_auth(&h.client_key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::ACCEPTED);
+    // The worker learns of it on its next heartbeat, then signals the script.
+    let op = h.wait_for(&id, "cancellation", |op| op["state"] == "cancelled").await;
+    assert_eq!(op["error"], Value::Null);
+    assert_eq!(
+        std::fs::read_to_string(&marker).unwrap().trim(),
+        "terminated",
+        "the script got SIGTERM"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigkilled_worker_is_retried_when_safe_and_outcome_unknown_otherwise() {
+    let h = harness().await;
+    h.declare("rerunnable", true).await;
+    h.declare("once-only", false).await;
+    // Attempt 1 reports that it started and then works until its worker dies.
+    let script = h.script(
+        "work.sh",
+        r#"if [ "$LONGRUN_ATTEMPT" = 1 ]; then
+  echo '{"progress":{"phase":"STARTED"}}'
+  while kill -0 "$PPID" 2>/dev/null; do sleep 0.05; done
+  exit 1
+fi
+echo "{\"result\":{\"attempt\":$LONGRUN_ATTEMPT}}""#,
+    );
+    let mut first_safe = h.worker("rerunnable", &script, &[]);
+    let mut first_once = h.worker("once-only", &script, &[]);
+    let safe = h.submit("k1", "rerunnable", json!({})).await;
+    let once = h.submit("k2", "once-only", json!({})).await;
+    for id in [&safe, &once] {
+        h.wait_for(id, "attempt 1 to start", |op| op["progress"]["phase"] == "STARTED")
+            .await;
+    }
+    for worker in [&mut first_safe, &mut first_once] {
+        worker.start_kill().unwrap(); // SIGKILL
+        worker.wait().await.unwrap();
+    }
+
+    // Nobody renews the leases: move the server's clock past them.
+    h.clock.advance(Duration::from_secs(6));
+    let lost = h.wait_for(&once, "outcome_unknown", |op| op["state"] == "failed").await;
+    assert_eq!(lost["error"]["code"], "outcome_unknown");
+    h.wait_for(&safe, "a retry", |op| op["attempt"] == 2).await;
+    h.clock.advance(Duration::from_secs(2));
+
+    let _second = h.worker("rerunnable", &script, &[]);
+    let done = h
+        .wait_for(&safe, "success on attempt 2", |op| op["state"] == "succeeded")
+        .await;
+    assert_eq!(
+        (done["attempt"].as_i64(), done["result"]["value"].clone()),
+        (Some(2), json!({"attempt": 2}))
+    );
+    assert_eq!(
+        h.get(&once).await["state"],
+        "failed",
+        "the unsafe kind is never run again"
+    );
+}
