@@ -273,13 +273,14 @@ fn main() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         poller.await.unwrap();
-        let sent = sent.lock().unwrap();
-        let mut latencies: Vec<Duration> = picked
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|(id, at)| at.saturating_duration_since(sent[id]))
-            .collect();
+        let mut latencies: Vec<Duration> = {
+            let sent = sent.lock().unwrap();
+            let picked = picked.lock().unwrap();
+            picked
+                .iter()
+                .map(|(id, at)| at.saturating_duration_since(sent[id]))
+                .collect()
+        };
         latencies.sort();
         println!(
             "{:<44} p50 {:.2} ms  p99 {:.2} ms  ({} samples, long-polling claim)",
