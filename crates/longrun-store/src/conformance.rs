@@ -59,6 +59,9 @@ macro_rules! store_conformance {
             claims_are_fair_across_tenants,
             intent_changes_need_the_current_version_and_terminal_intent_wins,
             leases_of_a_worker_known_gone_are_reaped_at_once,
+            every_event_keeps_the_representation_at_its_version,
+            committed_changes_are_published_and_rolled_back_ones_are_not,
+            typical_durations_come_from_recent_successes,
             state_machine_matches_the_reference_model,
         );
     };
@@ -1134,6 +1137,105 @@ pub async fn leases_of_a_worker_known_gone_are_reaped_at_once(store: &dyn Store)
     );
     assert_eq!(get(store, &op).await.attempt, 2);
     assert_eq!(get(store, &other).await.attempt, 1);
+}
+
+pub async fn every_event_keeps_the_representation_at_its_version(store: &dyn Store) {
+    let op = create(store, "t1", "snap").await;
+    let task = claim_one(store, "snap", at(1)).await;
+    let mut hb = heartbeat(&task, at(2));
+    hb.progress = Some(ProgressUpdate {
+        completed_units: Some(1.0),
+        ..Default::default()
+    });
+    store.task_heartbeat(hb).await.unwrap();
+    let done = store
+        .task_finish(finish(&task, Outcome::Succeeded { result: Some(json!(7)) }, at(3)))
+        .await
+        .unwrap();
+
+    let events = store
+        .operation_events_after("t1", &op.id, 0, 100)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(events.iter().map(|e| e.version).collect::<Vec<_>>(), vec![1, 2, 3, 4]);
+    let snapshots: Vec<Operation> = events.iter().map(|e| e.snapshot.clone().expect("a snapshot")).collect();
+    assert_eq!((snapshots[0].state, snapshots[0].version), (State::Queued, 1));
+    assert_eq!(
+        (snapshots[1].state, snapshots[1].started_at),
+        (State::Running, Some(at(1)))
+    );
+    assert_eq!(snapshots[2].progress.as_ref().unwrap().completed_units, Some(1.0));
+    let mut expected = done.clone();
+    expected.input = None;
+    assert_eq!(
+        snapshots[3], expected,
+        "the last snapshot is the stored operation, less its input"
+    );
+
+    let later = store
+        .operation_events_after("t1", &op.id, 2, 100)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(later.iter().map(|e| e.version).collect::<Vec<_>>(), vec![3, 4]);
+    assert_eq!(
+        store
+            .operation_events_after("t1", &op.id, 0, 1)
+            .await
+            .unwrap()
+            .unwrap()
+            .len(),
+        1
+    );
+    assert!(
+        store
+            .operation_events_after("t2", &op.id, 0, 100)
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
+pub async fn committed_changes_are_published_and_rolled_back_ones_are_not(store: &dyn Store) {
+    let mut changes = store.subscribe_changes();
+    let op = create(store, "t1", "feed").await;
+    let first = changes.recv().await.unwrap();
+    assert_eq!((first.operation_id.clone(), first.version), (op.id.clone(), 1));
+    // A refused write publishes nothing.
+    let mut forged = claim_one(store, "feed", at(1)).await;
+    assert_eq!(changes.recv().await.unwrap().version, 2);
+    forged.lease_token = "forged".into();
+    assert!(
+        store
+            .task_finish(finish(&forged, Outcome::Cancelled, at(2)))
+            .await
+            .is_err()
+    );
+    store.operation_cancel(cancel("t1", &op.id, at(3))).await.unwrap();
+    let next = changes.recv().await.unwrap();
+    assert_eq!(
+        (next.operation_id, next.version),
+        (op.id, 3),
+        "the refused write left no trace in the feed"
+    );
+}
+
+pub async fn typical_durations_come_from_recent_successes(store: &dyn Store) {
+    assert_eq!(store.kind_typical_duration("timed").await.unwrap(), None);
+    for seconds in [10, 20, 30] {
+        create(store, "t1", "timed").await;
+        let task = claim_one(store, "timed", at(0)).await;
+        store
+            .task_finish(finish(&task, Outcome::Succeeded { result: None }, at(seconds)))
+            .await
+            .unwrap();
+    }
+    // created at T0, finished 10/20/30 s later: the median is 20 s.
+    assert_eq!(
+        store.kind_typical_duration("timed").await.unwrap(),
+        Some(Duration::from_secs(20))
+    );
 }
 
 /// Commands of the state-machine property test.

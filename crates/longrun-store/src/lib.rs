@@ -90,6 +90,24 @@ pub trait Store: Send + Sync + 'static {
     /// yet; either way the stored value is returned, so every process agrees.
     async fn server_secret(&self, name: &str, candidate: Vec<u8>, now: longrun_core::Timestamp) -> Result<Vec<u8>>;
 
+    /// Events after `after_version`, oldest first, at most `limit`, with their
+    /// snapshots; `None` when the operation is not the tenant's.
+    async fn operation_events_after(
+        &self,
+        tenant: &str,
+        id: &Id,
+        after_version: i64,
+        limit: u32,
+    ) -> Result<Option<Vec<Event>>>;
+
+    /// The median time from acceptance to success of the kind's recent
+    /// operations, if any succeeded.
+    async fn kind_typical_duration(&self, kind: &str) -> Result<Option<std::time::Duration>>;
+
+    /// Committed changes, as they happen. A lagging receiver has missed some
+    /// and must re-read what it watches.
+    fn subscribe_changes(&self) -> tokio::sync::broadcast::Receiver<Change>;
+
     /// Cheap round trip to the database, for `/readyz`.
     async fn ping(&self) -> Result<()>;
 }

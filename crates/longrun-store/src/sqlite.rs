@@ -6,6 +6,7 @@
 //! 1.5–3.5× faster, and the single-writer design needs a synchronous
 //! connection owned by one thread anyway.
 
+mod changes;
 mod sql;
 mod writer;
 
@@ -23,6 +24,7 @@ use writer::Writer;
 const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("sqlite/migrations/0001_init.sql")),
     (2, include_str!("sqlite/migrations/0002_engine.sql")),
+    (3, include_str!("sqlite/migrations/0003_observing.sql")),
 ];
 
 #[derive(Debug, Clone)]
@@ -56,6 +58,7 @@ pub(crate) struct WritePolicy {
 
 pub struct SqliteStore {
     writer: Writer,
+    changes: tokio::sync::broadcast::Sender<Change>,
     readers: Arc<ReaderPool>,
     policy: WritePolicy,
 }
@@ -69,8 +72,10 @@ impl SqliteStore {
         }
         let mut conn = open_connection(&config.path, false)?;
         migrate_connection(&mut conn)?;
+        let (changes, _) = tokio::sync::broadcast::channel(4096);
         Ok(Self {
-            writer: Writer::spawn(conn, config.max_batch.max(1)),
+            writer: Writer::spawn(conn, config.max_batch.max(1), changes.clone()),
+            changes,
             readers: Arc::new(ReaderPool {
                 path: config.path.clone(),
                 idle: Mutex::new(Vec::new()),
@@ -284,6 +289,27 @@ impl Store for SqliteStore {
         self.writer
             .write(move |c| sql::server_secret(c, &name, &candidate, now))
             .await
+    }
+
+    async fn operation_events_after(
+        &self,
+        tenant: &str,
+        id: &Id,
+        after_version: i64,
+        limit: u32,
+    ) -> Result<Option<Vec<Event>>> {
+        let (tenant, id) = (tenant.to_owned(), id.clone());
+        self.read(move |c| sql::operation_events_after(c, &tenant, &id, after_version, limit))
+            .await
+    }
+
+    async fn kind_typical_duration(&self, kind: &str) -> Result<Option<Duration>> {
+        let kind = kind.to_owned();
+        self.read(move |c| sql::kind_typical_duration(c, &kind)).await
+    }
+
+    fn subscribe_changes(&self) -> tokio::sync::broadcast::Receiver<Change> {
+        self.changes.subscribe()
     }
 
     async fn ping(&self) -> Result<()> {

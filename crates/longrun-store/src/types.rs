@@ -75,6 +75,15 @@ pub struct Event {
     pub state: State,
     pub at: Timestamp,
     pub data: Value,
+    /// The operation as it was at this version (its input left out).
+    pub snapshot: Option<Operation>,
+}
+
+/// A committed change of an operation, as published to subscribers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Change {
+    pub operation_id: Id,
+    pub version: i64,
 }
 
 #[derive(Debug, Clone)]

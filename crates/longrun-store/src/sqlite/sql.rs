@@ -119,27 +119,31 @@ fn progress_from_json(v: &Value) -> Progress {
     }
 }
 
-fn event_insert(
-    c: &Connection,
-    operation_id: &str,
-    version: i64,
-    event_type: &str,
-    state: State,
-    at: Timestamp,
-    data: &Value,
-) -> Result<()> {
+/// Records one change of `op` (its new row, after the update): the event with
+/// its version and a snapshot of the representation at that version (without
+/// the input), and notes the change for subscribers once the batch commits.
+fn event_insert(c: &Connection, op: &Operation, event_type: &str, data: &Value) -> Result<()> {
     c.prepare_cached(
-        "INSERT INTO operation_events (operation_id, version, type, state, at, data) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        "INSERT INTO operation_events (operation_id, version, type, state, at, data, snapshot)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
     )?
     .execute(params![
-        operation_id,
-        version,
+        op.id.as_str(),
+        op.version,
         event_type,
-        state.as_str(),
-        at.0,
-        data.to_string()
+        op.state.as_str(),
+        op.updated_at.0,
+        data.to_string(),
+        snapshot_to_json(op).to_string()
     ])?;
+    super::changes::record(op.id.as_str(), op.version);
     Ok(())
+}
+
+/// Updates one operation and returns its new row.
+fn update_returning(c: &Connection, sql: &str, args: impl rusqlite::Params) -> Result<Option<Operation>> {
+    let sql = format!("{sql} RETURNING {OP_COLUMNS}");
+    Ok(c.prepare_cached(&sql)?.query_row(args, operation_from_row).optional()?)
 }
 
 fn operation_by_id(c: &Connection, id: &str) -> Result<Option<Operation>> {
@@ -232,13 +236,12 @@ pub(super) fn operation_accept(c: &Connection, p: &AcceptParams) -> Result<Accep
         p.now.0,
     ])?;
     let seq = c.last_insert_rowid();
-    event_insert(c, p.id.as_str(), 1, "created", State::Queued, p.now, &json!({}))?;
     c.prepare_cached(
         "INSERT INTO tasks (operation_id, seq, tenant, kind, status, available_at) VALUES (?1, ?2, ?3, ?4, 'ready', ?5)",
     )?
     .execute(params![p.id.as_str(), seq, p.tenant, p.kind, p.now.0])?;
 
-    Ok(AcceptOutcome::Created(Operation {
+    let created = Operation {
         id: p.id.clone(),
         tenant: p.tenant.clone(),
         kind: p.kind.clone(),
@@ -262,7 +265,9 @@ pub(super) fn operation_accept(c: &Connection, p: &AcceptParams) -> Result<Accep
         completed_at: None,
         updated_at: p.now,
         expires_at: None,
-    }))
+    };
+    event_insert(c, &created, "created", &json!({}))?;
+    Ok(AcceptOutcome::Created(created))
 }
 
 pub(super) fn operation_list(c: &Connection, p: &ListParams) -> Result<OperationPage> {
@@ -338,6 +343,7 @@ pub(super) fn operation_history(c: &Connection, tenant: &str, id: &Id) -> Result
                 state: state_column(r, 2)?,
                 at: Timestamp(r.get(3)?),
                 data: json_column(r, 4)?.unwrap_or(Value::Null),
+                snapshot: None,
             })
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
@@ -357,31 +363,26 @@ fn operation_end(
 ) -> Result<()> {
     debug_assert!(to.is_terminal());
     let expires_at = now.plus(policy.operation_retention);
-    let version: Option<i64> = c
-        .prepare_cached(
-            "UPDATE operations
-                SET state = ?2, version = version + 1, result = ?3, error_code = ?4, error_message = ?5,
-                    error_retryable = ?6, completed_at = ?7, updated_at = ?7, expires_at = ?8,
-                    input = CASE WHEN ?9 THEN input ELSE NULL END
-              WHERE id = ?1 AND state IN ('queued', 'running')
-          RETURNING version",
-        )?
-        .query_row(
-            params![
-                id,
-                to.as_str(),
-                result.map(Value::to_string),
-                error.map(|e| e.code.as_str()),
-                error.map(|e| e.message.as_str()),
-                error.map(|e| e.retryable),
-                now.0,
-                expires_at.0,
-                policy.keep_inputs,
-            ],
-            |r| r.get(0),
-        )
-        .optional()?;
-    let version = version.ok_or(StoreError::LeaseLost)?;
+    let ended = update_returning(
+        c,
+        "UPDATE operations
+            SET state = ?2, version = version + 1, result = ?3, error_code = ?4, error_message = ?5,
+                error_retryable = ?6, completed_at = ?7, updated_at = ?7, expires_at = ?8,
+                input = CASE WHEN ?9 THEN input ELSE NULL END
+          WHERE id = ?1 AND state IN ('queued', 'running')",
+        params![
+            id,
+            to.as_str(),
+            result.map(Value::to_string),
+            error.map(|e| e.code.as_str()),
+            error.map(|e| e.message.as_str()),
+            error.map(|e| e.retryable),
+            now.0,
+            expires_at.0,
+            policy.keep_inputs,
+        ],
+    )?
+    .ok_or(StoreError::LeaseLost)?;
     c.prepare_cached("DELETE FROM tasks WHERE operation_id = ?1")?
         .execute(params![id])?;
     let data = match error {
@@ -390,7 +391,7 @@ fn operation_end(
         }
         None => json!({}),
     };
-    event_insert(c, id, version, to.as_str(), to, now, &data)
+    event_insert(c, &ended, to.as_str(), &data)
 }
 
 pub(super) fn operation_cancel(c: &Connection, policy: WritePolicy, p: &CancelParams) -> Result<CancelOutcome> {
@@ -561,34 +562,28 @@ fn lease_task(
           WHERE operation_id = ?1 AND status = 'ready'",
     )?
     .execute(params![id, token, lease_expires_at.0, p.worker_id, lease_ms(p.lease)])?;
-    let (version, task) = c
-        .prepare_cached(
-            "UPDATE operations
-                SET state = 'running', attempt = MAX(attempt, 1), started_at = COALESCE(started_at, ?2),
-                    version = version + 1, updated_at = ?2
-              WHERE id = ?1 AND state IN ('queued', 'running')
-          RETURNING version, attempt, input, tenant, kind, budget_max_cost",
-        )?
-        .query_row(params![id, p.now.0], |r| {
-            let version: i64 = r.get(0)?;
-            Ok((
-                version,
-                Task {
-                    operation_id: Id::from_trusted(id.to_owned()),
-                    tenant: r.get(3)?,
-                    kind: r.get(4)?,
-                    input: json_column(r, 2)?.unwrap_or(Value::Null),
-                    attempt: r.get(1)?,
-                    lease_token: token.clone(),
-                    lease_expires_at,
-                    deadline_at: ts(deadline_at),
-                    budget_max_cost: r.get(5)?,
-                },
-            ))
-        })?;
-    let data = json!({"attempt": task.attempt, "worker_id": p.worker_id});
-    event_insert(c, id, version, "started", State::Running, p.now, &data)?;
-    Ok(Some(task))
+    let started = update_returning(
+        c,
+        "UPDATE operations
+            SET state = 'running', attempt = MAX(attempt, 1), started_at = COALESCE(started_at, ?2),
+                version = version + 1, updated_at = ?2
+          WHERE id = ?1 AND state IN ('queued', 'running')",
+        params![id, p.now.0],
+    )?
+    .ok_or(StoreError::NotFound)?;
+    let data = json!({"attempt": started.attempt, "worker_id": p.worker_id});
+    event_insert(c, &started, "started", &data)?;
+    Ok(Some(Task {
+        operation_id: started.id,
+        tenant: started.tenant,
+        kind: started.kind,
+        input: started.input.unwrap_or(Value::Null),
+        attempt: started.attempt,
+        lease_token: token,
+        lease_expires_at,
+        deadline_at: ts(deadline_at),
+        budget_max_cost: started.budget_max_cost,
+    }))
 }
 
 fn lease_ms(lease: Duration) -> i64 {
@@ -694,22 +689,21 @@ pub(super) fn task_heartbeat(c: &Connection, p: &HeartbeatParams) -> Result<Hear
         progress != current.progress || cost_units != current.cost_units || cancellable != current.cancellable;
     let mut version = current.version;
     if changed {
-        version = c
-            .prepare_cached(
-                "UPDATE operations SET progress = ?2, cost_units = ?3, cancellable = ?4, version = version + 1,
-                        updated_at = ?5
-                  WHERE id = ?1 AND state = 'running' RETURNING version",
-            )?
-            .query_row(
-                params![
-                    p.operation_id.as_str(),
-                    progress.as_ref().map(|p| progress_to_json(p).to_string()),
-                    cost_units,
-                    cancellable,
-                    p.now.0
-                ],
-                |r| r.get(0),
-            )?;
+        let updated = update_returning(
+            c,
+            "UPDATE operations SET progress = ?2, cost_units = ?3, cancellable = ?4, version = version + 1,
+                    updated_at = ?5
+              WHERE id = ?1 AND state = 'running'",
+            params![
+                p.operation_id.as_str(),
+                progress.as_ref().map(|p| progress_to_json(p).to_string()),
+                cost_units,
+                cancellable,
+                p.now.0
+            ],
+        )?
+        .ok_or(StoreError::LeaseLost)?;
+        version = updated.version;
         // The event's own `at` says when; the record's internal timestamp stays out.
         let public_progress = progress.as_ref().map(|p| {
             let mut v = progress_to_json(p);
@@ -723,15 +717,7 @@ pub(super) fn task_heartbeat(c: &Connection, p: &HeartbeatParams) -> Result<Hear
             "cost_units": cost_units,
             "cancellable": cancellable,
         });
-        event_insert(
-            c,
-            p.operation_id.as_str(),
-            version,
-            "progress",
-            State::Running,
-            p.now,
-            &data,
-        )?;
+        event_insert(c, &updated, "progress", &data)?;
     }
     let (mut cancel_requested, mut cancel_reason) = (current.cancel_requested, current.cancel_reason);
     if !cancel_requested && cancellable && current.budget_max_cost.is_some_and(|max| cost_units > max) {
@@ -751,16 +737,17 @@ pub(super) fn task_heartbeat(c: &Connection, p: &HeartbeatParams) -> Result<Hear
 
 /// Records a cancellation request on a running operation; returns the new version.
 fn cancel_request(c: &Connection, id: &str, by: &str, reason: Option<&str>, now: Timestamp) -> Result<i64> {
-    let version: i64 = c
-        .prepare_cached(
-            "UPDATE operations SET cancel_requested_at = ?2, cancel_requested_by = ?3, cancel_reason = ?4,
-                    version = version + 1, updated_at = ?2
-              WHERE id = ?1 AND state = 'running' RETURNING version",
-        )?
-        .query_row(params![id, now.0, by, reason], |r| r.get(0))?;
+    let requested = update_returning(
+        c,
+        "UPDATE operations SET cancel_requested_at = ?2, cancel_requested_by = ?3, cancel_reason = ?4,
+                version = version + 1, updated_at = ?2
+          WHERE id = ?1 AND state = 'running'",
+        params![id, now.0, by, reason],
+    )?
+    .ok_or(StoreError::NotFound)?;
     let data = json!({"requested_by": by, "reason": reason});
-    event_insert(c, id, version, "cancel_requested", State::Running, now, &data)?;
-    Ok(version)
+    event_insert(c, &requested, "cancel_requested", &data)?;
+    Ok(requested.version)
 }
 
 /// The error a cancellation by the server itself ends with, if it was one.
@@ -818,18 +805,19 @@ fn requeue(c: &Connection, id: &str, next_attempt: i64, now: Timestamp, data: &V
           WHERE operation_id = ?1",
     )?
     .execute(params![id, available_at.0])?;
-    let version: i64 = c
-        .prepare_cached(
-            "UPDATE operations SET attempt = ?2, version = version + 1, updated_at = ?3
-              WHERE id = ?1 AND state = 'running' RETURNING version",
-        )?
-        .query_row(params![id, next_attempt, now.0], |r| r.get(0))?;
+    let requeued = update_returning(
+        c,
+        "UPDATE operations SET attempt = ?2, version = version + 1, updated_at = ?3
+          WHERE id = ?1 AND state = 'running'",
+        params![id, next_attempt, now.0],
+    )?
+    .ok_or(StoreError::NotFound)?;
     let mut data = data.clone();
     if let Some(fields) = data.as_object_mut() {
         fields.insert("next_attempt".into(), json!(next_attempt));
         fields.insert("available_at".into(), json!(available_at.to_rfc3339()));
     }
-    event_insert(c, id, version, "retry_scheduled", State::Running, now, &data)
+    event_insert(c, &requeued, "retry_scheduled", &data)
 }
 
 pub(super) fn task_reap(c: &Connection, policy: WritePolicy, p: &ReapParams) -> Result<ReapCounts> {
@@ -1030,21 +1018,19 @@ pub(super) fn operation_update(c: &Connection, p: &UpdateParams) -> Result<Opera
         return Ok(op);
     }
     let labels_json = serde_json::to_string(labels).map_err(|e| StoreError::Backend(e.to_string()))?;
-    let version: i64 = c
-        .prepare_cached(
-            "UPDATE operations SET deadline_at = ?2, labels = ?3, version = version + 1, updated_at = ?4
-              WHERE id = ?1 AND state IN ('queued', 'running') RETURNING version",
-        )?
-        .query_row(
-            params![p.id.as_str(), deadline_at.map(|t| t.0), labels_json, p.now.0],
-            |r| r.get(0),
-        )?;
+    let updated = update_returning(
+        c,
+        "UPDATE operations SET deadline_at = ?2, labels = ?3, version = version + 1, updated_at = ?4
+          WHERE id = ?1 AND state IN ('queued', 'running')",
+        params![p.id.as_str(), deadline_at.map(|t| t.0), labels_json, p.now.0],
+    )?
+    .ok_or(StoreError::NotFound)?;
     let data = json!({
         "deadline_at": deadline_at.map(|t| t.to_rfc3339()),
         "labels": labels,
     });
-    event_insert(c, p.id.as_str(), version, "updated", op.state, p.now, &data)?;
-    operation_by_id(c, p.id.as_str())?.ok_or(StoreError::NotFound)
+    event_insert(c, &updated, "updated", &data)?;
+    Ok(updated)
 }
 
 pub(super) fn deadline_enforce(c: &Connection, policy: WritePolicy, p: &EnforceParams) -> Result<EnforceCounts> {
@@ -1142,4 +1128,127 @@ pub(super) fn task_expire_worker(c: &Connection, worker_id: &str, now: Timestamp
         )?
         .execute(params![worker_id, now.0 - 1])?;
     Ok(n as u64)
+}
+
+/// The representation-relevant fields of `op` (not its input) as JSON, kept
+/// with each event.
+fn snapshot_to_json(op: &Operation) -> Value {
+    json!({
+        "id": op.id.as_str(),
+        "tenant": op.tenant,
+        "kind": op.kind,
+        "state": op.state.as_str(),
+        "version": op.version,
+        "attempt": op.attempt,
+        "callback_url": op.callback_url,
+        "deadline_at": op.deadline_at.map(|t| t.0),
+        "budget_max_cost": op.budget_max_cost,
+        "cost_units": op.cost_units,
+        "labels": op.labels,
+        "progress": op.progress.as_ref().map(progress_to_json),
+        "result": op.result,
+        "error": op.error.as_ref().map(|e| json!({"code": e.code, "message": e.message, "retryable": e.retryable})),
+        "cancel": op.cancel.as_ref().map(|c| json!({
+            "requested_at": c.requested_at.0, "requested_by": c.requested_by, "reason": c.reason,
+        })),
+        "cancellable": op.cancellable,
+        "idempotency_key": op.idempotency_key,
+        "created_at": op.created_at.0,
+        "started_at": op.started_at.map(|t| t.0),
+        "completed_at": op.completed_at.map(|t| t.0),
+        "updated_at": op.updated_at.0,
+        "expires_at": op.expires_at.map(|t| t.0),
+    })
+}
+
+fn snapshot_from_json(v: &Value) -> Option<Operation> {
+    let text = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_owned);
+    let time = |k: &str| v.get(k).and_then(Value::as_i64).map(Timestamp);
+    Some(Operation {
+        id: Id::from_trusted(text("id")?),
+        tenant: text("tenant")?,
+        kind: text("kind")?,
+        state: text("state")?.parse().ok()?,
+        version: v.get("version")?.as_i64()?,
+        attempt: v.get("attempt")?.as_i64()?,
+        input: None,
+        callback_url: text("callback_url"),
+        deadline_at: time("deadline_at"),
+        budget_max_cost: v.get("budget_max_cost").and_then(Value::as_f64),
+        cost_units: v.get("cost_units").and_then(Value::as_f64).unwrap_or(0.0),
+        labels: serde_json::from_value(v.get("labels").cloned().unwrap_or_default()).unwrap_or_default(),
+        progress: v.get("progress").filter(|p| !p.is_null()).map(progress_from_json),
+        result: v.get("result").filter(|r| !r.is_null()).cloned(),
+        error: v.get("error").filter(|e| !e.is_null()).map(|e| OperationError {
+            code: e.get("code").and_then(Value::as_str).unwrap_or_default().to_owned(),
+            message: e.get("message").and_then(Value::as_str).unwrap_or_default().to_owned(),
+            retryable: e.get("retryable").and_then(Value::as_bool).unwrap_or(false),
+        }),
+        cancel: v.get("cancel").filter(|c| !c.is_null()).map(|c| CancelRequest {
+            requested_at: Timestamp(c.get("requested_at").and_then(Value::as_i64).unwrap_or(0)),
+            requested_by: c
+                .get("requested_by")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned(),
+            reason: c.get("reason").and_then(Value::as_str).map(str::to_owned),
+        }),
+        cancellable: v.get("cancellable").and_then(Value::as_bool).unwrap_or(true),
+        idempotency_key: text("idempotency_key"),
+        created_at: time("created_at")?,
+        started_at: time("started_at"),
+        completed_at: time("completed_at"),
+        updated_at: time("updated_at")?,
+        expires_at: time("expires_at"),
+    })
+}
+
+pub(super) fn operation_events_after(
+    c: &Connection,
+    tenant: &str,
+    id: &Id,
+    after_version: i64,
+    limit: u32,
+) -> Result<Option<Vec<Event>>> {
+    let owned: Option<i64> = c
+        .prepare_cached("SELECT 1 FROM operations WHERE id = ?1 AND tenant = ?2")?
+        .query_row(params![id.as_str(), tenant], |r| r.get(0))
+        .optional()?;
+    if owned.is_none() {
+        return Ok(None);
+    }
+    let mut stmt = c.prepare_cached(
+        "SELECT version, type, state, at, data, snapshot FROM operation_events
+          WHERE operation_id = ?1 AND version > ?2 ORDER BY version LIMIT ?3",
+    )?;
+    let events = stmt
+        .query_map(params![id.as_str(), after_version, limit], |r| {
+            Ok(Event {
+                operation_id: id.clone(),
+                version: r.get(0)?,
+                event_type: r.get(1)?,
+                state: state_column(r, 2)?,
+                at: Timestamp(r.get(3)?),
+                data: json_column(r, 4)?.unwrap_or(Value::Null),
+                snapshot: json_column(r, 5)?.as_ref().and_then(snapshot_from_json),
+            })
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    Ok(Some(events))
+}
+
+pub(super) fn kind_typical_duration(c: &Connection, kind: &str) -> Result<Option<Duration>> {
+    let mut durations: Vec<i64> = c
+        .prepare_cached(
+            "SELECT completed_at - created_at FROM operations
+              WHERE state = 'succeeded' AND kind = ?1 ORDER BY completed_at DESC LIMIT 101",
+        )?
+        .query_map(params![kind], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    if durations.is_empty() {
+        return Ok(None);
+    }
+    durations.sort_unstable();
+    let median = durations[durations.len() / 2].max(0);
+    Ok(Some(Duration::from_millis(median as u64)))
 }

@@ -11,9 +11,10 @@
 use std::panic::AssertUnwindSafe;
 
 use rusqlite::Connection;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{broadcast, mpsc, oneshot};
 
-use crate::{Result, StoreError};
+use super::changes;
+use crate::{Change, Result, StoreError};
 
 /// Called once the batch's fate is known, with the commit's result.
 type Reply = Box<dyn FnOnce(Result<()>) + Send>;
@@ -28,11 +29,11 @@ pub(crate) struct Writer {
 
 impl Writer {
     /// Starts the writer thread; it ends when every `Writer` clone is dropped.
-    pub(crate) fn spawn(conn: Connection, max_batch: usize) -> Self {
+    pub(crate) fn spawn(conn: Connection, max_batch: usize, changes: broadcast::Sender<Change>) -> Self {
         let (jobs, rx) = mpsc::channel::<Job>(max_batch * 4);
         std::thread::Builder::new()
             .name("longrun-sqlite-writer".into())
-            .spawn(move || run(conn, rx, max_batch))
+            .spawn(move || run(conn, rx, max_batch, changes))
             .expect("failed to spawn the SQLite writer thread");
         Self { jobs }
     }
@@ -61,7 +62,7 @@ impl Writer {
     }
 }
 
-fn run(conn: Connection, mut rx: mpsc::Receiver<Job>, max_batch: usize) {
+fn run(conn: Connection, mut rx: mpsc::Receiver<Job>, max_batch: usize, changes: broadcast::Sender<Change>) {
     let mut batch: Vec<Job> = Vec::with_capacity(max_batch);
     while let Some(first) = rx.blocking_recv() {
         batch.push(first);
@@ -71,11 +72,11 @@ fn run(conn: Connection, mut rx: mpsc::Receiver<Job>, max_batch: usize) {
                 Err(_) => break,
             }
         }
-        commit_batch(&conn, &mut batch);
+        commit_batch(&conn, &mut batch, &changes);
     }
 }
 
-fn commit_batch(conn: &Connection, batch: &mut Vec<Job>) {
+fn commit_batch(conn: &Connection, batch: &mut Vec<Job>, change_feed: &broadcast::Sender<Change>) {
     if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
         // Dropping a job that never ran drops its reply channel: the caller
         // gets an error and nothing was written.
@@ -90,6 +91,9 @@ fn commit_batch(conn: &Connection, batch: &mut Vec<Job>) {
     let committed = conn.execute_batch("COMMIT").map_err(StoreError::from);
     if committed.is_err() {
         let _ = conn.execute_batch("ROLLBACK");
+        changes::discard();
+    } else {
+        changes::publish(change_feed);
     }
     for reply in replies {
         reply(committed.clone());
@@ -103,19 +107,23 @@ fn run_job_isolated(conn: &Connection, job: Job) -> Reply {
         tracing::error!(error = %e, "could not open a savepoint");
         return Box::new(|_| {});
     }
+    let mark = changes::mark();
     match std::panic::catch_unwind(AssertUnwindSafe(|| job(conn))) {
         Ok((true, reply)) => match conn.execute_batch("RELEASE job") {
             Ok(()) => reply,
             Err(e) => {
+                changes::rollback_to(mark);
                 let err = StoreError::from(e);
                 Box::new(move |_| reply(Err(err)))
             }
         },
         Ok((false, reply)) => {
             let _ = conn.execute_batch("ROLLBACK TO job; RELEASE job");
+            changes::rollback_to(mark);
             reply
         }
         Err(_) => {
+            changes::rollback_to(mark);
             // The job's reply channel was dropped while unwinding: its caller
             // sees an error.
             let _ = conn.execute_batch("ROLLBACK TO job; RELEASE job");
