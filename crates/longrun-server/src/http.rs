@@ -3,6 +3,7 @@
 
 pub mod auth;
 pub mod error;
+pub mod events;
 pub mod extract;
 pub mod health;
 pub mod operations;

@@ -7,6 +7,7 @@
 
 pub mod cache;
 pub mod callback;
+pub mod changes;
 pub mod http;
 pub mod ratelimit;
 mod server;
@@ -24,6 +25,7 @@ use tower_http::catch_panic::CatchPanicLayer;
 
 use cache::TtlCache;
 pub use callback::CallbackPolicy;
+use changes::ChangeHub;
 use ratelimit::RateLimiter;
 pub use server::{BootstrapKeys, HARD_STOP_AFTER, RunningServer, ServeOptions, shutdown_signal, start};
 
@@ -39,6 +41,8 @@ pub struct Config {
     /// How long a verified API key is trusted before it is read again (so how
     /// long a revocation may take to bite).
     pub key_cache_ttl: Duration,
+    /// Long-polls and event streams one tenant may hold open at once.
+    pub max_waiters_per_tenant: usize,
 }
 
 impl Default for Config {
@@ -49,12 +53,15 @@ impl Default for Config {
             operation_retention: Duration::from_secs(30 * 24 * 3600),
             callback_policy: CallbackPolicy::default(),
             key_cache_ttl: http::auth::KEY_CACHE_TTL,
+            max_waiters_per_tenant: 1000,
         }
     }
 }
 
 /// How long kind declarations and tenant limits read from the store are trusted.
 const RECORD_CACHE_TTL: Duration = Duration::from_secs(5);
+/// How long a kind's typical duration is reused before it is computed again.
+const TYPICAL_DURATION_TTL: Duration = Duration::from_secs(30);
 
 /// Everything a handler needs; cheap to clone.
 #[derive(Clone)]
@@ -69,7 +76,9 @@ pub struct Inner {
     pub(crate) keys: TtlCache<Id, Option<ApiKeyRecord>>,
     kinds: TtlCache<String, Option<KindSpec>>,
     tenants: TtlCache<String, Option<TenantLimits>>,
+    typical: TtlCache<String, Option<Duration>>,
     rates: RateLimiter,
+    pub changes: Arc<ChangeHub>,
     pub config: Config,
 }
 
@@ -99,7 +108,9 @@ impl AppState {
             keys: TtlCache::new(config.key_cache_ttl),
             kinds: TtlCache::new(RECORD_CACHE_TTL),
             tenants: TtlCache::new(config.key_cache_ttl.min(RECORD_CACHE_TTL)),
+            typical: TtlCache::new(TYPICAL_DURATION_TTL),
             rates: RateLimiter::default(),
+            changes: ChangeHub::new(config.max_waiters_per_tenant),
             config,
         }))
     }
@@ -109,6 +120,13 @@ impl AppState {
     pub async fn kind_spec(&self, kind: &str) -> Result<Option<KindSpec>, StoreError> {
         self.kinds
             .get_or_load(&kind.to_owned(), || self.store.kind_get(kind))
+            .await
+    }
+
+    /// The kind's median duration to success, refreshed every 30 s.
+    pub async fn typical_duration(&self, kind: &str) -> Result<Option<Duration>, StoreError> {
+        self.typical
+            .get_or_load(&kind.to_owned(), || self.store.kind_typical_duration(kind))
             .await
     }
 
@@ -138,6 +156,7 @@ pub fn app(state: AppState) -> Router {
     Router::new()
         .merge(http::operations::router())
         .merge(http::workers::router())
+        .merge(http::events::router())
         .merge(http::health::router())
         .fallback(http::not_found)
         .method_not_allowed_fallback(http::method_not_allowed)

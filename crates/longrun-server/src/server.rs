@@ -58,6 +58,8 @@ pub struct RunningServer {
     pub addr: SocketAddr,
     pub bootstrap: Option<BootstrapKeys>,
     pub store: Arc<dyn Store>,
+    /// The handlers' state, for tests and embedding.
+    pub state: AppState,
     shutdown: CancellationToken,
     handle: JoinHandle<anyhow::Result<()>>,
 }
@@ -124,6 +126,7 @@ pub async fn start(options: ServeOptions) -> anyhow::Result<RunningServer> {
         Fingerprinter::new(&secret),
         options.http.clone(),
     );
+    tokio::spawn(state.changes.clone().forward(store.subscribe_changes()));
     let listener = tokio::net::TcpListener::bind(options.listen)
         .await
         .with_context(|| format!("failed to listen on {}", options.listen))?;
@@ -148,7 +151,7 @@ pub async fn start(options: ServeOptions) -> anyhow::Result<RunningServer> {
     let enforcer = Enforcer::new(store.clone(), clock.clone(), options.enforcer.clone());
     services.push(tokio::spawn(enforcer.run(services_stop.clone())));
 
-    let router = app(state);
+    let router = app(state.clone());
     let stop = shutdown.clone();
     let handle = tokio::spawn(async move {
         let served = axum::serve(listener, router)
@@ -166,6 +169,7 @@ pub async fn start(options: ServeOptions) -> anyhow::Result<RunningServer> {
         addr,
         bootstrap,
         store,
+        state,
         shutdown,
         handle,
     })

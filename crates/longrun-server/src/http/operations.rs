@@ -115,21 +115,86 @@ fn not_modified(headers: &HeaderMap, version: i64) -> Result<bool, ApiError> {
 }
 
 /// How long a client should wait before polling `op` again.
-fn poll_hint(op: &Operation, now: Timestamp) -> Duration {
-    retry_after::retry_after(now.since(op.created_at), None)
+/// See `longrun_core::retry_after`: from the operation's age and its kind's
+/// typical duration. (If the duration cannot be read, age alone decides.)
+async fn poll_hint(app: &AppState, op: &Operation) -> Duration {
+    let typical = app.typical_duration(&op.kind).await.ok().flatten();
+    retry_after::retry_after(app.clock.now().since(op.created_at), typical)
+}
+
+/// ETag always; `Retry-After` while the operation is not terminal.
+async fn set_observation_headers(app: &AppState, op: &Operation, headers: &mut HeaderMap) {
+    headers.insert(header::ETAG, etag(op.version));
+    if !op.state.is_terminal() {
+        let seconds = retry_after::header_seconds(poll_hint(app, op).await);
+        headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+    }
 }
 
 /// The representation of `op` with its ETag and, while it is not terminal,
 /// a `Retry-After`.
-fn operation_response(app: &AppState, op: &Operation, status: StatusCode) -> Response {
+async fn operation_response(app: &AppState, op: &Operation, status: StatusCode) -> Response {
     let mut response = (status, Json(OperationBody::from(op))).into_response();
-    let headers = response.headers_mut();
-    headers.insert(header::ETAG, etag(op.version));
-    if !op.state.is_terminal() {
-        let seconds = retry_after::header_seconds(poll_hint(op, app.clock.now()));
-        headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
-    }
+    set_observation_headers(app, op, response.headers_mut()).await;
     response
+}
+
+/// Longest `Prefer: wait` honoured, in seconds.
+pub const MAX_WAIT_SECONDS: u64 = 60;
+
+/// `Prefer: wait=N` (RFC 7240), capped at 60 s; other preferences and
+/// malformed values are ignored, as preferences may be.
+pub fn prefer_wait(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get_all("prefer")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|pref| {
+            let pref = pref.split(';').next()?.trim();
+            let (name, value) = pref.split_once('=')?;
+            name.trim()
+                .eq_ignore_ascii_case("wait")
+                .then(|| value.trim().trim_matches('"').parse::<u64>().ok())?
+        })
+        .next()
+        .map(|n| n.min(MAX_WAIT_SECONDS))
+}
+
+fn preference_applied(wait: u64) -> HeaderValue {
+    HeaderValue::from_str(&format!("wait={wait}")).expect("a number is a valid header")
+}
+
+fn too_many_waiters() -> ApiError {
+    ApiError::RateLimited {
+        detail: "the tenant has too many long-polls and event streams open".into(),
+        retry_after: Duration::from_secs(1),
+    }
+}
+
+/// Re-reads `id` each time it changes until `done` holds or `wait` passes;
+/// returns the last read.
+async fn wait_for_change(
+    app: &AppState,
+    waiter: &mut crate::changes::Waiter,
+    tenant: &str,
+    mut op: Operation,
+    wait: Duration,
+    done: impl Fn(&Operation) -> bool,
+) -> Result<Operation, ApiError> {
+    let give_up_at = tokio::time::Instant::now() + wait;
+    while !done(&op) {
+        tokio::select! {
+            () = waiter.changed() => {}
+            () = tokio::time::sleep_until(give_up_at) => break,
+        }
+        op = app
+            .store
+            .operation_get(tenant, &op.id)
+            .await?
+            .ok_or(ApiError::NotFound)?;
+    }
+    Ok(op)
 }
 
 fn record_operation_id(id: &Id) {
@@ -139,6 +204,7 @@ fn record_operation_id(id: &Id) {
 async fn submit(
     State(app): State<AppState>,
     caller: Caller,
+    headers: HeaderMap,
     IdempotencyKeyHeader(key): IdempotencyKeyHeader,
     JsonBody(request): JsonBody<SubmitRequest>,
 ) -> Result<Response, ApiError> {
@@ -192,8 +258,15 @@ async fn submit(
         "labels": labels,
     });
     let now = app.clock.now();
+    let id = Id::generate(IdKind::Operation);
+    let wait = prefer_wait(&headers);
+    // Watch the new id before it exists, so its first change cannot be missed.
+    let mut waiter = match wait {
+        Some(_) => Some(app.changes.watch(&caller.tenant, &id).map_err(|_| too_many_waiters())?),
+        None => None,
+    };
     let params = AcceptParams {
-        id: Id::generate(IdKind::Operation),
+        id,
         tenant: caller.tenant.clone(),
         kind: request.kind,
         input,
@@ -211,7 +284,7 @@ async fn submit(
         },
         other => other.into(),
     })?;
-    let (op, replayed) = match accepted {
+    let (mut op, replayed) = match accepted {
         AcceptOutcome::Created(op) => {
             app.signals.work_available();
             (op, false)
@@ -223,13 +296,37 @@ async fn submit(
     };
     record_operation_id(&op.id);
 
-    let status = if replayed && op.state.is_terminal() {
+    // `Prefer: wait=N`: one round trip for short work.
+    if let (Some(wait), Some(w)) = (wait, waiter.as_mut()) {
+        if replayed {
+            // The watch was on the id we did not use; watch the original.
+            *w = app
+                .changes
+                .watch(&caller.tenant, &op.id)
+                .map_err(|_| too_many_waiters())?;
+            op = app
+                .store
+                .operation_get(&caller.tenant, &op.id)
+                .await?
+                .ok_or(ApiError::NotFound)?;
+        }
+        op = wait_for_change(&app, w, &caller.tenant, op, Duration::from_secs(wait), |op| {
+            op.state.is_terminal()
+        })
+        .await?;
+    }
+    drop(waiter);
+
+    let status = if op.state.is_terminal() && (replayed || wait.is_some()) {
         StatusCode::OK
     } else {
         StatusCode::ACCEPTED
     };
-    let mut response = operation_response(&app, &op, status);
+    let mut response = operation_response(&app, &op, status).await;
     let headers = response.headers_mut();
+    if let Some(wait) = wait {
+        headers.insert("preference-applied", preference_applied(wait));
+    }
     let location = format!("/v1/operations/{}", op.id);
     headers.insert(
         header::LOCATION,
@@ -256,6 +353,9 @@ fn idempotency_expires(app: &AppState, op: &Operation, now: Timestamp) -> Timest
     op.expires_at.unwrap_or_else(|| now.plus(retention))
 }
 
+/// `GET /v1/operations/{id}`, conditional (`If-None-Match` → `304`) and, with
+/// `Prefer: wait=N`, long-polling: held until the version changes (woken by
+/// the change itself) or N s pass.
 async fn read(
     State(app): State<AppState>,
     caller: Caller,
@@ -265,23 +365,43 @@ async fn read(
     caller.require_client()?;
     let id = parse_operation_id(&id)?;
     record_operation_id(&id);
-    let op = app
+    let wait = prefer_wait(&headers);
+    let mut waiter = match wait {
+        Some(_) => Some(app.changes.watch(&caller.tenant, &id).map_err(|_| too_many_waiters())?),
+        None => None,
+    };
+    let mut op = app
         .store
         .operation_get(&caller.tenant, &id)
         .await?
         .ok_or(ApiError::NotFound)?;
-    if not_modified(&headers, op.version)? {
-        let mut response = StatusCode::NOT_MODIFIED.into_response();
-        response.headers_mut().insert(header::ETAG, etag(op.version));
-        if !op.state.is_terminal() {
-            let seconds = retry_after::header_seconds(poll_hint(&op, app.clock.now()));
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+    let has_condition = headers.contains_key(header::IF_NONE_MATCH);
+    if let (Some(wait), Some(w)) = (wait, waiter.as_mut()) {
+        // Worth waiting only for something that can still change, and (with
+        // If-None-Match) only while the client's version is the current one.
+        let seen = op.version;
+        let worth_waiting = !op.state.is_terminal() && (!has_condition || not_modified(&headers, seen)?);
+        if worth_waiting {
+            op = wait_for_change(&app, w, &caller.tenant, op, Duration::from_secs(wait), |op| {
+                op.version != seen
+            })
+            .await?;
         }
-        return Ok(response);
     }
-    Ok(operation_response(&app, &op, StatusCode::OK))
+    drop(waiter);
+    let mut response = if not_modified(&headers, op.version)? {
+        let mut response = StatusCode::NOT_MODIFIED.into_response();
+        set_observation_headers(&app, &op, response.headers_mut()).await;
+        response
+    } else {
+        operation_response(&app, &op, StatusCode::OK).await
+    };
+    if let Some(wait) = wait {
+        response
+            .headers_mut()
+            .insert("preference-applied", preference_applied(wait));
+    }
+    Ok(response)
 }
 
 #[derive(Debug, Deserialize)]
@@ -413,13 +533,13 @@ async fn cancel(
     })?;
     Ok(match outcome {
         CancelOutcome::CancelledNow(op) | CancelOutcome::AlreadyTerminal(op) => {
-            operation_response(&app, &op, StatusCode::OK)
+            operation_response(&app, &op, StatusCode::OK).await
         }
         CancelOutcome::Requested(op) => {
             app.signals.cancel_requested(&op.id);
-            operation_response(&app, &op, StatusCode::ACCEPTED)
+            operation_response(&app, &op, StatusCode::ACCEPTED).await
         }
-        CancelOutcome::AlreadyRequested(op) => operation_response(&app, &op, StatusCode::ACCEPTED),
+        CancelOutcome::AlreadyRequested(op) => operation_response(&app, &op, StatusCode::ACCEPTED).await,
     })
 }
 
@@ -491,7 +611,7 @@ async fn update(
         },
         other => other.into(),
     })?;
-    Ok(operation_response(&app, &op, StatusCode::OK))
+    Ok(operation_response(&app, &op, StatusCode::OK).await)
 }
 
 #[cfg(test)]

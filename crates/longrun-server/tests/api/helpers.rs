@@ -16,6 +16,7 @@ pub struct TestApp {
     pub base: String,
     pub http: reqwest::Client,
     pub store: Arc<dyn Store>,
+    pub state: longrun_server::AppState,
     /// Client key of tenant `acme`.
     pub client_key: String,
     /// Client key of tenant `globex`, to prove tenants cannot see each other.
@@ -32,6 +33,7 @@ pub struct Options {
     pub require_idempotency_key: bool,
     /// Drive leases and deadlines with this clock instead of the wall clock.
     pub clock: Option<ManualClock>,
+    pub max_waiters_per_tenant: usize,
 }
 
 impl Default for Options {
@@ -41,6 +43,7 @@ impl Default for Options {
             max_body_bytes: 1024 * 1024,
             require_idempotency_key: true,
             clock: None,
+            max_waiters_per_tenant: 1000,
         }
     }
 }
@@ -74,9 +77,12 @@ pub async fn spawn_app_with(options: Options) -> TestApp {
     serve.builtin_workers = options.builtin_workers;
     serve.http.max_body_bytes = options.max_body_bytes;
     serve.http.require_idempotency_key = options.require_idempotency_key;
+    serve.http.max_waiters_per_tenant = options.max_waiters_per_tenant;
     // Revocation must bite at once in tests.
     serve.http.key_cache_ttl = Duration::ZERO;
     serve.dispatcher.poll_interval = Duration::from_millis(50);
+    // Tests end with work still running; shutdown need not wait for it.
+    serve.dispatcher.shutdown_grace = Duration::from_millis(100);
     // Maintenance runs often so that moving the manual clock takes effect fast.
     serve.reaper.interval = Duration::from_millis(20);
     serve.enforcer.interval = Duration::from_millis(20);
@@ -85,6 +91,7 @@ pub async fn spawn_app_with(options: Options) -> TestApp {
     }
     let server = longrun_server::start(serve).await.expect("server starts");
     let store = server.store.clone();
+    let state = server.state.clone();
     assert!(server.bootstrap.is_some(), "first start bootstraps keys");
     let client_key = create_key(store.as_ref(), "acme", Role::Client).await;
     let other_tenant_key = create_key(store.as_ref(), "globex", Role::Client).await;
@@ -96,6 +103,7 @@ pub async fn spawn_app_with(options: Options) -> TestApp {
             .build()
             .unwrap(),
         store,
+        state,
         client_key,
         other_tenant_key,
         worker_key,

@@ -6,6 +6,7 @@ mod cancel;
 mod errors;
 mod helpers;
 mod idempotency;
+mod longpoll;
 mod observe;
 mod submit;
 mod workers;

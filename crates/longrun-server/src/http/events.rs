@@ -1,0 +1,119 @@
+//! `GET /v1/operations/{id}/events`: the operation as a server-sent event
+//! stream. One event per version (`id:` = version, `event:
+//! operation.updated`, `data:` = the representation at that version), read
+//! from the stored history, so a client resuming with `Last-Event-ID` gets
+//! every later version exactly once. Keep-alive comments every 15 s; the
+//! stream ends after the terminal event.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::routing::get;
+use futures_util::Stream;
+use longrun_core::{Id, IdKind};
+
+use crate::AppState;
+use crate::changes::Waiter;
+use crate::http::auth::Caller;
+use crate::http::error::ApiError;
+use crate::http::wire::OperationBody;
+
+const KEEP_ALIVE: Duration = Duration::from_secs(15);
+/// Events read from the store at a time.
+const PAGE: u32 = 100;
+
+pub fn router() -> Router<AppState> {
+    Router::new().route("/v1/operations/{id}/events", get(events))
+}
+
+struct Cursor {
+    app: AppState,
+    tenant: String,
+    id: Id,
+    last: i64,
+    buffered: VecDeque<longrun_store::Event>,
+    waiter: Waiter,
+    finished: bool,
+}
+
+async fn events(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    caller.require_client()?;
+    let id = Id::parse(IdKind::Operation, &id).ok_or(ApiError::NotFound)?;
+    let last = match headers.get("last-event-id") {
+        None => 0,
+        Some(v) => v
+            .to_str()
+            .ok()
+            .and_then(|s| s.trim().parse::<i64>().ok())
+            .filter(|v| *v >= 0)
+            .ok_or_else(|| ApiError::InvalidRequest("Last-Event-ID must be a version number".into()))?,
+    };
+    let waiter = app
+        .changes
+        .watch(&caller.tenant, &id)
+        .map_err(|_| ApiError::RateLimited {
+            detail: "the tenant has too many long-polls and event streams open".into(),
+            retry_after: Duration::from_secs(1),
+        })?;
+    // Ownership is checked before the stream starts, so a foreign id is a 404.
+    let first = app
+        .store
+        .operation_events_after(&caller.tenant, &id, last, PAGE)
+        .await?
+        .ok_or(ApiError::NotFound)?;
+    let cursor = Cursor {
+        app,
+        tenant: caller.tenant,
+        id,
+        last,
+        buffered: first.into(),
+        waiter,
+        finished: false,
+    };
+    let stream = futures_util::stream::unfold(cursor, |mut cursor| async move {
+        loop {
+            if let Some(event) = cursor.buffered.pop_front() {
+                cursor.last = event.version;
+                let Some(snapshot) = event.snapshot else { continue };
+                cursor.finished = snapshot.state.is_terminal();
+                let body = serde_json::to_string(&OperationBody::from(&snapshot)).unwrap_or_default();
+                let sse = Event::default()
+                    .id(event.version.to_string())
+                    .event("operation.updated")
+                    .data(body);
+                return Some((Ok(sse), cursor));
+            }
+            if cursor.finished {
+                return None;
+            }
+            match cursor
+                .app
+                .store
+                .operation_events_after(&cursor.tenant, &cursor.id, cursor.last, PAGE)
+                .await
+            {
+                Ok(Some(events)) if !events.is_empty() => cursor.buffered = events.into(),
+                Ok(Some(_)) => {
+                    // Nothing newer. Already over (a resume after the end)? Then end.
+                    match cursor.app.store.operation_get(&cursor.tenant, &cursor.id).await {
+                        Ok(Some(op)) if !op.state.is_terminal() => cursor.waiter.changed().await,
+                        _ => return None,
+                    }
+                }
+                // Gone (removed) or unreadable: end the stream; the client may reconnect.
+                Ok(None) | Err(_) => return None,
+            }
+        }
+    });
+    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(KEEP_ALIVE)))
+}
