@@ -17,6 +17,7 @@ pub mod lease;
 pub mod retry_after;
 pub mod state;
 pub mod validate;
+pub mod webhook;
 
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use id::{Id, IdKind};

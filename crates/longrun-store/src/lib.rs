@@ -108,6 +108,40 @@ pub trait Store: Send + Sync + 'static {
     /// and must re-read what it watches.
     fn subscribe_changes(&self) -> tokio::sync::broadcast::Receiver<Change>;
 
+    /// Up to `limit` webhook events due now, each leased to the caller for
+    /// `lease` (a crashed deliverer's work is picked up after it).
+    async fn webhook_due(
+        &self,
+        now: longrun_core::Timestamp,
+        limit: u32,
+        lease: std::time::Duration,
+    ) -> Result<Vec<Delivery>>;
+
+    /// Records an attempt and what follows: delivered, retry later, or given up.
+    async fn webhook_attempt(&self, params: AttemptParams) -> Result<()>;
+
+    /// The delivery log of an operation; `None` when it is not the tenant's.
+    async fn webhook_log(&self, tenant: &str, id: &Id) -> Result<Option<Vec<AttemptRecord>>>;
+
+    /// The tenant's secrets that sign now, newest first; `candidate` becomes
+    /// the first one if the tenant has none.
+    async fn webhook_secrets(
+        &self,
+        tenant: &str,
+        candidate: String,
+        now: longrun_core::Timestamp,
+    ) -> Result<Vec<String>>;
+
+    /// Makes `new_secret` the tenant's secret; the current ones keep signing
+    /// until `now + overlap`.
+    async fn webhook_secret_rotate(
+        &self,
+        tenant: &str,
+        new_secret: String,
+        now: longrun_core::Timestamp,
+        overlap: std::time::Duration,
+    ) -> Result<()>;
+
     /// Cheap round trip to the database, for `/readyz`.
     async fn ping(&self) -> Result<()>;
 }

@@ -25,6 +25,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("sqlite/migrations/0001_init.sql")),
     (2, include_str!("sqlite/migrations/0002_engine.sql")),
     (3, include_str!("sqlite/migrations/0003_observing.sql")),
+    (4, include_str!("sqlite/migrations/0004_webhooks.sql")),
 ];
 
 #[derive(Debug, Clone)]
@@ -310,6 +311,39 @@ impl Store for SqliteStore {
 
     fn subscribe_changes(&self) -> tokio::sync::broadcast::Receiver<Change> {
         self.changes.subscribe()
+    }
+
+    async fn webhook_due(&self, now: Timestamp, limit: u32, lease: Duration) -> Result<Vec<Delivery>> {
+        self.writer.write(move |c| sql::webhook_due(c, now, limit, lease)).await
+    }
+
+    async fn webhook_attempt(&self, params: AttemptParams) -> Result<()> {
+        self.writer.write(move |c| sql::webhook_attempt(c, &params)).await
+    }
+
+    async fn webhook_log(&self, tenant: &str, id: &Id) -> Result<Option<Vec<AttemptRecord>>> {
+        let (tenant, id) = (tenant.to_owned(), id.clone());
+        self.read(move |c| sql::webhook_log(c, &tenant, &id)).await
+    }
+
+    async fn webhook_secrets(&self, tenant: &str, candidate: String, now: Timestamp) -> Result<Vec<String>> {
+        let tenant = tenant.to_owned();
+        self.writer
+            .write(move |c| sql::webhook_secrets(c, &tenant, &candidate, now))
+            .await
+    }
+
+    async fn webhook_secret_rotate(
+        &self,
+        tenant: &str,
+        new_secret: String,
+        now: Timestamp,
+        overlap: Duration,
+    ) -> Result<()> {
+        let tenant = tenant.to_owned();
+        self.writer
+            .write(move |c| sql::webhook_secret_rotate(c, &tenant, &new_secret, now, overlap))
+            .await
     }
 
     async fn ping(&self) -> Result<()> {

@@ -311,3 +311,51 @@ pub struct EnforceCounts {
     /// The worker did not acknowledge within the grace period: failed and fenced out.
     pub ended_without_ack: u64,
 }
+
+/// A webhook event due for (another) delivery attempt.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Delivery {
+    pub event_id: Id,
+    pub operation_id: Id,
+    pub tenant: String,
+    pub url: String,
+    pub event_type: String,
+    pub payload: String,
+    /// Attempts made before this one.
+    pub attempts: i64,
+}
+
+/// How one delivery attempt went.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AttemptOutcome {
+    Delivered {
+        status_code: u16,
+    },
+    /// Try again at `next_attempt_at`, or give up when it is `None`.
+    Failed {
+        status_code: Option<u16>,
+        error: String,
+        next_attempt_at: Option<Timestamp>,
+    },
+}
+
+#[derive(Debug, Clone)]
+pub struct AttemptParams {
+    pub event_id: Id,
+    /// 1-based number of this attempt.
+    pub attempt: i64,
+    pub outcome: AttemptOutcome,
+    pub now: Timestamp,
+}
+
+/// One line of the delivery log.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttemptRecord {
+    pub event_id: Id,
+    pub event_type: String,
+    pub attempt: i64,
+    pub status_code: Option<u16>,
+    pub error: Option<String>,
+    pub at: Timestamp,
+    pub next_attempt_at: Option<Timestamp>,
+}

@@ -9,7 +9,7 @@ use longrun_core::apikey::Role;
 use longrun_core::fingerprint::Fingerprint;
 use longrun_core::id::random_base32;
 use longrun_core::lease::retry_backoff;
-use longrun_core::{Id, State, Timestamp};
+use longrun_core::{Id, IdKind, State, Timestamp};
 use rusqlite::types::Type;
 use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde_json::{Value, json};
@@ -391,7 +391,8 @@ fn operation_end(
         }
         None => json!({}),
     };
-    event_insert(c, &ended, to.as_str(), &data)
+    event_insert(c, &ended, to.as_str(), &data)?;
+    outbox_insert(c, &ended)
 }
 
 pub(super) fn operation_cancel(c: &Connection, policy: WritePolicy, p: &CancelParams) -> Result<CancelOutcome> {
@@ -540,9 +541,9 @@ fn lease_task(
     id: &str,
     lease_expires_at: Timestamp,
 ) -> Result<Option<Task>> {
-    let deadline_at: Option<i64> = c
-        .prepare_cached("SELECT deadline_at FROM operations WHERE id = ?1")?
-        .query_row(params![id], |r| r.get(0))?;
+    let (deadline_at, was_queued): (Option<i64>, bool) = c
+        .prepare_cached("SELECT deadline_at, state = 'queued' FROM operations WHERE id = ?1")?
+        .query_row(params![id], |r| Ok((r.get(0)?, r.get(1)?)))?;
     if deadline_at.is_some_and(|d| d <= p.now.0) {
         // A queued operation whose deadline passed is never started.
         operation_end(
@@ -573,6 +574,9 @@ fn lease_task(
     .ok_or(StoreError::NotFound)?;
     let data = json!({"attempt": started.attempt, "worker_id": p.worker_id});
     event_insert(c, &started, "started", &data)?;
+    if was_queued {
+        outbox_insert(c, &started)?;
+    }
     Ok(Some(Task {
         operation_id: started.id,
         tenant: started.tenant,
@@ -1251,4 +1255,167 @@ pub(super) fn kind_typical_duration(c: &Connection, kind: &str) -> Result<Option
     durations.sort_unstable();
     let median = durations[durations.len() / 2].max(0);
     Ok(Some(Duration::from_millis(median as u64)))
+}
+
+/// Queues the webhook of a state transition, in the transition's transaction.
+fn outbox_insert(c: &Connection, op: &Operation) -> Result<()> {
+    let Some(url) = &op.callback_url else { return Ok(()) };
+    let event_id = Id::generate(IdKind::Event);
+    let event_type = format!("operation.{}", op.state.as_str());
+    let payload = json!({
+        "type": event_type,
+        "timestamp": op.updated_at.to_rfc3339(),
+        "data": {
+            "operation_id": op.id.as_str(),
+            "version": op.version,
+            "state": op.state.as_str(),
+            "kind": op.kind,
+        },
+    });
+    c.prepare_cached(
+        "INSERT INTO webhook_deliveries (event_id, operation_id, tenant, url, type, payload, created_at, status,
+                                         next_attempt_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'pending', ?7)",
+    )?
+    .execute(params![
+        event_id.as_str(),
+        op.id.as_str(),
+        op.tenant,
+        url,
+        event_type,
+        payload.to_string(),
+        op.updated_at.0
+    ])?;
+    Ok(())
+}
+
+pub(super) fn webhook_due(c: &Connection, now: Timestamp, limit: u32, lease: Duration) -> Result<Vec<Delivery>> {
+    let due: Vec<Delivery> = c
+        .prepare_cached(
+            "SELECT event_id, operation_id, tenant, url, type, payload, attempts FROM webhook_deliveries
+              WHERE status = 'pending' AND next_attempt_at <= ?1 AND (lease_until IS NULL OR lease_until <= ?1)
+              ORDER BY next_attempt_at LIMIT ?2",
+        )?
+        .query_map(params![now.0, limit], |r| {
+            Ok(Delivery {
+                event_id: Id::from_trusted(r.get(0)?),
+                operation_id: Id::from_trusted(r.get(1)?),
+                tenant: r.get(2)?,
+                url: r.get(3)?,
+                event_type: r.get(4)?,
+                payload: r.get(5)?,
+                attempts: r.get(6)?,
+            })
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    let until = now.plus(lease);
+    for d in &due {
+        c.prepare_cached("UPDATE webhook_deliveries SET lease_until = ?2 WHERE event_id = ?1")?
+            .execute(params![d.event_id.as_str(), until.0])?;
+    }
+    Ok(due)
+}
+
+pub(super) fn webhook_attempt(c: &Connection, p: &AttemptParams) -> Result<()> {
+    let (status, status_code, error, next) = match &p.outcome {
+        AttemptOutcome::Delivered { status_code } => ("delivered", Some(*status_code), None, None),
+        AttemptOutcome::Failed {
+            status_code,
+            error,
+            next_attempt_at: Some(next),
+        } => ("pending", *status_code, Some(error.as_str()), Some(next.0)),
+        AttemptOutcome::Failed {
+            status_code,
+            error,
+            next_attempt_at: None,
+        } => ("given_up", *status_code, Some(error.as_str()), None),
+    };
+    let updated: Option<(String, String)> = c
+        .prepare_cached(
+            "UPDATE webhook_deliveries SET status = ?2, attempts = ?3, next_attempt_at = ?4, lease_until = NULL
+              WHERE event_id = ?1 AND status = 'pending' RETURNING operation_id, type",
+        )?
+        .query_row(params![p.event_id.as_str(), status, p.attempt, next], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .optional()?;
+    let Some((operation_id, event_type)) = updated else {
+        return Err(StoreError::NotFound);
+    };
+    c.prepare_cached(
+        "INSERT INTO webhook_attempts (event_id, attempt, operation_id, type, at, status_code, error, next_attempt_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+         ON CONFLICT (event_id, attempt) DO NOTHING",
+    )?
+    .execute(params![
+        p.event_id.as_str(),
+        p.attempt,
+        operation_id,
+        event_type,
+        p.now.0,
+        status_code,
+        error,
+        next
+    ])?;
+    Ok(())
+}
+
+pub(super) fn webhook_log(c: &Connection, tenant: &str, id: &Id) -> Result<Option<Vec<AttemptRecord>>> {
+    let owned: Option<i64> = c
+        .prepare_cached("SELECT 1 FROM operations WHERE id = ?1 AND tenant = ?2")?
+        .query_row(params![id.as_str(), tenant], |r| r.get(0))
+        .optional()?;
+    if owned.is_none() {
+        return Ok(None);
+    }
+    let log = c
+        .prepare_cached(
+            "SELECT event_id, type, attempt, status_code, error, at, next_attempt_at FROM webhook_attempts
+              WHERE operation_id = ?1 ORDER BY at, event_id, attempt",
+        )?
+        .query_map(params![id.as_str()], |r| {
+            Ok(AttemptRecord {
+                event_id: Id::from_trusted(r.get(0)?),
+                event_type: r.get(1)?,
+                attempt: r.get(2)?,
+                status_code: r.get(3)?,
+                error: r.get(4)?,
+                at: Timestamp(r.get(5)?),
+                next_attempt_at: ts(r.get(6)?),
+            })
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok(Some(log))
+}
+
+pub(super) fn webhook_secrets(c: &Connection, tenant: &str, candidate: &str, now: Timestamp) -> Result<Vec<String>> {
+    let active = |c: &Connection| -> Result<Vec<String>> {
+        Ok(c.prepare_cached(
+            "SELECT secret FROM webhook_secrets WHERE tenant = ?1 AND (retired_at IS NULL OR retired_at > ?2)
+              ORDER BY created_at DESC, secret",
+        )?
+        .query_map(params![tenant, now.0], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?)
+    };
+    let secrets = active(c)?;
+    if !secrets.is_empty() {
+        return Ok(secrets);
+    }
+    c.prepare_cached("INSERT INTO webhook_secrets (tenant, secret, created_at) VALUES (?1, ?2, ?3)")?
+        .execute(params![tenant, candidate, now.0])?;
+    active(c)
+}
+
+pub(super) fn webhook_secret_rotate(
+    c: &Connection,
+    tenant: &str,
+    new_secret: &str,
+    now: Timestamp,
+    overlap: Duration,
+) -> Result<()> {
+    c.prepare_cached("UPDATE webhook_secrets SET retired_at = ?2 WHERE tenant = ?1 AND retired_at IS NULL")?
+        .execute(params![tenant, now.plus(overlap).0])?;
+    c.prepare_cached("INSERT INTO webhook_secrets (tenant, secret, created_at) VALUES (?1, ?2, ?3)")?
+        .execute(params![tenant, new_secret, now.0])?;
+    Ok(())
 }
