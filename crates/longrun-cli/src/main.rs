@@ -10,6 +10,7 @@ use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use longrun_core::apikey::{NewApiKey, Role};
 use longrun_core::duration::parse_duration;
+use longrun_core::webhook::WebhookSecret;
 use longrun_core::{Clock, Id, IdKind, SystemClock};
 use longrun_engine::exec::ExecHandler;
 use longrun_engine::remote::{RemoteConfig, RemoteWorker};
@@ -121,6 +122,16 @@ enum TenantsCommand {
     },
     /// Show a tenant's limits.
     Get { tenant: String },
+    /// Print the tenant's webhook signing secret (whsec_…), creating it if needed;
+    /// with --rotate, make a new one. The old one keeps signing during the overlap.
+    WebhookSecret {
+        tenant: String,
+        #[arg(long)]
+        rotate: bool,
+        /// How long the previous secret keeps signing after a rotation.
+        #[arg(long, default_value = "24h", value_parser = parse_duration)]
+        overlap: Duration,
+    },
 }
 
 #[derive(Args)]
@@ -151,6 +162,22 @@ struct ServeArgs {
     /// Allow callback URLs naming private or loopback addresses (development only).
     #[arg(long, env = "LONGRUN_WEBHOOK_ALLOW_PRIVATE")]
     webhook_allow_private: bool,
+    /// Delays before each webhook attempt (the first attempt is immediate); then given up.
+    #[arg(long, env = "LONGRUN_WEBHOOK_RETRY_SCHEDULE", default_value = "0s,5s,5m,30m,2h,5h,10h,10h",
+          value_parser = parse_schedule)]
+    webhook_retry_schedule: Schedule,
+}
+
+/// A parsed `--webhook-retry-schedule`.
+#[derive(Clone, Debug)]
+struct Schedule(Vec<Duration>);
+
+fn parse_schedule(text: &str) -> Result<Schedule, String> {
+    let schedule = longrun_core::webhook::parse_schedule(text).map_err(|e| e.to_string())?;
+    if schedule.is_empty() {
+        return Err("the schedule needs at least one entry".into());
+    }
+    Ok(Schedule(schedule))
 }
 
 #[derive(Subcommand)]
@@ -251,6 +278,7 @@ async fn serve(global: &Global, args: ServeArgs) -> anyhow::Result<()> {
     sqlite.keep_inputs = args.keep_inputs;
     let mut options = ServeOptions::new(args.listen, sqlite);
     options.builtin_workers = args.builtin_workers;
+    options.webhooks.schedule = args.webhook_retry_schedule.0.clone();
     options.dispatcher.concurrency = args.worker_concurrency;
     options.http = Config {
         max_body_bytes: args.max_body_bytes,
@@ -425,6 +453,29 @@ async fn tenants(global: &Global, command: TenantsCommand) -> anyhow::Result<()>
             }
             None => bail!("no tenant {tenant}"),
         },
+        TenantsCommand::WebhookSecret {
+            tenant,
+            rotate,
+            overlap,
+        } => {
+            let now = SystemClock.now();
+            if rotate {
+                let fresh = WebhookSecret::generate().expose();
+                store
+                    .webhook_secret_rotate(&tenant, fresh.clone(), now, overlap)
+                    .await?;
+                eprintln!("rotated; the previous secret keeps signing for {}s", overlap.as_secs());
+                println!("{fresh}");
+            } else {
+                let secrets = store
+                    .webhook_secrets(&tenant, WebhookSecret::generate().expose(), now)
+                    .await?;
+                println!(
+                    "{}",
+                    secrets.first().expect("a tenant always has a secret after this call")
+                );
+            }
+        }
     }
     Ok(())
 }

@@ -19,6 +19,7 @@ pub mod kinds;
 pub mod reaper;
 pub mod remote;
 pub mod signals;
+pub mod webhooks;
 pub mod worker;
 
 pub use kinds::Registry;

@@ -13,6 +13,7 @@ use longrun_core::{Clock, SystemClock};
 use longrun_engine::dispatcher::{self, Dispatcher};
 use longrun_engine::enforcer::{self, Enforcer};
 use longrun_engine::reaper::{self, Reaper};
+use longrun_engine::webhooks::{self, Deliverer, DeliveryPolicy};
 use longrun_engine::{CancellationToken, Registry, Signals};
 use longrun_store::{ApiKeyCreateParams, SqliteConfig, SqliteStore, Store};
 use tokio::task::JoinHandle;
@@ -28,6 +29,9 @@ pub struct ServeOptions {
     pub dispatcher: dispatcher::Config,
     pub reaper: reaper::Config,
     pub enforcer: enforcer::Config,
+    pub webhooks: webhooks::Config,
+    /// Run the webhook deliverer in this process.
+    pub deliver_webhooks: bool,
     pub clock: Arc<dyn Clock>,
 }
 
@@ -41,6 +45,8 @@ impl ServeOptions {
             dispatcher: dispatcher::Config::default(),
             reaper: reaper::Config::default(),
             enforcer: enforcer::Config::default(),
+            webhooks: webhooks::Config::default(),
+            deliver_webhooks: true,
             clock: Arc::new(SystemClock),
         }
     }
@@ -150,6 +156,16 @@ pub async fn start(options: ServeOptions) -> anyhow::Result<RunningServer> {
     services.push(tokio::spawn(reaper.run(services_stop.clone())));
     let enforcer = Enforcer::new(store.clone(), clock.clone(), options.enforcer.clone());
     services.push(tokio::spawn(enforcer.run(services_stop.clone())));
+    let mut webhook_config = options.webhooks.clone();
+    let policy = &options.http.callback_policy;
+    webhook_config.policy = DeliveryPolicy {
+        allow_http: policy.allow_http,
+        allow_private: policy.allow_private,
+    };
+    if options.deliver_webhooks {
+        let deliverer = Arc::new(Deliverer::new(store.clone(), clock.clone(), webhook_config));
+        services.push(tokio::spawn(deliverer.run(services_stop.clone())));
+    }
 
     let router = app(state.clone());
     let stop = shutdown.clone();

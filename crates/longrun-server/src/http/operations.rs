@@ -22,7 +22,8 @@ use crate::http::auth::Caller;
 use crate::http::error::ApiError;
 use crate::http::extract::{JsonBody, OptionalJsonBody, QueryParams};
 use crate::http::wire::{
-    CancelRequestBody, CancellationBody, EventBody, History, OperationBody, OperationList, SubmitRequest, UpdateRequest,
+    CancelRequestBody, CancellationBody, DeliveryBody, DeliveryLog, EventBody, History, OperationBody, OperationList,
+    SubmitRequest, UpdateRequest,
 };
 
 pub const DEFAULT_PAGE_SIZE: u32 = 50;
@@ -40,6 +41,7 @@ pub fn router() -> Router<AppState> {
         .route("/v1/operations/{id}", get(read).delete(cancel).patch(update))
         .route("/v1/operations/{id}/history", get(history))
         .route("/v1/operations/{id}/cancellation", put(cancel).get(cancellation))
+        .route("/v1/operations/{id}/deliveries", get(deliveries))
 }
 
 /// The optional `Idempotency-Key` header, syntax-checked.
@@ -612,6 +614,24 @@ async fn update(
         other => other.into(),
     })?;
     Ok(operation_response(&app, &op, StatusCode::OK).await)
+}
+
+/// `GET /v1/operations/{id}/deliveries`: every webhook delivery attempt, oldest first.
+async fn deliveries(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<DeliveryLog>, ApiError> {
+    caller.require_client()?;
+    let id = parse_operation_id(&id)?;
+    let log = app
+        .store
+        .webhook_log(&caller.tenant, &id)
+        .await?
+        .ok_or(ApiError::NotFound)?;
+    Ok(Json(DeliveryLog {
+        deliveries: log.iter().map(DeliveryBody::from).collect(),
+    }))
 }
 
 #[cfg(test)]

@@ -237,3 +237,36 @@ impl From<&Operation> for CancellationBody {
         }
     }
 }
+
+#[derive(Debug, Serialize)]
+pub struct DeliveryLog {
+    pub deliveries: Vec<DeliveryBody>,
+}
+
+/// One delivery attempt of one webhook event.
+#[derive(Debug, Serialize)]
+pub struct DeliveryBody {
+    pub event_id: String,
+    #[serde(rename = "type")]
+    pub event_type: String,
+    pub attempt: i64,
+    pub status_code: Option<u16>,
+    pub error: Option<String>,
+    pub at: String,
+    /// When the next attempt is due; `null` once delivered or given up.
+    pub next_attempt_at: Option<String>,
+}
+
+impl From<&longrun_store::AttemptRecord> for DeliveryBody {
+    fn from(a: &longrun_store::AttemptRecord) -> Self {
+        DeliveryBody {
+            event_id: a.event_id.to_string(),
+            event_type: a.event_type.clone(),
+            attempt: a.attempt,
+            status_code: a.status_code,
+            error: a.error.clone(),
+            at: a.at.to_rfc3339(),
+            next_attempt_at: rfc3339(a.next_attempt_at),
+        }
+    }
+}

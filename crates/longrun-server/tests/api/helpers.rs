@@ -34,6 +34,11 @@ pub struct Options {
     /// Drive leases and deadlines with this clock instead of the wall clock.
     pub clock: Option<ManualClock>,
     pub max_waiters_per_tenant: usize,
+    /// Allow http:// and loopback callbacks, as local receivers need.
+    pub webhooks_to_loopback: bool,
+    pub webhook_schedule: Option<Vec<Duration>>,
+    pub webhook_reuse_connections: bool,
+    pub deliver_webhooks: bool,
 }
 
 impl Default for Options {
@@ -44,6 +49,10 @@ impl Default for Options {
             require_idempotency_key: true,
             clock: None,
             max_waiters_per_tenant: 1000,
+            webhooks_to_loopback: false,
+            webhook_schedule: None,
+            webhook_reuse_connections: true,
+            deliver_webhooks: true,
         }
     }
 }
@@ -78,6 +87,19 @@ pub async fn spawn_app_with(options: Options) -> TestApp {
     serve.http.max_body_bytes = options.max_body_bytes;
     serve.http.require_idempotency_key = options.require_idempotency_key;
     serve.http.max_waiters_per_tenant = options.max_waiters_per_tenant;
+    if options.webhooks_to_loopback {
+        serve.http.callback_policy = longrun_server::CallbackPolicy {
+            allow_http: true,
+            allow_private: true,
+        };
+    }
+    if let Some(schedule) = &options.webhook_schedule {
+        serve.webhooks.schedule = schedule.clone();
+    }
+    serve.webhooks.reuse_connections = options.webhook_reuse_connections;
+    serve.deliver_webhooks = options.deliver_webhooks;
+    serve.webhooks.interval = Duration::from_millis(20);
+    serve.webhooks.secret_cache = Duration::ZERO;
     // Revocation must bite at once in tests.
     serve.http.key_cache_ttl = Duration::ZERO;
     serve.dispatcher.poll_interval = Duration::from_millis(50);
@@ -329,4 +351,77 @@ pub async fn response_dropping_proxy(upstream: SocketAddr) -> SocketAddr {
         }
     });
     addr
+}
+
+/// One request a [`Receiver`] got.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub webhook_id: String,
+    pub timestamp: String,
+    pub signature: String,
+    pub body: String,
+}
+
+/// A webhook receiver on loopback: records every request, answers with the
+/// next status of its plan (then 200), and applies each `webhook-id` once.
+#[derive(Clone)]
+pub struct Receiver {
+    pub url: String,
+    pub addr: SocketAddr,
+    pub received: Arc<std::sync::Mutex<Vec<Received>>>,
+    pub applied: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+}
+
+impl Receiver {
+    pub async fn start(plan: Vec<u16>) -> Receiver {
+        use axum::http::{HeaderMap, StatusCode as AxumStatus};
+        let received: Arc<std::sync::Mutex<Vec<Received>>> = Arc::default();
+        let applied: Arc<std::sync::Mutex<std::collections::HashSet<String>>> = Arc::default();
+        let plan = Arc::new(std::sync::Mutex::new(std::collections::VecDeque::from(plan)));
+        let (r, a) = (received.clone(), applied.clone());
+        let handler = move |headers: HeaderMap, body: String| {
+            let (r, a, plan) = (r.clone(), a.clone(), plan.clone());
+            async move {
+                let header = |name: &str| {
+                    headers
+                        .get(name)
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or_default()
+                        .to_owned()
+                };
+                let webhook_id = header("webhook-id");
+                r.lock().unwrap().push(Received {
+                    webhook_id: webhook_id.clone(),
+                    timestamp: header("webhook-timestamp"),
+                    signature: header("webhook-signature"),
+                    body,
+                });
+                let status = plan.lock().unwrap().pop_front().unwrap_or(200);
+                if (200..300).contains(&status) {
+                    // Deduplicate by webhook-id: apply each event once.
+                    a.lock().unwrap().insert(webhook_id);
+                }
+                AxumStatus::from_u16(status).unwrap()
+            }
+        };
+        let app = axum::Router::new().route("/hook", axum::routing::post(handler));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        Receiver {
+            url: format!("http://{addr}/hook"),
+            addr,
+            received,
+            applied,
+        }
+    }
+
+    pub fn received(&self) -> Vec<Received> {
+        self.received.lock().unwrap().clone()
+    }
+}
+
+/// Whether interop tests must not skip (set by `.ci/run`).
+pub fn peers_required() -> bool {
+    std::env::var_os("LONGRUN_REQUIRE_PEERS").is_some_and(|v| v != "0")
 }

@@ -9,4 +9,5 @@ mod idempotency;
 mod longpoll;
 mod observe;
 mod submit;
+mod webhooks;
 mod workers;
