@@ -19,7 +19,7 @@ pub mod state;
 pub mod validate;
 pub mod webhook;
 
-pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
+pub use clock::{Clock, ManualClock, ScaledClock, SystemClock, Timestamp};
 pub use id::{Id, IdKind};
 pub use idempotency::IdempotencyKey;
 pub use state::{State, Transition};
