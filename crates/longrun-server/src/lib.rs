@@ -60,8 +60,9 @@ impl Default for Config {
 
 /// How long kind declarations and tenant limits read from the store are trusted.
 const RECORD_CACHE_TTL: Duration = Duration::from_secs(5);
-/// How long a kind's typical duration is reused before it is computed again.
-const TYPICAL_DURATION_TTL: Duration = Duration::from_secs(30);
+/// How long a kind's typical duration is reused before it is computed again
+/// (short, so a new kind's first successes count soon).
+const TYPICAL_DURATION_TTL: Duration = Duration::from_secs(5);
 
 /// Everything a handler needs; cheap to clone.
 #[derive(Clone)]
@@ -123,7 +124,7 @@ impl AppState {
             .await
     }
 
-    /// The kind's median duration to success, refreshed every 30 s.
+    /// The kind's median duration to success, refreshed every 5 s.
     pub async fn typical_duration(&self, kind: &str) -> Result<Option<Duration>, StoreError> {
         self.typical
             .get_or_load(&kind.to_owned(), || self.store.kind_typical_duration(kind))

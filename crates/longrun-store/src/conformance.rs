@@ -65,6 +65,9 @@ macro_rules! store_conformance {
             each_state_transition_of_a_callback_operation_queues_one_webhook,
             webhook_attempts_are_leased_logged_retried_and_given_up,
             webhook_secrets_rotate_with_an_overlap,
+            an_uploaded_artifact_is_published_by_complete_and_discarded_otherwise,
+            retention_expires_results_removes_operations_and_buries_tombstones,
+            deleting_a_tenant_leaves_nothing_of_it,
             state_machine_matches_the_reference_model,
         );
     };
@@ -1403,6 +1406,228 @@ pub async fn webhook_secrets_rotate_with_an_overlap(store: &dyn Store) {
     assert_eq!(
         store.webhook_secrets("t2", "whsec_other".into(), at(0)).await.unwrap(),
         vec!["whsec_other".to_owned()]
+    );
+}
+
+fn upload(task: &Task, key: &str, now: Timestamp) -> ResultUploadParams {
+    ResultUploadParams {
+        operation_id: task.operation_id.clone(),
+        lease_token: task.lease_token.clone(),
+        result_id: Id::generate(IdKind::Result),
+        storage_key: key.into(),
+        content_type: "text/csv".into(),
+        size_bytes: 42,
+        sha256: "ab".repeat(32),
+        now,
+    }
+}
+
+pub async fn an_uploaded_artifact_is_published_by_complete_and_discarded_otherwise(store: &dyn Store) {
+    let op = create(store, "t1", "artifacts").await;
+    let task = claim_one(store, "artifacts", at(1)).await;
+    let mut forged = task.clone();
+    forged.lease_token = "forged".into();
+    assert!(matches!(
+        store.result_upload(upload(&forged, "k-forged", at(2))).await,
+        Err(StoreError::LeaseLost)
+    ));
+    store.result_upload(upload(&task, "k-first", at(2))).await.unwrap();
+    let second = upload(&task, "k-second", at(3));
+    let result_id = second.result_id.clone();
+    store.result_upload(second).await.unwrap();
+    assert!(
+        store.result_for_operation("t1", &op.id).await.unwrap().is_none(),
+        "not published before complete"
+    );
+    assert_eq!(
+        store.artifact_garbage(10).await.unwrap(),
+        vec!["k-first".to_owned()],
+        "a replaced upload is garbage"
+    );
+
+    let done = store
+        .task_finish(finish(&task, Outcome::Succeeded { result: None }, at(4)))
+        .await
+        .unwrap();
+    let artifact = done.artifact.clone().expect("the artifact is the result");
+    assert_eq!(
+        (artifact.id.clone(), artifact.size_bytes, artifact.content_type.as_str()),
+        (result_id.clone(), 42, "text/csv")
+    );
+    assert!(artifact.expires_at > at(4));
+    assert_eq!(get(store, &op).await.artifact, Some(artifact));
+    let record = store.result_for_operation("t1", &op.id).await.unwrap().unwrap();
+    assert_eq!(
+        (record.state.as_str(), record.storage_key.as_str()),
+        ("published", "k-second")
+    );
+    assert_eq!(store.result_get(&result_id).await.unwrap(), Some(record));
+    assert!(store.result_for_operation("t2", &op.id).await.unwrap().is_none());
+
+    let failed = create(store, "t1", "artifacts").await;
+    let task = claim_one(store, "artifacts", at(5)).await;
+    store.result_upload(upload(&task, "k-failed", at(6))).await.unwrap();
+    let error = OperationError {
+        code: "boom".into(),
+        message: "".into(),
+        retryable: false,
+    };
+    let ended = store
+        .task_finish(finish(&task, Outcome::Failed { error }, at(7)))
+        .await
+        .unwrap();
+    assert_eq!(ended.artifact, None, "a failed operation publishes nothing");
+    assert!(store.result_for_operation("t1", &failed.id).await.unwrap().is_none());
+    let garbage = store.artifact_garbage(10).await.unwrap();
+    assert!(garbage.contains(&"k-failed".to_owned()));
+    store.artifact_garbage_done(garbage).await.unwrap();
+    assert!(store.artifact_garbage(10).await.unwrap().is_empty());
+}
+
+fn sweep(now: Timestamp) -> RetentionParams {
+    RetentionParams {
+        now,
+        tombstone_retention: Duration::from_secs(3600),
+        delivery_retention: Duration::from_secs(600),
+        limit: 100,
+    }
+}
+
+pub async fn retention_expires_results_removes_operations_and_buries_tombstones(store: &dyn Store) {
+    let AcceptOutcome::Created(op) = store
+        .operation_accept(accept_params("t1", "kept", Some("retained-key"), json!({})))
+        .await
+        .unwrap()
+    else {
+        panic!()
+    };
+    let task = claim_one(store, "kept", at(1)).await;
+    store.result_upload(upload(&task, "k-kept", at(2))).await.unwrap();
+    let done = store
+        .task_finish(finish(&task, Outcome::Succeeded { result: None }, at(3)))
+        .await
+        .unwrap();
+    let (result_expiry, op_expiry) = (done.artifact.unwrap().expires_at, done.expires_at.unwrap());
+    assert!(
+        result_expiry < op_expiry,
+        "results are kept less long than their operation"
+    );
+
+    assert_eq!(
+        store.retention_sweep(sweep(at(4))).await.unwrap(),
+        RetentionCounts::default()
+    );
+    let counts = store.retention_sweep(sweep(result_expiry)).await.unwrap();
+    assert_eq!(counts.results_expired, 1);
+    assert_eq!(
+        store.result_for_operation("t1", &op.id).await.unwrap().unwrap().state,
+        "expired"
+    );
+    assert_eq!(
+        get(store, &op).await.state,
+        State::Succeeded,
+        "the operation stays succeeded"
+    );
+    assert_eq!(store.artifact_garbage(10).await.unwrap(), vec!["k-kept".to_owned()]);
+    assert_eq!(
+        store.retention_sweep(sweep(result_expiry)).await.unwrap(),
+        RetentionCounts::default(),
+        "idempotent"
+    );
+
+    let counts = store.retention_sweep(sweep(op_expiry)).await.unwrap();
+    assert_eq!(counts.operations_removed, 1);
+    assert!(store.operation_get("t1", &op.id).await.unwrap().is_none());
+    assert!(store.operation_history("t1", &op.id).await.unwrap().is_none());
+    assert_eq!(store.operation_tombstone("t1", &op.id).await.unwrap(), Some(op_expiry));
+    assert_eq!(store.operation_tombstone("t2", &op.id).await.unwrap(), None);
+    let replay = store
+        .operation_accept(accept_params("t1", "kept", Some("retained-key"), json!({})))
+        .await;
+    assert!(
+        matches!(replay, Err(StoreError::Gone)),
+        "a replay does not silently start the work again: {replay:?}"
+    );
+
+    let buried_at = op_expiry.plus(Duration::from_secs(3600));
+    let counts = store.retention_sweep(sweep(buried_at)).await.unwrap();
+    assert_eq!(counts.tombstones_removed, 1);
+    assert_eq!(store.operation_tombstone("t1", &op.id).await.unwrap(), None);
+    let fresh = store
+        .operation_accept(accept_params("t1", "kept", Some("retained-key"), json!({})))
+        .await
+        .unwrap();
+    assert!(
+        matches!(fresh, AcceptOutcome::Created(_)),
+        "after the tombstone the key is free again"
+    );
+}
+
+pub async fn deleting_a_tenant_leaves_nothing_of_it(store: &dyn Store) {
+    let key = NewApiKey::generate();
+    store
+        .api_key_create(ApiKeyCreateParams {
+            id: key.id.clone(),
+            tenant: "doomed".into(),
+            role: Role::Client,
+            secret_hash: key.secret_hash,
+            now: T0,
+        })
+        .await
+        .unwrap();
+    let mut p = accept_params("doomed", "gone-kind", Some("k"), json!({}));
+    p.callback_url = Some("https://client.example/hook".into());
+    let AcceptOutcome::Created(op) = store.operation_accept(p).await.unwrap() else {
+        panic!()
+    };
+    let task = claim_one(store, "gone-kind", at(1)).await;
+    store.result_upload(upload(&task, "k-doomed", at(2))).await.unwrap();
+    store
+        .task_finish(finish(&task, Outcome::Succeeded { result: None }, at(3)))
+        .await
+        .unwrap();
+    store
+        .webhook_secrets("doomed", "whsec_doomed".into(), at(3))
+        .await
+        .unwrap();
+    let survivor = create(store, "t1", "gone-kind").await;
+
+    let counts = store.tenant_delete("doomed", at(4)).await.unwrap();
+    assert_eq!(
+        (counts.operations, counts.results, counts.keys, counts.deliveries),
+        (1, 1, 1, 2)
+    );
+    assert!(store.operation_get("doomed", &op.id).await.unwrap().is_none());
+    assert!(store.operation_tombstone("doomed", &op.id).await.unwrap().is_none());
+    assert!(store.api_key_get(&key.id).await.unwrap().is_none());
+    assert!(
+        store
+            .webhook_due(at(100), 10, Duration::from_secs(1))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(store.artifact_garbage(10).await.unwrap(), vec!["k-doomed".to_owned()]);
+    let page = store
+        .operation_list(ListParams {
+            tenant: "doomed".into(),
+            page_size: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(page.operations.is_empty());
+    assert!(
+        store.operation_get("t1", &survivor.id).await.unwrap().is_some(),
+        "other tenants are untouched"
+    );
+    let again = store
+        .operation_accept(accept_params("doomed", "gone-kind", Some("k"), json!({})))
+        .await
+        .unwrap();
+    assert!(
+        matches!(again, AcceptOutcome::Created(_)),
+        "its idempotency records are gone too"
     );
 }
 

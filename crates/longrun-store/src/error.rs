@@ -16,6 +16,9 @@ pub enum StoreError {
     /// The tenant is at its `max_active` quota (the submission is rolled back).
     #[error("quota exceeded: {active} of {max_active} active operations")]
     QuotaExceeded { active: i64, max_active: i64 },
+    /// The operation was removed by retention; its tombstone still answers.
+    #[error("the operation was removed")]
+    Gone,
     /// The operation is terminal: its intent can no longer change.
     #[error("the operation is terminal")]
     Terminal { current_version: i64 },

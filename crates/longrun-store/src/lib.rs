@@ -142,6 +142,32 @@ pub trait Store: Send + Sync + 'static {
         overlap: std::time::Duration,
     ) -> Result<()>;
 
+    /// Records a worker's uploaded artifact (fenced by its lease); `complete`
+    /// publishes it, any other end discards it.
+    async fn result_upload(&self, params: ResultUploadParams) -> Result<()>;
+
+    /// The published (or expired) result of the tenant's operation.
+    async fn result_for_operation(&self, tenant: &str, id: &Id) -> Result<Option<ResultRecord>>;
+
+    /// A result by its own id (download links are the authorisation).
+    async fn result_get(&self, id: &Id) -> Result<Option<ResultRecord>>;
+
+    /// When the tenant's removed operation `id` was removed, while its tombstone lives.
+    async fn operation_tombstone(&self, tenant: &str, id: &Id) -> Result<Option<longrun_core::Timestamp>>;
+
+    /// One batched, idempotent pass of retention.
+    async fn retention_sweep(&self, params: RetentionParams) -> Result<RetentionCounts>;
+
+    /// Storage keys of objects to delete.
+    async fn artifact_garbage(&self, limit: u32) -> Result<Vec<String>>;
+
+    /// Forgets garbage whose objects were deleted.
+    async fn artifact_garbage_done(&self, keys: Vec<String>) -> Result<()>;
+
+    /// Removes every operation, record, result, event, delivery, secret and
+    /// key of the tenant (result objects become garbage).
+    async fn tenant_delete(&self, tenant: &str, now: longrun_core::Timestamp) -> Result<TenantDeleteCounts>;
+
     /// Cheap round trip to the database, for `/readyz`.
     async fn ping(&self) -> Result<()>;
 }

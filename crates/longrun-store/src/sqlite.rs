@@ -26,6 +26,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (2, include_str!("sqlite/migrations/0002_engine.sql")),
     (3, include_str!("sqlite/migrations/0003_observing.sql")),
     (4, include_str!("sqlite/migrations/0004_webhooks.sql")),
+    (5, include_str!("sqlite/migrations/0005_results_retention.sql")),
 ];
 
 #[derive(Debug, Clone)]
@@ -33,6 +34,8 @@ pub struct SqliteConfig {
     pub path: PathBuf,
     /// How long a terminal operation (and its idempotency record) is kept.
     pub operation_retention: Duration,
+    /// How long a published result artifact is kept.
+    pub result_retention: Duration,
     /// Keep `input` after the operation ends.
     pub keep_inputs: bool,
     /// Most jobs one group commit takes.
@@ -44,6 +47,7 @@ impl SqliteConfig {
         Self {
             path: path.into(),
             operation_retention: Duration::from_secs(30 * 24 * 3600),
+            result_retention: Duration::from_secs(24 * 3600),
             keep_inputs: false,
             max_batch: 256,
         }
@@ -54,6 +58,7 @@ impl SqliteConfig {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct WritePolicy {
     pub operation_retention: Duration,
+    pub result_retention: Duration,
     pub keep_inputs: bool,
 }
 
@@ -83,6 +88,7 @@ impl SqliteStore {
             }),
             policy: WritePolicy {
                 operation_retention: config.operation_retention,
+                result_retention: config.result_retention,
                 keep_inputs: config.keep_inputs,
             },
         })
@@ -344,6 +350,42 @@ impl Store for SqliteStore {
         self.writer
             .write(move |c| sql::webhook_secret_rotate(c, &tenant, &new_secret, now, overlap))
             .await
+    }
+
+    async fn result_upload(&self, params: ResultUploadParams) -> Result<()> {
+        self.writer.write(move |c| sql::result_upload(c, &params)).await
+    }
+
+    async fn result_for_operation(&self, tenant: &str, id: &Id) -> Result<Option<ResultRecord>> {
+        let (tenant, id) = (tenant.to_owned(), id.clone());
+        self.read(move |c| sql::result_for_operation(c, &tenant, &id)).await
+    }
+
+    async fn result_get(&self, id: &Id) -> Result<Option<ResultRecord>> {
+        let id = id.clone();
+        self.read(move |c| sql::result_get(c, &id)).await
+    }
+
+    async fn operation_tombstone(&self, tenant: &str, id: &Id) -> Result<Option<Timestamp>> {
+        let (tenant, id) = (tenant.to_owned(), id.clone());
+        self.read(move |c| sql::operation_tombstone(c, &tenant, &id)).await
+    }
+
+    async fn retention_sweep(&self, params: RetentionParams) -> Result<RetentionCounts> {
+        self.writer.write(move |c| sql::retention_sweep(c, &params)).await
+    }
+
+    async fn artifact_garbage(&self, limit: u32) -> Result<Vec<String>> {
+        self.read(move |c| sql::artifact_garbage(c, limit)).await
+    }
+
+    async fn artifact_garbage_done(&self, keys: Vec<String>) -> Result<()> {
+        self.writer.write(move |c| sql::artifact_garbage_done(c, &keys)).await
+    }
+
+    async fn tenant_delete(&self, tenant: &str, now: Timestamp) -> Result<TenantDeleteCounts> {
+        let tenant = tenant.to_owned();
+        self.writer.write(move |c| sql::tenant_delete(c, &tenant, now)).await
     }
 
     async fn ping(&self) -> Result<()> {

@@ -39,6 +39,8 @@ pub struct Operation {
     /// The `Idempotency-Key` it was submitted with, if any; its record lives
     /// exactly as long as the operation's.
     pub idempotency_key: Option<String>,
+    /// The published artifact, when the result is one.
+    pub artifact: Option<ArtifactRef>,
 }
 
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -358,4 +360,77 @@ pub struct AttemptRecord {
     pub error: Option<String>,
     pub at: Timestamp,
     pub next_attempt_at: Option<Timestamp>,
+}
+
+/// A published result artifact, as the operation shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ArtifactRef {
+    pub id: Id,
+    pub content_type: String,
+    pub size_bytes: i64,
+    pub sha256: String,
+    pub expires_at: Timestamp,
+}
+
+/// A stored result artifact.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResultRecord {
+    pub id: Id,
+    pub operation_id: Id,
+    pub tenant: String,
+    pub storage_key: String,
+    pub content_type: String,
+    pub size_bytes: i64,
+    pub sha256: String,
+    /// `uploaded`, `published` or `expired`.
+    pub state: String,
+    pub created_at: Timestamp,
+    pub expires_at: Option<Timestamp>,
+}
+
+/// A worker's upload, recorded once the bytes are stored.
+#[derive(Debug, Clone)]
+pub struct ResultUploadParams {
+    pub operation_id: Id,
+    pub lease_token: String,
+    pub result_id: Id,
+    pub storage_key: String,
+    pub content_type: String,
+    pub size_bytes: i64,
+    pub sha256: String,
+    pub now: Timestamp,
+}
+
+#[derive(Debug, Clone)]
+pub struct RetentionParams {
+    pub now: Timestamp,
+    /// How long a removed operation answers `410 gone` (and keeps its key).
+    pub tombstone_retention: Duration,
+    /// How long finished webhook deliveries and their attempt log are kept.
+    pub delivery_retention: Duration,
+    /// Most rows of each kind handled per call.
+    pub limit: u32,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RetentionCounts {
+    pub results_expired: u64,
+    pub operations_removed: u64,
+    pub tombstones_removed: u64,
+    pub deliveries_removed: u64,
+}
+
+impl RetentionCounts {
+    pub fn total(&self) -> u64 {
+        self.results_expired + self.operations_removed + self.tombstones_removed + self.deliveries_removed
+    }
+}
+
+/// What `longrun tenants delete` removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TenantDeleteCounts {
+    pub operations: u64,
+    pub results: u64,
+    pub keys: u64,
+    pub deliveries: u64,
 }

@@ -20,9 +20,9 @@ use crate::*;
 const OP_COLUMNS: &str = "id, tenant, kind, state, version, attempt, input, callback_url, deadline_at, \
     budget_max_cost, cost_units, labels, progress, result, error_code, error_message, error_retryable, \
     cancel_requested_at, cancel_requested_by, cancel_reason, cancellable, idempotency_key, created_at, \
-    started_at, completed_at, updated_at, expires_at";
+    started_at, completed_at, updated_at, expires_at, artifact";
 
-const OP_COLUMN_COUNT: usize = 27;
+const OP_COLUMN_COUNT: usize = 28;
 
 /// Who a cancellation by the server itself is attributed to.
 pub(crate) const SYSTEM: &str = "system";
@@ -93,6 +93,27 @@ fn operation_from_row(r: &Row) -> rusqlite::Result<Operation> {
         completed_at: ts(r.get(24)?),
         updated_at: Timestamp(r.get(25)?),
         expires_at: ts(r.get(26)?),
+        artifact: json_column(r, 27)?.as_ref().and_then(artifact_from_json),
+    })
+}
+
+fn artifact_to_json(a: &ArtifactRef) -> Value {
+    json!({
+        "id": a.id.as_str(),
+        "content_type": a.content_type,
+        "size_bytes": a.size_bytes,
+        "sha256": a.sha256,
+        "expires_at": a.expires_at.0,
+    })
+}
+
+fn artifact_from_json(v: &Value) -> Option<ArtifactRef> {
+    Some(ArtifactRef {
+        id: Id::from_trusted(v.get("id")?.as_str()?.to_owned()),
+        content_type: v.get("content_type")?.as_str()?.to_owned(),
+        size_bytes: v.get("size_bytes")?.as_i64()?,
+        sha256: v.get("sha256")?.as_str()?.to_owned(),
+        expires_at: Timestamp(v.get("expires_at")?.as_i64()?),
     })
 }
 
@@ -193,7 +214,9 @@ pub(super) fn operation_accept(c: &Connection, p: &AcceptParams) -> Result<Accep
             if !fingerprint.matches(&stored) {
                 return Ok(AcceptOutcome::KeyReused { operation_id });
             }
-            let original = operation_by_id(c, operation_id.as_str())?.ok_or(StoreError::NotFound)?;
+            // A removed operation's key stays taken while its tombstone
+            // lives: a replay must not silently start the work again.
+            let original = operation_by_id(c, operation_id.as_str())?.ok_or(StoreError::Gone)?;
             return Ok(AcceptOutcome::Replayed(original));
         }
     }
@@ -265,6 +288,7 @@ pub(super) fn operation_accept(c: &Connection, p: &AcceptParams) -> Result<Accep
         completed_at: None,
         updated_at: p.now,
         expires_at: None,
+        artifact: None,
     };
     event_insert(c, &created, "created", &json!({}))?;
     Ok(AcceptOutcome::Created(created))
@@ -385,6 +409,12 @@ fn operation_end(
     .ok_or(StoreError::LeaseLost)?;
     c.prepare_cached("DELETE FROM tasks WHERE operation_id = ?1")?
         .execute(params![id])?;
+    let ended = if to == State::Succeeded {
+        result_publish(c, policy, ended, now)?
+    } else {
+        result_discard(c, id, now)?;
+        ended
+    };
     let data = match error {
         Some(e) => {
             json!({"error": {"code": e.code, "message": e.message, "retryable": e.retryable}})
@@ -1162,6 +1192,7 @@ fn snapshot_to_json(op: &Operation) -> Value {
         "completed_at": op.completed_at.map(|t| t.0),
         "updated_at": op.updated_at.0,
         "expires_at": op.expires_at.map(|t| t.0),
+        "artifact": op.artifact.as_ref().map(artifact_to_json),
     })
 }
 
@@ -1204,6 +1235,7 @@ fn snapshot_from_json(v: &Value) -> Option<Operation> {
         completed_at: time("completed_at"),
         updated_at: time("updated_at")?,
         expires_at: time("expires_at"),
+        artifact: v.get("artifact").and_then(artifact_from_json),
     })
 }
 
@@ -1418,4 +1450,259 @@ pub(super) fn webhook_secret_rotate(
     c.prepare_cached("INSERT INTO webhook_secrets (tenant, secret, created_at) VALUES (?1, ?2, ?3)")?
         .execute(params![tenant, new_secret, now.0])?;
     Ok(())
+}
+
+/// Publishes the operation's uploaded artifact, if it has one, as its result.
+fn result_publish(c: &Connection, policy: WritePolicy, op: Operation, now: Timestamp) -> Result<Operation> {
+    let expires_at = now.plus(policy.result_retention);
+    let uploaded: Option<ArtifactRef> = c
+        .prepare_cached(
+            "UPDATE results SET state = 'published', expires_at = ?2
+              WHERE operation_id = ?1 AND state = 'uploaded'
+          RETURNING id, content_type, size_bytes, sha256",
+        )?
+        .query_row(params![op.id.as_str(), expires_at.0], |r| {
+            Ok(ArtifactRef {
+                id: Id::from_trusted(r.get(0)?),
+                content_type: r.get(1)?,
+                size_bytes: r.get(2)?,
+                sha256: r.get(3)?,
+                expires_at,
+            })
+        })
+        .optional()?;
+    let Some(artifact) = uploaded else { return Ok(op) };
+    c.prepare_cached("UPDATE operations SET artifact = ?2 WHERE id = ?1")?
+        .execute(params![op.id.as_str(), artifact_to_json(&artifact).to_string()])?;
+    Ok(Operation {
+        artifact: Some(artifact),
+        ..op
+    })
+}
+
+/// Drops uploads of an operation that did not succeed: nothing is published
+/// and the objects become garbage.
+fn result_discard(c: &Connection, operation_id: &str, now: Timestamp) -> Result<()> {
+    c.prepare_cached(
+        "INSERT OR IGNORE INTO artifact_garbage (storage_key, created_at)
+         SELECT storage_key, ?2 FROM results WHERE operation_id = ?1 AND state = 'uploaded'",
+    )?
+    .execute(params![operation_id, now.0])?;
+    c.prepare_cached("DELETE FROM results WHERE operation_id = ?1 AND state = 'uploaded'")?
+        .execute(params![operation_id])?;
+    Ok(())
+}
+
+pub(super) fn result_upload(c: &Connection, p: &ResultUploadParams) -> Result<()> {
+    fenced(c, &p.operation_id, &p.lease_token)?;
+    // One upload per operation: a new one replaces an earlier attempt's.
+    result_discard(c, p.operation_id.as_str(), p.now)?;
+    let tenant: String = c
+        .prepare_cached("SELECT tenant FROM operations WHERE id = ?1")?
+        .query_row(params![p.operation_id.as_str()], |r| r.get(0))?;
+    c.prepare_cached(
+        "INSERT INTO results (id, operation_id, tenant, storage_key, content_type, size_bytes, sha256, state,
+                              lease_token, created_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'uploaded', ?8, ?9)",
+    )?
+    .execute(params![
+        p.result_id.as_str(),
+        p.operation_id.as_str(),
+        tenant,
+        p.storage_key,
+        p.content_type,
+        p.size_bytes,
+        p.sha256,
+        p.lease_token,
+        p.now.0
+    ])?;
+    Ok(())
+}
+
+const RESULT_COLUMNS: &str =
+    "id, operation_id, tenant, storage_key, content_type, size_bytes, sha256, state, created_at, expires_at";
+
+fn result_from_row(r: &Row) -> rusqlite::Result<ResultRecord> {
+    Ok(ResultRecord {
+        id: Id::from_trusted(r.get(0)?),
+        operation_id: Id::from_trusted(r.get(1)?),
+        tenant: r.get(2)?,
+        storage_key: r.get(3)?,
+        content_type: r.get(4)?,
+        size_bytes: r.get(5)?,
+        sha256: r.get(6)?,
+        state: r.get(7)?,
+        created_at: Timestamp(r.get(8)?),
+        expires_at: ts(r.get(9)?),
+    })
+}
+
+pub(super) fn result_for_operation(c: &Connection, tenant: &str, id: &Id) -> Result<Option<ResultRecord>> {
+    let sql =
+        format!("SELECT {RESULT_COLUMNS} FROM results WHERE operation_id = ?1 AND tenant = ?2 AND state <> 'uploaded'");
+    Ok(c.prepare_cached(&sql)?
+        .query_row(params![id.as_str(), tenant], result_from_row)
+        .optional()?)
+}
+
+pub(super) fn result_get(c: &Connection, id: &Id) -> Result<Option<ResultRecord>> {
+    let sql = format!("SELECT {RESULT_COLUMNS} FROM results WHERE id = ?1");
+    Ok(c.prepare_cached(&sql)?
+        .query_row(params![id.as_str()], result_from_row)
+        .optional()?)
+}
+
+pub(super) fn operation_tombstone(c: &Connection, tenant: &str, id: &Id) -> Result<Option<Timestamp>> {
+    Ok(
+        c.prepare_cached("SELECT removed_at FROM tombstones WHERE operation_id = ?1 AND tenant = ?2")?
+            .query_row(params![id.as_str(), tenant], |r| Ok(Timestamp(r.get(0)?)))
+            .optional()?,
+    )
+}
+
+/// Deletes everything of one operation but its idempotency record; its
+/// result objects become garbage.
+fn operation_remove(c: &Connection, id: &str, now: Timestamp) -> Result<()> {
+    c.prepare_cached(
+        "INSERT OR IGNORE INTO artifact_garbage (storage_key, created_at)
+         SELECT storage_key, ?2 FROM results WHERE operation_id = ?1 AND state <> 'expired'",
+    )?
+    .execute(params![id, now.0])?;
+    for sql in [
+        "DELETE FROM results WHERE operation_id = ?1",
+        "DELETE FROM operation_events WHERE operation_id = ?1",
+        "DELETE FROM webhook_attempts WHERE operation_id = ?1",
+        "DELETE FROM webhook_deliveries WHERE operation_id = ?1",
+        "DELETE FROM tasks WHERE operation_id = ?1",
+        "DELETE FROM operations WHERE id = ?1",
+    ] {
+        c.prepare_cached(sql)?.execute(params![id])?;
+    }
+    Ok(())
+}
+
+pub(super) fn retention_sweep(c: &Connection, p: &RetentionParams) -> Result<RetentionCounts> {
+    let mut counts = RetentionCounts::default();
+    let now = p.now.0;
+
+    // Results past their lifetime: the operation stays `succeeded`; the bytes go.
+    let expired: Vec<(String, String, String)> = c
+        .prepare_cached(
+            "SELECT id, operation_id, storage_key FROM results
+              WHERE state = 'published' AND expires_at <= ?1 ORDER BY expires_at LIMIT ?2",
+        )?
+        .query_map(params![now, p.limit], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    for (id, _operation_id, key) in expired {
+        c.prepare_cached("UPDATE results SET state = 'expired' WHERE id = ?1")?
+            .execute(params![id])?;
+        c.prepare_cached("INSERT OR IGNORE INTO artifact_garbage (storage_key, created_at) VALUES (?1, ?2)")?
+            .execute(params![key, now])?;
+        counts.results_expired += 1;
+    }
+
+    // Operations past their retention: removed, with a tombstone.
+    let removable: Vec<(String, String)> = c
+        .prepare_cached(
+            "SELECT id, tenant FROM operations WHERE expires_at IS NOT NULL AND expires_at <= ?1
+              ORDER BY expires_at LIMIT ?2",
+        )?
+        .query_map(params![now, p.limit], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    let tombstone_until = p.now.plus(p.tombstone_retention).0;
+    for (id, tenant) in removable {
+        operation_remove(c, &id, p.now)?;
+        c.prepare_cached(
+            "INSERT OR REPLACE INTO tombstones (operation_id, tenant, removed_at, expires_at) VALUES (?1, ?2, ?3, ?4)",
+        )?
+        .execute(params![id, tenant, now, tombstone_until])?;
+        counts.operations_removed += 1;
+    }
+
+    // Tombstones past their window: the id is forgotten, its key freed.
+    let buried: Vec<String> = c
+        .prepare_cached("SELECT operation_id FROM tombstones WHERE expires_at <= ?1 ORDER BY expires_at LIMIT ?2")?
+        .query_map(params![now, p.limit], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    for id in buried {
+        c.prepare_cached("DELETE FROM idempotency_keys WHERE operation_id = ?1")?
+            .execute(params![id])?;
+        c.prepare_cached("DELETE FROM tombstones WHERE operation_id = ?1")?
+            .execute(params![id])?;
+        counts.tombstones_removed += 1;
+    }
+
+    // Finished deliveries and their log, past the delivery retention.
+    let cutoff = p.now.minus(p.delivery_retention).0;
+    let finished: Vec<String> = c
+        .prepare_cached(
+            "SELECT event_id FROM webhook_deliveries WHERE status <> 'pending' AND created_at <= ?1
+              ORDER BY created_at LIMIT ?2",
+        )?
+        .query_map(params![cutoff, p.limit], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    for event_id in finished {
+        c.prepare_cached("DELETE FROM webhook_attempts WHERE event_id = ?1")?
+            .execute(params![event_id])?;
+        c.prepare_cached("DELETE FROM webhook_deliveries WHERE event_id = ?1")?
+            .execute(params![event_id])?;
+        counts.deliveries_removed += 1;
+    }
+    Ok(counts)
+}
+
+pub(super) fn artifact_garbage(c: &Connection, limit: u32) -> Result<Vec<String>> {
+    Ok(
+        c.prepare_cached("SELECT storage_key FROM artifact_garbage ORDER BY created_at LIMIT ?1")?
+            .query_map(params![limit], |r| r.get(0))?
+            .collect::<rusqlite::Result<_>>()?,
+    )
+}
+
+pub(super) fn artifact_garbage_done(c: &Connection, keys: &[String]) -> Result<()> {
+    for key in keys {
+        c.prepare_cached("DELETE FROM artifact_garbage WHERE storage_key = ?1")?
+            .execute(params![key])?;
+    }
+    Ok(())
+}
+
+pub(super) fn tenant_delete(c: &Connection, tenant: &str, now: Timestamp) -> Result<TenantDeleteCounts> {
+    let mut counts = TenantDeleteCounts::default();
+    let ids: Vec<String> = c
+        .prepare_cached("SELECT id FROM operations WHERE tenant = ?1")?
+        .query_map(params![tenant], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    let count = |sql: &str| -> Result<u64> {
+        let n: i64 = c.query_row(sql, params![tenant], |r| r.get(0))?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    };
+    counts.results = count("SELECT COUNT(*) FROM results WHERE tenant = ?1")?;
+    counts.deliveries = count("SELECT COUNT(*) FROM webhook_deliveries WHERE tenant = ?1")?;
+    for id in &ids {
+        operation_remove(c, id, now)?;
+    }
+    counts.operations = ids.len() as u64;
+    // Results of operations already removed (expired ones have no object left).
+    c.prepare_cached(
+        "INSERT OR IGNORE INTO artifact_garbage (storage_key, created_at)
+         SELECT storage_key, ?2 FROM results WHERE tenant = ?1 AND state <> 'expired'",
+    )?
+    .execute(params![tenant, now.0])?;
+    counts.keys = c
+        .prepare_cached("DELETE FROM api_keys WHERE tenant = ?1")?
+        .execute(params![tenant])? as u64;
+    for sql in [
+        "DELETE FROM results WHERE tenant = ?1",
+        "DELETE FROM idempotency_keys WHERE tenant = ?1",
+        "DELETE FROM tombstones WHERE tenant = ?1",
+        "DELETE FROM webhook_deliveries WHERE tenant = ?1",
+        "DELETE FROM webhook_secrets WHERE tenant = ?1",
+        "DELETE FROM tenant_dispatch WHERE tenant = ?1",
+        "DELETE FROM tasks WHERE tenant = ?1",
+        "DELETE FROM tenants WHERE name = ?1",
+    ] {
+        c.prepare_cached(sql)?.execute(params![tenant])?;
+    }
+    Ok(counts)
 }
