@@ -12,6 +12,7 @@ use longrun_core::apikey::{NewApiKey, Role};
 use longrun_core::duration::parse_duration;
 use longrun_core::webhook::WebhookSecret;
 use longrun_core::{Clock, Id, IdKind, SystemClock};
+use longrun_engine::artifacts::{ArtifactStore, FileArtifacts};
 use longrun_engine::exec::ExecHandler;
 use longrun_engine::remote::{RemoteConfig, RemoteWorker};
 use longrun_engine::{CancellationToken, Registry};
@@ -68,6 +69,9 @@ enum Command {
     /// Quotas and limits per tenant.
     #[command(subcommand)]
     Tenants(TenantsCommand),
+    /// Operator actions.
+    #[command(subcommand)]
+    Admin(AdminCommand),
     /// Run a remote worker that serves kind K by running CMD per task.
     ///
     /// The input JSON arrives on stdin; LONGRUN_OPERATION_ID and LONGRUN_ATTEMPT
@@ -106,6 +110,13 @@ struct WorkerArgs {
 }
 
 #[derive(Subcommand)]
+enum AdminCommand {
+    /// Add a new download-link signing key. New links use it; links signed
+    /// by older keys keep working until they expire.
+    RotateLinkKey,
+}
+
+#[derive(Subcommand)]
 enum TenantsCommand {
     /// Set a tenant's limits (omitted limits are removed).
     Set {
@@ -122,6 +133,13 @@ enum TenantsCommand {
     },
     /// Show a tenant's limits.
     Get { tenant: String },
+    /// Delete every operation, result, event, delivery, secret and key of a tenant.
+    Delete {
+        tenant: String,
+        /// Required: this cannot be undone.
+        #[arg(long)]
+        yes: bool,
+    },
     /// Print the tenant's webhook signing secret (whsec_…), creating it if needed;
     /// with --rotate, make a new one. The old one keeps signing during the overlap.
     WebhookSecret {
@@ -156,6 +174,21 @@ struct ServeArgs {
     /// Keep each operation's input after it ends.
     #[arg(long, env = "LONGRUN_KEEP_INPUTS")]
     keep_inputs: bool,
+    /// How long a result artifact is kept after the operation succeeded.
+    #[arg(long, env = "LONGRUN_RESULT_RETENTION", default_value = "24h", value_parser = parse_duration)]
+    result_retention: Duration,
+    /// How long a removed operation answers 410 gone (and keeps its idempotency key).
+    #[arg(long, env = "LONGRUN_TOMBSTONE_RETENTION", default_value = "30d", value_parser = parse_duration)]
+    tombstone_retention: Duration,
+    /// How long a minted download link works.
+    #[arg(long, env = "LONGRUN_LINK_TTL", default_value = "5m", value_parser = parse_duration)]
+    link_ttl: Duration,
+    /// How long finished webhook deliveries and their log are kept.
+    #[arg(long, env = "LONGRUN_DELIVERY_RETENTION", default_value = "7d", value_parser = parse_duration)]
+    delivery_retention: Duration,
+    /// Largest result artifact a worker may upload, in bytes.
+    #[arg(long, env = "LONGRUN_MAX_ARTIFACT_BYTES", default_value_t = 64 * 1024 * 1024 * 1024)]
+    max_artifact_bytes: u64,
     /// Allow http:// callback URLs (development only).
     #[arg(long, env = "LONGRUN_WEBHOOK_ALLOW_HTTP")]
     webhook_allow_http: bool,
@@ -269,6 +302,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Keys(command) => keys(&global, command).await,
         Command::Kinds(command) => kinds(&global, command).await,
         Command::Tenants(command) => tenants(&global, command).await,
+        Command::Admin(AdminCommand::RotateLinkKey) => {
+            let store = open_store(&global)?;
+            let kid = longrun_server::add_link_key(store.as_ref(), &SystemClock).await?;
+            println!("new download-link key {kid}; servers use it within a few seconds");
+            Ok(())
+        }
         Command::Worker(args) => worker(args).await,
     }
 }
@@ -276,9 +315,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 async fn serve(global: &Global, args: ServeArgs) -> anyhow::Result<()> {
     let mut sqlite = sqlite_config(global)?;
     sqlite.keep_inputs = args.keep_inputs;
+    sqlite.result_retention = args.result_retention;
     let mut options = ServeOptions::new(args.listen, sqlite);
     options.builtin_workers = args.builtin_workers;
     options.webhooks.schedule = args.webhook_retry_schedule.0.clone();
+    options.retention.tombstone_retention = args.tombstone_retention;
+    options.retention.delivery_retention = args.delivery_retention;
+    options.dispatcher.max_artifact_bytes = args.max_artifact_bytes;
     options.dispatcher.concurrency = args.worker_concurrency;
     options.http = Config {
         max_body_bytes: args.max_body_bytes,
@@ -288,6 +331,8 @@ async fn serve(global: &Global, args: ServeArgs) -> anyhow::Result<()> {
             allow_http: args.webhook_allow_http,
             allow_private: args.webhook_allow_private,
         },
+        link_ttl: args.link_ttl,
+        max_artifact_bytes: args.max_artifact_bytes,
         ..Config::default()
     };
     let server = longrun_server::start(options).await?;
@@ -453,6 +498,29 @@ async fn tenants(global: &Global, command: TenantsCommand) -> anyhow::Result<()>
             }
             None => bail!("no tenant {tenant}"),
         },
+        TenantsCommand::Delete { tenant, yes } => {
+            if !yes {
+                bail!("this deletes everything of tenant {tenant}; run again with --yes");
+            }
+            let counts = store.tenant_delete(&tenant, SystemClock.now()).await?;
+            let artifacts = FileArtifacts::new(global.data_dir.join("artifacts"));
+            let mut objects = 0;
+            loop {
+                let keys = store.artifact_garbage(500).await?;
+                if keys.is_empty() {
+                    break;
+                }
+                for key in &keys {
+                    artifacts.delete(key).await?;
+                }
+                objects += keys.len();
+                store.artifact_garbage_done(keys).await?;
+            }
+            println!(
+                "deleted tenant {tenant}: {} operations, {} results ({objects} objects), {} keys, {} webhook deliveries",
+                counts.operations, counts.results, counts.keys, counts.deliveries
+            );
+        }
         TenantsCommand::WebhookSecret {
             tenant,
             rotate,

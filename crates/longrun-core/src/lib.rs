@@ -14,6 +14,7 @@ pub mod fingerprint;
 pub mod id;
 pub mod idempotency;
 pub mod lease;
+pub mod links;
 pub mod retry_after;
 pub mod state;
 pub mod validate;

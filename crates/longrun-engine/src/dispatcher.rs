@@ -6,10 +6,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use longrun_core::{Clock, Id};
+use longrun_core::{Clock, Id, IdKind};
 use longrun_store::{
-    ClaimParams, FinishParams, HeartbeatAck, HeartbeatParams, Outcome, ProgressUpdate, Store, StoreError, Task,
+    ClaimParams, FinishParams, HeartbeatAck, HeartbeatParams, Outcome, ProgressUpdate, ResultUploadParams, Store,
+    StoreError, Task,
 };
+
+use crate::artifacts::{ArtifactError, ArtifactStore, ByteReader};
+use crate::worker::UploadedArtifact;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -29,6 +33,8 @@ pub struct Config {
     /// reaper (built-in kinds are safe to re-run).
     pub shutdown_grace: Duration,
     pub worker_id: String,
+    /// Largest result artifact a task may upload.
+    pub max_artifact_bytes: u64,
 }
 
 impl Default for Config {
@@ -39,12 +45,14 @@ impl Default for Config {
             poll_interval: Duration::from_secs(1),
             shutdown_grace: Duration::from_secs(10),
             worker_id: "in-process".into(),
+            max_artifact_bytes: 64 * 1024 * 1024 * 1024,
         }
     }
 }
 
 pub struct Dispatcher {
     store: Arc<dyn Store>,
+    artifacts: Arc<dyn ArtifactStore>,
     registry: Registry,
     signals: Signals,
     clock: Arc<dyn Clock>,
@@ -56,6 +64,7 @@ pub struct Dispatcher {
 impl Dispatcher {
     pub fn new(
         store: Arc<dyn Store>,
+        artifacts: Arc<dyn ArtifactStore>,
         registry: Registry,
         signals: Signals,
         clock: Arc<dyn Clock>,
@@ -64,6 +73,7 @@ impl Dispatcher {
         let slots = Arc::new(Semaphore::new(config.concurrency.max(1)));
         Self {
             store,
+            artifacts,
             registry,
             signals,
             clock,
@@ -110,6 +120,8 @@ impl Dispatcher {
         let signals = self.signals.clone();
         let link = Arc::new(StoreLink {
             store: self.store.clone(),
+            artifacts: self.artifacts.clone(),
+            max_artifact_bytes: self.config.max_artifact_bytes,
             clock: self.clock.clone(),
             operation_id: task.operation_id.clone(),
             lease_token: task.lease_token.clone(),
@@ -170,6 +182,8 @@ impl Dispatcher {
 /// The in-process [`TaskLink`]: straight to the store.
 struct StoreLink {
     store: Arc<dyn Store>,
+    artifacts: Arc<dyn ArtifactStore>,
+    max_artifact_bytes: u64,
     clock: Arc<dyn Clock>,
     operation_id: Id,
     lease_token: String,
@@ -206,4 +220,61 @@ impl TaskLink for StoreLink {
             .await
             .map(|_| ())
     }
+
+    async fn upload(&self, content_type: &str, body: ByteReader) -> Result<UploadedArtifact, StoreError> {
+        store_upload(
+            self.store.as_ref(),
+            self.artifacts.as_ref(),
+            &self.operation_id,
+            &self.lease_token,
+            content_type,
+            body,
+            self.max_artifact_bytes,
+            self.clock.now(),
+        )
+        .await
+    }
+}
+
+/// Streams an artifact into the artifact store and records it for the task,
+/// fenced by its lease. Used in process and by the HTTP upload endpoint.
+#[allow(clippy::too_many_arguments)]
+pub async fn store_upload(
+    store: &dyn Store,
+    artifacts: &dyn ArtifactStore,
+    operation_id: &Id,
+    lease_token: &str,
+    content_type: &str,
+    body: ByteReader,
+    max_bytes: u64,
+    now: longrun_core::Timestamp,
+) -> Result<UploadedArtifact, StoreError> {
+    let result_id = Id::generate(IdKind::Result);
+    let key = format!("results/{result_id}");
+    let stored = artifacts.put(&key, body, max_bytes).await.map_err(|e| match e {
+        ArtifactError::TooLarge { max_bytes } => StoreError::TooLarge { max_bytes },
+        other => StoreError::Backend(other.to_string()),
+    })?;
+    let recorded = store
+        .result_upload(ResultUploadParams {
+            operation_id: operation_id.clone(),
+            lease_token: lease_token.to_owned(),
+            result_id: result_id.clone(),
+            storage_key: key.clone(),
+            content_type: content_type.to_owned(),
+            size_bytes: i64::try_from(stored.size_bytes).unwrap_or(i64::MAX),
+            sha256: stored.sha256.clone(),
+            now,
+        })
+        .await;
+    if let Err(e) = recorded {
+        // Not recorded (a lost lease): the object must not linger.
+        let _ = artifacts.delete(&key).await;
+        return Err(e);
+    }
+    Ok(UploadedArtifact {
+        id: result_id.to_string(),
+        size_bytes: stored.size_bytes,
+        sha256: stored.sha256,
+    })
 }

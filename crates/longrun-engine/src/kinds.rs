@@ -1,5 +1,6 @@
 //! Built-in kinds and the registry that knows them.
 
+pub mod export;
 pub mod sleep;
 
 use std::collections::BTreeMap;
@@ -20,6 +21,7 @@ impl Registry {
     pub fn builtin() -> Self {
         let mut registry = Self::default();
         registry.register(Arc::new(sleep::Sleep));
+        registry.register(Arc::new(export::Export));
         registry
     }
 

@@ -12,12 +12,14 @@
 //! that tests call directly, a loop that stops on a shutdown token, and an
 //! injected clock.
 
+pub mod artifacts;
 pub mod dispatcher;
 pub mod enforcer;
 pub mod exec;
 pub mod kinds;
 pub mod reaper;
 pub mod remote;
+pub mod retention;
 pub mod signals;
 pub mod webhooks;
 pub mod worker;

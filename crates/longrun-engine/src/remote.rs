@@ -19,8 +19,9 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::artifacts::ByteReader;
 use crate::kinds::Registry;
-use crate::worker::{TaskContext, TaskLink, run_task};
+use crate::worker::{TaskContext, TaskLink, UploadedArtifact, run_task};
 
 #[derive(Debug, Clone)]
 pub struct RemoteConfig {
@@ -145,6 +146,35 @@ impl TaskLink for HttpLink {
             cancel_requested: ack.cancel_requested,
             cancel_reason: ack.cancel_reason,
             version: 0,
+        })
+    }
+
+    async fn upload(&self, content_type: &str, body: ByteReader) -> Result<UploadedArtifact, StoreError> {
+        let url = format!("{}/v1/worker/tasks/{}/artifact", self.base, self.operation_id);
+        let stream = tokio_util::io::ReaderStream::new(body);
+        let response = self
+            .http
+            .put(url)
+            .bearer_auth(&self.token)
+            .header("lease-token", &self.lease_token)
+            .header("content-type", content_type)
+            .body(reqwest::Body::wrap_stream(stream))
+            .send()
+            .await
+            .map_err(|e| StoreError::Backend(format!("upload failed: {e}")))?;
+        if !response.status().is_success() {
+            let status = response.status();
+            let code = response.json::<ProblemCode>().await.map(|p| p.code).unwrap_or_default();
+            return Err(match code.as_str() {
+                "lease_lost" => StoreError::LeaseLost,
+                _ => StoreError::Backend(format!("upload answered {status} {code}")),
+            });
+        }
+        let uploaded: Value = response.json().await.map_err(|e| StoreError::Backend(e.to_string()))?;
+        Ok(UploadedArtifact {
+            id: uploaded["id"].as_str().unwrap_or_default().to_owned(),
+            size_bytes: uploaded["size_bytes"].as_u64().unwrap_or(0),
+            sha256: uploaded["sha256"].as_str().unwrap_or_default().to_owned(),
         })
     }
 

@@ -15,6 +15,8 @@ use longrun_store::{HeartbeatAck, OperationError, Outcome, ProgressUpdate, Store
 use serde_json::Value;
 use tokio::sync::{Mutex, watch};
 
+use crate::artifacts::ByteReader;
+
 /// How a handler's run ended, other than with a result.
 #[derive(Debug, thiserror::Error)]
 pub enum TaskError {
@@ -89,6 +91,17 @@ pub trait TaskLink: Send + Sync + 'static {
     ) -> Result<HeartbeatAck, StoreError>;
 
     async fn finish(&self, outcome: Outcome) -> Result<(), StoreError>;
+
+    /// Streams the task's result artifact; `complete` publishes it.
+    async fn upload(&self, content_type: &str, body: ByteReader) -> Result<UploadedArtifact, StoreError>;
+}
+
+/// An artifact uploaded for the current task.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UploadedArtifact {
+    pub id: String,
+    pub size_bytes: u64,
+    pub sha256: String,
 }
 
 /// Everything a handler gets for one task.
@@ -153,6 +166,16 @@ impl TaskContext {
     /// Marks the commit point: from now on cancel requests are refused.
     pub async fn commit_point(&self) -> Result<(), TaskError> {
         self.send(None, None, Some(false)).await
+    }
+
+    /// Streams the result artifact from `body` (a file, a pipe, a duplex the
+    /// handler writes into); `complete` publishes it. Dropping the returned
+    /// future mid-way leaves nothing behind.
+    pub async fn upload(&self, content_type: &str, body: ByteReader) -> Result<UploadedArtifact, TaskError> {
+        self.link.upload(content_type, body).await.map_err(|e| match e {
+            StoreError::LeaseLost => TaskError::fatal("lease_lost", "the lease was lost"),
+            other => TaskError::Retryable(format!("the upload failed: {other}")),
+        })
     }
 
     /// Cheap check, no IO.

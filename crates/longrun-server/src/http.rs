@@ -7,6 +7,7 @@ pub mod events;
 pub mod extract;
 pub mod health;
 pub mod operations;
+pub mod results;
 pub mod wire;
 pub mod workers;
 

@@ -19,6 +19,7 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use longrun_core::fingerprint::Fingerprinter;
 use longrun_core::{Clock, Id};
+use longrun_engine::artifacts::ArtifactStore;
 use longrun_engine::{Registry, Signals};
 use longrun_store::{ApiKeyRecord, KindSpec, Store, StoreError, TenantLimits};
 use tower_http::catch_panic::CatchPanicLayer;
@@ -27,7 +28,7 @@ use cache::TtlCache;
 pub use callback::CallbackPolicy;
 use changes::ChangeHub;
 use ratelimit::RateLimiter;
-pub use server::{BootstrapKeys, HARD_STOP_AFTER, RunningServer, ServeOptions, shutdown_signal, start};
+pub use server::{BootstrapKeys, HARD_STOP_AFTER, RunningServer, ServeOptions, add_link_key, shutdown_signal, start};
 
 /// Settings of the HTTP edge.
 #[derive(Debug, Clone)]
@@ -43,6 +44,10 @@ pub struct Config {
     pub key_cache_ttl: Duration,
     /// Long-polls and event streams one tenant may hold open at once.
     pub max_waiters_per_tenant: usize,
+    /// How long a minted download link works.
+    pub link_ttl: Duration,
+    /// Largest artifact a worker may upload.
+    pub max_artifact_bytes: u64,
 }
 
 impl Default for Config {
@@ -54,9 +59,14 @@ impl Default for Config {
             callback_policy: CallbackPolicy::default(),
             key_cache_ttl: http::auth::KEY_CACHE_TTL,
             max_waiters_per_tenant: 1000,
+            link_ttl: Duration::from_secs(300),
+            max_artifact_bytes: 64 * 1024 * 1024 * 1024,
         }
     }
 }
+
+/// Server secrets holding download-link keys are named `link-key:<kid>`.
+pub const LINK_KEY_PREFIX: &str = "link-key:";
 
 /// How long kind declarations and tenant limits read from the store are trusted.
 const RECORD_CACHE_TTL: Duration = Duration::from_secs(5);
@@ -70,6 +80,7 @@ pub struct AppState(Arc<Inner>);
 
 pub struct Inner {
     pub store: Arc<dyn Store>,
+    pub artifacts: Arc<dyn ArtifactStore>,
     pub clock: Arc<dyn Clock>,
     pub registry: Registry,
     pub signals: Signals,
@@ -78,6 +89,7 @@ pub struct Inner {
     kinds: TtlCache<String, Option<KindSpec>>,
     tenants: TtlCache<String, Option<TenantLimits>>,
     typical: TtlCache<String, Option<Duration>>,
+    link_keys: TtlCache<(), Vec<(String, Vec<u8>)>>,
     rates: RateLimiter,
     pub changes: Arc<ChangeHub>,
     pub config: Config,
@@ -94,6 +106,7 @@ impl std::ops::Deref for AppState {
 impl AppState {
     pub fn new(
         store: Arc<dyn Store>,
+        artifacts: Arc<dyn ArtifactStore>,
         clock: Arc<dyn Clock>,
         registry: Registry,
         signals: Signals,
@@ -102,6 +115,7 @@ impl AppState {
     ) -> Self {
         Self(Arc::new(Inner {
             store,
+            artifacts,
             clock,
             registry,
             signals,
@@ -110,6 +124,7 @@ impl AppState {
             kinds: TtlCache::new(RECORD_CACHE_TTL),
             tenants: TtlCache::new(config.key_cache_ttl.min(RECORD_CACHE_TTL)),
             typical: TtlCache::new(TYPICAL_DURATION_TTL),
+            link_keys: TtlCache::new(RECORD_CACHE_TTL),
             rates: RateLimiter::default(),
             changes: ChangeHub::new(config.max_waiters_per_tenant),
             config,
@@ -129,6 +144,52 @@ impl AppState {
         self.typical
             .get_or_load(&kind.to_owned(), || self.store.kind_typical_duration(kind))
             .await
+    }
+
+    /// Answers for an operation that is not there: `410 gone` while its
+    /// tombstone lives, else `404`.
+    pub async fn missing(&self, tenant: &str, id: &Id) -> http::error::ApiError {
+        match self.store.operation_tombstone(tenant, id).await {
+            Ok(Some(_)) => http::error::ApiError::Gone,
+            Ok(None) => http::error::ApiError::NotFound,
+            Err(e) => e.into(),
+        }
+    }
+
+    /// `value`, or the right answer for its absence (see [`Self::missing`]).
+    pub async fn found<T>(&self, tenant: &str, id: &Id, value: Option<T>) -> Result<T, http::error::ApiError> {
+        match value {
+            Some(v) => Ok(v),
+            None => Err(self.missing(tenant, id).await),
+        }
+    }
+
+    /// The newest download-link key and its id.
+    pub async fn link_key_current(&self) -> Result<(String, Vec<u8>), StoreError> {
+        let keys = self
+            .link_keys
+            .get_or_load(&(), || self.store.server_secret_list(LINK_KEY_PREFIX))
+            .await?;
+        keys.last()
+            .map(|(name, key)| (name.trim_start_matches(LINK_KEY_PREFIX).to_owned(), key.clone()))
+            .ok_or_else(|| StoreError::Backend("no download-link key".into()))
+    }
+
+    /// The download-link key `kid`, if it exists (re-read once on a miss, so a
+    /// key added by another process is found at once).
+    pub async fn link_key(&self, kid: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let name = format!("{LINK_KEY_PREFIX}{kid}");
+        let find = |keys: &[(String, Vec<u8>)]| keys.iter().find(|(n, _)| *n == name).map(|(_, k)| k.clone());
+        let cached = self
+            .link_keys
+            .get_or_load(&(), || self.store.server_secret_list(LINK_KEY_PREFIX))
+            .await?;
+        if let Some(key) = find(&cached) {
+            return Ok(Some(key));
+        }
+        let fresh = self.store.server_secret_list(LINK_KEY_PREFIX).await?;
+        self.link_keys.put((), fresh.clone());
+        Ok(find(&fresh))
     }
 
     pub async fn tenant_limits(&self, tenant: &str) -> Result<Option<TenantLimits>, StoreError> {
@@ -158,6 +219,7 @@ pub fn app(state: AppState) -> Router {
         .merge(http::operations::router())
         .merge(http::workers::router())
         .merge(http::events::router())
+        .merge(http::results::router())
         .merge(http::health::router())
         .fallback(http::not_found)
         .method_not_allowed_fallback(http::method_not_allowed)

@@ -2,6 +2,7 @@
 //! graceful shutdown that lets in-flight requests finish.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,9 +11,11 @@ use longrun_core::apikey::{NewApiKey, Role};
 use longrun_core::fingerprint::Fingerprinter;
 use longrun_core::id::random_bytes;
 use longrun_core::{Clock, SystemClock};
+use longrun_engine::artifacts::{ArtifactStore, FileArtifacts};
 use longrun_engine::dispatcher::{self, Dispatcher};
 use longrun_engine::enforcer::{self, Enforcer};
 use longrun_engine::reaper::{self, Reaper};
+use longrun_engine::retention::{self, Retention};
 use longrun_engine::webhooks::{self, Deliverer, DeliveryPolicy};
 use longrun_engine::{CancellationToken, Registry, Signals};
 use longrun_store::{ApiKeyCreateParams, SqliteConfig, SqliteStore, Store};
@@ -30,6 +33,9 @@ pub struct ServeOptions {
     pub reaper: reaper::Config,
     pub enforcer: enforcer::Config,
     pub webhooks: webhooks::Config,
+    pub retention: retention::Config,
+    /// Where result artifacts are stored (`--data-dir/artifacts`).
+    pub artifacts_dir: PathBuf,
     /// Run the webhook deliverer in this process.
     pub deliver_webhooks: bool,
     pub clock: Arc<dyn Clock>,
@@ -37,7 +43,14 @@ pub struct ServeOptions {
 
 impl ServeOptions {
     pub fn new(listen: SocketAddr, sqlite: SqliteConfig) -> Self {
+        let artifacts_dir = sqlite
+            .path
+            .parent()
+            .map(|d| d.join("artifacts"))
+            .unwrap_or_else(|| "artifacts".into());
         Self {
+            artifacts_dir,
+            retention: retention::Config::default(),
             listen,
             sqlite,
             http: Config::default(),
@@ -109,6 +122,10 @@ pub async fn start(options: ServeOptions) -> anyhow::Result<RunningServer> {
         .await
         .context("failed to load the fingerprint secret")?;
     let bootstrap = bootstrap_keys(store.as_ref(), clock.as_ref()).await?;
+    if store.server_secret_list(crate::LINK_KEY_PREFIX).await?.is_empty() {
+        add_link_key(store.as_ref(), clock.as_ref()).await?;
+    }
+    let artifacts: Arc<dyn ArtifactStore> = Arc::new(FileArtifacts::new(&options.artifacts_dir));
     // The in-process workers of this node's previous run are gone (a crash or
     // a kill): hand their leases to the reaper now rather than after the
     // lease time. One SQLite database has one serving process, so the id is
@@ -126,6 +143,7 @@ pub async fn start(options: ServeOptions) -> anyhow::Result<RunningServer> {
     let signals = Signals::default();
     let state = AppState::new(
         store.clone(),
+        artifacts.clone(),
         clock.clone(),
         registry.clone(),
         signals.clone(),
@@ -145,6 +163,7 @@ pub async fn start(options: ServeOptions) -> anyhow::Result<RunningServer> {
     if options.builtin_workers {
         let dispatcher = Dispatcher::new(
             store.clone(),
+            artifacts.clone(),
             registry.clone(),
             signals.clone(),
             clock.clone(),
@@ -162,6 +181,13 @@ pub async fn start(options: ServeOptions) -> anyhow::Result<RunningServer> {
         allow_http: policy.allow_http,
         allow_private: policy.allow_private,
     };
+    let retention = Retention::new(
+        store.clone(),
+        artifacts.clone(),
+        clock.clone(),
+        options.retention.clone(),
+    );
+    services.push(tokio::spawn(retention.run(services_stop.clone())));
     if options.deliver_webhooks {
         let deliverer = Arc::new(Deliverer::new(store.clone(), clock.clone(), webhook_config));
         services.push(tokio::spawn(deliverer.run(services_stop.clone())));
@@ -220,6 +246,17 @@ async fn bootstrap_keys(store: &dyn Store, clock: &dyn Clock) -> anyhow::Result<
     let client = tokens.pop().expect("two keys");
     let admin = tokens.pop().expect("two keys");
     Ok(Some(BootstrapKeys { tenant, admin, client }))
+}
+
+/// Adds a new download-link key; it signs new links from now on, and older
+/// keys keep verifying the links they signed. Returns its id.
+pub async fn add_link_key(store: &dyn Store, clock: &dyn Clock) -> anyhow::Result<String> {
+    let kid = longrun_core::id::random_base32::<5>();
+    let name = format!("{}{kid}", crate::LINK_KEY_PREFIX);
+    store
+        .server_secret(&name, random_bytes::<32>().to_vec(), clock.now())
+        .await?;
+    Ok(kid)
 }
 
 /// Resolves on SIGTERM or Ctrl-C.

@@ -16,6 +16,9 @@ pub enum StoreError {
     /// The tenant is at its `max_active` quota (the submission is rolled back).
     #[error("quota exceeded: {active} of {max_active} active operations")]
     QuotaExceeded { active: i64, max_active: i64 },
+    /// An upload was larger than allowed.
+    #[error("larger than {max_bytes} bytes")]
+    TooLarge { max_bytes: u64 },
     /// The operation was removed by retention; its tombstone still answers.
     #[error("the operation was removed")]
     Gone,

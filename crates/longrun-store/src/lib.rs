@@ -168,6 +168,9 @@ pub trait Store: Send + Sync + 'static {
     /// key of the tenant (result objects become garbage).
     async fn tenant_delete(&self, tenant: &str, now: longrun_core::Timestamp) -> Result<TenantDeleteCounts>;
 
+    /// Server secrets whose names start with `prefix`, oldest first.
+    async fn server_secret_list(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>>;
+
     /// Cheap round trip to the database, for `/readyz`.
     async fn ping(&self) -> Result<()>;
 }

@@ -388,6 +388,11 @@ impl Store for SqliteStore {
         self.writer.write(move |c| sql::tenant_delete(c, &tenant, now)).await
     }
 
+    async fn server_secret_list(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>> {
+        let prefix = prefix.to_owned();
+        self.read(move |c| sql::server_secret_list(c, &prefix)).await
+    }
+
     async fn ping(&self) -> Result<()> {
         self.read(|c| Ok(c.query_row("SELECT 1", [], |_| Ok(()))?)).await
     }

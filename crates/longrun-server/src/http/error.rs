@@ -37,6 +37,9 @@ pub enum ApiError {
     LeaseLost { operation_id: Id },
     #[error("the resource was removed")]
     Gone,
+    /// A download link that is tampered with or expired.
+    #[error("{0}")]
+    LinkRefused(String),
     #[error("the result has expired")]
     ResultExpired { operation_id: Id },
     #[error("If-Match names version {given}, the current version is {current}")]
@@ -72,7 +75,7 @@ impl ApiError {
             ApiError::InvalidRequest(_) => "invalid_request",
             ApiError::IdempotencyKeyRequired => "idempotency_key_required",
             ApiError::Unauthenticated => "unauthenticated",
-            ApiError::Forbidden => "forbidden",
+            ApiError::Forbidden | ApiError::LinkRefused(_) => "forbidden",
             ApiError::NotFound => "not_found",
             ApiError::MethodNotAllowed => "method_not_allowed",
             ApiError::IdempotencyKeyReused { .. } => "idempotency_key_reused",
@@ -98,7 +101,7 @@ impl ApiError {
         match self {
             ApiError::InvalidRequest(_) | ApiError::IdempotencyKeyRequired => StatusCode::BAD_REQUEST,
             ApiError::Unauthenticated => StatusCode::UNAUTHORIZED,
-            ApiError::Forbidden => StatusCode::FORBIDDEN,
+            ApiError::Forbidden | ApiError::LinkRefused(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::IdempotencyKeyReused { .. }
@@ -125,7 +128,7 @@ impl ApiError {
             ApiError::InvalidRequest(_) => "Invalid request",
             ApiError::IdempotencyKeyRequired => "Idempotency key required",
             ApiError::Unauthenticated => "Unauthenticated",
-            ApiError::Forbidden => "Forbidden",
+            ApiError::Forbidden | ApiError::LinkRefused(_) => "Forbidden",
             ApiError::NotFound => "Not found",
             ApiError::MethodNotAllowed => "Method not allowed",
             ApiError::IdempotencyKeyReused { .. } => "Idempotency key reused",
@@ -252,6 +255,7 @@ impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         match e {
             StoreError::NotFound => ApiError::NotFound,
+            StoreError::Gone => ApiError::Gone,
             other => ApiError::Internal(other.to_string()),
         }
     }

@@ -69,8 +69,8 @@ async fn events(
     let first = app
         .store
         .operation_events_after(&caller.tenant, &id, last, PAGE)
-        .await?
-        .ok_or(ApiError::NotFound)?;
+        .await?;
+    let first = app.found(&caller.tenant, &id, first).await?;
     let cursor = Cursor {
         app,
         tenant: caller.tenant,

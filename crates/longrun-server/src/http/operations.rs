@@ -280,6 +280,7 @@ async fn submit(
         now,
     };
     let accepted = app.store.operation_accept(params).await.map_err(|e| match e {
+        StoreError::Gone => ApiError::Gone,
         StoreError::QuotaExceeded { active, max_active } => ApiError::QuotaExceeded {
             detail: format!("the tenant has {active} operations not yet ended; its limit is {max_active}"),
             retry_after: QUOTA_RETRY_AFTER,
@@ -372,11 +373,8 @@ async fn read(
         Some(_) => Some(app.changes.watch(&caller.tenant, &id).map_err(|_| too_many_waiters())?),
         None => None,
     };
-    let mut op = app
-        .store
-        .operation_get(&caller.tenant, &id)
-        .await?
-        .ok_or(ApiError::NotFound)?;
+    let op = app.store.operation_get(&caller.tenant, &id).await?;
+    let mut op = app.found(&caller.tenant, &id, op).await?;
     let has_condition = headers.contains_key(header::IF_NONE_MATCH);
     if let (Some(wait), Some(w)) = (wait, waiter.as_mut()) {
         // Worth waiting only for something that can still change, and (with
@@ -485,11 +483,8 @@ async fn history(
 ) -> Result<Json<History>, ApiError> {
     caller.require_client()?;
     let id = parse_operation_id(&id)?;
-    let events = app
-        .store
-        .operation_history(&caller.tenant, &id)
-        .await?
-        .ok_or(ApiError::NotFound)?;
+    let events = app.store.operation_history(&caller.tenant, &id).await?;
+    let events = app.found(&caller.tenant, &id, events).await?;
     Ok(Json(History {
         operation_id: id.to_string(),
         events: events.iter().map(EventBody::from).collect(),
@@ -523,7 +518,11 @@ async fn cancel(
         if_match: if_match(&headers)?,
         now: app.clock.now(),
     };
-    let outcome = app.store.operation_cancel(params).await.map_err(|e| match e {
+    let outcome = app.store.operation_cancel(params).await;
+    if let Err(StoreError::NotFound) = outcome {
+        return Err(app.missing(&caller.tenant, &id).await);
+    }
+    let outcome = outcome.map_err(|e| match e {
         StoreError::NotCancellable => ApiError::OperationNotCancellable {
             operation_id: id.clone(),
         },
@@ -552,11 +551,8 @@ async fn cancellation(
 ) -> Result<Json<CancellationBody>, ApiError> {
     caller.require_client()?;
     let id = parse_operation_id(&id)?;
-    let op = app
-        .store
-        .operation_get(&caller.tenant, &id)
-        .await?
-        .ok_or(ApiError::NotFound)?;
+    let op = app.store.operation_get(&caller.tenant, &id).await?;
+    let op = app.found(&caller.tenant, &id, op).await?;
     Ok(Json(CancellationBody::from(&op)))
 }
 
@@ -577,11 +573,8 @@ async fn update(
     if let Some(labels) = &request.labels {
         validate::labels(labels).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
     }
-    let current = app
-        .store
-        .operation_get(&caller.tenant, &id)
-        .await?
-        .ok_or(ApiError::NotFound)?;
+    let current = app.store.operation_get(&caller.tenant, &id).await?;
+    let current = app.found(&caller.tenant, &id, current).await?;
     let deadline_at = match request.deadline_seconds {
         None => None,
         Some(None) => Some(None),
@@ -624,11 +617,8 @@ async fn deliveries(
 ) -> Result<Json<DeliveryLog>, ApiError> {
     caller.require_client()?;
     let id = parse_operation_id(&id)?;
-    let log = app
-        .store
-        .webhook_log(&caller.tenant, &id)
-        .await?
-        .ok_or(ApiError::NotFound)?;
+    let log = app.store.webhook_log(&caller.tenant, &id).await?;
+    let log = app.found(&caller.tenant, &id, log).await?;
     Ok(Json(DeliveryLog {
         deliveries: log.iter().map(DeliveryBody::from).collect(),
     }))

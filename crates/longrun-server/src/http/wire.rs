@@ -150,7 +150,17 @@ impl From<&Operation> for OperationBody {
                 units: op.cost_units,
                 max_units: op.budget_max_cost,
             },
-            result: op.result.as_ref().map(|value| serde_json::json!({ "value": value })),
+            result: match (&op.artifact, &op.result) {
+                (Some(a), _) => Some(serde_json::json!({"artifact": {
+                    "id": a.id.as_str(),
+                    "content_type": a.content_type,
+                    "size_bytes": a.size_bytes,
+                    "sha256": a.sha256,
+                    "expires_at": a.expires_at.to_rfc3339(),
+                }})),
+                (None, Some(value)) => Some(serde_json::json!({ "value": value })),
+                (None, None) => None,
+            },
             error: op.error.as_ref().map(|e| ErrorBody {
                 code: e.code.clone(),
                 message: e.message.clone(),
@@ -161,7 +171,7 @@ impl From<&Operation> for OperationBody {
             links: Links {
                 cancel: format!("{base}/cancellation"),
                 events: format!("{base}/events"),
-                result: None,
+                result: op.artifact.as_ref().map(|_| format!("{base}/result")),
                 self_: base,
             },
         }

@@ -23,7 +23,7 @@ pub struct TestApp {
     pub other_tenant_key: String,
     pub worker_key: String,
     server: Option<RunningServer>,
-    _dir: tempfile::TempDir,
+    pub dir: tempfile::TempDir,
 }
 
 #[derive(Clone)]
@@ -39,6 +39,7 @@ pub struct Options {
     pub webhook_schedule: Option<Vec<Duration>>,
     pub webhook_reuse_connections: bool,
     pub deliver_webhooks: bool,
+    pub max_artifact_bytes: u64,
 }
 
 impl Default for Options {
@@ -53,6 +54,7 @@ impl Default for Options {
             webhook_schedule: None,
             webhook_reuse_connections: true,
             deliver_webhooks: true,
+            max_artifact_bytes: 1 << 30,
         }
     }
 }
@@ -98,6 +100,8 @@ pub async fn spawn_app_with(options: Options) -> TestApp {
     }
     serve.webhooks.reuse_connections = options.webhook_reuse_connections;
     serve.deliver_webhooks = options.deliver_webhooks;
+    serve.retention.interval = Duration::from_millis(20);
+    serve.http.max_artifact_bytes = options.max_artifact_bytes;
     serve.webhooks.interval = Duration::from_millis(20);
     serve.webhooks.secret_cache = Duration::ZERO;
     // Revocation must bite at once in tests.
@@ -130,7 +134,7 @@ pub async fn spawn_app_with(options: Options) -> TestApp {
         other_tenant_key,
         worker_key,
         server: Some(server),
-        _dir: dir,
+        dir,
     }
 }
 
@@ -289,6 +293,24 @@ impl TestApp {
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+    }
+
+    /// Files under the artifact store, finished or temporary.
+    pub fn artifact_files(&self) -> Vec<String> {
+        fn walk(dir: &std::path::Path, out: &mut Vec<String>) {
+            let Ok(entries) = std::fs::read_dir(dir) else { return };
+            for entry in entries.flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    walk(&path, out);
+                } else {
+                    out.push(path.display().to_string());
+                }
+            }
+        }
+        let mut files = Vec::new();
+        walk(&self.dir.path().join("artifacts"), &mut files);
+        files
     }
 
     pub async fn shutdown(mut self) {

@@ -8,6 +8,7 @@ mod helpers;
 mod idempotency;
 mod longpoll;
 mod observe;
+mod results;
 mod submit;
 mod webhooks;
 mod workers;

@@ -1706,3 +1706,11 @@ pub(super) fn tenant_delete(c: &Connection, tenant: &str, now: Timestamp) -> Res
     }
     Ok(counts)
 }
+
+pub(super) fn server_secret_list(c: &Connection, prefix: &str) -> Result<Vec<(String, Vec<u8>)>> {
+    Ok(c.prepare_cached(
+        "SELECT name, value FROM server_secrets WHERE substr(name, 1, length(?1)) = ?1 ORDER BY created_at, name",
+    )?
+    .query_map(params![prefix], |r| Ok((r.get(0)?, r.get(1)?)))?
+    .collect::<rusqlite::Result<_>>()?)
+}

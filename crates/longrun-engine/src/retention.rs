@@ -1,0 +1,130 @@
+//! The retention service: results expire (`410 result_expired`, the
+//! operation stays `succeeded`), operations past their retention are removed
+//! behind a tombstone (`410 gone`, then `404`), finished webhook deliveries
+//! are forgotten, and unreachable artifact objects are deleted. Batched,
+//! idempotent and restart-safe: every step can be repeated, and objects are
+//! deleted before their garbage rows.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use longrun_core::Clock;
+use longrun_store::{RetentionCounts, RetentionParams, Store, StoreError};
+use tokio_util::sync::CancellationToken;
+
+use crate::artifacts::ArtifactStore;
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub interval: Duration,
+    pub tombstone_retention: Duration,
+    pub delivery_retention: Duration,
+    /// Rows of each kind per store call.
+    pub batch: u32,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(60),
+            tombstone_retention: Duration::from_secs(30 * 24 * 3600),
+            delivery_retention: Duration::from_secs(7 * 24 * 3600),
+            batch: 500,
+        }
+    }
+}
+
+/// What a pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Report {
+    pub records: RetentionCounts,
+    pub objects_deleted: u64,
+}
+
+pub struct Retention {
+    store: Arc<dyn Store>,
+    artifacts: Arc<dyn ArtifactStore>,
+    clock: Arc<dyn Clock>,
+    config: Config,
+}
+
+impl Retention {
+    pub fn new(
+        store: Arc<dyn Store>,
+        artifacts: Arc<dyn ArtifactStore>,
+        clock: Arc<dyn Clock>,
+        config: Config,
+    ) -> Self {
+        Self {
+            store,
+            artifacts,
+            clock,
+            config,
+        }
+    }
+
+    /// Works until nothing is due now.
+    pub async fn run_once(&self) -> Result<Report, StoreError> {
+        let mut report = Report::default();
+        loop {
+            let counts = self
+                .store
+                .retention_sweep(RetentionParams {
+                    now: self.clock.now(),
+                    tombstone_retention: self.config.tombstone_retention,
+                    delivery_retention: self.config.delivery_retention,
+                    limit: self.config.batch,
+                })
+                .await?;
+            report.records.results_expired += counts.results_expired;
+            report.records.operations_removed += counts.operations_removed;
+            report.records.tombstones_removed += counts.tombstones_removed;
+            report.records.deliveries_removed += counts.deliveries_removed;
+            if counts.total() == 0 {
+                break;
+            }
+        }
+        report.objects_deleted = self.collect_garbage().await?;
+        if report != Report::default() {
+            tracing::info!(?report, "retention pass");
+        }
+        Ok(report)
+    }
+
+    /// Deletes unreachable objects, then forgets them.
+    pub async fn collect_garbage(&self) -> Result<u64, StoreError> {
+        let mut deleted = 0;
+        loop {
+            let keys = self.store.artifact_garbage(self.config.batch).await?;
+            if keys.is_empty() {
+                return Ok(deleted);
+            }
+            let mut done = Vec::with_capacity(keys.len());
+            for key in keys {
+                match self.artifacts.delete(&key).await {
+                    Ok(()) => done.push(key),
+                    Err(e) => tracing::warn!(key, error = %e, "could not delete an artifact; will retry"),
+                }
+            }
+            if done.is_empty() {
+                return Ok(deleted);
+            }
+            deleted += done.len() as u64;
+            self.store.artifact_garbage_done(done).await?;
+        }
+    }
+
+    pub async fn run(self, shutdown: CancellationToken) {
+        let mut tick = tokio::time::interval(self.config.interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = shutdown.cancelled() => return,
+            }
+            if let Err(e) = self.run_once().await {
+                tracing::error!(error = %e, "retention pass failed");
+            }
+        }
+    }
+}

@@ -1,0 +1,326 @@
+//! Results as artifacts (CONTRACT §3 "Results", §4 upload).
+//!
+//! - `PUT /v1/worker/tasks/{id}/artifact` (worker, `Lease-Token` header):
+//!   the body is streamed into the artifact store — never held whole in
+//!   memory — size-limited and hashed on the way; `complete` publishes it.
+//! - `GET /v1/operations/{id}/result`: the result resource with a download
+//!   link minted for this request (HMAC-signed, short-lived, never stored).
+//! - `GET /v1/results/{res_id}/content?expires=…&kid=…&signature=…`: the
+//!   bytes, streamed, with `Range` support. The link is the authorisation:
+//!   no API key, and it opens that one artifact only.
+
+use axum::Json;
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{DefaultBodyLimit, Path, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, put};
+use futures_util::TryStreamExt;
+use longrun_core::{Id, IdKind, links};
+use longrun_engine::artifacts::ArtifactError;
+use longrun_engine::dispatcher::store_upload;
+use longrun_store::{ResultRecord, StoreError};
+use serde::{Deserialize, Serialize};
+
+use crate::AppState;
+use crate::http::auth::Caller;
+use crate::http::error::ApiError;
+use crate::http::extract::QueryParams;
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route(
+            "/v1/worker/tasks/{id}/artifact",
+            put(upload).layer(DefaultBodyLimit::disable()),
+        )
+        .route("/v1/operations/{id}/result", get(result))
+        .route("/v1/results/{id}/content", get(content))
+}
+
+#[derive(Debug, Serialize)]
+struct UploadBody {
+    id: String,
+    content_type: String,
+    size_bytes: u64,
+    sha256: String,
+}
+
+async fn upload(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    request: Request,
+) -> Result<Response, ApiError> {
+    if caller.role == longrun_core::apikey::Role::Client {
+        return Err(ApiError::Forbidden);
+    }
+    let id = Id::parse(IdKind::Operation, &id)
+        .ok_or_else(|| ApiError::InvalidRequest("the path must name an operation id (op_…)".into()))?;
+    let lease_token = headers
+        .get("lease-token")
+        .and_then(|v| v.to_str().ok())
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| ApiError::InvalidRequest("the Lease-Token header is required".into()))?
+        .to_owned();
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/octet-stream")
+        .to_owned();
+    if content_type.len() > 255 {
+        return Err(ApiError::InvalidRequest("Content-Type is too long".into()));
+    }
+    if let Some(length) = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+        && length > app.config.max_artifact_bytes
+    {
+        return Err(too_large(app.config.max_artifact_bytes));
+    }
+    let stream = request.into_body().into_data_stream().map_err(std::io::Error::other);
+    let body = Box::pin(tokio_util::io::StreamReader::new(stream));
+    let uploaded = store_upload(
+        app.store.as_ref(),
+        app.artifacts.as_ref(),
+        &id,
+        &lease_token,
+        &content_type,
+        body,
+        app.config.max_artifact_bytes,
+        app.clock.now(),
+    )
+    .await
+    .map_err(|e| match e {
+        StoreError::LeaseLost => ApiError::LeaseLost {
+            operation_id: id.clone(),
+        },
+        StoreError::TooLarge { max_bytes } => too_large(max_bytes),
+        other => other.into(),
+    })?;
+    let body = UploadBody {
+        id: uploaded.id,
+        content_type,
+        size_bytes: uploaded.size_bytes,
+        sha256: uploaded.sha256,
+    };
+    Ok((StatusCode::CREATED, Json(body)).into_response())
+}
+
+fn too_large(max: u64) -> ApiError {
+    ApiError::PayloadTooLarge(format!("artifacts are limited to {max} bytes"))
+}
+
+#[derive(Debug, Serialize)]
+pub struct ResultBody {
+    pub id: String,
+    pub operation_id: String,
+    pub content_type: String,
+    pub size_bytes: i64,
+    pub sha256: String,
+    pub created_at: String,
+    pub expires_at: Option<String>,
+    pub download: Download,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Download {
+    pub url: String,
+    pub expires_at: String,
+}
+
+async fn result(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<ResultBody>, ApiError> {
+    caller.require_client()?;
+    let id = Id::parse(IdKind::Operation, &id).ok_or(ApiError::NotFound)?;
+    let Some(record) = app.store.result_for_operation(&caller.tenant, &id).await? else {
+        // No artifact: unknown, removed, not finished, or an inline result.
+        return Err(app.missing(&caller.tenant, &id).await);
+    };
+    if record.state == "expired" {
+        return Err(ApiError::ResultExpired { operation_id: id });
+    }
+    let now = app.clock.now();
+    let expires = now.plus(app.config.link_ttl);
+    let expires_secs = expires.as_millis() / 1000;
+    let (kid, key) = app.link_key_current().await?;
+    let signature = links::sign(&key, record.id.as_str(), expires_secs);
+    let url = format!(
+        "/v1/results/{}/content?expires={expires_secs}&kid={kid}&signature={signature}",
+        record.id
+    );
+    Ok(Json(ResultBody {
+        id: record.id.to_string(),
+        operation_id: record.operation_id.to_string(),
+        content_type: record.content_type,
+        size_bytes: record.size_bytes,
+        sha256: record.sha256,
+        created_at: record.created_at.to_rfc3339(),
+        expires_at: record.expires_at.map(|t| t.to_rfc3339()),
+        download: Download {
+            url,
+            expires_at: longrun_core::Timestamp(expires_secs * 1000).to_rfc3339(),
+        },
+    }))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LinkQuery {
+    expires: i64,
+    kid: String,
+    signature: String,
+}
+
+/// Refusals of a download link: tampered or expired links are `403
+/// forbidden` (the detail says which); a result past its lifetime is `410
+/// result_expired`.
+async fn content(
+    State(app): State<AppState>,
+    Path(id): Path<String>,
+    QueryParams(link): QueryParams<LinkQuery>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let refused = |why: &str| ApiError::LinkRefused(why.to_owned());
+    let result_id = Id::parse(IdKind::Result, &id).ok_or_else(|| refused("the link's signature does not match"))?;
+    let key = app
+        .link_key(&link.kid)
+        .await?
+        .ok_or_else(|| refused("the link's signature does not match"))?;
+    let now_secs = app.clock.now().as_millis() / 1000;
+    links::verify(&key, result_id.as_str(), link.expires, &link.signature, now_secs)
+        .map_err(|e| refused(&e.to_string()))?;
+    let record = app.store.result_get(&result_id).await?.ok_or(ApiError::Gone)?;
+    if record.state == "expired" {
+        return Err(ApiError::ResultExpired {
+            operation_id: record.operation_id,
+        });
+    }
+    if record.state != "published" {
+        return Err(refused("the link's signature does not match"));
+    }
+    serve(&app, &record, &headers).await
+}
+
+/// The artifact's bytes: whole (`200`) or one range (`206`); an
+/// unsatisfiable range is `416`.
+async fn serve(app: &AppState, record: &ResultRecord, headers: &HeaderMap) -> Result<Response, ApiError> {
+    let size = u64::try_from(record.size_bytes).unwrap_or(0);
+    let range = match headers.get(header::RANGE).and_then(|v| v.to_str().ok()) {
+        None => None,
+        Some(spec) => match parse_range(spec, size) {
+            RangeSpec::One(start, end) => Some((start, end)),
+            // Several ranges, or a unit we do not know: the whole body.
+            RangeSpec::Ignore => None,
+            RangeSpec::Unsatisfiable => {
+                let mut response = StatusCode::RANGE_NOT_SATISFIABLE.into_response();
+                let value = HeaderValue::from_str(&format!("bytes */{size}")).expect("a valid header");
+                response.headers_mut().insert(header::CONTENT_RANGE, value);
+                let mut problem =
+                    ApiError::InvalidRequest(format!("the range is outside the {size} bytes of the result")).problem();
+                problem.status = StatusCode::RANGE_NOT_SATISFIABLE.as_u16();
+                response.extensions_mut().insert(problem);
+                return Ok(response);
+            }
+        },
+    };
+    let (start, end) = range.unwrap_or((0, size.saturating_sub(1)));
+    let length = if size == 0 { 0 } else { end - start + 1 };
+    let reader = app
+        .artifacts
+        .open(&record.storage_key, start, length)
+        .await
+        .map_err(|e| match e {
+            ArtifactError::NotFound => ApiError::ResultExpired {
+                operation_id: record.operation_id.clone(),
+            },
+            other => ApiError::Internal(other.to_string()),
+        })?;
+    let body = Body::from_stream(tokio_util::io::ReaderStream::new(reader));
+    let status = if range.is_some() {
+        StatusCode::PARTIAL_CONTENT
+    } else {
+        StatusCode::OK
+    };
+    let mut response = (status, body).into_response();
+    let h = response.headers_mut();
+    let value = |s: String| HeaderValue::from_str(&s).expect("a valid header");
+    h.insert(header::CONTENT_TYPE, value(record.content_type.clone()));
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
+    h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    h.insert(header::ETAG, value(format!("\"{}\"", record.sha256)));
+    let extension = match record.content_type.split(';').next().unwrap_or("") {
+        "text/csv" => "csv",
+        "application/jsonl" | "application/x-ndjson" => "jsonl",
+        "application/json" => "json",
+        _ => "bin",
+    };
+    h.insert(
+        header::CONTENT_DISPOSITION,
+        value(format!("attachment; filename=\"{}.{extension}\"", record.operation_id)),
+    );
+    if range.is_some() {
+        h.insert(header::CONTENT_RANGE, value(format!("bytes {start}-{end}/{size}")));
+    }
+    Ok(response)
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum RangeSpec {
+    One(u64, u64),
+    Ignore,
+    Unsatisfiable,
+}
+
+/// `bytes=a-b`, `bytes=a-`, `bytes=-n` (RFC 9110 §14.1.2), one range only.
+fn parse_range(spec: &str, size: u64) -> RangeSpec {
+    let Some(ranges) = spec.trim().strip_prefix("bytes=") else {
+        return RangeSpec::Ignore;
+    };
+    if ranges.contains(',') {
+        return RangeSpec::Ignore;
+    }
+    let Some((first, last)) = ranges.trim().split_once('-') else {
+        return RangeSpec::Ignore;
+    };
+    let (first, last) = (first.trim(), last.trim());
+    let parsed = match (first.is_empty(), last.is_empty()) {
+        (true, false) => last
+            .parse::<u64>()
+            .ok()
+            .filter(|n| *n > 0)
+            .map(|n| (size.saturating_sub(n), size.saturating_sub(1))),
+        (false, true) => first.parse::<u64>().ok().map(|a| (a, size.saturating_sub(1))),
+        (false, false) => match (first.parse::<u64>(), last.parse::<u64>()) {
+            (Ok(a), Ok(b)) if a <= b => Some((a, b.min(size.saturating_sub(1)))),
+            _ => return RangeSpec::Ignore,
+        },
+        (true, true) => return RangeSpec::Ignore,
+    };
+    match parsed {
+        Some((a, b)) if size > 0 && a < size && a <= b => RangeSpec::One(a, b),
+        _ => RangeSpec::Unsatisfiable,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges() {
+        assert_eq!(parse_range("bytes=0-9", 100), RangeSpec::One(0, 9));
+        assert_eq!(parse_range("bytes=90-", 100), RangeSpec::One(90, 99));
+        assert_eq!(parse_range("bytes=-10", 100), RangeSpec::One(90, 99));
+        assert_eq!(parse_range("bytes=50-500", 100), RangeSpec::One(50, 99));
+        assert_eq!(parse_range("bytes=100-", 100), RangeSpec::Unsatisfiable);
+        assert_eq!(parse_range("bytes=-0", 100), RangeSpec::Unsatisfiable);
+        assert_eq!(parse_range("bytes=0-1,5-6", 100), RangeSpec::Ignore);
+        assert_eq!(parse_range("items=0-1", 100), RangeSpec::Ignore);
+        assert_eq!(parse_range("bytes=9-3", 100), RangeSpec::Ignore);
+    }
+}
