@@ -37,6 +37,11 @@ struct Global {
     /// Where the embedded database (longrun.db) and artifacts live.
     #[arg(long, env = "LONGRUN_DATA_DIR", default_value = "./longrun-data", global = true)]
     data_dir: PathBuf,
+    /// Where result artifacts live: file:///path or s3://bucket/prefix (AWS_*
+    /// environment variables give credentials, region and endpoint). Default:
+    /// the data dir's artifacts/.
+    #[arg(long, env = "LONGRUN_ARTIFACT_STORE", global = true)]
+    artifact_store: Option<String>,
     /// A postgres:// URL to use PostgreSQL instead of the embedded SQLite.
     #[arg(long, env = "LONGRUN_DATABASE", global = true)]
     database: Option<String>,
@@ -320,6 +325,9 @@ async fn serve(global: &Global, args: ServeArgs) -> anyhow::Result<()> {
     options.builtin_workers = args.builtin_workers;
     options.webhooks.schedule = args.webhook_retry_schedule.0.clone();
     options.retention.tombstone_retention = args.tombstone_retention;
+    if let Some(url) = &global.artifact_store {
+        options.artifact_store = Some(longrun_engine::artifacts::from_url(url)?);
+    }
     options.retention.delivery_retention = args.delivery_retention;
     options.dispatcher.max_artifact_bytes = args.max_artifact_bytes;
     options.dispatcher.concurrency = args.worker_concurrency;
@@ -503,7 +511,10 @@ async fn tenants(global: &Global, command: TenantsCommand) -> anyhow::Result<()>
                 bail!("this deletes everything of tenant {tenant}; run again with --yes");
             }
             let counts = store.tenant_delete(&tenant, SystemClock.now()).await?;
-            let artifacts = FileArtifacts::new(global.data_dir.join("artifacts"));
+            let artifacts: std::sync::Arc<dyn ArtifactStore> = match &global.artifact_store {
+                Some(url) => longrun_engine::artifacts::from_url(url)?,
+                None => std::sync::Arc::new(FileArtifacts::new(global.data_dir.join("artifacts"))),
+            };
             let mut objects = 0;
             loop {
                 let keys = store.artifact_garbage(500).await?;

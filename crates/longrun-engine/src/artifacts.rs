@@ -246,3 +246,171 @@ mod tests {
         );
     }
 }
+
+/// Explicit S3 settings.
+#[derive(Debug, Clone)]
+pub struct S3Settings {
+    pub bucket: String,
+    pub prefix: String,
+    pub endpoint: Option<String>,
+    pub access_key_id: String,
+    pub secret_access_key: String,
+    pub region: String,
+}
+
+/// Artifacts in S3-compatible object storage (`--artifact-store
+/// s3://bucket/prefix`), credentials, region and endpoint from the standard
+/// AWS environment variables (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
+/// `AWS_REGION`, `AWS_ENDPOINT_URL`). Uploads are multipart: an object
+/// exists only once its upload completes. (An interrupted multipart upload is
+/// no object, but its parts are billed until aborted: give the bucket a
+/// lifecycle rule that aborts incomplete uploads.)
+pub struct S3Artifacts {
+    store: std::sync::Arc<dyn object_store::ObjectStore>,
+    prefix: String,
+}
+
+impl S3Artifacts {
+    /// `s3://bucket` or `s3://bucket/prefix`, configured from the AWS
+    /// environment variables.
+    pub fn from_url(url: &str) -> Result<Self, ArtifactError> {
+        let rest = url
+            .strip_prefix("s3://")
+            .ok_or_else(|| ArtifactError::Io(format!("not an s3:// URL: {url}")))?;
+        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        if bucket.is_empty() {
+            return Err(ArtifactError::Io("the s3:// URL names no bucket".into()));
+        }
+        let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        let builder = object_store::aws::AmazonS3Builder::from_env();
+        Self::build(builder, bucket, prefix, env("AWS_ENDPOINT_URL"))
+    }
+
+    /// Explicit settings, for embedding and tests.
+    pub fn new(settings: S3Settings) -> Result<Self, ArtifactError> {
+        let builder = object_store::aws::AmazonS3Builder::new()
+            .with_access_key_id(settings.access_key_id)
+            .with_secret_access_key(settings.secret_access_key)
+            .with_region(settings.region);
+        Self::build(builder, &settings.bucket, &settings.prefix, settings.endpoint)
+    }
+
+    fn build(
+        builder: object_store::aws::AmazonS3Builder,
+        bucket: &str,
+        prefix: &str,
+        endpoint: Option<String>,
+    ) -> Result<Self, ArtifactError> {
+        let mut builder = builder.with_bucket_name(bucket);
+        if let Some(endpoint) = endpoint {
+            builder = builder
+                .with_allow_http(endpoint.starts_with("http://"))
+                .with_endpoint(endpoint);
+        }
+        let store = builder.build().map_err(|e| ArtifactError::Io(e.to_string()))?;
+        Ok(Self {
+            store: std::sync::Arc::new(store),
+            prefix: prefix.trim_matches('/').to_owned(),
+        })
+    }
+
+    fn path(&self, key: &str) -> object_store::path::Path {
+        if self.prefix.is_empty() {
+            object_store::path::Path::from(key)
+        } else {
+            object_store::path::Path::from(format!("{}/{key}", self.prefix))
+        }
+    }
+}
+
+fn s3_error(e: object_store::Error) -> ArtifactError {
+    match e {
+        object_store::Error::NotFound { .. } => ArtifactError::NotFound,
+        other => ArtifactError::Io(other.to_string()),
+    }
+}
+
+#[async_trait]
+impl ArtifactStore for S3Artifacts {
+    async fn put(&self, key: &str, mut body: ByteReader, max_bytes: u64) -> Result<Stored, ArtifactError> {
+        let upload = self.store.put_multipart(&self.path(key)).await.map_err(s3_error)?;
+        let mut writer = object_store::WriteMultipart::new_with_chunk_size(upload, 8 * 1024 * 1024);
+        let mut hasher = Sha256::new();
+        let mut size: u64 = 0;
+        let mut buffer = vec![0u8; 256 * 1024];
+        loop {
+            let n = match body.read(&mut buffer).await {
+                Ok(n) => n,
+                Err(e) => {
+                    let _ = writer.abort().await;
+                    return Err(e.into());
+                }
+            };
+            if n == 0 {
+                break;
+            }
+            size += n as u64;
+            if size > max_bytes {
+                let _ = writer.abort().await;
+                return Err(ArtifactError::TooLarge { max_bytes });
+            }
+            hasher.update(&buffer[..n]);
+            writer.wait_for_capacity(4).await.map_err(s3_error)?;
+            writer.write(&buffer[..n]);
+        }
+        writer.finish().await.map_err(s3_error)?;
+        Ok(Stored {
+            size_bytes: size,
+            sha256: data_encoding::HEXLOWER.encode(&hasher.finalize()),
+        })
+    }
+
+    async fn open(&self, key: &str, offset: u64, len: u64) -> Result<ByteReader, ArtifactError> {
+        use futures_util::TryStreamExt;
+        if len == 0 {
+            return Ok(Box::pin(tokio::io::empty()));
+        }
+        let options = object_store::GetOptions {
+            range: Some(object_store::GetRange::Bounded(offset..offset + len)),
+            ..Default::default()
+        };
+        let result = self.store.get_opts(&self.path(key), options).await.map_err(s3_error)?;
+        let stream = result.into_stream().map_err(std::io::Error::other);
+        Ok(Box::pin(tokio_util::io::StreamReader::new(stream)))
+    }
+
+    async fn delete(&self, key: &str) -> Result<(), ArtifactError> {
+        match self.store.delete(&self.path(key)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(s3_error(e)),
+        }
+    }
+
+    async fn list(&self) -> Result<Vec<String>, ArtifactError> {
+        use futures_util::TryStreamExt;
+        let prefix = (!self.prefix.is_empty()).then(|| object_store::path::Path::from(self.prefix.as_str()));
+        let objects: Vec<object_store::ObjectMeta> =
+            self.store.list(prefix.as_ref()).try_collect().await.map_err(s3_error)?;
+        let mut keys: Vec<String> = objects
+            .into_iter()
+            .map(|o| {
+                let full = o.location.to_string();
+                full.strip_prefix(&format!("{}/", self.prefix))
+                    .map(str::to_owned)
+                    .unwrap_or(full)
+            })
+            .collect();
+        keys.sort();
+        Ok(keys)
+    }
+}
+
+/// The store an `--artifact-store` URL names: `file:///path` (or a plain
+/// path) or `s3://bucket/prefix`.
+pub fn from_url(url: &str) -> Result<std::sync::Arc<dyn ArtifactStore>, ArtifactError> {
+    if url.starts_with("s3://") {
+        return Ok(std::sync::Arc::new(S3Artifacts::from_url(url)?));
+    }
+    let path = url.strip_prefix("file://").unwrap_or(url);
+    Ok(std::sync::Arc::new(FileArtifacts::new(path)))
+}

@@ -34,8 +34,11 @@ pub struct ServeOptions {
     pub enforcer: enforcer::Config,
     pub webhooks: webhooks::Config,
     pub retention: retention::Config,
-    /// Where result artifacts are stored (`--data-dir/artifacts`).
+    /// Where result artifacts are stored (`--data-dir/artifacts`) unless
+    /// `artifact_store` names another store.
     pub artifacts_dir: PathBuf,
+    /// Another artifact store (`--artifact-store file://…|s3://bucket/prefix`).
+    pub artifact_store: Option<Arc<dyn ArtifactStore>>,
     /// Run the webhook deliverer in this process.
     pub deliver_webhooks: bool,
     pub clock: Arc<dyn Clock>,
@@ -50,6 +53,7 @@ impl ServeOptions {
             .unwrap_or_else(|| "artifacts".into());
         Self {
             artifacts_dir,
+            artifact_store: None,
             retention: retention::Config::default(),
             listen,
             sqlite,
@@ -125,7 +129,10 @@ pub async fn start(options: ServeOptions) -> anyhow::Result<RunningServer> {
     if store.server_secret_list(crate::LINK_KEY_PREFIX).await?.is_empty() {
         add_link_key(store.as_ref(), clock.as_ref()).await?;
     }
-    let artifacts: Arc<dyn ArtifactStore> = Arc::new(FileArtifacts::new(&options.artifacts_dir));
+    let artifacts: Arc<dyn ArtifactStore> = match &options.artifact_store {
+        Some(store) => store.clone(),
+        None => Arc::new(FileArtifacts::new(&options.artifacts_dir)),
+    };
     // The in-process workers of this node's previous run are gone (a crash or
     // a kill): hand their leases to the reaper now rather than after the
     // lease time. One SQLite database has one serving process, so the id is

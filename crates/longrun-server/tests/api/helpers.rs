@@ -40,6 +40,7 @@ pub struct Options {
     pub webhook_reuse_connections: bool,
     pub deliver_webhooks: bool,
     pub max_artifact_bytes: u64,
+    pub artifact_store: Option<Arc<dyn longrun_engine::artifacts::ArtifactStore>>,
 }
 
 impl Default for Options {
@@ -55,6 +56,7 @@ impl Default for Options {
             webhook_reuse_connections: true,
             deliver_webhooks: true,
             max_artifact_bytes: 1 << 30,
+            artifact_store: None,
         }
     }
 }
@@ -102,6 +104,7 @@ pub async fn spawn_app_with(options: Options) -> TestApp {
     serve.deliver_webhooks = options.deliver_webhooks;
     serve.retention.interval = Duration::from_millis(20);
     serve.http.max_artifact_bytes = options.max_artifact_bytes;
+    serve.artifact_store = options.artifact_store.clone();
     serve.webhooks.interval = Duration::from_millis(20);
     serve.webhooks.secret_cache = Duration::ZERO;
     // Revocation must bite at once in tests.

@@ -9,6 +9,7 @@ mod idempotency;
 mod longpoll;
 mod observe;
 mod results;
+mod s3;
 mod submit;
 mod webhooks;
 mod workers;

@@ -1,0 +1,125 @@
+//! The export kind end to end with the release binary as its own process:
+//! 1 M and 40 M rows — wall time, rows/s, the server's peak RSS — and the
+//! download throughput of the 40 M-row artifact over loopback.
+//!
+//! `cargo bench -p longrun-cli --bench export_load` (LONGRUN_BENCH_ROWS="1000000,40000000").
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+fn peak_rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+fn main() {
+    let rows: Vec<u64> = std::env::var("LONGRUN_BENCH_ROWS")
+        .unwrap_or_else(|_| "1000000,40000000".into())
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async move {
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_longrun"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(dir.path())
+            .env("LONGRUN_LOG", "warn")
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let pid = child.id().unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let (mut base, mut token) = (String::new(), String::new());
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if let Some(key) = line.trim().strip_prefix("client key:") {
+                token = key.trim().to_owned();
+            }
+            if let Some(url) = line.strip_prefix("longrun listening on ") {
+                base = url.trim().to_owned();
+                break;
+            }
+        }
+        let http = reqwest::Client::new();
+        println!("export kind, release server as its own process (pid {pid}), SQLite + file artifacts");
+        for n in rows {
+            let started = Instant::now();
+            let op: Value = http
+                .post(format!("{base}/v1/operations"))
+                .bearer_auth(&token)
+                .header("Idempotency-Key", format!("export-{n}"))
+                .json(&json!({"kind": "export", "input": {"rows": n, "format": "csv"}}))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            let id = op["id"].as_str().unwrap().to_owned();
+            let mut etag = String::from("\"1\"");
+            let done = loop {
+                let response = http
+                    .get(format!("{base}/v1/operations/{id}"))
+                    .bearer_auth(&token)
+                    .header("Prefer", "wait=30")
+                    .header("If-None-Match", &etag)
+                    .send()
+                    .await
+                    .unwrap();
+                if response.status() == 200 {
+                    etag = response.headers()["etag"].to_str().unwrap().to_owned();
+                    let op: Value = response.json().await.unwrap();
+                    if op["terminal"] == true {
+                        break op;
+                    }
+                }
+            };
+            let elapsed = started.elapsed();
+            assert_eq!(done["state"], "succeeded", "{done}");
+            let size = done["result"]["artifact"]["size_bytes"].as_f64().unwrap();
+            println!(
+                "export {n:>11} rows: {:>7.2} s  {:>10.0} rows/s  {:>8.1} MiB  server peak RSS {:.0} MiB",
+                elapsed.as_secs_f64(),
+                n as f64 / elapsed.as_secs_f64(),
+                size / 1048576.0,
+                peak_rss_mib(pid)
+            );
+            let resource: Value = http
+                .get(format!("{base}/v1/operations/{id}/result"))
+                .bearer_auth(&token)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            let url = format!("{base}{}", resource["download"]["url"].as_str().unwrap());
+            let started = Instant::now();
+            let mut response = http.get(&url).send().await.unwrap();
+            let mut received = 0u64;
+            while let Some(chunk) = response.chunk().await.unwrap() {
+                received += chunk.len() as u64;
+            }
+            let elapsed = started.elapsed().max(Duration::from_millis(1));
+            println!(
+                "download {:>9.1} MiB: {:>7.2} s  {:>8.0} MiB/s  server peak RSS {:.0} MiB",
+                received as f64 / 1048576.0,
+                elapsed.as_secs_f64(),
+                received as f64 / 1048576.0 / elapsed.as_secs_f64(),
+                peak_rss_mib(pid)
+            );
+        }
+        let _ = child.kill().await;
+    });
+}
