@@ -19,11 +19,14 @@ use longrun_engine::{CancellationToken, Registry};
 use longrun_server::{CallbackPolicy, Config, ServeOptions};
 use longrun_store::{ApiKeyCreateParams, KindSpec, SqliteConfig, SqliteStore, Store, TenantLimits};
 
+mod client;
+
 #[derive(Parser)]
 #[command(
     name = "longrun",
     version,
-    about = "A durable server for HTTP work that finishes later."
+    about = "A durable server for HTTP work that finishes later.",
+    after_help = client::EXIT_CODES_HELP
 )]
 struct Cli {
     #[command(flatten)]
@@ -34,6 +37,8 @@ struct Cli {
 
 #[derive(Args, Clone)]
 struct Global {
+    #[command(flatten)]
+    client: client::ClientArgs,
     /// Where the embedded database (longrun.db) and artifacts live.
     #[arg(long, env = "LONGRUN_DATA_DIR", default_value = "./longrun-data", global = true)]
     data_dir: PathBuf,
@@ -85,6 +90,8 @@ enum Command {
     /// {"result": …} gives the result. Exit 0 succeeds, anything else fails with
     /// worker_error. Cancellation sends SIGTERM, then SIGKILL after --grace.
     Worker(WorkerArgs),
+    #[command(flatten)]
+    Client(client::ClientCommand),
 }
 
 #[derive(Args)]
@@ -98,11 +105,6 @@ struct WorkerArgs {
     /// Tasks run at once.
     #[arg(long, default_value_t = 1)]
     concurrency: usize,
-    #[arg(long, env = "LONGRUN_SERVER", default_value = "http://127.0.0.1:8080")]
-    server: String,
-    /// A key of role worker.
-    #[arg(long, env = "LONGRUN_TOKEN", hide_env_values = true)]
-    token: String,
     /// Lease length; heartbeats renew it every third of it.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     lease: Duration,
@@ -288,6 +290,10 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     init_logging(&cli.global);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    if let Command::Client(command) = cli.command {
+        let code = runtime.block_on(client::run(cli.global.client.clone(), command));
+        std::process::exit(code);
+    }
     runtime.block_on(run(cli))
 }
 
@@ -313,7 +319,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             println!("new download-link key {kid}; servers use it within a few seconds");
             Ok(())
         }
-        Command::Worker(args) => worker(args).await,
+        Command::Worker(args) => worker(&global, args).await,
+        Command::Client(_) => unreachable!("client commands run in main"),
     }
 }
 
@@ -559,7 +566,10 @@ async fn tenants(global: &Global, command: TenantsCommand) -> anyhow::Result<()>
     Ok(())
 }
 
-async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
+async fn worker(global: &Global, args: WorkerArgs) -> anyhow::Result<()> {
+    let Some(token) = global.client.token.clone() else {
+        bail!("no API key: pass --token (a key of role worker) or set LONGRUN_TOKEN");
+    };
     longrun_core::validate::kind_name(&args.kind)?;
     let mut registry = Registry::default();
     registry.register(Arc::new(ExecHandler {
@@ -567,7 +577,7 @@ async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
         command: args.exec,
         grace: args.grace,
     }));
-    let mut config = RemoteConfig::new(args.server, args.token);
+    let mut config = RemoteConfig::new(global.client.server.clone(), token);
     config.concurrency = args.concurrency.max(1);
     config.lease = args.lease;
     config.shutdown_grace = args.shutdown_grace;

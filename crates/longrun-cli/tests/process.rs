@@ -359,3 +359,129 @@ async fn wait_until(base: &str, token: &str, ids: &[String], done: impl Fn(&Valu
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Runs a client command against `base`; returns (exit code, stdout).
+async fn client(base: &str, token: &str, args: &[&str]) -> (i32, String) {
+    let output = Command::new(BIN)
+        .args(args)
+        .args(["--server", base, "--token", token])
+        .env("LONGRUN_LOG", "warn")
+        .output()
+        .await
+        .unwrap();
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_commands_submit_wait_download_and_cancel_with_distinct_exit_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_server(dir.path(), &[]).await;
+    let token = server.bootstrap_client_key.clone().unwrap();
+    let base = server.base.clone();
+
+    let (code, out) = client(
+        &base,
+        &token,
+        &[
+            "submit",
+            "sleep",
+            "--input",
+            r#"{"duration_ms": 50}"#,
+            "--wait",
+            "--output",
+            "json",
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "{out}");
+    let op: Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(op["state"], "succeeded");
+
+    let (code, _) = client(
+        &base,
+        &token,
+        &[
+            "submit",
+            "sleep",
+            "--input",
+            r#"{"duration_ms": 1, "steps": 1, "fail_with": "boom"}"#,
+            "--wait",
+        ],
+    )
+    .await;
+    assert_eq!(code, 1, "a failed operation exits 1");
+
+    let input = dir.path().join("export.json");
+    std::fs::write(&input, r#"{"rows": 1000, "format": "csv"}"#).unwrap();
+    let at_file = format!("@{}", input.display());
+    let (code, out) = client(
+        &base,
+        &token,
+        &["submit", "export", "--input", &at_file, "--wait", "--output", "json"],
+    )
+    .await;
+    assert_eq!(code, 0);
+    let export: Value = serde_json::from_str(out.trim()).unwrap();
+    let file = dir.path().join("export.csv");
+    let (code, out) = client(
+        &base,
+        &token,
+        &[
+            "result",
+            export["id"].as_str().unwrap(),
+            "--output-file",
+            file.to_str().unwrap(),
+            "--output",
+            "json",
+        ],
+    )
+    .await;
+    assert_eq!(code, 0);
+    let report: Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(report["sha256"], export["result"]["artifact"]["sha256"]);
+    assert_eq!(std::fs::read_to_string(&file).unwrap().lines().count(), 1001);
+
+    let (code, out) = client(
+        &base,
+        &token,
+        &["submit", "sleep", "--input", r#"{"duration_ms": 60000, "steps": 600}"#],
+    )
+    .await;
+    assert_eq!(code, 0);
+    let id = out.trim().to_owned();
+    assert!(id.starts_with("op_"), "text output prints the id: {out}");
+    let (code, _) = client(&base, &token, &["cancel", &id, "--reason", "testing"]).await;
+    assert_eq!(code, 0);
+    let (code, _) = client(&base, &token, &["wait", &id]).await;
+    assert_eq!(code, 3, "a cancelled operation exits 3");
+
+    let (code, out) = client(&base, &token, &["list", "--output", "json", "--all"]).await;
+    assert_eq!(code, 0);
+    assert_eq!(
+        serde_json::from_str::<Value>(out.trim())
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .len(),
+        4
+    );
+    let (code, out) = client(&base, &token, &["list", "--state", "cancelled"]).await;
+    assert_eq!(code, 0);
+    assert!(out.contains(&id) && out.starts_with("ID"), "{out}");
+
+    let (code, _) = client(&base, &token, &["submit", "sleep", "--input", "not json"]).await;
+    assert_eq!(code, 2, "usage errors exit 2");
+    let (code, out) = client(
+        &base,
+        &token,
+        &["get", "op_aaaaaaaaaaaaaaaaaaaaaaaaaa", "--output", "json"],
+    )
+    .await;
+    assert_eq!(code, 4, "refusals exit 4");
+    assert_eq!(serde_json::from_str::<Value>(out.trim()).unwrap()["code"], "not_found");
+    let (code, _) = client("http://127.0.0.1:1", &token, &["get", &id]).await;
+    assert_eq!(code, 5, "an unreachable server exits 5");
+}

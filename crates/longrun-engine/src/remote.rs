@@ -151,7 +151,7 @@ impl TaskLink for HttpLink {
 
     async fn upload(&self, content_type: &str, body: ByteReader) -> Result<UploadedArtifact, StoreError> {
         let url = format!("{}/v1/worker/tasks/{}/artifact", self.base, self.operation_id);
-        let stream = tokio_util::io::ReaderStream::new(body);
+        let stream = tokio_util::io::ReaderStream::with_capacity(body, 256 * 1024);
         let response = self
             .http
             .put(url)

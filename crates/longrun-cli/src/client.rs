@@ -1,0 +1,375 @@
+//! The client commands (`submit`, `get`, `wait`, `cancel`, `list`, `result`),
+//! on top of the SDK. Their exit codes are part of their interface.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use clap::{Args, Subcommand, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use longrun_client::{Client, Error, ListFilter, Operation, Submission};
+use serde_json::Value;
+
+pub const EXIT_OK: i32 = 0;
+pub const EXIT_FAILED: i32 = 1;
+pub const EXIT_USAGE: i32 = 2;
+pub const EXIT_CANCELLED: i32 = 3;
+pub const EXIT_REFUSED: i32 = 4;
+pub const EXIT_TRANSPORT: i32 = 5;
+
+pub const EXIT_CODES_HELP: &str = "Exit codes of the client commands:
+  0  success (for submit --wait, wait and result: the operation succeeded)
+  1  the operation failed
+  2  usage error (bad flags or input)
+  3  the operation was cancelled
+  4  the server refused the request (the problem code is printed)
+  5  the server could not be reached";
+
+#[derive(Args, Clone)]
+pub struct ClientArgs {
+    /// The Longrun server.
+    #[arg(long, env = "LONGRUN_SERVER", default_value = "http://127.0.0.1:8080", global = true)]
+    pub server: String,
+    /// An API key (role client; role worker for `longrun worker`).
+    #[arg(long, env = "LONGRUN_TOKEN", hide_env_values = true, global = true)]
+    pub token: Option<String>,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "text", global = true)]
+    output: Output,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+pub enum ClientCommand {
+    /// Submit an operation; prints its id (and the idempotency key to retry with).
+    Submit {
+        kind: String,
+        /// The input: JSON, or @file.json.
+        #[arg(long)]
+        input: Option<String>,
+        /// Reuse the key of an earlier attempt of this same submission.
+        #[arg(long)]
+        idempotency_key: Option<String>,
+        /// Wait until it ends (progress bar on a terminal).
+        #[arg(long)]
+        wait: bool,
+        /// key=value, repeatable.
+        #[arg(long = "label")]
+        labels: Vec<String>,
+        #[arg(long)]
+        deadline_seconds: Option<u64>,
+        /// A webhook URL for its state transitions.
+        #[arg(long)]
+        callback: Option<String>,
+    },
+    /// Show an operation.
+    Get { id: String },
+    /// Wait until an operation ends, showing its progress.
+    Wait { id: String },
+    /// Request cancellation.
+    Cancel {
+        id: String,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// List operations, newest first.
+    List {
+        #[arg(long)]
+        state: Option<String>,
+        #[arg(long)]
+        kind: Option<String>,
+        /// key:value
+        #[arg(long)]
+        label: Option<String>,
+        #[arg(long, default_value_t = 20)]
+        page_size: u32,
+        /// Every page, not just the first.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Download an operation's result artifact (resumable, SHA-256 checked).
+    Result {
+        id: String,
+        /// Where to write it; `-` for standard output. Default: <id>.<ext>.
+        #[arg(long)]
+        output_file: Option<String>,
+    },
+}
+
+/// Runs a client command; returns the exit code.
+pub async fn run(args: ClientArgs, command: ClientCommand) -> i32 {
+    let Some(token) = args.token.clone() else {
+        eprintln!("error: no API key: pass --token or set LONGRUN_TOKEN");
+        return EXIT_USAGE;
+    };
+    let client = Client::new(args.server.clone(), token);
+    match execute(&client, args.output, command).await {
+        Ok(code) => code,
+        Err(e) => report(&e, args.output),
+    }
+}
+
+fn report(e: &Error, output: Output) -> i32 {
+    match e {
+        Error::Api { problem, .. } => {
+            if output == Output::Json {
+                println!(
+                    "{}",
+                    serde_json::json!({"code": problem.code, "status": problem.status, "detail": problem.detail,
+                                       "request_id": problem.request_id, "operation_id": problem.operation_id})
+                );
+            } else {
+                eprintln!(
+                    "refused: {} ({}): {} [request {}]",
+                    problem.code, problem.status, problem.detail, problem.request_id
+                );
+            }
+            EXIT_REFUSED
+        }
+        Error::Transport(inner) => {
+            eprintln!("error: could not reach the server: {inner}");
+            EXIT_TRANSPORT
+        }
+        other => {
+            eprintln!("error: {other}");
+            EXIT_REFUSED
+        }
+    }
+}
+
+/// An input given as JSON or `@file`.
+fn read_input(input: &str) -> Result<Value, String> {
+    let text = match input.strip_prefix('@') {
+        Some(path) => std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))?,
+        None => input.to_owned(),
+    };
+    serde_json::from_str(&text).map_err(|e| format!("the input is not JSON: {e}"))
+}
+
+fn exit_for(operation: &Operation) -> i32 {
+    match operation.state.as_str() {
+        "succeeded" => EXIT_OK,
+        "cancelled" => EXIT_CANCELLED,
+        "failed" => EXIT_FAILED,
+        _ => EXIT_OK,
+    }
+}
+
+fn print_operation(operation: &Operation, output: Output) {
+    match output {
+        Output::Json => println!("{}", serde_json::to_string(operation).unwrap_or_default()),
+        Output::Text => {
+            println!("id         {}", operation.id);
+            println!("kind       {}", operation.kind);
+            println!(
+                "state      {}{}",
+                operation.state,
+                if operation.cancel_requested {
+                    " (cancel requested)"
+                } else {
+                    ""
+                }
+            );
+            println!("version    {}  attempt {}", operation.version, operation.attempt);
+            println!("created    {}", operation.created_at);
+            if let Some(p) = &operation.progress {
+                println!("progress   {}", progress_text(p));
+            }
+            if let Some(result) = &operation.result {
+                println!("result     {result}");
+            }
+            if let Some(error) = &operation.error {
+                println!("error      {}: {}", error.code, error.message);
+            }
+        }
+    }
+}
+
+fn progress_text(p: &longrun_client::Progress) -> String {
+    let units = p.unit.clone().unwrap_or_default();
+    let done = p.completed_units.map(|c| format!("{c}")).unwrap_or_else(|| "?".into());
+    let total = p.total_units.map(|t| format!("/{t}")).unwrap_or_default();
+    let phase = p.phase.clone().map(|ph| format!(" {ph}")).unwrap_or_default();
+    format!("{done}{total} {units}{phase}")
+}
+
+/// Waits with a progress bar fed by the operation's progress.
+async fn wait_with_bar(client: &Client, id: &str, output: Output) -> Result<Operation, Error> {
+    let bar = if output == Output::Text {
+        ProgressBar::new(0)
+    } else {
+        ProgressBar::hidden()
+    };
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} {msg:20} [{bar:30}] {pos}/{len} {per_sec} ETA {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar.enable_steady_tick(Duration::from_millis(200));
+    let operation = client
+        .wait(id, |op| {
+            if let Some(p) = &op.progress {
+                if let Some(total) = p.total_units {
+                    bar.set_length(total as u64);
+                }
+                if let Some(done) = p.completed_units {
+                    bar.set_position(done as u64);
+                }
+                bar.set_message(format!("{} {}", op.state, p.phase.clone().unwrap_or_default()));
+            } else {
+                bar.set_message(op.state.clone());
+            }
+        })
+        .await;
+    bar.finish_and_clear();
+    operation
+}
+
+async fn execute(client: &Client, output: Output, command: ClientCommand) -> Result<i32, Error> {
+    match command {
+        ClientCommand::Submit {
+            kind,
+            input,
+            idempotency_key,
+            wait,
+            labels,
+            deadline_seconds,
+            callback,
+        } => {
+            let input = match input.as_deref().map(read_input).transpose() {
+                Ok(input) => input,
+                Err(message) => {
+                    eprintln!("error: {message}");
+                    return Ok(EXIT_USAGE);
+                }
+            };
+            let mut parsed_labels = BTreeMap::new();
+            for label in labels {
+                let Some((k, v)) = label.split_once('=') else {
+                    eprintln!("error: --label takes key=value");
+                    return Ok(EXIT_USAGE);
+                };
+                parsed_labels.insert(k.to_owned(), v.to_owned());
+            }
+            let submission = Submission {
+                kind,
+                input,
+                callback: callback.map(|url| serde_json::json!({"url": url})),
+                deadline_seconds,
+                budget: None,
+                labels: parsed_labels,
+                idempotency_key,
+            };
+            let submitted = client.submit(&submission).await?;
+            if output == Output::Text {
+                eprintln!(
+                    "{} {} (idempotency key {}; reuse it with --idempotency-key to retry safely)",
+                    if submitted.replayed {
+                        "already submitted:"
+                    } else {
+                        "submitted"
+                    },
+                    submitted.operation.id,
+                    submitted.idempotency_key
+                );
+            }
+            if wait {
+                let operation = wait_with_bar(client, &submitted.operation.id, output).await?;
+                print_operation(&operation, output);
+                return Ok(exit_for(&operation));
+            }
+            match output {
+                Output::Json => print_operation(&submitted.operation, output),
+                Output::Text => println!("{}", submitted.operation.id),
+            }
+            Ok(EXIT_OK)
+        }
+        ClientCommand::Get { id } => {
+            print_operation(&client.get(&id).await?, output);
+            Ok(EXIT_OK)
+        }
+        ClientCommand::Wait { id } => {
+            let operation = wait_with_bar(client, &id, output).await?;
+            print_operation(&operation, output);
+            Ok(exit_for(&operation))
+        }
+        ClientCommand::Cancel { id, reason } => {
+            let operation = client.cancel(&id, reason.as_deref()).await?;
+            print_operation(&operation, output);
+            Ok(EXIT_OK)
+        }
+        ClientCommand::List {
+            state,
+            kind,
+            label,
+            page_size,
+            all,
+        } => {
+            let mut pager = client.list(ListFilter {
+                state,
+                kind,
+                label,
+                page_size: Some(page_size),
+            });
+            let operations = if all {
+                pager.collect_all().await?
+            } else {
+                pager.next_page().await?.unwrap_or_default()
+            };
+            match output {
+                Output::Json => println!("{}", serde_json::to_string(&operations).unwrap_or_default()),
+                Output::Text => {
+                    println!("{:<30} {:<16} {:<10} {:<26} PROGRESS", "ID", "KIND", "STATE", "CREATED");
+                    for op in &operations {
+                        let progress = op.progress.as_ref().map(progress_text).unwrap_or_default();
+                        println!(
+                            "{:<30} {:<16} {:<10} {:<26} {progress}",
+                            op.id, op.kind, op.state, op.created_at
+                        );
+                    }
+                }
+            }
+            Ok(EXIT_OK)
+        }
+        ClientCommand::Result { id, output_file } => {
+            let bar = if output == Output::Text && output_file.as_deref() != Some("-") {
+                ProgressBar::new(0)
+            } else {
+                ProgressBar::hidden()
+            };
+            bar.set_style(
+                ProgressStyle::with_template("{bytes}/{total_bytes} [{bar:30}] {bytes_per_sec} ETA {eta}")
+                    .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            );
+            let on_bytes = |done: u64, total: u64| {
+                bar.set_length(total);
+                bar.set_position(done);
+            };
+            let downloaded = match output_file.as_deref() {
+                Some("-") => client.download_result(&id, &mut tokio::io::stdout(), on_bytes).await?,
+                other => {
+                    let path = other.map(str::to_owned).unwrap_or_else(|| format!("{id}.out"));
+                    let mut file = tokio::fs::File::create(&path).await?;
+                    let downloaded = client.download_result(&id, &mut file, on_bytes).await?;
+                    if output == Output::Text {
+                        eprintln!("wrote {path}");
+                    }
+                    downloaded
+                }
+            };
+            bar.finish_and_clear();
+            if output == Output::Json {
+                println!(
+                    "{}",
+                    serde_json::json!({"bytes": downloaded.bytes, "sha256": downloaded.sha256, "resumed": downloaded.resumed})
+                );
+            } else if output_file.as_deref() != Some("-") {
+                eprintln!("{} bytes, sha256 {} (verified)", downloaded.bytes, downloaded.sha256);
+            }
+            Ok(EXIT_OK)
+        }
+    }
+}

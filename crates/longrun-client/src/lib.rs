@@ -1,0 +1,570 @@
+//! The Longrun client SDK: the safe way to call a Longrun server.
+//!
+//! - [`Client::submit`] makes one idempotency key per logical submission and
+//!   reuses it on every retry (connection errors, `429`/`503` honouring
+//!   `Retry-After`, other `5xx`), with bounded attempts and exponential
+//!   backoff with full jitter — so a retry can never create a second operation.
+//! - [`Client::wait`] long-polls (`Prefer: wait` with `If-None-Match`) and
+//!   falls back to the server's `Retry-After` pacing.
+//! - [`Client::download_result`] streams the result, resumes with `Range`
+//!   after a broken connection and checks the published SHA-256.
+//! - [`webhooks`] verifies Standard Webhooks signatures and dedupes deliveries.
+//!
+//! Errors are typed by the problem `code`; nothing parses English text.
+
+pub mod webhooks;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use rand::Rng;
+use reqwest::{Method, RequestBuilder, Response, StatusCode};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+
+/// How submissions are retried.
+#[derive(Debug, Clone)]
+pub struct RetryPolicy {
+    /// Attempts in all, the first included.
+    pub max_attempts: u32,
+    /// The backoff cap grows from this, doubling per attempt…
+    pub base_delay: Duration,
+    /// …up to this.
+    pub max_delay: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            max_attempts: 8,
+            base_delay: Duration::from_millis(100),
+            max_delay: Duration::from_secs(20),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// Full jitter: a random delay between zero and the capped exponential.
+    pub fn delay(&self, attempt: u32) -> Duration {
+        let cap = self
+            .base_delay
+            .saturating_mul(1u32 << attempt.min(20))
+            .min(self.max_delay);
+        cap.mul_f64(rand::rng().random::<f64>())
+    }
+}
+
+/// A problem answered by the server (RFC 9457 with Longrun's `code`).
+#[derive(Debug, Clone, Deserialize)]
+pub struct Problem {
+    pub code: String,
+    #[serde(default)]
+    pub status: u16,
+    #[serde(default)]
+    pub title: String,
+    #[serde(default)]
+    pub detail: String,
+    #[serde(default)]
+    pub request_id: String,
+    #[serde(default)]
+    pub operation_id: Option<String>,
+    #[serde(default)]
+    pub retryable: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The server refused; decide on `problem.code`.
+    #[error("{} ({}): {}", .problem.code, .problem.status, .problem.detail)]
+    Api {
+        problem: Problem,
+        retry_after: Option<Duration>,
+    },
+    /// The request did not get an answer (after the retries it was allowed).
+    #[error("transport: {0}")]
+    Transport(#[from] reqwest::Error),
+    #[error("unexpected answer: {0}")]
+    Unexpected(String),
+    /// A download's bytes do not match the published SHA-256.
+    #[error("the download does not match its SHA-256 (expected {expected}, got {actual})")]
+    Integrity { expected: String, actual: String },
+    #[error("writing the download failed: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl Error {
+    /// The problem code, if the server answered one.
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            Error::Api { problem, .. } => Some(&problem.code),
+            _ => None,
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The operation representation (CONTRACT §3).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Operation {
+    pub id: String,
+    pub kind: String,
+    pub state: String,
+    pub terminal: bool,
+    #[serde(default)]
+    pub cancel_requested: bool,
+    pub version: i64,
+    #[serde(default)]
+    pub attempt: i64,
+    pub created_at: String,
+    #[serde(default)]
+    pub started_at: Option<String>,
+    #[serde(default)]
+    pub completed_at: Option<String>,
+    #[serde(default)]
+    pub updated_at: Option<String>,
+    #[serde(default)]
+    pub deadline_at: Option<String>,
+    #[serde(default)]
+    pub progress: Option<Progress>,
+    #[serde(default)]
+    pub result: Option<Value>,
+    #[serde(default)]
+    pub error: Option<OperationError>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub expires_at: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Progress {
+    #[serde(default)]
+    pub completed_units: Option<f64>,
+    #[serde(default)]
+    pub total_units: Option<f64>,
+    #[serde(default)]
+    pub unit: Option<String>,
+    #[serde(default)]
+    pub phase: Option<String>,
+    #[serde(default)]
+    pub details: Option<Value>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OperationError {
+    pub code: String,
+    #[serde(default)]
+    pub message: String,
+    #[serde(default)]
+    pub retryable: bool,
+}
+
+/// One logical submission.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Submission {
+    pub kind: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub input: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub callback: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deadline_seconds: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub budget: Option<Value>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Reuse a key from an earlier run of the same logical submission; a new
+    /// one is made otherwise.
+    #[serde(skip)]
+    pub idempotency_key: Option<String>,
+}
+
+impl Submission {
+    pub fn new(kind: impl Into<String>, input: Value) -> Self {
+        Self {
+            kind: kind.into(),
+            input: Some(input),
+            ..Self::default()
+        }
+    }
+}
+
+/// What a submission came back with.
+#[derive(Debug, Clone)]
+pub struct Submitted {
+    pub operation: Operation,
+    /// The server had seen this key: this is the original operation.
+    pub replayed: bool,
+    /// Keep it to retry the same logical submission later.
+    pub idempotency_key: String,
+}
+
+/// A result download that checked out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Downloaded {
+    pub bytes: u64,
+    pub sha256: String,
+    /// Connections that broke and were resumed with `Range`.
+    pub resumed: u32,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct ResultResource {
+    sha256: String,
+    size_bytes: u64,
+    download: DownloadLink,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct DownloadLink {
+    url: String,
+}
+
+/// Filters of [`Client::list`].
+#[derive(Debug, Clone, Default)]
+pub struct ListFilter {
+    pub state: Option<String>,
+    pub kind: Option<String>,
+    /// `key:value`
+    pub label: Option<String>,
+    pub page_size: Option<u32>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct Page {
+    operations: Vec<Operation>,
+    next_page_token: Option<String>,
+}
+
+/// A Longrun client. Cheap to clone.
+#[derive(Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    base: String,
+    token: String,
+    retry: RetryPolicy,
+    requests: Arc<AtomicU64>,
+}
+
+impl Client {
+    pub fn new(base: impl Into<String>, token: impl Into<String>) -> Self {
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .timeout(Duration::from_secs(120))
+            .build()
+            .expect("an HTTP client");
+        Self::with_http(http, base, token)
+    }
+
+    /// With your own `reqwest::Client` (proxies, TLS roots, pooling).
+    pub fn with_http(http: reqwest::Client, base: impl Into<String>, token: impl Into<String>) -> Self {
+        Self {
+            http,
+            base: base.into().trim_end_matches('/').to_owned(),
+            token: token.into(),
+            retry: RetryPolicy::default(),
+            requests: Arc::default(),
+        }
+    }
+
+    pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// HTTP requests sent so far (all methods), for measuring polling cost.
+    pub fn requests_sent(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+
+    fn request(&self, method: Method, path: &str) -> RequestBuilder {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        let url = if path.starts_with("http") {
+            path.to_owned()
+        } else {
+            format!("{}{path}", self.base)
+        };
+        self.http.request(method, url).bearer_auth(&self.token)
+    }
+
+    /// Submits once, logically: one idempotency key for every attempt.
+    pub async fn submit(&self, submission: &Submission) -> Result<Submitted> {
+        let key = submission
+            .idempotency_key
+            .clone()
+            .unwrap_or_else(|| format!("lrc-{}", longrun_core::id::random_base32::<16>()));
+        let mut attempt = 0;
+        loop {
+            let sent = self
+                .request(Method::POST, "/v1/operations")
+                .header("Idempotency-Key", &key)
+                .json(submission)
+                .send()
+                .await;
+            let retry_in = match sent {
+                Ok(response) if response.status().is_success() => {
+                    let replayed = response
+                        .headers()
+                        .get("idempotent-replayed")
+                        .is_some_and(|v| v == "true");
+                    let operation = response.json::<Operation>().await?;
+                    return Ok(Submitted {
+                        operation,
+                        replayed,
+                        idempotency_key: key,
+                    });
+                }
+                Ok(response) => {
+                    let status = response.status();
+                    let error = problem(response).await;
+                    let retryable = status == StatusCode::TOO_MANY_REQUESTS
+                        || status == StatusCode::SERVICE_UNAVAILABLE
+                        || status.is_server_error();
+                    if !retryable || attempt + 1 >= self.retry.max_attempts {
+                        return Err(error);
+                    }
+                    let hinted = match &error {
+                        Error::Api { retry_after, .. } => *retry_after,
+                        _ => None,
+                    };
+                    hinted.unwrap_or_else(|| self.retry.delay(attempt))
+                }
+                // No answer: the server may or may not have committed; the
+                // same key makes the retry safe either way.
+                Err(e) => {
+                    if attempt + 1 >= self.retry.max_attempts {
+                        return Err(e.into());
+                    }
+                    self.retry.delay(attempt)
+                }
+            };
+            attempt += 1;
+            tracing::debug!(
+                attempt,
+                ?retry_in,
+                "retrying the submission with the same idempotency key"
+            );
+            tokio::time::sleep(retry_in).await;
+        }
+    }
+
+    pub async fn get(&self, id: &str) -> Result<Operation> {
+        let response = self
+            .request(Method::GET, &format!("/v1/operations/{id}"))
+            .send()
+            .await?;
+        ok_json(response).await
+    }
+
+    /// Waits until the operation is terminal: long-polls with the ETag it
+    /// has (each answer is a change), or sleeps the server's `Retry-After`
+    /// when long-polls are not applied. `on_change` sees every new version.
+    pub async fn wait(&self, id: &str, mut on_change: impl FnMut(&Operation)) -> Result<Operation> {
+        let mut etag: Option<String> = None;
+        loop {
+            let mut request = self
+                .request(Method::GET, &format!("/v1/operations/{id}"))
+                .header("Prefer", "wait=60");
+            if let Some(tag) = &etag {
+                request = request.header("If-None-Match", tag);
+            }
+            let response = request.send().await?;
+            let long_polled = response.headers().contains_key("preference-applied");
+            let retry_after = header_seconds(&response, "retry-after");
+            if response.status() != StatusCode::NOT_MODIFIED {
+                etag = response
+                    .headers()
+                    .get("etag")
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned);
+                let operation: Operation = ok_json(response).await?;
+                on_change(&operation);
+                if operation.terminal {
+                    return Ok(operation);
+                }
+            }
+            if !long_polled {
+                tokio::time::sleep(retry_after.unwrap_or(Duration::from_secs(1))).await;
+            }
+        }
+    }
+
+    /// Requests cancellation (idempotent); the answer is the operation now.
+    pub async fn cancel(&self, id: &str, reason: Option<&str>) -> Result<Operation> {
+        let mut request = self.request(Method::PUT, &format!("/v1/operations/{id}/cancellation"));
+        if let Some(reason) = reason {
+            request = request.json(&serde_json::json!({"reason": reason}));
+        }
+        ok_json(request.send().await?).await
+    }
+
+    /// Pages through the tenant's operations, newest first.
+    pub fn list(&self, filter: ListFilter) -> Pager {
+        Pager {
+            client: self.clone(),
+            filter,
+            token: None,
+            done: false,
+        }
+    }
+
+    /// Streams the operation's result artifact into `out`, resuming with
+    /// `Range` when a connection breaks (up to the retry policy's attempts),
+    /// and checks the bytes against the published SHA-256.
+    pub async fn download_result<W: AsyncWrite + Unpin>(
+        &self,
+        id: &str,
+        out: &mut W,
+        mut on_bytes: impl FnMut(u64, u64),
+    ) -> Result<Downloaded> {
+        let mut hasher = Sha256::new();
+        let mut written: u64 = 0;
+        let mut resumed = 0;
+        let mut expected: Option<ResultResource> = None;
+        loop {
+            // A fresh link each time: links are short-lived.
+            let response = self
+                .request(Method::GET, &format!("/v1/operations/{id}/result"))
+                .send()
+                .await?;
+            let resource: ResultResource = ok_json(response).await?;
+            let total = resource.size_bytes;
+            if expected.as_ref().is_some_and(|e| e.sha256 != resource.sha256) {
+                return Err(Error::Unexpected("the result changed during the download".into()));
+            }
+            expected = Some(resource.clone());
+            if written >= total {
+                break;
+            }
+            let mut request = self.request(Method::GET, &resource.download.url);
+            if written > 0 {
+                request = request.header("Range", format!("bytes={written}-"));
+            }
+            let mut response = request.send().await?;
+            let status = response.status();
+            if !(status == StatusCode::OK && written == 0 || status == StatusCode::PARTIAL_CONTENT) {
+                return Err(problem(response).await);
+            }
+            let broke = loop {
+                match response.chunk().await {
+                    Ok(Some(chunk)) => {
+                        hasher.update(&chunk);
+                        out.write_all(&chunk).await?;
+                        written += chunk.len() as u64;
+                        on_bytes(written, total);
+                    }
+                    Ok(None) => break false,
+                    Err(e) => {
+                        tracing::debug!(error = %e, written, "download broke; resuming");
+                        break true;
+                    }
+                }
+            };
+            if !broke && written >= total {
+                break;
+            }
+            resumed += 1;
+            if resumed >= self.retry.max_attempts {
+                return Err(Error::Unexpected(format!("the download broke {resumed} times")));
+            }
+            tokio::time::sleep(self.retry.delay(resumed)).await;
+        }
+        out.flush().await?;
+        let actual = data_encoding::HEXLOWER.encode(&hasher.finalize());
+        let expected = expected.map(|e| e.sha256).unwrap_or_default();
+        if actual != expected {
+            return Err(Error::Integrity { expected, actual });
+        }
+        Ok(Downloaded {
+            bytes: written,
+            sha256: actual,
+            resumed,
+        })
+    }
+}
+
+/// Pages of [`Client::list`].
+pub struct Pager {
+    client: Client,
+    filter: ListFilter,
+    token: Option<String>,
+    done: bool,
+}
+
+impl Pager {
+    /// The next page, or `None` after the last.
+    pub async fn next_page(&mut self) -> Result<Option<Vec<Operation>>> {
+        if self.done {
+            return Ok(None);
+        }
+        let mut query: Vec<(&str, String)> = Vec::new();
+        if let Some(s) = &self.filter.state {
+            query.push(("state", s.clone()));
+        }
+        if let Some(k) = &self.filter.kind {
+            query.push(("kind", k.clone()));
+        }
+        if let Some(l) = &self.filter.label {
+            query.push(("label", l.clone()));
+        }
+        if let Some(n) = self.filter.page_size {
+            query.push(("page_size", n.to_string()));
+        }
+        if let Some(t) = &self.token {
+            query.push(("page_token", t.clone()));
+        }
+        let response = self
+            .client
+            .request(Method::GET, "/v1/operations")
+            .query(&query)
+            .send()
+            .await?;
+        let page: Page = ok_json(response).await?;
+        self.token = page.next_page_token;
+        self.done = self.token.is_none();
+        Ok(Some(page.operations))
+    }
+
+    /// Every remaining operation.
+    pub async fn collect_all(mut self) -> Result<Vec<Operation>> {
+        let mut all = Vec::new();
+        while let Some(page) = self.next_page().await? {
+            all.extend(page);
+        }
+        Ok(all)
+    }
+}
+
+fn header_seconds(response: &Response, name: &str) -> Option<Duration> {
+    response
+        .headers()
+        .get(name)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse::<u64>()
+        .ok()
+        .map(Duration::from_secs)
+}
+
+async fn problem(response: Response) -> Error {
+    let status = response.status();
+    let retry_after = header_seconds(&response, "retry-after");
+    match response.json::<Problem>().await {
+        Ok(problem) => Error::Api { problem, retry_after },
+        Err(_) => Error::Unexpected(format!("{status} without a problem body")),
+    }
+}
+
+async fn ok_json<T: serde::de::DeserializeOwned>(response: Response) -> Result<T> {
+    if response.status().is_success() {
+        Ok(response.json().await?)
+    } else {
+        Err(problem(response).await)
+    }
+}
