@@ -6,6 +6,7 @@ pub mod error;
 pub mod events;
 pub mod extract;
 pub mod health;
+pub mod openapi;
 pub mod operations;
 pub mod results;
 pub mod wire;

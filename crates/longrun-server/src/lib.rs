@@ -220,6 +220,7 @@ pub fn app(state: AppState) -> Router {
         .merge(http::workers::router())
         .merge(http::events::router())
         .merge(http::results::router())
+        .merge(http::openapi::router())
         .merge(http::health::router())
         .fallback(http::not_found)
         .method_not_allowed_fallback(http::method_not_allowed)

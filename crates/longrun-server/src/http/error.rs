@@ -214,13 +214,42 @@ impl ApiError {
     }
 }
 
+/// Every stable problem code (CONTRACT §6; `method_not_allowed` is ours).
+#[derive(utoipa::ToSchema)]
+#[allow(non_camel_case_types, dead_code)]
+pub enum ProblemCode {
+    invalid_request,
+    idempotency_key_required,
+    unauthenticated,
+    forbidden,
+    not_found,
+    method_not_allowed,
+    idempotency_key_reused,
+    operation_not_cancellable,
+    lease_lost,
+    gone,
+    result_expired,
+    precondition_failed,
+    precondition_required,
+    payload_too_large,
+    unsupported_media_type,
+    invalid_input,
+    unsupported_kind,
+    invalid_callback_url,
+    quota_exceeded,
+    rate_limited,
+    internal,
+    temporarily_unavailable,
+}
+
 /// The problem+json body (RFC 9457 plus our `code`, `request_id`, `retryable`).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Problem {
     #[serde(rename = "type")]
     pub problem_type: String,
     pub title: &'static str,
     pub status: u16,
+    #[schema(value_type = ProblemCode)]
     pub code: &'static str,
     pub detail: String,
     pub request_id: String,

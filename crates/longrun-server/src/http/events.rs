@@ -20,7 +20,7 @@ use longrun_core::{Id, IdKind};
 use crate::AppState;
 use crate::changes::Waiter;
 use crate::http::auth::Caller;
-use crate::http::error::ApiError;
+use crate::http::error::{ApiError, Problem};
 use crate::http::wire::OperationBody;
 
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
@@ -41,6 +41,10 @@ struct Cursor {
     finished: bool,
 }
 
+#[utoipa::path(get, path = "/v1/operations/{id}/events", tag = "operations", security(("bearer" = [])),
+    params(("id" = String, Path, description = "The operation id (op_…)"), ("Last-Event-ID" = Option<String>, Header, description = "Resume after this version")),
+    responses((status = 200, description = "text/event-stream: one `operation.updated` event per version", content_type = "text/event-stream", body = String),
+              (status = "default", description = "A problem (RFC 9457) with a stable `code`", body = Problem, content_type = "application/problem+json")))]
 async fn events(
     State(app): State<AppState>,
     caller: Caller,

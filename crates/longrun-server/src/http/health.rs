@@ -8,7 +8,7 @@ use axum::{Json, Router};
 use serde_json::{Value, json};
 
 use crate::AppState;
-use crate::http::error::ApiError;
+use crate::http::error::{ApiError, Problem};
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -16,10 +16,13 @@ pub fn router() -> Router<AppState> {
         .route("/readyz", get(readyz))
 }
 
+#[utoipa::path(get, path = "/healthz", tag = "operating", responses((status = 200, description = "The process is up", body = Object)))]
 async fn healthz() -> Json<Value> {
     Json(json!({"status": "ok"}))
 }
 
+#[utoipa::path(get, path = "/readyz", tag = "operating",
+    responses((status = 200, description = "The database answers", body = Object), (status = "default", description = "A problem (RFC 9457) with a stable `code`", body = Problem, content_type = "application/problem+json")))]
 async fn readyz(State(app): State<AppState>) -> Result<Json<Value>, ApiError> {
     match tokio::time::timeout(Duration::from_secs(2), app.store.ping()).await {
         Ok(Ok(())) => Ok(Json(json!({"status": "ready"}))),

@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 
 use crate::AppState;
 use crate::http::auth::Caller;
-use crate::http::error::ApiError;
+use crate::http::error::{ApiError, Problem};
 use crate::http::extract::{JsonBody, OptionalJsonBody, QueryParams};
 use crate::http::wire::{
     CancelRequestBody, CancellationBody, DeliveryBody, DeliveryLog, EventBody, History, OperationBody, OperationList,
@@ -38,7 +38,7 @@ pub const MIN_IDEMPOTENCY_LIFETIME: Duration = Duration::from_secs(24 * 3600);
 pub fn router() -> Router<AppState> {
     Router::new()
         .route("/v1/operations", post(submit).get(list))
-        .route("/v1/operations/{id}", get(read).delete(cancel).patch(update))
+        .route("/v1/operations/{id}", get(read).delete(cancel_alias).patch(update))
         .route("/v1/operations/{id}/history", get(history))
         .route("/v1/operations/{id}/cancellation", put(cancel).get(cancellation))
         .route("/v1/operations/{id}/deliveries", get(deliveries))
@@ -203,6 +203,21 @@ fn record_operation_id(id: &Id) {
     tracing::Span::current().record("op.id", id.as_str());
 }
 
+#[utoipa::path(post, path = "/v1/operations", tag = "operations", security(("bearer" = [])),
+    request_body = SubmitRequest,
+    params(
+        ("Idempotency-Key" = String, Header, description = "1–255 visible ASCII characters; required by default",
+         min_length = 1, max_length = 255, pattern = "^[\\x21-\\x7e]+$"),
+        ("Prefer" = Option<String>, Header, description = "`wait=N` (N ≤ 60): hold until terminal or N s"),
+    ),
+    responses(
+        (status = 202, description = "Accepted (or a replay of an unfinished operation)", body = OperationBody,
+         headers(("Location" = String), ("ETag" = String, description = "The version, quoted"), ("Retry-After" = u64, description = "Seconds to wait before polling again (non-terminal only)"), ("Idempotency-Expires" = String, description = "HTTP-date"),
+                 ("Idempotent-Replayed" = String, description = "`true` on a replay"), ("Preference-Applied" = String))),
+        (status = 200, description = "A replay of a terminal operation, or terminal within `Prefer: wait`", body = OperationBody,
+         headers(("Location" = String), ("ETag" = String), ("Idempotency-Expires" = String), ("Idempotent-Replayed" = String))),
+        (status = "default", description = "A problem (RFC 9457) with a stable `code`", body = Problem, content_type = "application/problem+json"),
+    ))]
 async fn submit(
     State(app): State<AppState>,
     caller: Caller,
@@ -359,6 +374,16 @@ fn idempotency_expires(app: &AppState, op: &Operation, now: Timestamp) -> Timest
 /// `GET /v1/operations/{id}`, conditional (`If-None-Match` → `304`) and, with
 /// `Prefer: wait=N`, long-polling: held until the version changes (woken by
 /// the change itself) or N s pass.
+#[utoipa::path(get, path = "/v1/operations/{id}", tag = "operations", security(("bearer" = [])),
+    params(("id" = String, Path, description = "The operation id (op_…)"),
+        ("If-None-Match" = Option<String>, Header, description = "An ETag seen before"),
+        ("Prefer" = Option<String>, Header, description = "`wait=N` (N ≤ 60): long-poll until the version changes"),
+    ),
+    responses(
+        (status = 200, description = "The operation", body = OperationBody, headers(("ETag" = String, description = "The version, quoted"), ("Retry-After" = u64, description = "Seconds to wait before polling again (non-terminal only)"), ("Preference-Applied" = String))),
+        (status = 304, description = "Not modified", headers(("ETag" = String, description = "The version, quoted"), ("Retry-After" = u64, description = "Seconds to wait before polling again (non-terminal only)"))),
+        (status = "default", description = "A problem (RFC 9457) with a stable `code`", body = Problem, content_type = "application/problem+json"),
+    ))]
 async fn read(
     State(app): State<AppState>,
     caller: Caller,
@@ -429,6 +454,15 @@ fn decode_page_token(token: &str) -> Result<i64, ApiError> {
         .ok_or_else(invalid)
 }
 
+#[utoipa::path(get, path = "/v1/operations", tag = "operations", security(("bearer" = [])),
+    params(
+        ("state" = Option<String>, Query, description = "queued, running, succeeded, failed or cancelled"),
+        ("kind" = Option<String>, Query, pattern = "^[a-z0-9][a-z0-9_.-]{0,63}$"),
+        ("label" = Option<String>, Query, description = "key:value"),
+        ("page_size" = Option<u32>, Query, description = "1–100 (0 or absent: 50)", maximum = 100),
+        ("page_token" = Option<String>, Query, description = "next_page_token of the previous page"),
+    ),
+    responses((status = 200, description = "Newest first", body = OperationList), (status = "default", description = "A problem (RFC 9457) with a stable `code`", body = Problem, content_type = "application/problem+json")))]
 async fn list(
     State(app): State<AppState>,
     caller: Caller,
@@ -476,6 +510,8 @@ async fn list(
     }))
 }
 
+#[utoipa::path(get, path = "/v1/operations/{id}/history", tag = "operations", security(("bearer" = [])), params(("id" = String, Path, description = "The operation id (op_…)")),
+    responses((status = 200, description = "Every change, oldest first", body = History), (status = "default", description = "A problem (RFC 9457) with a stable `code`", body = Problem, content_type = "application/problem+json")))]
 async fn history(
     State(app): State<AppState>,
     caller: Caller,
@@ -491,6 +527,14 @@ async fn history(
     }))
 }
 
+#[utoipa::path(put, path = "/v1/operations/{id}/cancellation", tag = "operations", security(("bearer" = [])),
+    params(("id" = String, Path, description = "The operation id (op_…)"), ("If-Match" = Option<String>, Header, description = "Cancel only at this version")),
+    request_body(content = Option<CancelRequestBody>, description = "Optional reason"),
+    responses(
+        (status = 200, description = "Cancelled now, or already terminal (unchanged)", body = OperationBody, headers(("ETag" = String))),
+        (status = 202, description = "Running: the worker has been asked", body = OperationBody, headers(("ETag" = String, description = "The version, quoted"), ("Retry-After" = u64, description = "Seconds to wait before polling again (non-terminal only)"))),
+        (status = "default", description = "A problem (RFC 9457) with a stable `code`", body = Problem, content_type = "application/problem+json"),
+    ))]
 async fn cancel(
     State(app): State<AppState>,
     caller: Caller,
@@ -544,6 +588,27 @@ async fn cancel(
     })
 }
 
+/// `DELETE /v1/operations/{id}`: the same as `PUT …/cancellation`.
+#[utoipa::path(delete, path = "/v1/operations/{id}", tag = "operations", security(("bearer" = [])),
+    params(("id" = String, Path, description = "The operation id (op_…)"),
+           ("If-Match" = Option<String>, Header, description = "Cancel only at this version")),
+    responses(
+        (status = 200, description = "Cancelled now, or already terminal (unchanged)", body = OperationBody),
+        (status = 202, description = "Running: the worker has been asked", body = OperationBody),
+        (status = "default", description = "A problem (RFC 9457) with a stable `code`", body = Problem, content_type = "application/problem+json"),
+    ))]
+async fn cancel_alias(
+    state: State<AppState>,
+    caller: Caller,
+    id: Path<String>,
+    headers: HeaderMap,
+    body: OptionalJsonBody<CancelRequestBody>,
+) -> Result<Response, ApiError> {
+    cancel(state, caller, id, headers, body).await
+}
+
+#[utoipa::path(get, path = "/v1/operations/{id}/cancellation", tag = "operations", security(("bearer" = [])), params(("id" = String, Path, description = "The operation id (op_…)")),
+    responses((status = 200, description = "Who asked, when, why, and the outcome", body = CancellationBody), (status = "default", description = "A problem (RFC 9457) with a stable `code`", body = Problem, content_type = "application/problem+json")))]
 async fn cancellation(
     State(app): State<AppState>,
     caller: Caller,
@@ -559,6 +624,10 @@ async fn cancellation(
 /// `PATCH /v1/operations/{id}`: a new `deadline_seconds` (counted from
 /// creation, like at submission; `null` removes it) and/or new `labels`,
 /// under `If-Match`.
+#[utoipa::path(patch, path = "/v1/operations/{id}", tag = "operations", security(("bearer" = [])),
+    params(("id" = String, Path, description = "The operation id (op_…)"), ("If-Match" = String, Header, description = "The ETag the change is based on (required)")),
+    request_body = UpdateRequest,
+    responses((status = 200, description = "Changed", body = OperationBody, headers(("ETag" = String, description = "The version, quoted"), ("Retry-After" = u64, description = "Seconds to wait before polling again (non-terminal only)"))), (status = "default", description = "A problem (RFC 9457) with a stable `code`", body = Problem, content_type = "application/problem+json")))]
 async fn update(
     State(app): State<AppState>,
     caller: Caller,
@@ -610,6 +679,8 @@ async fn update(
 }
 
 /// `GET /v1/operations/{id}/deliveries`: every webhook delivery attempt, oldest first.
+#[utoipa::path(get, path = "/v1/operations/{id}/deliveries", tag = "webhooks", security(("bearer" = [])), params(("id" = String, Path, description = "The operation id (op_…)")),
+    responses((status = 200, description = "Every webhook delivery attempt", body = DeliveryLog), (status = "default", description = "A problem (RFC 9457) with a stable `code`", body = Problem, content_type = "application/problem+json")))]
 async fn deliveries(
     State(app): State<AppState>,
     caller: Caller,

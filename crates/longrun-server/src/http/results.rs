@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::AppState;
 use crate::http::auth::Caller;
-use crate::http::error::ApiError;
+use crate::http::error::{ApiError, Problem};
 use crate::http::extract::QueryParams;
 
 pub fn router() -> Router<AppState> {
@@ -38,7 +38,7 @@ pub fn router() -> Router<AppState> {
         .route("/v1/results/{id}/content", get(content))
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 struct UploadBody {
     id: String,
     content_type: String,
@@ -46,6 +46,10 @@ struct UploadBody {
     sha256: String,
 }
 
+#[utoipa::path(put, path = "/v1/worker/tasks/{id}/artifact", tag = "workers", security(("bearer" = [])),
+    params(("id" = String, Path, description = "The operation id (op_…)"), ("Lease-Token" = String, Header, description = "The task's lease token")),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The artifact, streamed; its Content-Type is kept"),
+    responses((status = 201, description = "Stored; `complete` publishes it", body = UploadBody), (status = "default", description = "A problem (RFC 9457) with a stable `code`", body = Problem, content_type = "application/problem+json")))]
 async fn upload(
     State(app): State<AppState>,
     caller: Caller,
@@ -112,7 +116,7 @@ fn too_large(max: u64) -> ApiError {
     ApiError::PayloadTooLarge(format!("artifacts are limited to {max} bytes"))
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ResultBody {
     pub id: String,
     pub operation_id: String,
@@ -124,12 +128,14 @@ pub struct ResultBody {
     pub download: Download,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Download {
     pub url: String,
     pub expires_at: String,
 }
 
+#[utoipa::path(get, path = "/v1/operations/{id}/result", tag = "results", security(("bearer" = [])), params(("id" = String, Path, description = "The operation id (op_…)")),
+    responses((status = 200, description = "The result artifact and a short-lived download link", body = ResultBody), (status = "default", description = "A problem (RFC 9457) with a stable `code`", body = Problem, content_type = "application/problem+json")))]
 async fn result(
     State(app): State<AppState>,
     caller: Caller,
@@ -168,7 +174,7 @@ async fn result(
     }))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct LinkQuery {
     expires: i64,
@@ -179,6 +185,17 @@ struct LinkQuery {
 /// Refusals of a download link: tampered or expired links are `403
 /// forbidden` (the detail says which); a result past its lifetime is `410
 /// result_expired`.
+#[utoipa::path(get, path = "/v1/results/{id}/content", tag = "results",
+    params(("id" = String, Path, description = "The result id (res_…)"),
+        ("expires" = i64, Query), ("kid" = String, Query), ("signature" = String, Query),
+        ("Range" = Option<String>, Header, description = "One byte range")),
+    responses(
+        (status = 200, description = "The bytes", content_type = "application/octet-stream", body = Vec<u8>,
+         headers(("Content-Disposition" = String), ("ETag" = String), ("Accept-Ranges" = String))),
+        (status = 206, description = "The requested range", content_type = "application/octet-stream", body = Vec<u8>,
+         headers(("Content-Range" = String))),
+        (status = "default", description = "A problem (RFC 9457) with a stable `code`", body = Problem, content_type = "application/problem+json"),
+    ))]
 async fn content(
     State(app): State<AppState>,
     Path(id): Path<String>,

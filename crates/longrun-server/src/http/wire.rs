@@ -8,9 +8,10 @@ use longrun_store::{Event, Operation};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SubmitRequest {
+    #[schema(pattern = "^[a-z0-9][a-z0-9_.-]{0,63}$", example = "export")]
     pub kind: String,
     #[serde(default)]
     pub input: Option<Value>,
@@ -24,13 +25,13 @@ pub struct SubmitRequest {
     pub labels: Option<BTreeMap<String, String>>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CallbackRequest {
     pub url: String,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BudgetRequest {
     pub max_cost_units: f64,
@@ -38,7 +39,7 @@ pub struct BudgetRequest {
 
 /// `PATCH` body. `deadline_seconds: null` removes the deadline; an absent
 /// field is left as it is.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UpdateRequest {
     #[serde(default, deserialize_with = "present")]
@@ -56,14 +57,14 @@ where
     Option::<T>::deserialize(deserializer).map(Some)
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CancelRequestBody {
     #[serde(default)]
     pub reason: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct OperationBody {
     pub id: String,
     pub kind: String,
@@ -86,7 +87,7 @@ pub struct OperationBody {
     pub links: Links,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ProgressBody {
     pub completed_units: Option<f64>,
     pub total_units: Option<f64>,
@@ -96,20 +97,20 @@ pub struct ProgressBody {
     pub updated_at: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct CostBody {
     pub units: f64,
     pub max_units: Option<f64>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ErrorBody {
     pub code: String,
     pub message: String,
     pub retryable: bool,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Links {
     #[serde(rename = "self")]
     pub self_: String,
@@ -178,13 +179,13 @@ impl From<&Operation> for OperationBody {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct OperationList {
     pub operations: Vec<OperationBody>,
     pub next_page_token: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct EventBody {
     pub version: i64,
     pub state: &'static str,
@@ -206,14 +207,14 @@ impl From<&Event> for EventBody {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct History {
     pub operation_id: String,
     pub events: Vec<EventBody>,
 }
 
 /// `GET …/cancellation`: who asked, when, why, and how it ended.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct CancellationBody {
     pub operation_id: String,
     pub requested: bool,
@@ -248,13 +249,13 @@ impl From<&Operation> for CancellationBody {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct DeliveryLog {
     pub deliveries: Vec<DeliveryBody>,
 }
 
 /// One delivery attempt of one webhook event.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct DeliveryBody {
     pub event_id: String,
     #[serde(rename = "type")]

@@ -18,7 +18,7 @@ use serde_json::Value;
 
 use crate::AppState;
 use crate::http::auth::Caller;
-use crate::http::error::ApiError;
+use crate::http::error::{ApiError, Problem};
 use crate::http::extract::JsonBody;
 
 pub const MAX_TASKS_PER_CLAIM: u32 = 100;
@@ -56,7 +56,7 @@ fn default_lease_seconds() -> u64 {
     30
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ClaimRequest {
     pub kinds: Vec<String>,
@@ -70,12 +70,12 @@ pub struct ClaimRequest {
     pub worker_id: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ClaimResponse {
     pub tasks: Vec<TaskBody>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct TaskBody {
     pub operation_id: String,
     pub kind: String,
@@ -87,11 +87,13 @@ pub struct TaskBody {
     pub budget: Option<BudgetBody>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct BudgetBody {
     pub max_cost_units: f64,
 }
 
+#[utoipa::path(post, path = "/v1/worker/claims", tag = "workers", security(("bearer" = [])), request_body = ClaimRequest,
+    responses((status = 200, description = "Leased tasks (possibly none)", body = ClaimResponse), (status = "default", description = "A problem (RFC 9457) with a stable `code`", body = Problem, content_type = "application/problem+json")))]
 async fn claim(
     State(app): State<AppState>,
     caller: Caller,
@@ -169,7 +171,7 @@ async fn claim(
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ProgressRequest {
     #[serde(default)]
@@ -184,7 +186,7 @@ pub struct ProgressRequest {
     pub details: Option<Value>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HeartbeatRequest {
     pub lease_token: String,
@@ -196,7 +198,7 @@ pub struct HeartbeatRequest {
     pub cancellable: Option<bool>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct HeartbeatResponse {
     pub lease_expires_at: String,
     pub cancel_requested: bool,
@@ -251,6 +253,8 @@ fn check_progress(progress: &ProgressRequest) -> Result<ProgressUpdate, ApiError
     })
 }
 
+#[utoipa::path(post, path = "/v1/worker/tasks/{id}/heartbeat", tag = "workers", security(("bearer" = [])), params(("id" = String, Path, description = "The operation id (op_…)")), request_body = HeartbeatRequest,
+    responses((status = 200, description = "Renews the lease; says whether to stop", body = HeartbeatResponse), (status = "default", description = "A problem (RFC 9457) with a stable `code`", body = Problem, content_type = "application/problem+json")))]
 async fn heartbeat(
     State(app): State<AppState>,
     caller: Caller,
@@ -286,7 +290,7 @@ async fn heartbeat(
     }))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CompleteRequest {
     pub lease_token: String,
@@ -294,14 +298,14 @@ pub struct CompleteRequest {
     pub result: Option<Value>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FailRequest {
     pub lease_token: String,
     pub error: ErrorRequest,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ErrorRequest {
     pub code: String,
@@ -311,14 +315,14 @@ pub struct ErrorRequest {
     pub retryable: bool,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CancelledRequest {
     pub lease_token: String,
 }
 
 /// What an outcome call answers: the operation's new state and version.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct OutcomeResponse {
     pub operation_id: String,
     pub state: &'static str,
@@ -352,6 +356,8 @@ async fn finish(
     }))
 }
 
+#[utoipa::path(post, path = "/v1/worker/tasks/{id}/complete", tag = "workers", security(("bearer" = [])), params(("id" = String, Path, description = "The operation id (op_…)")), request_body = CompleteRequest,
+    responses((status = 200, description = "Succeeded", body = OutcomeResponse), (status = "default", description = "A problem (RFC 9457) with a stable `code`", body = Problem, content_type = "application/problem+json")))]
 async fn complete(
     State(app): State<AppState>,
     caller: Caller,
@@ -378,6 +384,8 @@ async fn complete(
     .await
 }
 
+#[utoipa::path(post, path = "/v1/worker/tasks/{id}/fail", tag = "workers", security(("bearer" = [])), params(("id" = String, Path, description = "The operation id (op_…)")), request_body = FailRequest,
+    responses((status = 200, description = "Failed (or retried, if retryable and attempts are left)", body = OutcomeResponse), (status = "default", description = "A problem (RFC 9457) with a stable `code`", body = Problem, content_type = "application/problem+json")))]
 async fn fail(
     State(app): State<AppState>,
     caller: Caller,
@@ -402,6 +410,8 @@ async fn fail(
     finish(&app, id, request.lease_token, Outcome::Failed { error }).await
 }
 
+#[utoipa::path(post, path = "/v1/worker/tasks/{id}/cancelled", tag = "workers", security(("bearer" = [])), params(("id" = String, Path, description = "The operation id (op_…)")), request_body = CancelledRequest,
+    responses((status = 200, description = "Cancelled (acknowledged)", body = OutcomeResponse), (status = "default", description = "A problem (RFC 9457) with a stable `code`", body = Problem, content_type = "application/problem+json")))]
 async fn cancelled(
     State(app): State<AppState>,
     caller: Caller,

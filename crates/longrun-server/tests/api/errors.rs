@@ -104,3 +104,70 @@ async fn every_response_has_a_request_id() {
     }
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn the_openapi_document_covers_every_endpoint_header_and_problem_code() {
+    let app = spawn_app().await;
+    let response = app.http.get(app.url("/openapi.json")).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let doc: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(doc["openapi"], "3.1.0");
+    let paths = doc["paths"].as_object().unwrap();
+    for (path, method) in [
+        ("/v1/operations", "post"),
+        ("/v1/operations", "get"),
+        ("/v1/operations/{id}", "get"),
+        ("/v1/operations/{id}", "patch"),
+        ("/v1/operations/{id}", "delete"),
+        ("/v1/operations/{id}/cancellation", "put"),
+        ("/v1/operations/{id}/cancellation", "get"),
+        ("/v1/operations/{id}/history", "get"),
+        ("/v1/operations/{id}/events", "get"),
+        ("/v1/operations/{id}/deliveries", "get"),
+        ("/v1/operations/{id}/result", "get"),
+        ("/v1/results/{id}/content", "get"),
+        ("/v1/worker/claims", "post"),
+        ("/v1/worker/tasks/{id}/heartbeat", "post"),
+        ("/v1/worker/tasks/{id}/complete", "post"),
+        ("/v1/worker/tasks/{id}/fail", "post"),
+        ("/v1/worker/tasks/{id}/cancelled", "post"),
+        ("/v1/worker/tasks/{id}/artifact", "put"),
+        ("/healthz", "get"),
+        ("/readyz", "get"),
+    ] {
+        assert!(
+            paths.get(path).and_then(|p| p.get(method)).is_some(),
+            "{method} {path} is not documented"
+        );
+    }
+    let text = doc.to_string();
+    for header in [
+        "Idempotency-Key",
+        "Retry-After",
+        "ETag",
+        "If-None-Match",
+        "Prefer",
+        "Location",
+        "Idempotent-Replayed",
+        "If-Match",
+        "Last-Event-ID",
+        "Range",
+    ] {
+        assert!(
+            text.contains(&format!("\"{header}\"")),
+            "header {header} is not documented"
+        );
+    }
+    let codes = doc["components"]["schemas"]["ProblemCode"]["enum"].as_array().unwrap();
+    for code in [
+        "invalid_request",
+        "idempotency_key_reused",
+        "lease_lost",
+        "result_expired",
+        "quota_exceeded",
+        "temporarily_unavailable",
+    ] {
+        assert!(codes.iter().any(|c| c == code), "problem code {code} is not documented");
+    }
+    app.shutdown().await;
+}
