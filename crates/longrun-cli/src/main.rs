@@ -118,6 +118,17 @@ struct WorkerArgs {
 
 #[derive(Subcommand)]
 enum AdminCommand {
+    /// Refuse new submissions (503 temporarily_unavailable) globally or for
+    /// one kind; observation, workers and cancellation go on.
+    PauseAccepting {
+        #[arg(long)]
+        kind: Option<String>,
+    },
+    /// Accept submissions again (globally, or for one kind).
+    ResumeAccepting {
+        #[arg(long)]
+        kind: Option<String>,
+    },
     /// Add a new download-link signing key. New links use it; links signed
     /// by older keys keep working until they expire.
     RotateLinkKey,
@@ -163,6 +174,9 @@ enum TenantsCommand {
 struct ServeArgs {
     #[arg(long, env = "LONGRUN_LISTEN", default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
+    /// Also serve /metrics without a key on this address (for a scraper).
+    #[arg(long, env = "LONGRUN_METRICS_LISTEN")]
+    metrics_listen: Option<SocketAddr>,
     /// Largest request body accepted, in bytes.
     #[arg(long, env = "LONGRUN_MAX_BODY_BYTES", default_value_t = 1024 * 1024)]
     max_body_bytes: usize,
@@ -313,6 +327,19 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Keys(command) => keys(&global, command).await,
         Command::Kinds(command) => kinds(&global, command).await,
         Command::Tenants(command) => tenants(&global, command).await,
+        Command::Admin(AdminCommand::PauseAccepting { kind }) => {
+            open_store(&global)?.accepting_pause(kind.clone(), true).await?;
+            println!(
+                "paused acceptance of {} (servers apply it within seconds)",
+                kind.as_deref().unwrap_or("every kind")
+            );
+            Ok(())
+        }
+        Command::Admin(AdminCommand::ResumeAccepting { kind }) => {
+            open_store(&global)?.accepting_pause(kind.clone(), false).await?;
+            println!("resumed acceptance of {}", kind.as_deref().unwrap_or("every kind"));
+            Ok(())
+        }
         Command::Admin(AdminCommand::RotateLinkKey) => {
             let store = open_store(&global)?;
             let kid = longrun_server::add_link_key(store.as_ref(), &SystemClock).await?;
@@ -330,6 +357,7 @@ async fn serve(global: &Global, args: ServeArgs) -> anyhow::Result<()> {
     sqlite.result_retention = args.result_retention;
     let mut options = ServeOptions::new(args.listen, sqlite);
     options.builtin_workers = args.builtin_workers;
+    options.metrics_listen = args.metrics_listen;
     options.webhooks.schedule = args.webhook_retry_schedule.0.clone();
     options.retention.tombstone_retention = args.tombstone_retention;
     if let Some(url) = &global.artifact_store {

@@ -294,6 +294,17 @@ async fn keys_and_kinds_commands_work_beside_a_running_server() {
         !run_cli(dir.path(), &["kinds", "set", "sleep"]).status.success(),
         "built-in kinds are not redeclared"
     );
+    assert!(
+        run_cli(dir.path(), &["admin", "pause-accepting", "--kind", "thumbnail"])
+            .status
+            .success()
+    );
+    assert!(
+        run_cli(dir.path(), &["admin", "resume-accepting", "--kind", "thumbnail"])
+            .status
+            .success()
+    );
+    assert!(run_cli(dir.path(), &["admin", "rotate-link-key"]).status.success());
     let kinds = String::from_utf8(run_cli(dir.path(), &["kinds", "list"]).stdout).unwrap();
     assert!(kinds.contains("thumbnail") && kinds.contains("sleep"), "{kinds}");
     drop(server);

@@ -48,6 +48,12 @@ impl Enforcer {
                 limit: self.config.batch,
             })
             .await?;
+        metrics::counter!("longrun_deadline_actions_total", "action" => "expired_before_start")
+            .increment(counts.expired_before_start);
+        metrics::counter!("longrun_deadline_actions_total", "action" => "cancel_requested")
+            .increment(counts.cancel_requested);
+        metrics::counter!("longrun_deadline_actions_total", "action" => "ended_without_ack")
+            .increment(counts.ended_without_ack);
         if counts != EnforceCounts::default() {
             tracing::info!(
                 expired_before_start = counts.expired_before_start,

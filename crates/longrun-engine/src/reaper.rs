@@ -56,6 +56,11 @@ impl Reaper {
         if counts.requeued > 0 {
             self.signals.work_available();
         }
+        metrics::counter!("longrun_reaper_actions_total", "action" => "requeued").increment(counts.requeued);
+        metrics::counter!("longrun_reaper_actions_total", "action" => "outcome_unknown")
+            .increment(counts.failed_outcome_unknown);
+        metrics::counter!("longrun_reaper_actions_total", "action" => "ended_cancel_requested")
+            .increment(counts.ended_cancel_requested);
         if counts != ReapCounts::default() {
             tracing::info!(
                 requeued = counts.requeued,

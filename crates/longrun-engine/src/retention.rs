@@ -85,6 +85,14 @@ impl Retention {
             }
         }
         report.objects_deleted = self.collect_garbage().await?;
+        let removed = |what: &'static str, n: u64| {
+            metrics::counter!("longrun_retention_removed_total", "what" => what).increment(n)
+        };
+        removed("results_expired", report.records.results_expired);
+        removed("operations", report.records.operations_removed);
+        removed("tombstones", report.records.tombstones_removed);
+        removed("deliveries", report.records.deliveries_removed);
+        removed("objects", report.objects_deleted);
         if report != Report::default() {
             tracing::info!(?report, "retention pass");
         }

@@ -233,16 +233,28 @@ impl Deliverer {
             });
         }
         let mut counts = DeliveryCounts::default();
+        let count = |outcome: &'static str| {
+            metrics::counter!("longrun_webhook_deliveries_total", "outcome" => outcome).increment(1)
+        };
         while let Some(joined) = running.join_next().await {
             match joined {
-                Ok(Ok(AttemptOutcome::Delivered { .. })) => counts.delivered += 1,
+                Ok(Ok(AttemptOutcome::Delivered { .. })) => {
+                    counts.delivered += 1;
+                    count("delivered");
+                }
                 Ok(Ok(AttemptOutcome::Failed {
                     next_attempt_at: Some(_),
                     ..
-                })) => counts.retrying += 1,
+                })) => {
+                    counts.retrying += 1;
+                    count("failed_will_retry");
+                }
                 Ok(Ok(AttemptOutcome::Failed {
                     next_attempt_at: None, ..
-                })) => counts.given_up += 1,
+                })) => {
+                    counts.given_up += 1;
+                    count("given_up");
+                }
                 Ok(Err(e)) => tracing::error!(error = %e, "recording a delivery attempt failed"),
                 Err(e) => tracing::error!(error = %e, "a delivery task failed"),
             }

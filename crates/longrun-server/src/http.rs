@@ -1,6 +1,7 @@
 //! The HTTP edge: routers per resource, the problem+json renderer, request
 //! ids, and request logging.
 
+pub mod admin;
 pub mod auth;
 pub mod error;
 pub mod events;
@@ -70,6 +71,15 @@ pub async fn edge(mut req: Request, next: Next) -> Response {
         HeaderValue::from_str(&request_id).expect("request ids are header-safe"),
     );
 
+    let class = match status.as_u16() {
+        100..=199 => "1xx",
+        200..=299 => "2xx",
+        300..=399 => "3xx",
+        400..=499 => "4xx",
+        _ => "5xx",
+    };
+    metrics::counter!("longrun_http_responses_total", "class" => class).increment(1);
+    metrics::histogram!("longrun_http_request_duration_seconds").record(started.elapsed().as_secs_f64());
     let _entered = span.enter();
     let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
     if status.is_server_error() {

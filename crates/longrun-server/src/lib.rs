@@ -9,6 +9,7 @@ pub mod cache;
 pub mod callback;
 pub mod changes;
 pub mod http;
+pub mod metrics;
 pub mod ratelimit;
 mod server;
 
@@ -65,6 +66,11 @@ impl Default for Config {
     }
 }
 
+/// How soon a pause of acceptance set by another process takes effect.
+const PAUSE_CACHE_TTL: Duration = Duration::from_secs(2);
+/// What a paused submission is told to wait.
+pub const PAUSED_RETRY_AFTER: Duration = Duration::from_secs(30);
+
 /// Server secrets holding download-link keys are named `link-key:<kid>`.
 pub const LINK_KEY_PREFIX: &str = "link-key:";
 
@@ -92,6 +98,8 @@ pub struct Inner {
     link_keys: TtlCache<(), Vec<(String, Vec<u8>)>>,
     rates: RateLimiter,
     pub changes: Arc<ChangeHub>,
+    pub scrape: metrics::Scrape,
+    pauses: TtlCache<(), Vec<Option<String>>>,
     pub config: Config,
 }
 
@@ -114,9 +122,9 @@ impl AppState {
         config: Config,
     ) -> Self {
         Self(Arc::new(Inner {
-            store,
+            store: store.clone(),
             artifacts,
-            clock,
+            clock: clock.clone(),
             registry,
             signals,
             fingerprinter,
@@ -127,6 +135,8 @@ impl AppState {
             link_keys: TtlCache::new(RECORD_CACHE_TTL),
             rates: RateLimiter::default(),
             changes: ChangeHub::new(config.max_waiters_per_tenant),
+            scrape: metrics::Scrape::new(store.clone(), clock.clone()),
+            pauses: TtlCache::new(config.key_cache_ttl.min(PAUSE_CACHE_TTL)),
             config,
         }))
     }
@@ -162,6 +172,19 @@ impl AppState {
             Some(v) => Ok(v),
             None => Err(self.missing(tenant, id).await),
         }
+    }
+
+    /// `503 temporarily_unavailable` if acceptance of `kind` is paused.
+    pub async fn check_accepting(&self, kind: &str) -> Result<(), http::error::ApiError> {
+        let pauses = self.pauses.get_or_load(&(), || self.store.accepting_pauses()).await?;
+        let paused = pauses.iter().any(|p| p.as_deref().is_none_or(|k| k == kind));
+        if paused {
+            return Err(http::error::ApiError::TemporarilyUnavailable {
+                detail: format!("acceptance of {kind} operations is paused by an operator"),
+                retry_after: PAUSED_RETRY_AFTER,
+            });
+        }
+        Ok(())
     }
 
     /// The newest download-link key and its id.
@@ -221,6 +244,7 @@ pub fn app(state: AppState) -> Router {
         .merge(http::events::router())
         .merge(http::results::router())
         .merge(http::openapi::router())
+        .merge(http::admin::router())
         .merge(http::health::router())
         .fallback(http::not_found)
         .method_not_allowed_fallback(http::method_not_allowed)

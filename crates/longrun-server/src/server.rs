@@ -39,6 +39,8 @@ pub struct ServeOptions {
     pub artifacts_dir: PathBuf,
     /// Another artifact store (`--artifact-store file://…|s3://bucket/prefix`).
     pub artifact_store: Option<Arc<dyn ArtifactStore>>,
+    /// Serve `/metrics` without a key on this address too.
+    pub metrics_listen: Option<SocketAddr>,
     /// Run the webhook deliverer in this process.
     pub deliver_webhooks: bool,
     pub clock: Arc<dyn Clock>,
@@ -64,6 +66,7 @@ impl ServeOptions {
             enforcer: enforcer::Config::default(),
             webhooks: webhooks::Config::default(),
             deliver_webhooks: true,
+            metrics_listen: None,
             clock: Arc::new(SystemClock),
         }
     }
@@ -158,6 +161,15 @@ pub async fn start(options: ServeOptions) -> anyhow::Result<RunningServer> {
         options.http.clone(),
     );
     tokio::spawn(state.changes.clone().forward(store.subscribe_changes()));
+    crate::metrics::handle();
+    tokio::spawn(crate::metrics::follow(store.subscribe_changes()));
+    if let Some(addr) = options.metrics_listen {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("failed to listen on {addr} for metrics"))?;
+        let router = crate::http::admin::metrics_only().with_state(state.clone());
+        tokio::spawn(async move { axum::serve(listener, router).await });
+    }
     let listener = tokio::net::TcpListener::bind(options.listen)
         .await
         .with_context(|| format!("failed to listen on {}", options.listen))?;

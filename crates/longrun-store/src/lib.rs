@@ -171,6 +171,15 @@ pub trait Store: Send + Sync + 'static {
     /// Server secrets whose names start with `prefix`, oldest first.
     async fn server_secret_list(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>>;
 
+    /// Ages and backlogs for the metrics endpoint.
+    async fn backlog(&self, now: longrun_core::Timestamp) -> Result<Backlog>;
+
+    /// Pauses (or resumes) acceptance: `None` for every kind, else one kind.
+    async fn accepting_pause(&self, kind: Option<String>, paused: bool) -> Result<()>;
+
+    /// The current pauses: `None` means all kinds.
+    async fn accepting_pauses(&self) -> Result<Vec<Option<String>>>;
+
     /// Cheap round trip to the database, for `/readyz`.
     async fn ping(&self) -> Result<()>;
 }

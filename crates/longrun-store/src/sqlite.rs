@@ -27,6 +27,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (3, include_str!("sqlite/migrations/0003_observing.sql")),
     (4, include_str!("sqlite/migrations/0004_webhooks.sql")),
     (5, include_str!("sqlite/migrations/0005_results_retention.sql")),
+    (6, include_str!("sqlite/migrations/0006_operating.sql")),
 ];
 
 #[derive(Debug, Clone)]
@@ -391,6 +392,20 @@ impl Store for SqliteStore {
     async fn server_secret_list(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>> {
         let prefix = prefix.to_owned();
         self.read(move |c| sql::server_secret_list(c, &prefix)).await
+    }
+
+    async fn backlog(&self, now: Timestamp) -> Result<Backlog> {
+        self.read(move |c| sql::backlog(c, now)).await
+    }
+
+    async fn accepting_pause(&self, kind: Option<String>, paused: bool) -> Result<()> {
+        self.writer
+            .write(move |c| sql::accepting_pause(c, kind.as_deref(), paused))
+            .await
+    }
+
+    async fn accepting_pauses(&self) -> Result<Vec<Option<String>>> {
+        self.read(sql::accepting_pauses).await
     }
 
     async fn ping(&self) -> Result<()> {

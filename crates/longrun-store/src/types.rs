@@ -81,11 +81,34 @@ pub struct Event {
     pub snapshot: Option<Operation>,
 }
 
-/// A committed change of an operation, as published to subscribers.
+/// A committed change of an operation, as published to subscribers (and
+/// what metrics are derived from).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Change {
     pub operation_id: Id,
     pub version: i64,
+    /// The event type: `created`, `started`, `progress`, `succeeded`, …
+    pub event_type: String,
+    pub kind: String,
+    pub state: State,
+    pub attempt: i64,
+    pub created_at: Timestamp,
+    pub started_at: Option<Timestamp>,
+    pub completed_at: Option<Timestamp>,
+    pub cancel_requested_at: Option<Timestamp>,
+}
+
+/// What operators watch that no counter shows: ages and backlogs.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Backlog {
+    /// (kind, state, created_at of the oldest) for queued and running work.
+    pub oldest_active: Vec<(String, State, Timestamp)>,
+    /// Records past their retention, not yet removed (results, operations, tombstones).
+    pub retention_due: u64,
+    /// Artifact objects waiting to be deleted.
+    pub garbage_objects: u64,
+    /// Webhook events due for an attempt.
+    pub webhooks_due: u64,
 }
 
 #[derive(Debug, Clone)]

@@ -9,7 +9,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use crate::AppState;
-use crate::http::{error, events, health, operations, results, wire, workers};
+use crate::http::{admin, error, events, health, operations, results, wire, workers};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -22,7 +22,7 @@ use crate::http::{error, events, health, operations, results, wire, workers};
         operations::submit, operations::list, operations::read, operations::update, operations::cancel_alias,
         operations::history, operations::cancel, operations::cancellation, operations::deliveries, events::events,
         results::result, results::content, results::upload, workers::claim, workers::heartbeat, workers::complete,
-        workers::fail, workers::cancelled, health::healthz, health::readyz,
+        workers::fail, workers::cancelled, health::healthz, health::readyz, admin::metrics,
     ),
     components(schemas(error::Problem, error::ProblemCode, wire::OperationBody, wire::SubmitRequest)),
     modifiers(&BearerAuth),

@@ -226,6 +226,7 @@ async fn submit(
     JsonBody(request): JsonBody<SubmitRequest>,
 ) -> Result<Response, ApiError> {
     caller.require_client()?;
+    app.check_accepting(&request.kind).await?;
     if key.is_none() && app.config.require_idempotency_key {
         return Err(ApiError::IdempotencyKeyRequired);
     }

@@ -8,6 +8,7 @@ mod helpers;
 mod idempotency;
 mod longpoll;
 mod observe;
+mod operating;
 mod results;
 mod s3;
 mod submit;

@@ -7,17 +7,28 @@
 
 use std::cell::RefCell;
 
-use longrun_core::Id;
 use tokio::sync::broadcast;
 
-use crate::Change;
+use crate::{Change, Operation};
 
 thread_local! {
-    static PENDING: RefCell<Vec<(String, i64)>> = const { RefCell::new(Vec::new()) };
+    static PENDING: RefCell<Vec<Change>> = const { RefCell::new(Vec::new()) };
 }
 
-pub(crate) fn record(operation_id: &str, version: i64) {
-    PENDING.with(|p| p.borrow_mut().push((operation_id.to_owned(), version)));
+pub(crate) fn record(op: &Operation, event_type: &str) {
+    let change = Change {
+        operation_id: op.id.clone(),
+        version: op.version,
+        event_type: event_type.to_owned(),
+        kind: op.kind.clone(),
+        state: op.state,
+        attempt: op.attempt,
+        created_at: op.created_at,
+        started_at: op.started_at,
+        completed_at: op.completed_at,
+        cancel_requested_at: op.cancel.as_ref().map(|c| c.requested_at),
+    };
+    PENDING.with(|p| p.borrow_mut().push(change));
 }
 
 /// A mark to roll back to if the current job fails.
@@ -35,11 +46,8 @@ pub(crate) fn discard() {
 
 pub(crate) fn publish(sender: &broadcast::Sender<Change>) {
     let changes = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
-    for (id, version) in changes {
+    for change in changes {
         // No subscriber is not an error.
-        let _ = sender.send(Change {
-            operation_id: Id::from_trusted(id),
-            version,
-        });
+        let _ = sender.send(change);
     }
 }

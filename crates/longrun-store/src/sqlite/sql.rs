@@ -157,7 +157,7 @@ fn event_insert(c: &Connection, op: &Operation, event_type: &str, data: &Value) 
         data.to_string(),
         snapshot_to_json(op).to_string()
     ])?;
-    super::changes::record(op.id.as_str(), op.version);
+    super::changes::record(op, event_type);
     Ok(())
 }
 
@@ -1713,4 +1713,52 @@ pub(super) fn server_secret_list(c: &Connection, prefix: &str) -> Result<Vec<(St
     )?
     .query_map(params![prefix], |r| Ok((r.get(0)?, r.get(1)?)))?
     .collect::<rusqlite::Result<_>>()?)
+}
+
+/// The scope of a pause of acceptance: `*` for every kind.
+const ALL_KINDS: &str = "*";
+
+pub(super) fn backlog(c: &Connection, now: Timestamp) -> Result<Backlog> {
+    let oldest_active = c
+        .prepare_cached(
+            "SELECT o.kind, o.state, MIN(o.created_at) FROM tasks t JOIN operations o ON o.id = t.operation_id
+              GROUP BY o.kind, o.state",
+        )?
+        .query_map([], |r| Ok((r.get(0)?, state_column(r, 1)?, Timestamp(r.get(2)?))))?
+        .collect::<rusqlite::Result<_>>()?;
+    let count = |sql: &str| -> Result<u64> {
+        let n: i64 = c.prepare_cached(sql)?.query_row(params![now.0], |r| r.get(0))?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    };
+    Ok(Backlog {
+        oldest_active,
+        retention_due: count("SELECT COUNT(*) FROM operations WHERE expires_at IS NOT NULL AND expires_at <= ?1")?
+            + count("SELECT COUNT(*) FROM results WHERE state = 'published' AND expires_at <= ?1")?
+            + count("SELECT COUNT(*) FROM tombstones WHERE expires_at <= ?1")?,
+        garbage_objects: count("SELECT COUNT(*) FROM artifact_garbage WHERE ?1 = ?1")?,
+        webhooks_due: count(
+            "SELECT COUNT(*) FROM webhook_deliveries WHERE status = 'pending' AND next_attempt_at <= ?1",
+        )?,
+    })
+}
+
+pub(super) fn accepting_pause(c: &Connection, kind: Option<&str>, paused: bool) -> Result<()> {
+    let scope = kind.unwrap_or(ALL_KINDS);
+    if paused {
+        c.prepare_cached("INSERT OR IGNORE INTO accept_pauses (scope) VALUES (?1)")?
+            .execute(params![scope])?;
+    } else {
+        c.prepare_cached("DELETE FROM accept_pauses WHERE scope = ?1")?
+            .execute(params![scope])?;
+    }
+    Ok(())
+}
+
+pub(super) fn accepting_pauses(c: &Connection) -> Result<Vec<Option<String>>> {
+    Ok(c.prepare_cached("SELECT scope FROM accept_pauses ORDER BY scope")?
+        .query_map([], |r| {
+            let scope: String = r.get(0)?;
+            Ok((scope != ALL_KINDS).then_some(scope))
+        })?
+        .collect::<rusqlite::Result<_>>()?)
 }
