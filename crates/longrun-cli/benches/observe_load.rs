@@ -7,17 +7,19 @@
 //!
 //! `cargo bench -p longrun-cli --bench observe_load`
 
+#[path = "common/mod.rs"]
+mod common;
+
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use longrun_core::apikey::{NewApiKey, Role};
+use common::key;
+use longrun_core::apikey::Role;
 use longrun_core::{Clock, Id, IdKind, ScaledClock, State, SystemClock};
 use longrun_server::ServeOptions;
-use longrun_store::{
-    AcceptOutcome, AcceptParams, ApiKeyCreateParams, CancelParams, KindSpec, ListParams, SqliteConfig, Store,
-};
+use longrun_store::{AcceptOutcome, AcceptParams, CancelParams, KindSpec, ListParams, SqliteConfig};
 use serde_json::{Value, json};
 
 const SCALE: f64 = 100.0;
@@ -26,21 +28,6 @@ const JOB_SECONDS: f64 = 600.0;
 
 fn real(server_seconds: f64) -> Duration {
     Duration::from_secs_f64(server_seconds / SCALE)
-}
-
-async fn key(store: &dyn Store, role: Role) -> String {
-    let key = NewApiKey::generate();
-    store
-        .api_key_create(ApiKeyCreateParams {
-            id: key.id,
-            tenant: "bench".into(),
-            role,
-            secret_hash: key.secret_hash,
-            now: SystemClock.now(),
-        })
-        .await
-        .unwrap();
-    key.token
 }
 
 /// A worker that runs every task for JOB_SECONDS (scaled), heartbeating.

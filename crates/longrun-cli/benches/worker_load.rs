@@ -4,30 +4,19 @@
 //!
 //! `cargo bench -p longrun-cli --bench worker_load` (LONGRUN_BENCH_JOBS, default 20000).
 
+#[path = "common/mod.rs"]
+mod common;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use longrun_core::apikey::{NewApiKey, Role};
+use common::key;
+use longrun_core::apikey::Role;
 use longrun_core::{Clock, Id, IdKind, State, SystemClock};
 use longrun_server::{RunningServer, ServeOptions};
-use longrun_store::{AcceptParams, ApiKeyCreateParams, KindSpec, ListParams, SqliteConfig, Store};
+use longrun_store::{AcceptParams, KindSpec, ListParams, SqliteConfig, Store};
 use serde_json::{Value, json};
-
-async fn key(store: &dyn Store, role: Role) -> String {
-    let key = NewApiKey::generate();
-    store
-        .api_key_create(ApiKeyCreateParams {
-            id: key.id,
-            tenant: "bench".into(),
-            role,
-            secret_hash: key.secret_hash,
-            now: SystemClock.now(),
-        })
-        .await
-        .unwrap();
-    key.token
-}
 
 async fn server(builtin_workers: bool) -> (RunningServer, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();

@@ -66,16 +66,9 @@ impl Enforcer {
     }
 
     pub async fn run(self, shutdown: CancellationToken) {
-        let mut tick = tokio::time::interval(self.config.interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                () = shutdown.cancelled() => return,
-            }
-            if let Err(e) = self.run_once().await {
-                tracing::error!(error = %e, "enforcing deadlines failed");
-            }
-        }
+        crate::service::run_every("enforcing deadlines", self.config.interval, shutdown, || {
+            self.run_once()
+        })
+        .await;
     }
 }

@@ -20,6 +20,7 @@ pub mod kinds;
 pub mod reaper;
 pub mod remote;
 pub mod retention;
+pub mod service;
 pub mod signals;
 pub mod webhooks;
 pub mod worker;

@@ -73,16 +73,6 @@ impl Reaper {
     }
 
     pub async fn run(self, shutdown: CancellationToken) {
-        let mut tick = tokio::time::interval(self.config.interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                () = shutdown.cancelled() => return,
-            }
-            if let Err(e) = self.run_once().await {
-                tracing::error!(error = %e, "reaping leases failed");
-            }
-        }
+        crate::service::run_every("reaping leases", self.config.interval, shutdown, || self.run_once()).await;
     }
 }

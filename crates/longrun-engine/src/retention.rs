@@ -123,16 +123,6 @@ impl Retention {
     }
 
     pub async fn run(self, shutdown: CancellationToken) {
-        let mut tick = tokio::time::interval(self.config.interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                () = shutdown.cancelled() => return,
-            }
-            if let Err(e) = self.run_once().await {
-                tracing::error!(error = %e, "retention pass failed");
-            }
-        }
+        crate::service::run_every("the retention pass", self.config.interval, shutdown, || self.run_once()).await;
     }
 }
