@@ -12,6 +12,7 @@
 
 pub mod conformance;
 mod error;
+mod shared;
 pub mod sqlite;
 mod types;
 

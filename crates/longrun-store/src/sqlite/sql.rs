@@ -15,6 +15,7 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde_json::{Value, json};
 
 use super::WritePolicy;
+use crate::shared::*;
 use crate::*;
 
 const OP_COLUMNS: &str = "id, tenant, kind, state, version, attempt, input, callback_url, deadline_at, \
@@ -23,11 +24,6 @@ const OP_COLUMNS: &str = "id, tenant, kind, state, version, attempt, input, call
     started_at, completed_at, updated_at, expires_at, artifact";
 
 const OP_COLUMN_COUNT: usize = 28;
-
-/// Who a cancellation by the server itself is attributed to.
-pub(crate) const SYSTEM: &str = "system";
-/// Cancel reasons that end the operation `failed` with the reason as its code.
-const FAILING_CANCEL_REASONS: [&str; 2] = ["deadline_exceeded", "budget_exhausted"];
 
 fn conversion_error(idx: usize, e: impl std::error::Error + Send + Sync + 'static) -> rusqlite::Error {
     rusqlite::Error::FromSqlConversionFailure(idx, Type::Text, Box::new(e))
@@ -95,49 +91,6 @@ fn operation_from_row(r: &Row) -> rusqlite::Result<Operation> {
         expires_at: ts(r.get(26)?),
         artifact: json_column(r, 27)?.as_ref().and_then(artifact_from_json),
     })
-}
-
-fn artifact_to_json(a: &ArtifactRef) -> Value {
-    json!({
-        "id": a.id.as_str(),
-        "content_type": a.content_type,
-        "size_bytes": a.size_bytes,
-        "sha256": a.sha256,
-        "expires_at": a.expires_at.0,
-    })
-}
-
-fn artifact_from_json(v: &Value) -> Option<ArtifactRef> {
-    Some(ArtifactRef {
-        id: Id::from_trusted(v.get("id")?.as_str()?.to_owned()),
-        content_type: v.get("content_type")?.as_str()?.to_owned(),
-        size_bytes: v.get("size_bytes")?.as_i64()?,
-        sha256: v.get("sha256")?.as_str()?.to_owned(),
-        expires_at: Timestamp(v.get("expires_at")?.as_i64()?),
-    })
-}
-
-fn progress_to_json(p: &Progress) -> Value {
-    json!({
-        "completed_units": p.completed_units,
-        "total_units": p.total_units,
-        "unit": p.unit,
-        "phase": p.phase,
-        "details": p.details,
-        "updated_at": p.updated_at.map(|t| t.0),
-    })
-}
-
-fn progress_from_json(v: &Value) -> Progress {
-    let text = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_owned);
-    Progress {
-        completed_units: v.get("completed_units").and_then(Value::as_f64),
-        total_units: v.get("total_units").and_then(Value::as_f64),
-        unit: text("unit"),
-        phase: text("phase"),
-        details: v.get("details").filter(|d| !d.is_null()).cloned(),
-        updated_at: v.get("updated_at").and_then(Value::as_i64).map(Timestamp),
-    }
 }
 
 /// Records one change of `op` (its new row, after the update): the event with
@@ -620,18 +573,6 @@ fn lease_task(
     }))
 }
 
-fn lease_ms(lease: Duration) -> i64 {
-    i64::try_from(lease.as_millis()).unwrap_or(i64::MAX)
-}
-
-fn deadline_error_before_start() -> OperationError {
-    OperationError {
-        code: "deadline_exceeded".into(),
-        message: "the deadline passed before the operation could start".into(),
-        retryable: false,
-    }
-}
-
 /// The fenced view of a running task: present only for the current lease holder.
 struct Fenced {
     version: i64,
@@ -674,24 +615,6 @@ fn fenced(c: &Connection, operation_id: &Id, lease_token: &str) -> Result<Fenced
     })
     .optional()?
     .ok_or(StoreError::LeaseLost)
-}
-
-/// Merges a worker's report into the stored progress. Completed units never
-/// go backwards; fields the worker leaves out keep their value.
-fn merge_progress(old: Option<&Progress>, update: &ProgressUpdate) -> Progress {
-    let old = old.cloned().unwrap_or_default();
-    let completed_units = match (old.completed_units, update.completed_units) {
-        (Some(a), Some(b)) => Some(a.max(b)),
-        (a, b) => b.or(a),
-    };
-    Progress {
-        completed_units,
-        total_units: update.total_units.or(old.total_units),
-        unit: update.unit.clone().or(old.unit),
-        phase: update.phase.clone().or(old.phase),
-        details: update.details.clone().or(old.details),
-        updated_at: old.updated_at,
-    }
 }
 
 pub(super) fn task_heartbeat(c: &Connection, p: &HeartbeatParams) -> Result<HeartbeatAck> {
@@ -782,19 +705,6 @@ fn cancel_request(c: &Connection, id: &str, by: &str, reason: Option<&str>, now:
     let data = json!({"requested_by": by, "reason": reason});
     event_insert(c, &requested, "cancel_requested", &data)?;
     Ok(requested.version)
-}
-
-/// The error a cancellation by the server itself ends with, if it was one.
-fn failing_cancel(requested_by: Option<&str>, reason: Option<&str>) -> Option<OperationError> {
-    let reason = reason.filter(|r| requested_by == Some(SYSTEM) && FAILING_CANCEL_REASONS.contains(r))?;
-    Some(OperationError {
-        code: reason.to_owned(),
-        message: match reason {
-            "deadline_exceeded" => "the operation's deadline passed".to_owned(),
-            _ => "the operation's cost budget was exhausted".to_owned(),
-        },
-        retryable: false,
-    })
 }
 
 pub(super) fn task_finish(c: &Connection, policy: WritePolicy, p: &FinishParams) -> Result<Operation> {
@@ -1162,81 +1072,6 @@ pub(super) fn task_expire_worker(c: &Connection, worker_id: &str, now: Timestamp
         )?
         .execute(params![worker_id, now.0 - 1])?;
     Ok(n as u64)
-}
-
-/// The representation-relevant fields of `op` (not its input) as JSON, kept
-/// with each event.
-fn snapshot_to_json(op: &Operation) -> Value {
-    json!({
-        "id": op.id.as_str(),
-        "tenant": op.tenant,
-        "kind": op.kind,
-        "state": op.state.as_str(),
-        "version": op.version,
-        "attempt": op.attempt,
-        "callback_url": op.callback_url,
-        "deadline_at": op.deadline_at.map(|t| t.0),
-        "budget_max_cost": op.budget_max_cost,
-        "cost_units": op.cost_units,
-        "labels": op.labels,
-        "progress": op.progress.as_ref().map(progress_to_json),
-        "result": op.result,
-        "error": op.error.as_ref().map(|e| json!({"code": e.code, "message": e.message, "retryable": e.retryable})),
-        "cancel": op.cancel.as_ref().map(|c| json!({
-            "requested_at": c.requested_at.0, "requested_by": c.requested_by, "reason": c.reason,
-        })),
-        "cancellable": op.cancellable,
-        "idempotency_key": op.idempotency_key,
-        "created_at": op.created_at.0,
-        "started_at": op.started_at.map(|t| t.0),
-        "completed_at": op.completed_at.map(|t| t.0),
-        "updated_at": op.updated_at.0,
-        "expires_at": op.expires_at.map(|t| t.0),
-        "artifact": op.artifact.as_ref().map(artifact_to_json),
-    })
-}
-
-fn snapshot_from_json(v: &Value) -> Option<Operation> {
-    let text = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_owned);
-    let time = |k: &str| v.get(k).and_then(Value::as_i64).map(Timestamp);
-    Some(Operation {
-        id: Id::from_trusted(text("id")?),
-        tenant: text("tenant")?,
-        kind: text("kind")?,
-        state: text("state")?.parse().ok()?,
-        version: v.get("version")?.as_i64()?,
-        attempt: v.get("attempt")?.as_i64()?,
-        input: None,
-        callback_url: text("callback_url"),
-        deadline_at: time("deadline_at"),
-        budget_max_cost: v.get("budget_max_cost").and_then(Value::as_f64),
-        cost_units: v.get("cost_units").and_then(Value::as_f64).unwrap_or(0.0),
-        labels: serde_json::from_value(v.get("labels").cloned().unwrap_or_default()).unwrap_or_default(),
-        progress: v.get("progress").filter(|p| !p.is_null()).map(progress_from_json),
-        result: v.get("result").filter(|r| !r.is_null()).cloned(),
-        error: v.get("error").filter(|e| !e.is_null()).map(|e| OperationError {
-            code: e.get("code").and_then(Value::as_str).unwrap_or_default().to_owned(),
-            message: e.get("message").and_then(Value::as_str).unwrap_or_default().to_owned(),
-            retryable: e.get("retryable").and_then(Value::as_bool).unwrap_or(false),
-        }),
-        cancel: v.get("cancel").filter(|c| !c.is_null()).map(|c| CancelRequest {
-            requested_at: Timestamp(c.get("requested_at").and_then(Value::as_i64).unwrap_or(0)),
-            requested_by: c
-                .get("requested_by")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_owned(),
-            reason: c.get("reason").and_then(Value::as_str).map(str::to_owned),
-        }),
-        cancellable: v.get("cancellable").and_then(Value::as_bool).unwrap_or(true),
-        idempotency_key: text("idempotency_key"),
-        created_at: time("created_at")?,
-        started_at: time("started_at"),
-        completed_at: time("completed_at"),
-        updated_at: time("updated_at")?,
-        expires_at: time("expires_at"),
-        artifact: v.get("artifact").and_then(artifact_from_json),
-    })
 }
 
 pub(super) fn operation_events_after(
