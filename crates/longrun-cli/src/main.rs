@@ -17,6 +17,7 @@ use longrun_engine::exec::ExecHandler;
 use longrun_engine::remote::{RemoteConfig, RemoteWorker};
 use longrun_engine::{CancellationToken, Registry};
 use longrun_server::{CallbackPolicy, Config, ServeOptions};
+use longrun_store::postgres::{PostgresConfig, PostgresStore};
 use longrun_store::{ApiKeyCreateParams, KindSpec, SqliteConfig, SqliteStore, Store, TenantLimits};
 
 mod client;
@@ -48,8 +49,11 @@ struct Global {
     #[arg(long, env = "LONGRUN_ARTIFACT_STORE", global = true)]
     artifact_store: Option<String>,
     /// A postgres:// URL to use PostgreSQL instead of the embedded SQLite.
-    #[arg(long, env = "LONGRUN_DATABASE", global = true)]
+    #[arg(long, env = "LONGRUN_DATABASE", hide_env_values = true, global = true)]
     database: Option<String>,
+    /// Connections in the PostgreSQL pool of this process.
+    #[arg(long, env = "LONGRUN_DB_POOL_SIZE", default_value_t = 16, global = true)]
+    db_pool_size: u32,
     /// Log format.
     #[arg(long, env = "LONGRUN_LOG_FORMAT", value_enum, default_value = "text", global = true)]
     log_format: LogFormat,
@@ -174,6 +178,9 @@ enum TenantsCommand {
 struct ServeArgs {
     #[arg(long, env = "LONGRUN_LISTEN", default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
+    /// This node's name among many on one PostgreSQL database (default host:port).
+    #[arg(long, env = "LONGRUN_NODE_ID")]
+    node_id: Option<String>,
     /// Also serve /metrics without a key on this address (for a scraper).
     #[arg(long, env = "LONGRUN_METRICS_LISTEN")]
     metrics_listen: Option<SocketAddr>,
@@ -286,15 +293,31 @@ fn init_logging(global: &Global) {
     }
 }
 
-fn sqlite_config(global: &Global) -> anyhow::Result<SqliteConfig> {
-    if let Some(url) = &global.database {
-        bail!("--database {url:?}: only the embedded SQLite store is available in this build");
-    }
-    Ok(SqliteConfig::new(global.data_dir.join("longrun.db")))
+fn sqlite_config(global: &Global) -> SqliteConfig {
+    SqliteConfig::new(global.data_dir.join("longrun.db"))
 }
 
-fn open_store(global: &Global) -> anyhow::Result<Arc<dyn Store>> {
-    let config = sqlite_config(global)?;
+fn postgres_config(global: &Global) -> anyhow::Result<Option<PostgresConfig>> {
+    match &global.database {
+        None => Ok(None),
+        Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+            let mut config = PostgresConfig::new(url.clone());
+            config.max_connections = global.db_pool_size;
+            Ok(Some(config))
+        }
+        Some(_) => bail!("--database must be a postgres:// URL (the embedded SQLite needs no URL)"),
+    }
+}
+
+async fn open_store(global: &Global) -> anyhow::Result<Arc<dyn Store>> {
+    if let Some(config) = postgres_config(global)? {
+        return Ok(Arc::new(
+            PostgresStore::open(config)
+                .await
+                .context("failed to open the PostgreSQL database")?,
+        ));
+    }
+    let config = sqlite_config(global);
     let store =
         SqliteStore::open(config.clone()).with_context(|| format!("failed to open {}", config.path.display()))?;
     Ok(Arc::new(store))
@@ -316,7 +339,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => serve(&global, args).await,
         Command::Migrate => {
-            let config = sqlite_config(&global)?;
+            if let Some(pg) = postgres_config(&global)? {
+                let applied = longrun_store::postgres::migrate(&pg.url).await?;
+                println!("applied {applied} migration(s) to the PostgreSQL database");
+                return Ok(());
+            }
+            let config = sqlite_config(&global);
             if let Some(dir) = config.path.parent() {
                 std::fs::create_dir_all(dir)?;
             }
@@ -328,7 +356,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Kinds(command) => kinds(&global, command).await,
         Command::Tenants(command) => tenants(&global, command).await,
         Command::Admin(AdminCommand::PauseAccepting { kind }) => {
-            open_store(&global)?.accepting_pause(kind.clone(), true).await?;
+            open_store(&global).await?.accepting_pause(kind.clone(), true).await?;
             println!(
                 "paused acceptance of {} (servers apply it within seconds)",
                 kind.as_deref().unwrap_or("every kind")
@@ -336,12 +364,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Admin(AdminCommand::ResumeAccepting { kind }) => {
-            open_store(&global)?.accepting_pause(kind.clone(), false).await?;
+            open_store(&global).await?.accepting_pause(kind.clone(), false).await?;
             println!("resumed acceptance of {}", kind.as_deref().unwrap_or("every kind"));
             Ok(())
         }
         Command::Admin(AdminCommand::RotateLinkKey) => {
-            let store = open_store(&global)?;
+            let store = open_store(&global).await?;
             let kid = longrun_server::add_link_key(store.as_ref(), &SystemClock).await?;
             println!("new download-link key {kid}; servers use it within a few seconds");
             Ok(())
@@ -352,11 +380,21 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 async fn serve(global: &Global, args: ServeArgs) -> anyhow::Result<()> {
-    let mut sqlite = sqlite_config(global)?;
+    let mut sqlite = sqlite_config(global);
     sqlite.keep_inputs = args.keep_inputs;
     sqlite.result_retention = args.result_retention;
     let mut options = ServeOptions::new(args.listen, sqlite);
     options.builtin_workers = args.builtin_workers;
+    options.postgres = postgres_config(global)?;
+    if options.postgres.is_some() {
+        // Many nodes share the database: in-process leases carry this node's id,
+        // so a restart of this node hands exactly its own leases to the reaper.
+        let node = args
+            .node_id
+            .clone()
+            .unwrap_or_else(|| format!("{}:{}", hostname(), args.listen.port()));
+        options.dispatcher.worker_id = format!("in-process@{node}");
+    }
     options.metrics_listen = args.metrics_listen;
     options.webhooks.schedule = args.webhook_retry_schedule.0.clone();
     options.retention.tombstone_retention = args.tombstone_retention;
@@ -405,7 +443,7 @@ async fn serve(global: &Global, args: ServeArgs) -> anyhow::Result<()> {
 }
 
 async fn keys(global: &Global, command: KeysCommand) -> anyhow::Result<()> {
-    let store = open_store(global)?;
+    let store = open_store(global).await?;
     let now = SystemClock.now();
     match command {
         KeysCommand::Create { tenant, role } => {
@@ -454,7 +492,7 @@ async fn keys(global: &Global, command: KeysCommand) -> anyhow::Result<()> {
 }
 
 async fn kinds(global: &Global, command: KindsCommand) -> anyhow::Result<()> {
-    let store = open_store(global)?;
+    let store = open_store(global).await?;
     match command {
         KindsCommand::Set {
             name,
@@ -505,7 +543,7 @@ async fn kinds(global: &Global, command: KindsCommand) -> anyhow::Result<()> {
 }
 
 async fn tenants(global: &Global, command: TenantsCommand) -> anyhow::Result<()> {
-    let store = open_store(global)?;
+    let store = open_store(global).await?;
     match command {
         TenantsCommand::Set {
             tenant,
@@ -622,4 +660,13 @@ async fn worker(global: &Global, args: WorkerArgs) -> anyhow::Result<()> {
     );
     RemoteWorker::new(config, registry).run(shutdown).await;
     Ok(())
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "node".into())
 }

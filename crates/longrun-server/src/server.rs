@@ -18,6 +18,7 @@ use longrun_engine::reaper::{self, Reaper};
 use longrun_engine::retention::{self, Retention};
 use longrun_engine::webhooks::{self, Deliverer, DeliveryPolicy};
 use longrun_engine::{CancellationToken, Registry, Signals};
+use longrun_store::postgres::{PostgresConfig, PostgresStore};
 use longrun_store::{ApiKeyCreateParams, SqliteConfig, SqliteStore, Store};
 use tokio::task::JoinHandle;
 
@@ -41,6 +42,8 @@ pub struct ServeOptions {
     pub artifact_store: Option<Arc<dyn ArtifactStore>>,
     /// Serve `/metrics` without a key on this address too.
     pub metrics_listen: Option<SocketAddr>,
+    /// Use PostgreSQL (many `serve` processes may share it) instead of SQLite.
+    pub postgres: Option<PostgresConfig>,
     /// Run the webhook deliverer in this process.
     pub deliver_webhooks: bool,
     pub clock: Arc<dyn Clock>,
@@ -66,6 +69,7 @@ impl ServeOptions {
             enforcer: enforcer::Config::default(),
             webhooks: webhooks::Config::default(),
             deliver_webhooks: true,
+            postgres: None,
             metrics_listen: None,
             clock: Arc::new(SystemClock),
         }
@@ -112,9 +116,22 @@ impl RunningServer {
 pub async fn start(options: ServeOptions) -> anyhow::Result<RunningServer> {
     let mut sqlite = options.sqlite.clone();
     sqlite.operation_retention = options.http.operation_retention;
-    let store: Arc<dyn Store> = Arc::new(
-        SqliteStore::open(sqlite.clone()).with_context(|| format!("failed to open {}", sqlite.path.display()))?,
-    );
+    let store: Arc<dyn Store> = match &options.postgres {
+        Some(pg) => {
+            let mut pg = pg.clone();
+            pg.operation_retention = options.http.operation_retention;
+            pg.result_retention = sqlite.result_retention;
+            pg.keep_inputs = sqlite.keep_inputs;
+            Arc::new(
+                PostgresStore::open(pg)
+                    .await
+                    .context("failed to open the PostgreSQL database")?,
+            )
+        }
+        None => Arc::new(
+            SqliteStore::open(sqlite.clone()).with_context(|| format!("failed to open {}", sqlite.path.display()))?,
+        ),
+    };
     let clock = options.clock.clone();
 
     let registry = Registry::builtin();
@@ -161,6 +178,8 @@ pub async fn start(options: ServeOptions) -> anyhow::Result<RunningServer> {
         options.http.clone(),
     );
     tokio::spawn(state.changes.clone().forward(store.subscribe_changes()));
+    // Work queued or re-queued anywhere (another node, too) wakes this node's claimers.
+    tokio::spawn(wake_claimers(store.subscribe_changes(), signals.clone()));
     crate::metrics::handle();
     tokio::spawn(crate::metrics::follow(store.subscribe_changes()));
     if let Some(addr) = options.metrics_listen {
@@ -174,7 +193,13 @@ pub async fn start(options: ServeOptions) -> anyhow::Result<RunningServer> {
         .await
         .with_context(|| format!("failed to listen on {}", options.listen))?;
     let addr = listener.local_addr()?;
-    tracing::info!(%addr, database = %sqlite.path.display(), "longrun is serving");
+    // Never log a database URL: it may carry a password.
+    let database = if options.postgres.is_some() {
+        "postgresql".to_owned()
+    } else {
+        sqlite.path.display().to_string()
+    };
+    tracing::info!(%addr, %database, "longrun is serving");
 
     let shutdown = CancellationToken::new();
     let services_stop = CancellationToken::new();
@@ -276,6 +301,19 @@ pub async fn add_link_key(store: &dyn Store, clock: &dyn Clock) -> anyhow::Resul
         .server_secret(&name, random_bytes::<32>().to_vec(), clock.now())
         .await?;
     Ok(kid)
+}
+
+async fn wake_claimers(mut feed: tokio::sync::broadcast::Receiver<longrun_store::Change>, signals: Signals) {
+    loop {
+        match feed.recv().await {
+            Ok(change) if matches!(change.event_type.as_str(), "created" | "retry_scheduled") => {
+                signals.work_available()
+            }
+            Ok(_) => {}
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => signals.work_available(),
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+        }
+    }
 }
 
 /// Resolves on SIGTERM or Ctrl-C.

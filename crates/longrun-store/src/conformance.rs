@@ -24,7 +24,7 @@ pub struct TestStore {
 }
 
 /// Expands to one test per conformance case for the backend made by `$factory`
-/// (an `async fn() -> TestStore`).
+/// (an `async fn() -> Option<TestStore>`).
 #[macro_export]
 macro_rules! store_conformance {
     ($factory:path) => {
@@ -75,7 +75,9 @@ macro_rules! store_conformance {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $case() {
-                let test_store: $crate::conformance::TestStore = $factory().await;
+                // A factory returns `None` when its database cannot run here
+                // (it says so loudly, or fails when peers are required).
+                let Some(test_store): Option<$crate::conformance::TestStore> = $factory().await else { return };
                 $crate::conformance::$case(test_store.store.as_ref()).await;
             }
         )*

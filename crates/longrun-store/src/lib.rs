@@ -12,6 +12,8 @@
 
 pub mod conformance;
 mod error;
+pub mod pgtest;
+pub mod postgres;
 mod shared;
 pub mod sqlite;
 mod types;

@@ -8,13 +8,13 @@ use longrun_core::State;
 use longrun_store::conformance::TestStore;
 use longrun_store::{SqliteConfig, SqliteStore, store_conformance};
 
-async fn sqlite_store() -> TestStore {
+async fn sqlite_store() -> Option<TestStore> {
     let dir = tempfile::tempdir().expect("temp dir");
     let store = SqliteStore::open(SqliteConfig::new(dir.path().join("longrun.db"))).expect("open store");
-    TestStore {
+    Some(TestStore {
         store: Arc::new(store),
         guard: Box::new(dir),
-    }
+    })
 }
 
 store_conformance!(sqlite_store);

@@ -1,0 +1,234 @@
+//! The multi-node drill: three `longrun serve` processes on one PostgreSQL
+//! database (a throwaway cluster from the machine's initdb/pg_ctl), clients
+//! and remote workers spread over all of them, one node SIGKILLed mid-run and
+//! restarted. Every accepted operation ends exactly once; none is lost; the
+//! same key sent to different nodes at once creates one operation.
+
+use std::collections::HashSet;
+use std::process::Stdio;
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+const BIN: &str = env!("CARGO_BIN_EXE_longrun");
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+async fn serve(url: &str, port: u16, node: &str) -> Child {
+    let mut child = Command::new(BIN)
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--builtin-workers=false",
+            "--node-id",
+            node,
+        ])
+        .args(["--database", url])
+        .env("LONGRUN_LOG", "warn")
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if line.starts_with("longrun listening on") {
+                return;
+            }
+        }
+        panic!("node {node} exited before listening");
+    })
+    .await
+    .expect("the node listens");
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    child
+}
+
+fn cli(url: &str, args: &[&str]) -> String {
+    let out = std::process::Command::new(BIN)
+        .args(args)
+        .args(["--database", url])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+/// Submits with one key, trying the nodes in turn until one answers.
+async fn submit(http: &reqwest::Client, nodes: &[String], first: usize, token: &str, key: &str) -> String {
+    for attempt in 0..60 {
+        let base = &nodes[(first + attempt) % nodes.len()];
+        let sent = http
+            .post(format!("{base}/v1/operations"))
+            .bearer_auth(token)
+            .header("Idempotency-Key", key)
+            .json(&json!({"kind": "drill", "input": {"key": key}}))
+            .send()
+            .await;
+        if let Ok(response) = sent
+            && response.status().is_success()
+        {
+            return response.json::<Value>().await.unwrap()["id"]
+                .as_str()
+                .unwrap()
+                .to_owned();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("no node accepted {key}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_one_killed_every_operation_ends_exactly_once() {
+    let Some(cluster) = longrun_store::pgtest::cluster() else {
+        return;
+    };
+    let url = cluster.database().await;
+    cli(&url, &["migrate"]);
+    let client = cli(&url, &["keys", "create", "--tenant", "drill", "--role", "client"]);
+    let worker = cli(&url, &["keys", "create", "--tenant", "drill", "--role", "worker"]);
+    cli(&url, &["kinds", "set", "drill", "--rerun-safe", "--max-attempts", "5"]);
+
+    let ports = [free_port(), free_port(), free_port()];
+    let nodes: Vec<String> = ports.iter().map(|p| format!("http://127.0.0.1:{p}")).collect();
+    let mut servers = Vec::new();
+    for (i, port) in ports.iter().enumerate() {
+        servers.push(serve(&url, *port, &format!("n{i}")).await);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("work.sh");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\ncat >/dev/null\nsleep 0.2\necho '{\"result\": \"done\"}'\n",
+    )
+    .unwrap();
+    std::process::Command::new("chmod")
+        .arg("+x")
+        .arg(&script)
+        .status()
+        .unwrap();
+    let mut workers = Vec::new();
+    for node in &nodes {
+        workers.push(
+            Command::new(BIN)
+                .args(["worker", "--kind", "drill", "--exec"])
+                .arg(&script)
+                .args([
+                    "--server",
+                    node,
+                    "--token",
+                    &worker,
+                    "--concurrency",
+                    "4",
+                    "--lease",
+                    "5s",
+                ])
+                .env("LONGRUN_LOG", "error")
+                .kill_on_drop(true)
+                .spawn()
+                .unwrap(),
+        );
+    }
+
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    // The same key sent to all three nodes at once: one operation.
+    let mut same = Vec::new();
+    for k in 0..20 {
+        let mut racers = Vec::new();
+        for n in 0..3 {
+            let (http, nodes, client) = (http.clone(), nodes.clone(), client.clone());
+            racers.push(tokio::spawn(async move {
+                submit(&http, &nodes, n, &client, &format!("race-{k}")).await
+            }));
+        }
+        let mut ids = HashSet::new();
+        for r in racers {
+            ids.insert(r.await.unwrap());
+        }
+        assert_eq!(ids.len(), 1, "race-{k} created {ids:?}");
+        same.push(ids.into_iter().next().unwrap());
+    }
+
+    // 150 submissions spread over the nodes; node 1 is killed after 50 and restarted after 100.
+    let mut ids: Vec<String> = same.clone();
+    for i in 0..150 {
+        if i == 50 {
+            servers[1].start_kill().unwrap();
+            servers[1].wait().await.unwrap();
+        }
+        if i == 100 {
+            servers[1] = serve(&url, ports[1], "n1").await;
+        }
+        ids.push(submit(&http, &nodes, i % 3, &client, &format!("op-{i}")).await);
+    }
+    let unique: HashSet<&String> = ids.iter().collect();
+    assert_eq!(unique.len(), 170, "one operation per key");
+
+    // Every operation ends, whichever node is asked.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    for (i, id) in ids.iter().enumerate() {
+        loop {
+            let op: Value = http
+                .get(format!("{}/v1/operations/{id}", nodes[i % 3]))
+                .bearer_auth(&client)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            if op["terminal"] == true {
+                assert_eq!(op["state"], "succeeded", "{op}");
+                break;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "not finished: {op}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let history: Value = http
+            .get(format!("{}/v1/operations/{id}/history", nodes[(i + 1) % 3]))
+            .bearer_auth(&client)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let ends = history["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["type"] == "succeeded")
+            .count();
+        assert_eq!(ends, 1, "{id} ended exactly once: {history}");
+    }
+    let listed: Value = http
+        .get(format!("{}/v1/operations?page_size=100&state=succeeded", nodes[0]))
+        .bearer_auth(&client)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed["operations"].as_array().unwrap().len(), 100);
+    let health = http.get(format!("{}/readyz", nodes[1])).send().await.unwrap();
+    assert_eq!(health.status(), StatusCode::OK, "the restarted node is ready");
+    drop(workers);
+}

@@ -1,0 +1,2118 @@
+//! The PostgreSQL backend: many `longrun serve` processes on one database.
+//!
+//! Every call is one transaction on a pooled connection; concurrent writers
+//! are ordinary PostgreSQL transactions, so no writer thread is needed. Rows
+//! other nodes may work on at the same moment are taken with
+//! `FOR UPDATE SKIP LOCKED` (claims, the reaper, the enforcer, webhook
+//! delivery, retention), so each piece of work is done once. The same schema
+//! invariants as SQLite live in `postgres/schema.sql` (a trigger refuses
+//! illegal transitions). The SQL mirrors `sqlite/sql.rs` function by function.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use longrun_core::id::random_base32;
+use longrun_core::lease::retry_backoff;
+use longrun_core::{Id, IdKind, State, Timestamp};
+use serde_json::{Value, json};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
+use sqlx::{PgConnection, PgPool, Row};
+use tokio::sync::broadcast;
+
+use crate::shared::*;
+use crate::*;
+
+const SCHEMA: &str = include_str!("postgres/schema.sql");
+const SCHEMA_VERSION: i64 = 1;
+
+#[derive(Debug, Clone)]
+pub struct PostgresConfig {
+    pub url: String,
+    pub max_connections: u32,
+    pub operation_retention: Duration,
+    pub result_retention: Duration,
+    pub keep_inputs: bool,
+}
+
+impl PostgresConfig {
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            max_connections: 16,
+            operation_retention: Duration::from_secs(30 * 24 * 3600),
+            result_retention: Duration::from_secs(24 * 3600),
+            keep_inputs: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Policy {
+    operation_retention: Duration,
+    result_retention: Duration,
+    keep_inputs: bool,
+}
+
+pub struct PostgresStore {
+    pool: PgPool,
+    policy: Policy,
+    changes: broadcast::Sender<Change>,
+}
+
+fn db(e: sqlx::Error) -> StoreError {
+    let text = e.to_string();
+    if text.contains("illegal state transition") || text.contains("terminal operation") {
+        StoreError::IllegalTransition(text)
+    } else {
+        StoreError::Backend(text)
+    }
+}
+
+impl PostgresStore {
+    /// Connects and applies the schema if the database has none yet.
+    pub async fn open(config: PostgresConfig) -> Result<Self> {
+        let options: PgConnectOptions = config.url.parse().map_err(db)?;
+        let pool = PgPoolOptions::new()
+            .max_connections(config.max_connections)
+            .connect_with(options)
+            .await
+            .map_err(db)?;
+        migrate_pool(&pool).await?;
+        let (changes, _) = broadcast::channel(4096);
+        let mut listener = sqlx::postgres::PgListener::connect_with(&pool).await.map_err(db)?;
+        listener.listen(CHANNEL).await.map_err(db)?;
+        let feed = changes.clone();
+        tokio::spawn(async move {
+            // recv reconnects by itself after a dropped connection.
+            loop {
+                match listener.recv().await {
+                    Ok(notification) => {
+                        let Ok(Value::Array(items)) = serde_json::from_str::<Value>(notification.payload()) else {
+                            continue;
+                        };
+                        for item in &items {
+                            if let Some(change) = change_from_json(item) {
+                                let _ = feed.send(change);
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the change listener failed; retrying");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                }
+            }
+        });
+        Ok(Self {
+            pool,
+            policy: Policy {
+                operation_retention: config.operation_retention,
+                result_retention: config.result_retention,
+                keep_inputs: config.keep_inputs,
+            },
+            changes,
+        })
+    }
+
+    /// Runs `f` in one transaction. Its changes are announced with
+    /// `pg_notify` inside the same transaction, so every node (this one
+    /// included) hears of them exactly when — and only if — they commit.
+    async fn tx<T, F>(&self, f: F) -> Result<T>
+    where
+        F: for<'c> FnOnce(&'c mut PgConnection, &'c mut Vec<Change>) -> futures_util::future::BoxFuture<'c, Result<T>>,
+    {
+        let mut tx = self.pool.begin().await.map_err(db)?;
+        let mut changes = Vec::new();
+        let out = f(&mut tx, &mut changes).await;
+        match out {
+            Ok(value) => {
+                // NOTIFY payloads are limited (8000 bytes): send in chunks.
+                for chunk in changes.chunks(20) {
+                    let payload: Vec<Value> = chunk.iter().map(change_to_json).collect();
+                    sqlx::query("SELECT pg_notify($1, $2)")
+                        .bind(CHANNEL)
+                        .bind(Value::Array(payload).to_string())
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(db)?;
+                }
+                tx.commit().await.map_err(db)?;
+                Ok(value)
+            }
+            Err(e) => {
+                let _ = tx.rollback().await;
+                Err(e)
+            }
+        }
+    }
+}
+
+/// Applies the schema once (an advisory lock keeps concurrent starts apart).
+pub async fn migrate(url: &str) -> Result<usize> {
+    let pool = PgPoolOptions::new().max_connections(1).connect(url).await.map_err(db)?;
+    migrate_pool(&pool).await
+}
+
+async fn migrate_pool(pool: &PgPool) -> Result<usize> {
+    let mut tx = pool.begin().await.map_err(db)?;
+    sqlx::query("SELECT pg_advisory_xact_lock(7723001)")
+        .execute(&mut *tx)
+        .await
+        .map_err(db)?;
+    let exists: bool = sqlx::query_scalar("SELECT to_regclass('schema_migrations') IS NOT NULL")
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(db)?;
+    let current: i64 = if exists {
+        sqlx::query_scalar("SELECT COALESCE(MAX(version), 0) FROM schema_migrations")
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(db)?
+    } else {
+        0
+    };
+    let mut applied = 0;
+    if current < SCHEMA_VERSION {
+        sqlx::raw_sql(SCHEMA).execute(&mut *tx).await.map_err(db)?;
+        sqlx::query("INSERT INTO schema_migrations (version, applied_at) VALUES ($1, $2)")
+            .bind(SCHEMA_VERSION)
+            .bind(longrun_core::Clock::now(&longrun_core::SystemClock).as_millis())
+            .execute(&mut *tx)
+            .await
+            .map_err(db)?;
+        applied = 1;
+    }
+    tx.commit().await.map_err(db)?;
+    Ok(applied)
+}
+
+const OP_COLUMNS: &str = "id, tenant, kind, state, version, attempt, input, callback_url, deadline_at, \
+    budget_max_cost, cost_units, labels, progress, result, error_code, error_message, error_retryable, \
+    cancel_requested_at, cancel_requested_by, cancel_reason, cancellable, idempotency_key, created_at, \
+    started_at, completed_at, updated_at, expires_at, artifact";
+
+fn json_text(text: Option<String>) -> Result<Option<Value>> {
+    text.map(|t| serde_json::from_str(&t).map_err(|e| StoreError::Backend(e.to_string())))
+        .transpose()
+}
+
+fn ts(ms: Option<i64>) -> Option<Timestamp> {
+    ms.map(Timestamp)
+}
+
+fn state_of(text: &str) -> Result<State> {
+    text.parse()
+        .map_err(|e: longrun_core::state::UnknownState| StoreError::Backend(e.to_string()))
+}
+
+fn operation_from_row(r: &PgRow) -> Result<Operation> {
+    let get = |e: sqlx::Error| db(e);
+    let labels: BTreeMap<String, String> = match json_text(r.try_get(11).map_err(get)?)? {
+        Some(v) => serde_json::from_value(v).map_err(|e| StoreError::Backend(e.to_string()))?,
+        None => BTreeMap::new(),
+    };
+    let error_code: Option<String> = r.try_get(14).map_err(get)?;
+    let cancel_requested_at: Option<i64> = r.try_get(17).map_err(get)?;
+    Ok(Operation {
+        id: Id::from_trusted(r.try_get(0).map_err(get)?),
+        tenant: r.try_get(1).map_err(get)?,
+        kind: r.try_get(2).map_err(get)?,
+        state: state_of(r.try_get(3).map_err(get)?)?,
+        version: r.try_get(4).map_err(get)?,
+        attempt: r.try_get(5).map_err(get)?,
+        input: json_text(r.try_get(6).map_err(get)?)?,
+        callback_url: r.try_get(7).map_err(get)?,
+        deadline_at: ts(r.try_get(8).map_err(get)?),
+        budget_max_cost: r.try_get(9).map_err(get)?,
+        cost_units: r.try_get(10).map_err(get)?,
+        labels,
+        progress: json_text(r.try_get(12).map_err(get)?)?.map(|v| progress_from_json(&v)),
+        result: json_text(r.try_get(13).map_err(get)?)?,
+        error: match error_code {
+            Some(code) => Some(OperationError {
+                code,
+                message: r.try_get::<Option<String>, _>(15).map_err(get)?.unwrap_or_default(),
+                retryable: r.try_get::<Option<bool>, _>(16).map_err(get)?.unwrap_or(false),
+            }),
+            None => None,
+        },
+        cancel: match cancel_requested_at {
+            Some(at) => Some(CancelRequest {
+                requested_at: Timestamp(at),
+                requested_by: r.try_get::<Option<String>, _>(18).map_err(get)?.unwrap_or_default(),
+                reason: r.try_get(19).map_err(get)?,
+            }),
+            None => None,
+        },
+        cancellable: r.try_get(20).map_err(get)?,
+        idempotency_key: r.try_get(21).map_err(get)?,
+        created_at: Timestamp(r.try_get(22).map_err(get)?),
+        started_at: ts(r.try_get(23).map_err(get)?),
+        completed_at: ts(r.try_get(24).map_err(get)?),
+        updated_at: Timestamp(r.try_get(25).map_err(get)?),
+        expires_at: ts(r.try_get(26).map_err(get)?),
+        artifact: json_text(r.try_get(27).map_err(get)?)?
+            .as_ref()
+            .and_then(artifact_from_json),
+    })
+}
+
+/// The channel every node listens on for committed changes.
+const CHANNEL: &str = "longrun_changes";
+
+fn change_to_json(c: &Change) -> Value {
+    json!({
+        "id": c.operation_id.as_str(), "v": c.version, "e": c.event_type, "k": c.kind, "s": c.state.as_str(),
+        "a": c.attempt, "c": c.created_at.0, "st": c.started_at.map(|t| t.0), "co": c.completed_at.map(|t| t.0),
+        "cr": c.cancel_requested_at.map(|t| t.0),
+    })
+}
+
+fn change_from_json(v: &Value) -> Option<Change> {
+    let time = |k: &str| v.get(k).and_then(Value::as_i64).map(Timestamp);
+    Some(Change {
+        operation_id: Id::from_trusted(v.get("id")?.as_str()?.to_owned()),
+        version: v.get("v")?.as_i64()?,
+        event_type: v.get("e")?.as_str()?.to_owned(),
+        kind: v.get("k")?.as_str()?.to_owned(),
+        state: v.get("s")?.as_str()?.parse().ok()?,
+        attempt: v.get("a")?.as_i64()?,
+        created_at: time("c")?,
+        started_at: time("st"),
+        completed_at: time("co"),
+        cancel_requested_at: time("cr"),
+    })
+}
+
+fn change_of(op: &Operation, event_type: &str) -> Change {
+    Change {
+        operation_id: op.id.clone(),
+        version: op.version,
+        event_type: event_type.to_owned(),
+        kind: op.kind.clone(),
+        state: op.state,
+        attempt: op.attempt,
+        created_at: op.created_at,
+        started_at: op.started_at,
+        completed_at: op.completed_at,
+        cancel_requested_at: op.cancel.as_ref().map(|c| c.requested_at),
+    }
+}
+
+async fn event_insert(
+    c: &mut PgConnection,
+    ch: &mut Vec<Change>,
+    op: &Operation,
+    event_type: &str,
+    data: &Value,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO operation_events (operation_id, version, type, state, at, data, snapshot)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+    )
+    .bind(op.id.as_str())
+    .bind(op.version)
+    .bind(event_type)
+    .bind(op.state.as_str())
+    .bind(op.updated_at.0)
+    .bind(data.to_string())
+    .bind(snapshot_to_json(op).to_string())
+    .execute(&mut *c)
+    .await
+    .map_err(db)?;
+    ch.push(change_of(op, event_type));
+    Ok(())
+}
+
+async fn operation_by_id(c: &mut PgConnection, id: &str) -> Result<Option<Operation>> {
+    let row = sqlx::query(&format!("SELECT {OP_COLUMNS} FROM operations WHERE id = $1"))
+        .bind(id)
+        .fetch_optional(&mut *c)
+        .await
+        .map_err(db)?;
+    row.as_ref().map(operation_from_row).transpose()
+}
+
+async fn operation_owned(c: &mut PgConnection, tenant: &str, id: &str) -> Result<Option<Operation>> {
+    let row = sqlx::query(&format!(
+        "SELECT {OP_COLUMNS} FROM operations WHERE id = $1 AND tenant = $2"
+    ))
+    .bind(id)
+    .bind(tenant)
+    .fetch_optional(&mut *c)
+    .await
+    .map_err(db)?;
+    row.as_ref().map(operation_from_row).transpose()
+}
+
+async fn owned(c: &mut PgConnection, tenant: &str, id: &str) -> Result<bool> {
+    Ok(sqlx::query("SELECT 1 FROM operations WHERE id = $1 AND tenant = $2")
+        .bind(id)
+        .bind(tenant)
+        .fetch_optional(&mut *c)
+        .await
+        .map_err(db)?
+        .is_some())
+}
+
+/// `UPDATE … RETURNING` every column; `None` when no row matched.
+async fn update_returning(
+    c: &mut PgConnection,
+    query: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
+) -> Result<Option<Operation>> {
+    let row = query.fetch_optional(&mut *c).await.map_err(db)?;
+    row.as_ref().map(operation_from_row).transpose()
+}
+
+async fn operation_accept(c: &mut PgConnection, ch: &mut Vec<Change>, p: &AcceptParams) -> Result<AcceptOutcome> {
+    if let Some((key, fingerprint)) = &p.idempotency {
+        // Insert-or-detect: a concurrent first request with the same key
+        // waits here for the other transaction, then sees its row.
+        let inserted = sqlx::query(
+            "INSERT INTO idempotency_keys (tenant, kind, key, fingerprint, operation_id, created_at)
+             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING",
+        )
+        .bind(&p.tenant)
+        .bind(&p.kind)
+        .bind(key.as_str())
+        .bind(&fingerprint.0[..])
+        .bind(p.id.as_str())
+        .bind(p.now.0)
+        .execute(&mut *c)
+        .await
+        .map_err(db)?
+        .rows_affected();
+        if inserted == 0 {
+            let row = sqlx::query(
+                "SELECT fingerprint, operation_id FROM idempotency_keys WHERE tenant = $1 AND kind = $2 AND key = $3",
+            )
+            .bind(&p.tenant)
+            .bind(&p.kind)
+            .bind(key.as_str())
+            .fetch_one(&mut *c)
+            .await
+            .map_err(db)?;
+            let stored: Vec<u8> = row.try_get(0).map_err(db)?;
+            let operation_id = Id::from_trusted(row.try_get(1).map_err(db)?);
+            let stored = longrun_core::fingerprint::Fingerprint(
+                stored
+                    .try_into()
+                    .map_err(|_| StoreError::Backend("bad fingerprint".into()))?,
+            );
+            if !fingerprint.matches(&stored) {
+                return Ok(AcceptOutcome::KeyReused { operation_id });
+            }
+            let original = operation_by_id(c, operation_id.as_str())
+                .await?
+                .ok_or(StoreError::Gone)?;
+            return Ok(AcceptOutcome::Replayed(original));
+        }
+    }
+    // The tenant row is locked while its quota is checked, so concurrent
+    // submissions cannot overshoot it.
+    let max_active: Option<i64> = sqlx::query_scalar("SELECT max_active FROM tenants WHERE name = $1 FOR UPDATE")
+        .bind(&p.tenant)
+        .fetch_optional(&mut *c)
+        .await
+        .map_err(db)?
+        .flatten();
+    if let Some(max_active) = max_active {
+        let active: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM tasks WHERE tenant = $1")
+            .bind(&p.tenant)
+            .fetch_one(&mut *c)
+            .await
+            .map_err(db)?;
+        if active >= max_active {
+            return Err(StoreError::QuotaExceeded { active, max_active });
+        }
+    }
+    let labels = serde_json::to_string(&p.labels).map_err(|e| StoreError::Backend(e.to_string()))?;
+    let idempotency_key = p.idempotency.as_ref().map(|(k, _)| k.as_str().to_owned());
+    let seq: i64 = sqlx::query_scalar(
+        "INSERT INTO operations (id, tenant, kind, state, version, attempt, input, callback_url, deadline_at,
+                                 budget_max_cost, labels, idempotency_key, created_at, updated_at)
+         VALUES ($1, $2, $3, 'queued', 1, 0, $4, $5, $6, $7, $8, $9, $10, $10) RETURNING seq",
+    )
+    .bind(p.id.as_str())
+    .bind(&p.tenant)
+    .bind(&p.kind)
+    .bind(p.input.to_string())
+    .bind(&p.callback_url)
+    .bind(p.deadline_at.map(|t| t.0))
+    .bind(p.budget_max_cost)
+    .bind(labels)
+    .bind(&idempotency_key)
+    .bind(p.now.0)
+    .fetch_one(&mut *c)
+    .await
+    .map_err(db)?;
+    sqlx::query("INSERT INTO tasks (operation_id, seq, tenant, kind, status, available_at) VALUES ($1, $2, $3, $4, 'ready', $5)")
+        .bind(p.id.as_str())
+        .bind(seq)
+        .bind(&p.tenant)
+        .bind(&p.kind)
+        .bind(p.now.0)
+        .execute(&mut *c)
+        .await
+        .map_err(db)?;
+    let created = Operation {
+        id: p.id.clone(),
+        tenant: p.tenant.clone(),
+        kind: p.kind.clone(),
+        state: State::Queued,
+        version: 1,
+        attempt: 0,
+        input: Some(p.input.clone()),
+        callback_url: p.callback_url.clone(),
+        deadline_at: p.deadline_at,
+        budget_max_cost: p.budget_max_cost,
+        cost_units: 0.0,
+        labels: p.labels.clone(),
+        progress: None,
+        result: None,
+        error: None,
+        cancel: None,
+        cancellable: true,
+        idempotency_key,
+        created_at: p.now,
+        started_at: None,
+        completed_at: None,
+        updated_at: p.now,
+        expires_at: None,
+        artifact: None,
+    };
+    event_insert(c, ch, &created, "created", &json!({})).await?;
+    Ok(AcceptOutcome::Created(created))
+}
+
+async fn operation_list(c: &mut PgConnection, p: &ListParams) -> Result<OperationPage> {
+    let page_size = i64::from(p.page_size.max(1));
+    let rows = sqlx::query(&format!(
+        "SELECT {OP_COLUMNS}, seq FROM operations
+          WHERE tenant = $1
+            AND ($2::TEXT IS NULL OR state = $2)
+            AND ($3::TEXT IS NULL OR kind = $3)
+            AND ($4::TEXT IS NULL OR (labels::jsonb ->> $4) = $5)
+            AND ($6::BIGINT IS NULL OR seq < $6)
+          ORDER BY seq DESC LIMIT $7"
+    ))
+    .bind(&p.tenant)
+    .bind(p.state.map(|s| s.as_str()))
+    .bind(&p.kind)
+    .bind(p.label.as_ref().map(|(k, _)| k.clone()))
+    .bind(p.label.as_ref().map(|(_, v)| v.clone()))
+    .bind(p.before_seq)
+    .bind(page_size + 1)
+    .fetch_all(&mut *c)
+    .await
+    .map_err(db)?;
+    let mut operations = Vec::with_capacity(rows.len());
+    let mut seqs = Vec::with_capacity(rows.len());
+    for row in &rows {
+        operations.push(operation_from_row(row)?);
+        seqs.push(row.try_get::<i64, _>(28).map_err(db)?);
+    }
+    let next_before_seq = if operations.len() as i64 > page_size {
+        operations.truncate(page_size as usize);
+        seqs.get(page_size as usize - 1).copied()
+    } else {
+        None
+    };
+    Ok(OperationPage {
+        operations,
+        next_before_seq,
+    })
+}
+
+async fn events_of(
+    c: &mut PgConnection,
+    tenant: &str,
+    id: &Id,
+    after: i64,
+    limit: i64,
+    snapshots: bool,
+) -> Result<Option<Vec<Event>>> {
+    if !owned(c, tenant, id.as_str()).await? {
+        return Ok(None);
+    }
+    let rows = sqlx::query(
+        "SELECT version, type, state, at, data, snapshot FROM operation_events
+          WHERE operation_id = $1 AND version > $2 ORDER BY version LIMIT $3",
+    )
+    .bind(id.as_str())
+    .bind(after)
+    .bind(limit)
+    .fetch_all(&mut *c)
+    .await
+    .map_err(db)?;
+    let mut events = Vec::with_capacity(rows.len());
+    for r in &rows {
+        let snapshot = if snapshots {
+            json_text(r.try_get(5).map_err(db)?)?
+                .as_ref()
+                .and_then(snapshot_from_json)
+        } else {
+            None
+        };
+        events.push(Event {
+            operation_id: id.clone(),
+            version: r.try_get(0).map_err(db)?,
+            event_type: r.try_get(1).map_err(db)?,
+            state: state_of(r.try_get(2).map_err(db)?)?,
+            at: Timestamp(r.try_get(3).map_err(db)?),
+            data: json_text(r.try_get(4).map_err(db)?)?.unwrap_or(Value::Null),
+            snapshot,
+        });
+    }
+    Ok(Some(events))
+}
+
+/// Moves a non-terminal operation to a terminal state (see `sqlite/sql.rs`).
+#[allow(clippy::too_many_arguments)]
+async fn operation_end(
+    c: &mut PgConnection,
+    ch: &mut Vec<Change>,
+    policy: Policy,
+    id: &str,
+    to: State,
+    result: Option<&Value>,
+    error: Option<&OperationError>,
+    now: Timestamp,
+) -> Result<()> {
+    let expires_at = now.plus(policy.operation_retention);
+    let sql = format!(
+        "UPDATE operations
+            SET state = $2, version = version + 1, result = $3, error_code = $4, error_message = $5,
+                error_retryable = $6, completed_at = $7, updated_at = $7, expires_at = $8,
+                input = CASE WHEN $9 THEN input ELSE NULL END
+          WHERE id = $1 AND state IN ('queued', 'running')
+      RETURNING {OP_COLUMNS}"
+    );
+    let ended = update_returning(
+        c,
+        sqlx::query(&sql)
+            .bind(id)
+            .bind(to.as_str())
+            .bind(result.map(Value::to_string))
+            .bind(error.map(|e| e.code.clone()))
+            .bind(error.map(|e| e.message.clone()))
+            .bind(error.map(|e| e.retryable))
+            .bind(now.0)
+            .bind(expires_at.0)
+            .bind(policy.keep_inputs),
+    )
+    .await?
+    .ok_or(StoreError::LeaseLost)?;
+    sqlx::query("DELETE FROM tasks WHERE operation_id = $1")
+        .bind(id)
+        .execute(&mut *c)
+        .await
+        .map_err(db)?;
+    let ended = if to == State::Succeeded {
+        result_publish(c, policy, ended, now).await?
+    } else {
+        result_discard(c, id, now).await?;
+        ended
+    };
+    let data = match error {
+        Some(e) => json!({"error": {"code": e.code, "message": e.message, "retryable": e.retryable}}),
+        None => json!({}),
+    };
+    event_insert(c, ch, &ended, to.as_str(), &data).await?;
+    outbox_insert(c, &ended).await
+}
+
+async fn result_publish(c: &mut PgConnection, policy: Policy, op: Operation, now: Timestamp) -> Result<Operation> {
+    let expires_at = now.plus(policy.result_retention);
+    let row = sqlx::query(
+        "UPDATE results SET state = 'published', expires_at = $2
+          WHERE operation_id = $1 AND state = 'uploaded'
+      RETURNING id, content_type, size_bytes, sha256",
+    )
+    .bind(op.id.as_str())
+    .bind(expires_at.0)
+    .fetch_optional(&mut *c)
+    .await
+    .map_err(db)?;
+    let Some(row) = row else { return Ok(op) };
+    let artifact = ArtifactRef {
+        id: Id::from_trusted(row.try_get(0).map_err(db)?),
+        content_type: row.try_get(1).map_err(db)?,
+        size_bytes: row.try_get(2).map_err(db)?,
+        sha256: row.try_get(3).map_err(db)?,
+        expires_at,
+    };
+    sqlx::query("UPDATE operations SET artifact = $2 WHERE id = $1")
+        .bind(op.id.as_str())
+        .bind(artifact_to_json(&artifact).to_string())
+        .execute(&mut *c)
+        .await
+        .map_err(db)?;
+    Ok(Operation {
+        artifact: Some(artifact),
+        ..op
+    })
+}
+
+async fn result_discard(c: &mut PgConnection, operation_id: &str, now: Timestamp) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO artifact_garbage (storage_key, created_at)
+         SELECT storage_key, $2 FROM results WHERE operation_id = $1 AND state = 'uploaded' ON CONFLICT DO NOTHING",
+    )
+    .bind(operation_id)
+    .bind(now.0)
+    .execute(&mut *c)
+    .await
+    .map_err(db)?;
+    sqlx::query("DELETE FROM results WHERE operation_id = $1 AND state = 'uploaded'")
+        .bind(operation_id)
+        .execute(&mut *c)
+        .await
+        .map_err(db)?;
+    Ok(())
+}
+
+async fn outbox_insert(c: &mut PgConnection, op: &Operation) -> Result<()> {
+    let Some(url) = &op.callback_url else { return Ok(()) };
+    let event_id = Id::generate(IdKind::Event);
+    let event_type = format!("operation.{}", op.state.as_str());
+    let payload = json!({
+        "type": event_type,
+        "timestamp": op.updated_at.to_rfc3339(),
+        "data": {"operation_id": op.id.as_str(), "version": op.version, "state": op.state.as_str(), "kind": op.kind},
+    });
+    sqlx::query(
+        "INSERT INTO webhook_deliveries (event_id, operation_id, tenant, url, type, payload, created_at, status, next_attempt_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', $7)",
+    )
+    .bind(event_id.as_str())
+    .bind(op.id.as_str())
+    .bind(&op.tenant)
+    .bind(url)
+    .bind(event_type)
+    .bind(payload.to_string())
+    .bind(op.updated_at.0)
+    .execute(&mut *c)
+    .await
+    .map_err(db)?;
+    Ok(())
+}
+
+async fn cancel_request(
+    c: &mut PgConnection,
+    ch: &mut Vec<Change>,
+    id: &str,
+    by: &str,
+    reason: Option<&str>,
+    now: Timestamp,
+) -> Result<i64> {
+    let sql = format!(
+        "UPDATE operations SET cancel_requested_at = $2, cancel_requested_by = $3, cancel_reason = $4,
+                version = version + 1, updated_at = $2
+          WHERE id = $1 AND state = 'running' RETURNING {OP_COLUMNS}"
+    );
+    let requested = update_returning(c, sqlx::query(&sql).bind(id).bind(now.0).bind(by).bind(reason))
+        .await?
+        .ok_or(StoreError::NotFound)?;
+    event_insert(
+        c,
+        ch,
+        &requested,
+        "cancel_requested",
+        &json!({"requested_by": by, "reason": reason}),
+    )
+    .await?;
+    Ok(requested.version)
+}
+
+async fn operation_cancel(
+    c: &mut PgConnection,
+    ch: &mut Vec<Change>,
+    policy: Policy,
+    p: &CancelParams,
+) -> Result<CancelOutcome> {
+    // Lock the row: a cancel and a worker's outcome must not interleave.
+    let row = sqlx::query(&format!(
+        "SELECT {OP_COLUMNS} FROM operations WHERE id = $1 AND tenant = $2 FOR UPDATE"
+    ))
+    .bind(p.id.as_str())
+    .bind(&p.tenant)
+    .fetch_optional(&mut *c)
+    .await
+    .map_err(db)?;
+    let op = row
+        .as_ref()
+        .map(operation_from_row)
+        .transpose()?
+        .ok_or(StoreError::NotFound)?;
+    if op.state.is_terminal() {
+        return Ok(CancelOutcome::AlreadyTerminal(op));
+    }
+    if let Some(expected) = p.if_match
+        && expected != op.version
+    {
+        return Err(StoreError::PreconditionFailed {
+            current_version: op.version,
+        });
+    }
+    if op.cancel.is_some() {
+        return Ok(CancelOutcome::AlreadyRequested(op));
+    }
+    if !op.cancellable {
+        return Err(StoreError::NotCancellable);
+    }
+    let leased: Option<bool> = sqlx::query_scalar("SELECT status = 'leased' FROM tasks WHERE operation_id = $1")
+        .bind(p.id.as_str())
+        .fetch_optional(&mut *c)
+        .await
+        .map_err(db)?;
+    let id = p.id.as_str();
+    if leased == Some(true) {
+        cancel_request(c, ch, id, &p.requested_by, p.reason.as_deref(), p.now).await?;
+        let op = operation_by_id(c, id).await?.ok_or(StoreError::NotFound)?;
+        return Ok(CancelOutcome::Requested(op));
+    }
+    sqlx::query(
+        "UPDATE operations SET cancel_requested_at = $2, cancel_requested_by = $3, cancel_reason = $4 WHERE id = $1",
+    )
+    .bind(id)
+    .bind(p.now.0)
+    .bind(&p.requested_by)
+    .bind(&p.reason)
+    .execute(&mut *c)
+    .await
+    .map_err(db)?;
+    operation_end(c, ch, policy, id, State::Cancelled, None, None, p.now).await?;
+    let op = operation_by_id(c, id).await?.ok_or(StoreError::NotFound)?;
+    Ok(CancelOutcome::CancelledNow(op))
+}
+
+async fn tenants_with_ready_work(c: &mut PgConnection) -> Result<Vec<(String, Option<i64>)>> {
+    let rows = sqlx::query(
+        "WITH RECURSIVE ready(tenant) AS (
+             SELECT MIN(tenant) FROM tasks WHERE status = 'ready'
+             UNION ALL
+             SELECT (SELECT MIN(tenant) FROM tasks WHERE status = 'ready' AND tenant > ready.tenant)
+               FROM ready WHERE ready.tenant IS NOT NULL
+         )
+         SELECT ready.tenant, t.max_running
+           FROM ready
+           LEFT JOIN tenants t ON t.name = ready.tenant
+           LEFT JOIN tenant_dispatch d ON d.tenant = ready.tenant
+          WHERE ready.tenant IS NOT NULL
+          ORDER BY COALESCE(d.last_claimed, 0), ready.tenant",
+    )
+    .fetch_all(&mut *c)
+    .await
+    .map_err(db)?;
+    rows.iter()
+        .map(|r| Ok((r.try_get(0).map_err(db)?, r.try_get(1).map_err(db)?)))
+        .collect()
+}
+
+async fn task_claim(c: &mut PgConnection, ch: &mut Vec<Change>, policy: Policy, p: &ClaimParams) -> Result<Vec<Task>> {
+    if p.kinds.is_empty() || p.max_tasks == 0 {
+        return Ok(Vec::new());
+    }
+    let want = p.max_tasks as usize;
+    let mut queues: Vec<(String, std::collections::VecDeque<String>)> = Vec::new();
+    for (tenant, max_running) in tenants_with_ready_work(c).await? {
+        let mut allowance = want as i64;
+        if let Some(max_running) = max_running {
+            let running: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM tasks WHERE tenant = $1 AND status = 'leased'")
+                .bind(&tenant)
+                .fetch_one(&mut *c)
+                .await
+                .map_err(db)?;
+            allowance = allowance.min(max_running - running);
+        }
+        if allowance <= 0 {
+            continue;
+        }
+        // Rows other claimers hold are skipped, not waited for.
+        let rows = sqlx::query(
+            "SELECT seq, operation_id FROM tasks
+              WHERE status = 'ready' AND tenant = $1 AND kind = ANY($2) AND available_at <= $3
+              ORDER BY seq LIMIT $4 FOR UPDATE SKIP LOCKED",
+        )
+        .bind(&tenant)
+        .bind(&p.kinds)
+        .bind(p.now.0)
+        .bind(allowance)
+        .fetch_all(&mut *c)
+        .await
+        .map_err(db)?;
+        let heads: std::collections::VecDeque<String> = rows
+            .iter()
+            .map(|r| r.try_get::<String, _>(1).map_err(db))
+            .collect::<Result<_>>()?;
+        if !heads.is_empty() {
+            queues.push((tenant, heads));
+        }
+    }
+    let mut picked: Vec<(String, String)> = Vec::with_capacity(want);
+    while picked.len() < want && !queues.is_empty() {
+        queues.retain_mut(|(tenant, queue)| {
+            if picked.len() < want
+                && let Some(id) = queue.pop_front()
+            {
+                picked.push((tenant.clone(), id));
+            }
+            !queue.is_empty()
+        });
+    }
+    let lease_expires_at = p.now.plus(p.lease);
+    let mut tasks = Vec::with_capacity(picked.len());
+    let mut served: Vec<String> = Vec::new();
+    for (tenant, id) in picked {
+        if let Some(task) = lease_task(c, ch, policy, p, &id, lease_expires_at).await? {
+            tasks.push(task);
+            if !served.contains(&tenant) {
+                served.push(tenant);
+            }
+        }
+    }
+    for tenant in served {
+        sqlx::query(
+            "INSERT INTO tenant_dispatch (tenant, last_claimed) VALUES ($1, nextval('tenant_dispatch_order'))
+             ON CONFLICT (tenant) DO UPDATE SET last_claimed = excluded.last_claimed",
+        )
+        .bind(tenant)
+        .execute(&mut *c)
+        .await
+        .map_err(db)?;
+    }
+    Ok(tasks)
+}
+
+async fn lease_task(
+    c: &mut PgConnection,
+    ch: &mut Vec<Change>,
+    policy: Policy,
+    p: &ClaimParams,
+    id: &str,
+    lease_expires_at: Timestamp,
+) -> Result<Option<Task>> {
+    let row = sqlx::query("SELECT deadline_at, state = 'queued' FROM operations WHERE id = $1")
+        .bind(id)
+        .fetch_one(&mut *c)
+        .await
+        .map_err(db)?;
+    let deadline_at: Option<i64> = row.try_get(0).map_err(db)?;
+    let was_queued: bool = row.try_get(1).map_err(db)?;
+    if deadline_at.is_some_and(|d| d <= p.now.0) {
+        operation_end(
+            c,
+            ch,
+            policy,
+            id,
+            State::Failed,
+            None,
+            Some(&deadline_error_before_start()),
+            p.now,
+        )
+        .await?;
+        return Ok(None);
+    }
+    let token = random_base32::<16>();
+    sqlx::query(
+        "UPDATE tasks SET status = 'leased', lease_token = $2, lease_expires_at = $3, worker_id = $4, lease_ms = $5
+          WHERE operation_id = $1 AND status = 'ready'",
+    )
+    .bind(id)
+    .bind(&token)
+    .bind(lease_expires_at.0)
+    .bind(&p.worker_id)
+    .bind(lease_ms(p.lease))
+    .execute(&mut *c)
+    .await
+    .map_err(db)?;
+    let sql = format!(
+        "UPDATE operations
+            SET state = 'running', attempt = GREATEST(attempt, 1), started_at = COALESCE(started_at, $2),
+                version = version + 1, updated_at = $2
+          WHERE id = $1 AND state IN ('queued', 'running') RETURNING {OP_COLUMNS}"
+    );
+    let started = update_returning(c, sqlx::query(&sql).bind(id).bind(p.now.0))
+        .await?
+        .ok_or(StoreError::NotFound)?;
+    event_insert(
+        c,
+        ch,
+        &started,
+        "started",
+        &json!({"attempt": started.attempt, "worker_id": p.worker_id}),
+    )
+    .await?;
+    if was_queued {
+        outbox_insert(c, &started).await?;
+    }
+    Ok(Some(Task {
+        operation_id: started.id,
+        tenant: started.tenant,
+        kind: started.kind,
+        input: started.input.unwrap_or(Value::Null),
+        attempt: started.attempt,
+        lease_token: token,
+        lease_expires_at,
+        deadline_at: ts(deadline_at),
+        budget_max_cost: started.budget_max_cost,
+    }))
+}
+
+struct Fenced {
+    version: i64,
+    progress: Option<Progress>,
+    cost_units: f64,
+    cancellable: bool,
+    cancel_requested: bool,
+    cancel_reason: Option<String>,
+    cancel_requested_by: Option<String>,
+    attempt: i64,
+    max_attempts: i64,
+    budget_max_cost: Option<f64>,
+    lease_ms: i64,
+}
+
+async fn fenced(c: &mut PgConnection, operation_id: &Id, lease_token: &str) -> Result<Fenced> {
+    let row = sqlx::query(
+        "SELECT o.version, o.progress, o.cost_units, o.cancellable, o.cancel_requested_at IS NOT NULL,
+                o.cancel_reason, o.cancel_requested_by, o.attempt, COALESCE(k.max_attempts, 1), o.budget_max_cost,
+                COALESCE(t.lease_ms, 30000)
+           FROM tasks t
+           JOIN operations o ON o.id = t.operation_id
+           LEFT JOIN kinds k ON k.name = o.kind
+          WHERE t.operation_id = $1 AND t.status = 'leased' AND t.lease_token = $2 AND o.state = 'running'
+          FOR UPDATE OF t, o",
+    )
+    .bind(operation_id.as_str())
+    .bind(lease_token)
+    .fetch_optional(&mut *c)
+    .await
+    .map_err(db)?
+    .ok_or(StoreError::LeaseLost)?;
+    Ok(Fenced {
+        version: row.try_get(0).map_err(db)?,
+        progress: json_text(row.try_get(1).map_err(db)?)?.map(|v| progress_from_json(&v)),
+        cost_units: row.try_get(2).map_err(db)?,
+        cancellable: row.try_get(3).map_err(db)?,
+        cancel_requested: row.try_get(4).map_err(db)?,
+        cancel_reason: row.try_get(5).map_err(db)?,
+        cancel_requested_by: row.try_get(6).map_err(db)?,
+        attempt: row.try_get(7).map_err(db)?,
+        max_attempts: row.try_get(8).map_err(db)?,
+        budget_max_cost: row.try_get(9).map_err(db)?,
+        lease_ms: row.try_get(10).map_err(db)?,
+    })
+}
+
+async fn task_heartbeat(c: &mut PgConnection, ch: &mut Vec<Change>, p: &HeartbeatParams) -> Result<HeartbeatAck> {
+    let current = fenced(c, &p.operation_id, &p.lease_token).await?;
+    let lease_expires_at = p
+        .now
+        .plus(Duration::from_millis(u64::try_from(current.lease_ms).unwrap_or(0)));
+    sqlx::query("UPDATE tasks SET lease_expires_at = $2 WHERE operation_id = $1")
+        .bind(p.operation_id.as_str())
+        .bind(lease_expires_at.0)
+        .execute(&mut *c)
+        .await
+        .map_err(db)?;
+    let mut progress = current.progress.clone();
+    if let Some(update) = &p.progress {
+        let mut merged = merge_progress(current.progress.as_ref(), update);
+        let unchanged = current.progress.as_ref().is_some_and(|old| {
+            let mut old = old.clone();
+            old.updated_at = merged.updated_at;
+            old == merged
+        });
+        if !unchanged {
+            merged.updated_at = Some(p.now);
+            progress = Some(merged);
+        }
+    }
+    let cost_units = p.cost_units.map_or(current.cost_units, |c| c.max(current.cost_units));
+    let cancellable = current.cancellable && p.cancellable.unwrap_or(true);
+    let changed =
+        progress != current.progress || cost_units != current.cost_units || cancellable != current.cancellable;
+    let mut version = current.version;
+    if changed {
+        let sql = format!(
+            "UPDATE operations SET progress = $2, cost_units = $3, cancellable = $4, version = version + 1, updated_at = $5
+              WHERE id = $1 AND state = 'running' RETURNING {OP_COLUMNS}"
+        );
+        let updated = update_returning(
+            c,
+            sqlx::query(&sql)
+                .bind(p.operation_id.as_str())
+                .bind(progress.as_ref().map(|p| progress_to_json(p).to_string()))
+                .bind(cost_units)
+                .bind(cancellable)
+                .bind(p.now.0),
+        )
+        .await?
+        .ok_or(StoreError::LeaseLost)?;
+        version = updated.version;
+        let public_progress = progress.as_ref().map(|p| {
+            let mut v = progress_to_json(p);
+            if let Some(fields) = v.as_object_mut() {
+                fields.remove("updated_at");
+            }
+            v
+        });
+        let data = json!({"progress": public_progress, "cost_units": cost_units, "cancellable": cancellable});
+        event_insert(c, ch, &updated, "progress", &data).await?;
+    }
+    let (mut cancel_requested, mut cancel_reason) = (current.cancel_requested, current.cancel_reason);
+    if !cancel_requested && cancellable && current.budget_max_cost.is_some_and(|max| cost_units > max) {
+        let reason = "budget_exhausted";
+        version = cancel_request(c, ch, p.operation_id.as_str(), SYSTEM, Some(reason), p.now).await?;
+        (cancel_requested, cancel_reason) = (true, Some(reason.to_owned()));
+    }
+    Ok(HeartbeatAck {
+        lease_expires_at,
+        cancel_requested,
+        cancel_reason,
+        version,
+    })
+}
+
+async fn requeue(
+    c: &mut PgConnection,
+    ch: &mut Vec<Change>,
+    id: &str,
+    next_attempt: i64,
+    now: Timestamp,
+    data: &Value,
+) -> Result<()> {
+    let available_at = now.plus(retry_backoff(next_attempt));
+    sqlx::query(
+        "UPDATE tasks SET status = 'ready', lease_token = NULL, lease_expires_at = NULL, worker_id = NULL, available_at = $2
+          WHERE operation_id = $1",
+    )
+    .bind(id)
+    .bind(available_at.0)
+    .execute(&mut *c)
+    .await
+    .map_err(db)?;
+    let sql = format!(
+        "UPDATE operations SET attempt = $2, version = version + 1, updated_at = $3
+          WHERE id = $1 AND state = 'running' RETURNING {OP_COLUMNS}"
+    );
+    let requeued = update_returning(c, sqlx::query(&sql).bind(id).bind(next_attempt).bind(now.0))
+        .await?
+        .ok_or(StoreError::NotFound)?;
+    let mut data = data.clone();
+    if let Some(fields) = data.as_object_mut() {
+        fields.insert("next_attempt".into(), json!(next_attempt));
+        fields.insert("available_at".into(), json!(available_at.to_rfc3339()));
+    }
+    event_insert(c, ch, &requeued, "retry_scheduled", &data).await
+}
+
+async fn task_finish(
+    c: &mut PgConnection,
+    ch: &mut Vec<Change>,
+    policy: Policy,
+    p: &FinishParams,
+) -> Result<Operation> {
+    let current = fenced(c, &p.operation_id, &p.lease_token).await?;
+    let id = p.operation_id.as_str();
+    match &p.outcome {
+        Outcome::Succeeded { result } => {
+            let value = result.clone().unwrap_or(Value::Null);
+            operation_end(c, ch, policy, id, State::Succeeded, Some(&value), None, p.now).await?;
+        }
+        Outcome::Failed { error }
+            if error.retryable && !current.cancel_requested && current.attempt < current.max_attempts =>
+        {
+            let data = json!({"reason": "worker_error", "error": {"code": error.code, "message": error.message, "retryable": true}});
+            requeue(c, ch, id, current.attempt + 1, p.now, &data).await?;
+        }
+        Outcome::Failed { error } => operation_end(c, ch, policy, id, State::Failed, None, Some(error), p.now).await?,
+        Outcome::Cancelled => {
+            match failing_cancel(current.cancel_requested_by.as_deref(), current.cancel_reason.as_deref()) {
+                Some(error) => operation_end(c, ch, policy, id, State::Failed, None, Some(&error), p.now).await?,
+                None => operation_end(c, ch, policy, id, State::Cancelled, None, None, p.now).await?,
+            }
+        }
+    }
+    operation_by_id(c, id).await?.ok_or(StoreError::NotFound)
+}
+
+async fn task_reap(c: &mut PgConnection, ch: &mut Vec<Change>, policy: Policy, p: &ReapParams) -> Result<ReapCounts> {
+    let rows = sqlx::query(
+        "SELECT t.operation_id, o.attempt, o.cancel_requested_at IS NOT NULL, o.cancel_requested_by, o.cancel_reason,
+                COALESCE(k.rerun_safe, FALSE), COALESCE(k.max_attempts, 1)
+           FROM tasks t
+           JOIN operations o ON o.id = t.operation_id
+           LEFT JOIN kinds k ON k.name = t.kind
+          WHERE t.status = 'leased' AND t.lease_expires_at < $1
+          ORDER BY t.lease_expires_at LIMIT $2
+          FOR UPDATE OF t, o SKIP LOCKED",
+    )
+    .bind(p.now.0)
+    .bind(i64::from(p.limit))
+    .fetch_all(&mut *c)
+    .await
+    .map_err(db)?;
+    let mut counts = ReapCounts::default();
+    for r in &rows {
+        let id: String = r.try_get(0).map_err(db)?;
+        let attempt: i64 = r.try_get(1).map_err(db)?;
+        let cancel_requested: bool = r.try_get(2).map_err(db)?;
+        let by: Option<String> = r.try_get(3).map_err(db)?;
+        let reason: Option<String> = r.try_get(4).map_err(db)?;
+        let rerun_safe: bool = r.try_get(5).map_err(db)?;
+        let max_attempts: i64 = r.try_get(6).map_err(db)?;
+        if cancel_requested {
+            match failing_cancel(by.as_deref(), reason.as_deref()) {
+                Some(error) => operation_end(c, ch, policy, &id, State::Failed, None, Some(&error), p.now).await?,
+                None => operation_end(c, ch, policy, &id, State::Cancelled, None, None, p.now).await?,
+            }
+            counts.ended_cancel_requested += 1;
+        } else if rerun_safe && attempt < max_attempts {
+            requeue(c, ch, &id, attempt + 1, p.now, &json!({"reason": "lease_expired"})).await?;
+            counts.requeued += 1;
+        } else {
+            let error = OperationError {
+                code: "outcome_unknown".into(),
+                message: "the worker stopped renewing its lease after starting work that is not safe to re-run; \
+                          external effects may have happened"
+                    .into(),
+                retryable: false,
+            };
+            operation_end(c, ch, policy, &id, State::Failed, None, Some(&error), p.now).await?;
+            counts.failed_outcome_unknown += 1;
+        }
+    }
+    Ok(counts)
+}
+
+async fn operation_update(c: &mut PgConnection, ch: &mut Vec<Change>, p: &UpdateParams) -> Result<Operation> {
+    let row = sqlx::query(&format!(
+        "SELECT {OP_COLUMNS} FROM operations WHERE id = $1 AND tenant = $2 FOR UPDATE"
+    ))
+    .bind(p.id.as_str())
+    .bind(&p.tenant)
+    .fetch_optional(&mut *c)
+    .await
+    .map_err(db)?;
+    let op = row
+        .as_ref()
+        .map(operation_from_row)
+        .transpose()?
+        .ok_or(StoreError::NotFound)?;
+    if op.state.is_terminal() {
+        return Err(StoreError::Terminal {
+            current_version: op.version,
+        });
+    }
+    if p.if_match != op.version {
+        return Err(StoreError::PreconditionFailed {
+            current_version: op.version,
+        });
+    }
+    let deadline_at = p.deadline_at.unwrap_or(op.deadline_at);
+    let labels = p.labels.as_ref().unwrap_or(&op.labels);
+    if deadline_at == op.deadline_at && labels == &op.labels {
+        return Ok(op);
+    }
+    let labels_json = serde_json::to_string(labels).map_err(|e| StoreError::Backend(e.to_string()))?;
+    let sql = format!(
+        "UPDATE operations SET deadline_at = $2, labels = $3, version = version + 1, updated_at = $4
+          WHERE id = $1 AND state IN ('queued', 'running') RETURNING {OP_COLUMNS}"
+    );
+    let updated = update_returning(
+        c,
+        sqlx::query(&sql)
+            .bind(p.id.as_str())
+            .bind(deadline_at.map(|t| t.0))
+            .bind(labels_json)
+            .bind(p.now.0),
+    )
+    .await?
+    .ok_or(StoreError::NotFound)?;
+    let data = json!({"deadline_at": deadline_at.map(|t| t.to_rfc3339()), "labels": labels});
+    event_insert(c, ch, &updated, "updated", &data).await?;
+    Ok(updated)
+}
+
+async fn ids(c: &mut PgConnection, sql: &str, a: i64, b: i64) -> Result<Vec<String>> {
+    let rows = sqlx::query(sql).bind(a).bind(b).fetch_all(&mut *c).await.map_err(db)?;
+    rows.iter().map(|r| r.try_get::<String, _>(0).map_err(db)).collect()
+}
+
+async fn deadline_enforce(
+    c: &mut PgConnection,
+    ch: &mut Vec<Change>,
+    policy: Policy,
+    p: &EnforceParams,
+) -> Result<EnforceCounts> {
+    let mut counts = EnforceCounts::default();
+    let limit = i64::from(p.limit);
+    let waiting = ids(
+        c,
+        "SELECT o.id FROM operations o JOIN tasks t ON t.operation_id = o.id
+          WHERE o.deadline_at IS NOT NULL AND o.deadline_at <= $1 AND o.state IN ('queued', 'running') AND t.status = 'ready'
+          ORDER BY o.deadline_at LIMIT $2 FOR UPDATE OF o, t SKIP LOCKED",
+        p.now.0,
+        limit,
+    )
+    .await?;
+    for id in waiting {
+        let queued = operation_by_id(c, &id)
+            .await?
+            .is_some_and(|op| op.state == State::Queued);
+        let error = if queued {
+            deadline_error_before_start()
+        } else {
+            failing_cancel(Some(SYSTEM), Some("deadline_exceeded")).expect("a failing reason")
+        };
+        operation_end(c, ch, policy, &id, State::Failed, None, Some(&error), p.now).await?;
+        counts.expired_before_start += 1;
+    }
+    let running = ids(
+        c,
+        "SELECT o.id FROM operations o JOIN tasks t ON t.operation_id = o.id
+          WHERE o.deadline_at IS NOT NULL AND o.deadline_at <= $1 AND o.state IN ('queued', 'running')
+            AND t.status = 'leased' AND o.cancel_requested_at IS NULL AND o.cancellable
+          ORDER BY o.deadline_at LIMIT $2 FOR UPDATE OF o, t SKIP LOCKED",
+        p.now.0,
+        limit,
+    )
+    .await?;
+    for id in running {
+        cancel_request(c, ch, &id, SYSTEM, Some("deadline_exceeded"), p.now).await?;
+        counts.cancel_requested += 1;
+    }
+    let cutoff = p.now.minus(p.grace);
+    let rows = sqlx::query(
+        "SELECT id, cancel_reason FROM operations
+          WHERE state = 'running' AND cancel_requested_by = 'system' AND cancel_requested_at <= $1
+          ORDER BY cancel_requested_at LIMIT $2 FOR UPDATE SKIP LOCKED",
+    )
+    .bind(cutoff.0)
+    .bind(limit)
+    .fetch_all(&mut *c)
+    .await
+    .map_err(db)?;
+    for r in &rows {
+        let id: String = r.try_get(0).map_err(db)?;
+        let reason: Option<String> = r.try_get(1).map_err(db)?;
+        let error = failing_cancel(Some(SYSTEM), reason.as_deref()).unwrap_or_else(|| OperationError {
+            code: "deadline_exceeded".into(),
+            message: "the operation's deadline passed".into(),
+            retryable: false,
+        });
+        operation_end(c, ch, policy, &id, State::Failed, None, Some(&error), p.now).await?;
+        counts.ended_without_ack += 1;
+    }
+    Ok(counts)
+}
+
+fn api_key_from_row(r: &PgRow) -> Result<ApiKeyRecord> {
+    let role: String = r.try_get(2).map_err(db)?;
+    Ok(ApiKeyRecord {
+        id: Id::from_trusted(r.try_get(0).map_err(db)?),
+        tenant: r.try_get(1).map_err(db)?,
+        role: longrun_core::apikey::Role::parse(&role)
+            .ok_or_else(|| StoreError::Backend(format!("unknown role {role}")))?,
+        secret_hash: r.try_get(3).map_err(db)?,
+        created_at: Timestamp(r.try_get(4).map_err(db)?),
+        revoked_at: ts(r.try_get(5).map_err(db)?),
+    })
+}
+
+fn kind_from_row(r: &PgRow) -> Result<KindSpec> {
+    Ok(KindSpec {
+        name: r.try_get(0).map_err(db)?,
+        builtin: r.try_get(1).map_err(db)?,
+        rerun_safe: r.try_get(2).map_err(db)?,
+        max_attempts: r.try_get(3).map_err(db)?,
+        default_deadline_seconds: r.try_get(4).map_err(db)?,
+        max_deadline_seconds: r.try_get(5).map_err(db)?,
+    })
+}
+
+const KIND_COLUMNS: &str = "name, builtin, rerun_safe, max_attempts, default_deadline_seconds, max_deadline_seconds";
+const RESULT_COLUMNS: &str =
+    "id, operation_id, tenant, storage_key, content_type, size_bytes, sha256, state, created_at, expires_at";
+
+fn result_from_row(r: &PgRow) -> Result<ResultRecord> {
+    Ok(ResultRecord {
+        id: Id::from_trusted(r.try_get(0).map_err(db)?),
+        operation_id: Id::from_trusted(r.try_get(1).map_err(db)?),
+        tenant: r.try_get(2).map_err(db)?,
+        storage_key: r.try_get(3).map_err(db)?,
+        content_type: r.try_get(4).map_err(db)?,
+        size_bytes: r.try_get(5).map_err(db)?,
+        sha256: r.try_get(6).map_err(db)?,
+        state: r.try_get(7).map_err(db)?,
+        created_at: Timestamp(r.try_get(8).map_err(db)?),
+        expires_at: ts(r.try_get(9).map_err(db)?),
+    })
+}
+
+async fn webhook_attempt(c: &mut PgConnection, p: &AttemptParams) -> Result<()> {
+    let (status, status_code, error, next) = match &p.outcome {
+        AttemptOutcome::Delivered { status_code } => ("delivered", Some(*status_code), None, None),
+        AttemptOutcome::Failed {
+            status_code,
+            error,
+            next_attempt_at: Some(next),
+        } => ("pending", *status_code, Some(error.clone()), Some(next.0)),
+        AttemptOutcome::Failed {
+            status_code,
+            error,
+            next_attempt_at: None,
+        } => ("given_up", *status_code, Some(error.clone()), None),
+    };
+    let row = sqlx::query(
+        "UPDATE webhook_deliveries SET status = $2, attempts = $3, next_attempt_at = $4, lease_until = NULL
+          WHERE event_id = $1 AND status = 'pending' RETURNING operation_id, type",
+    )
+    .bind(p.event_id.as_str())
+    .bind(status)
+    .bind(p.attempt)
+    .bind(next)
+    .fetch_optional(&mut *c)
+    .await
+    .map_err(db)?
+    .ok_or(StoreError::NotFound)?;
+    let operation_id: String = row.try_get(0).map_err(db)?;
+    let event_type: String = row.try_get(1).map_err(db)?;
+    sqlx::query(
+        "INSERT INTO webhook_attempts (event_id, attempt, operation_id, type, at, status_code, error, next_attempt_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING",
+    )
+    .bind(p.event_id.as_str())
+    .bind(p.attempt)
+    .bind(operation_id)
+    .bind(event_type)
+    .bind(p.now.0)
+    .bind(status_code.map(i32::from))
+    .bind(error)
+    .bind(next)
+    .execute(&mut *c)
+    .await
+    .map_err(db)?;
+    Ok(())
+}
+
+async fn operation_remove(c: &mut PgConnection, id: &str, now: Timestamp) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO artifact_garbage (storage_key, created_at)
+         SELECT storage_key, $2 FROM results WHERE operation_id = $1 AND state <> 'expired' ON CONFLICT DO NOTHING",
+    )
+    .bind(id)
+    .bind(now.0)
+    .execute(&mut *c)
+    .await
+    .map_err(db)?;
+    for sql in [
+        "DELETE FROM results WHERE operation_id = $1",
+        "DELETE FROM operation_events WHERE operation_id = $1",
+        "DELETE FROM webhook_attempts WHERE operation_id = $1",
+        "DELETE FROM webhook_deliveries WHERE operation_id = $1",
+        "DELETE FROM tasks WHERE operation_id = $1",
+        "DELETE FROM operations WHERE id = $1",
+    ] {
+        sqlx::query(sql).bind(id).execute(&mut *c).await.map_err(db)?;
+    }
+    Ok(())
+}
+
+async fn retention_sweep(c: &mut PgConnection, p: &RetentionParams) -> Result<RetentionCounts> {
+    let mut counts = RetentionCounts::default();
+    let (now, limit) = (p.now.0, i64::from(p.limit));
+    let rows = sqlx::query(
+        "SELECT id, storage_key FROM results WHERE state = 'published' AND expires_at <= $1
+          ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED",
+    )
+    .bind(now)
+    .bind(limit)
+    .fetch_all(&mut *c)
+    .await
+    .map_err(db)?;
+    for r in &rows {
+        let id: String = r.try_get(0).map_err(db)?;
+        let key: String = r.try_get(1).map_err(db)?;
+        sqlx::query("UPDATE results SET state = 'expired' WHERE id = $1")
+            .bind(id)
+            .execute(&mut *c)
+            .await
+            .map_err(db)?;
+        sqlx::query("INSERT INTO artifact_garbage (storage_key, created_at) VALUES ($1, $2) ON CONFLICT DO NOTHING")
+            .bind(key)
+            .bind(now)
+            .execute(&mut *c)
+            .await
+            .map_err(db)?;
+        counts.results_expired += 1;
+    }
+    let rows = sqlx::query(
+        "SELECT id, tenant FROM operations WHERE expires_at IS NOT NULL AND expires_at <= $1
+          ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED",
+    )
+    .bind(now)
+    .bind(limit)
+    .fetch_all(&mut *c)
+    .await
+    .map_err(db)?;
+    let until = p.now.plus(p.tombstone_retention).0;
+    for r in &rows {
+        let id: String = r.try_get(0).map_err(db)?;
+        let tenant: String = r.try_get(1).map_err(db)?;
+        operation_remove(c, &id, p.now).await?;
+        sqlx::query(
+            "INSERT INTO tombstones (operation_id, tenant, removed_at, expires_at) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (operation_id) DO UPDATE SET removed_at = excluded.removed_at, expires_at = excluded.expires_at",
+        )
+        .bind(&id)
+        .bind(tenant)
+        .bind(now)
+        .bind(until)
+        .execute(&mut *c)
+        .await
+        .map_err(db)?;
+        counts.operations_removed += 1;
+    }
+    let buried = ids(c, "SELECT operation_id FROM tombstones WHERE expires_at <= $1 ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED", now, limit).await?;
+    for id in buried {
+        sqlx::query("DELETE FROM idempotency_keys WHERE operation_id = $1")
+            .bind(&id)
+            .execute(&mut *c)
+            .await
+            .map_err(db)?;
+        sqlx::query("DELETE FROM tombstones WHERE operation_id = $1")
+            .bind(&id)
+            .execute(&mut *c)
+            .await
+            .map_err(db)?;
+        counts.tombstones_removed += 1;
+    }
+    let cutoff = p.now.minus(p.delivery_retention).0;
+    let finished = ids(
+        c,
+        "SELECT event_id FROM webhook_deliveries WHERE status <> 'pending' AND created_at <= $1
+          ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED",
+        cutoff,
+        limit,
+    )
+    .await?;
+    for event_id in finished {
+        sqlx::query("DELETE FROM webhook_attempts WHERE event_id = $1")
+            .bind(&event_id)
+            .execute(&mut *c)
+            .await
+            .map_err(db)?;
+        sqlx::query("DELETE FROM webhook_deliveries WHERE event_id = $1")
+            .bind(&event_id)
+            .execute(&mut *c)
+            .await
+            .map_err(db)?;
+        counts.deliveries_removed += 1;
+    }
+    Ok(counts)
+}
+
+async fn tenant_delete(c: &mut PgConnection, tenant: &str, now: Timestamp) -> Result<TenantDeleteCounts> {
+    let mut counts = TenantDeleteCounts::default();
+    let rows = sqlx::query("SELECT id FROM operations WHERE tenant = $1")
+        .bind(tenant)
+        .fetch_all(&mut *c)
+        .await
+        .map_err(db)?;
+    let op_ids: Vec<String> = rows.iter().map(|r| r.try_get(0).map_err(db)).collect::<Result<_>>()?;
+    let count = |n: i64| u64::try_from(n).unwrap_or(0);
+    counts.results = count(
+        sqlx::query_scalar("SELECT COUNT(*) FROM results WHERE tenant = $1")
+            .bind(tenant)
+            .fetch_one(&mut *c)
+            .await
+            .map_err(db)?,
+    );
+    counts.deliveries = count(
+        sqlx::query_scalar("SELECT COUNT(*) FROM webhook_deliveries WHERE tenant = $1")
+            .bind(tenant)
+            .fetch_one(&mut *c)
+            .await
+            .map_err(db)?,
+    );
+    for id in &op_ids {
+        operation_remove(c, id, now).await?;
+    }
+    counts.operations = op_ids.len() as u64;
+    sqlx::query(
+        "INSERT INTO artifact_garbage (storage_key, created_at)
+         SELECT storage_key, $2 FROM results WHERE tenant = $1 AND state <> 'expired' ON CONFLICT DO NOTHING",
+    )
+    .bind(tenant)
+    .bind(now.0)
+    .execute(&mut *c)
+    .await
+    .map_err(db)?;
+    counts.keys = sqlx::query("DELETE FROM api_keys WHERE tenant = $1")
+        .bind(tenant)
+        .execute(&mut *c)
+        .await
+        .map_err(db)?
+        .rows_affected();
+    for sql in [
+        "DELETE FROM results WHERE tenant = $1",
+        "DELETE FROM idempotency_keys WHERE tenant = $1",
+        "DELETE FROM tombstones WHERE tenant = $1",
+        "DELETE FROM webhook_deliveries WHERE tenant = $1",
+        "DELETE FROM webhook_secrets WHERE tenant = $1",
+        "DELETE FROM tenant_dispatch WHERE tenant = $1",
+        "DELETE FROM tasks WHERE tenant = $1",
+        "DELETE FROM tenants WHERE name = $1",
+    ] {
+        sqlx::query(sql).bind(tenant).execute(&mut *c).await.map_err(db)?;
+    }
+    Ok(counts)
+}
+
+macro_rules! in_tx {
+    ($self:ident, |$c:ident, $ch:ident| $body:expr) => {
+        $self.tx(move |$c, $ch| Box::pin(async move { $body })).await
+    };
+}
+
+#[async_trait]
+impl Store for PostgresStore {
+    async fn operation_accept(&self, params: AcceptParams) -> Result<AcceptOutcome> {
+        in_tx!(self, |c, ch| operation_accept(c, ch, &params).await)
+    }
+
+    async fn operation_get(&self, tenant: &str, id: &Id) -> Result<Option<Operation>> {
+        let mut c = self.pool.acquire().await.map_err(db)?;
+        operation_owned(&mut c, tenant, id.as_str()).await
+    }
+
+    async fn operation_list(&self, params: ListParams) -> Result<OperationPage> {
+        let mut c = self.pool.acquire().await.map_err(db)?;
+        operation_list(&mut c, &params).await
+    }
+
+    async fn operation_history(&self, tenant: &str, id: &Id) -> Result<Option<Vec<Event>>> {
+        let mut c = self.pool.acquire().await.map_err(db)?;
+        events_of(&mut c, tenant, id, 0, i64::MAX, false).await
+    }
+
+    async fn operation_cancel(&self, params: CancelParams) -> Result<CancelOutcome> {
+        let policy = self.policy;
+        in_tx!(self, |c, ch| operation_cancel(c, ch, policy, &params).await)
+    }
+
+    async fn task_claim(&self, params: ClaimParams) -> Result<Vec<Task>> {
+        let policy = self.policy;
+        in_tx!(self, |c, ch| task_claim(c, ch, policy, &params).await)
+    }
+
+    async fn task_heartbeat(&self, params: HeartbeatParams) -> Result<HeartbeatAck> {
+        in_tx!(self, |c, ch| task_heartbeat(c, ch, &params).await)
+    }
+
+    async fn task_finish(&self, params: FinishParams) -> Result<Operation> {
+        let policy = self.policy;
+        in_tx!(self, |c, ch| task_finish(c, ch, policy, &params).await)
+    }
+
+    async fn task_expire_worker(&self, worker_id: &str, now: Timestamp) -> Result<u64> {
+        let n = sqlx::query(
+            "UPDATE tasks SET lease_expires_at = $2 WHERE status = 'leased' AND worker_id = $1 AND lease_expires_at >= $2",
+        )
+        .bind(worker_id)
+        .bind(now.0 - 1)
+        .execute(&self.pool)
+        .await
+        .map_err(db)?;
+        Ok(n.rows_affected())
+    }
+
+    async fn task_reap(&self, params: ReapParams) -> Result<ReapCounts> {
+        let policy = self.policy;
+        in_tx!(self, |c, ch| task_reap(c, ch, policy, &params).await)
+    }
+
+    async fn operation_update(&self, params: UpdateParams) -> Result<Operation> {
+        in_tx!(self, |c, ch| operation_update(c, ch, &params).await)
+    }
+
+    async fn deadline_enforce(&self, params: EnforceParams) -> Result<EnforceCounts> {
+        let policy = self.policy;
+        in_tx!(self, |c, ch| deadline_enforce(c, ch, policy, &params).await)
+    }
+
+    async fn tenant_set(&self, limits: TenantLimits) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO tenants (name, created_at, max_active, max_running, rate)
+             VALUES ($1, (extract(epoch from clock_timestamp()) * 1000)::BIGINT, $2, $3, $4)
+             ON CONFLICT (name) DO UPDATE SET max_active = excluded.max_active, max_running = excluded.max_running,
+                 rate = excluded.rate",
+        )
+        .bind(&limits.name)
+        .bind(limits.max_active)
+        .bind(limits.max_running)
+        .bind(limits.rate)
+        .execute(&self.pool)
+        .await
+        .map_err(db)?;
+        Ok(())
+    }
+
+    async fn tenant_get(&self, name: &str) -> Result<Option<TenantLimits>> {
+        let row = sqlx::query("SELECT name, max_active, max_running, rate FROM tenants WHERE name = $1")
+            .bind(name)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(db)?;
+        row.map(|r| {
+            Ok(TenantLimits {
+                name: r.try_get(0).map_err(db)?,
+                max_active: r.try_get(1).map_err(db)?,
+                max_running: r.try_get(2).map_err(db)?,
+                rate: r.try_get(3).map_err(db)?,
+            })
+        })
+        .transpose()
+    }
+
+    async fn api_key_create(&self, params: ApiKeyCreateParams) -> Result<()> {
+        in_tx!(self, |c, _ch| {
+            sqlx::query("INSERT INTO tenants (name, created_at) VALUES ($1, $2) ON CONFLICT DO NOTHING")
+                .bind(&params.tenant)
+                .bind(params.now.0)
+                .execute(&mut *c)
+                .await
+                .map_err(db)?;
+            sqlx::query("INSERT INTO api_keys (id, tenant, role, secret_hash, created_at) VALUES ($1, $2, $3, $4, $5)")
+                .bind(params.id.as_str())
+                .bind(&params.tenant)
+                .bind(params.role.as_str())
+                .bind(&params.secret_hash[..])
+                .bind(params.now.0)
+                .execute(&mut *c)
+                .await
+                .map_err(db)?;
+            Ok(())
+        })
+    }
+
+    async fn api_key_get(&self, id: &Id) -> Result<Option<ApiKeyRecord>> {
+        let row =
+            sqlx::query("SELECT id, tenant, role, secret_hash, created_at, revoked_at FROM api_keys WHERE id = $1")
+                .bind(id.as_str())
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(db)?;
+        row.as_ref().map(api_key_from_row).transpose()
+    }
+
+    async fn api_key_list(&self) -> Result<Vec<ApiKeyRecord>> {
+        let rows = sqlx::query(
+            "SELECT id, tenant, role, secret_hash, created_at, revoked_at FROM api_keys ORDER BY created_at, id",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db)?;
+        rows.iter().map(api_key_from_row).collect()
+    }
+
+    async fn api_key_revoke(&self, id: &Id, now: Timestamp) -> Result<bool> {
+        let n = sqlx::query("UPDATE api_keys SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NULL")
+            .bind(id.as_str())
+            .bind(now.0)
+            .execute(&self.pool)
+            .await
+            .map_err(db)?;
+        Ok(n.rows_affected() == 1)
+    }
+
+    async fn api_key_count(&self) -> Result<u64> {
+        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM api_keys")
+            .fetch_one(&self.pool)
+            .await
+            .map_err(db)?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
+    async fn kind_upsert(&self, k: KindSpec) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO kinds (name, builtin, rerun_safe, max_attempts, default_deadline_seconds, max_deadline_seconds)
+             VALUES ($1, $2, $3, $4, $5, $6)
+             ON CONFLICT (name) DO UPDATE SET builtin = excluded.builtin, rerun_safe = excluded.rerun_safe,
+                 max_attempts = excluded.max_attempts, default_deadline_seconds = excluded.default_deadline_seconds,
+                 max_deadline_seconds = excluded.max_deadline_seconds",
+        )
+        .bind(&k.name)
+        .bind(k.builtin)
+        .bind(k.rerun_safe)
+        .bind(k.max_attempts)
+        .bind(k.default_deadline_seconds)
+        .bind(k.max_deadline_seconds)
+        .execute(&self.pool)
+        .await
+        .map_err(db)?;
+        Ok(())
+    }
+
+    async fn kind_get(&self, name: &str) -> Result<Option<KindSpec>> {
+        let row = sqlx::query(&format!("SELECT {KIND_COLUMNS} FROM kinds WHERE name = $1"))
+            .bind(name)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(db)?;
+        row.as_ref().map(kind_from_row).transpose()
+    }
+
+    async fn kind_list(&self) -> Result<Vec<KindSpec>> {
+        let rows = sqlx::query(&format!("SELECT {KIND_COLUMNS} FROM kinds ORDER BY name"))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db)?;
+        rows.iter().map(kind_from_row).collect()
+    }
+
+    async fn server_secret(&self, name: &str, candidate: Vec<u8>, now: Timestamp) -> Result<Vec<u8>> {
+        sqlx::query("INSERT INTO server_secrets (name, value, created_at) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING")
+            .bind(name)
+            .bind(&candidate)
+            .bind(now.0)
+            .execute(&self.pool)
+            .await
+            .map_err(db)?;
+        sqlx::query_scalar("SELECT value FROM server_secrets WHERE name = $1")
+            .bind(name)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(db)
+    }
+
+    async fn operation_events_after(
+        &self,
+        tenant: &str,
+        id: &Id,
+        after_version: i64,
+        limit: u32,
+    ) -> Result<Option<Vec<Event>>> {
+        let mut c = self.pool.acquire().await.map_err(db)?;
+        events_of(&mut c, tenant, id, after_version, i64::from(limit), true).await
+    }
+
+    async fn kind_typical_duration(&self, kind: &str) -> Result<Option<Duration>> {
+        let mut durations: Vec<i64> = sqlx::query_scalar(
+            "SELECT completed_at - created_at FROM operations WHERE state = 'succeeded' AND kind = $1
+              ORDER BY completed_at DESC LIMIT 101",
+        )
+        .bind(kind)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db)?;
+        if durations.is_empty() {
+            return Ok(None);
+        }
+        durations.sort_unstable();
+        Ok(Some(
+            Duration::from_millis(durations[durations.len() / 2].max(0) as u64),
+        ))
+    }
+
+    fn subscribe_changes(&self) -> broadcast::Receiver<Change> {
+        self.changes.subscribe()
+    }
+
+    async fn webhook_due(&self, now: Timestamp, limit: u32, lease: Duration) -> Result<Vec<Delivery>> {
+        in_tx!(self, |c, _ch| {
+            let rows = sqlx::query(
+                "SELECT event_id, operation_id, tenant, url, type, payload, attempts FROM webhook_deliveries
+                  WHERE status = 'pending' AND next_attempt_at <= $1 AND (lease_until IS NULL OR lease_until <= $1)
+                  ORDER BY next_attempt_at LIMIT $2 FOR UPDATE SKIP LOCKED",
+            )
+            .bind(now.0)
+            .bind(i64::from(limit))
+            .fetch_all(&mut *c)
+            .await
+            .map_err(db)?;
+            let mut due = Vec::with_capacity(rows.len());
+            for r in &rows {
+                due.push(Delivery {
+                    event_id: Id::from_trusted(r.try_get(0).map_err(db)?),
+                    operation_id: Id::from_trusted(r.try_get(1).map_err(db)?),
+                    tenant: r.try_get(2).map_err(db)?,
+                    url: r.try_get(3).map_err(db)?,
+                    event_type: r.try_get(4).map_err(db)?,
+                    payload: r.try_get(5).map_err(db)?,
+                    attempts: r.try_get(6).map_err(db)?,
+                });
+            }
+            let until = now.plus(lease).0;
+            for d in &due {
+                sqlx::query("UPDATE webhook_deliveries SET lease_until = $2 WHERE event_id = $1")
+                    .bind(d.event_id.as_str())
+                    .bind(until)
+                    .execute(&mut *c)
+                    .await
+                    .map_err(db)?;
+            }
+            Ok(due)
+        })
+    }
+
+    async fn webhook_attempt(&self, params: AttemptParams) -> Result<()> {
+        in_tx!(self, |c, _ch| webhook_attempt(c, &params).await)
+    }
+
+    async fn webhook_log(&self, tenant: &str, id: &Id) -> Result<Option<Vec<AttemptRecord>>> {
+        let mut c = self.pool.acquire().await.map_err(db)?;
+        if !owned(&mut c, tenant, id.as_str()).await? {
+            return Ok(None);
+        }
+        let rows = sqlx::query(
+            "SELECT event_id, type, attempt, status_code, error, at, next_attempt_at FROM webhook_attempts
+              WHERE operation_id = $1 ORDER BY at, event_id, attempt",
+        )
+        .bind(id.as_str())
+        .fetch_all(&mut *c)
+        .await
+        .map_err(db)?;
+        let mut log = Vec::with_capacity(rows.len());
+        for r in &rows {
+            log.push(AttemptRecord {
+                event_id: Id::from_trusted(r.try_get(0).map_err(db)?),
+                event_type: r.try_get(1).map_err(db)?,
+                attempt: r.try_get(2).map_err(db)?,
+                status_code: r
+                    .try_get::<Option<i32>, _>(3)
+                    .map_err(db)?
+                    .and_then(|s| u16::try_from(s).ok()),
+                error: r.try_get(4).map_err(db)?,
+                at: Timestamp(r.try_get(5).map_err(db)?),
+                next_attempt_at: ts(r.try_get(6).map_err(db)?),
+            });
+        }
+        Ok(Some(log))
+    }
+
+    async fn webhook_secrets(&self, tenant: &str, candidate: String, now: Timestamp) -> Result<Vec<String>> {
+        let tenant = tenant.to_owned();
+        in_tx!(self, |c, _ch| {
+            let active =
+                "SELECT secret FROM webhook_secrets WHERE tenant = $1 AND (retired_at IS NULL OR retired_at > $2)
+                           ORDER BY created_at DESC, secret";
+            let secrets: Vec<String> = sqlx::query_scalar(active)
+                .bind(&tenant)
+                .bind(now.0)
+                .fetch_all(&mut *c)
+                .await
+                .map_err(db)?;
+            if !secrets.is_empty() {
+                return Ok(secrets);
+            }
+            sqlx::query(
+                "INSERT INTO webhook_secrets (tenant, secret, created_at) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+            )
+            .bind(&tenant)
+            .bind(&candidate)
+            .bind(now.0)
+            .execute(&mut *c)
+            .await
+            .map_err(db)?;
+            sqlx::query_scalar(active)
+                .bind(&tenant)
+                .bind(now.0)
+                .fetch_all(&mut *c)
+                .await
+                .map_err(db)
+        })
+    }
+
+    async fn webhook_secret_rotate(
+        &self,
+        tenant: &str,
+        new_secret: String,
+        now: Timestamp,
+        overlap: Duration,
+    ) -> Result<()> {
+        let tenant = tenant.to_owned();
+        in_tx!(self, |c, _ch| {
+            sqlx::query("UPDATE webhook_secrets SET retired_at = $2 WHERE tenant = $1 AND retired_at IS NULL")
+                .bind(&tenant)
+                .bind(now.plus(overlap).0)
+                .execute(&mut *c)
+                .await
+                .map_err(db)?;
+            sqlx::query("INSERT INTO webhook_secrets (tenant, secret, created_at) VALUES ($1, $2, $3)")
+                .bind(&tenant)
+                .bind(&new_secret)
+                .bind(now.0)
+                .execute(&mut *c)
+                .await
+                .map_err(db)?;
+            Ok(())
+        })
+    }
+
+    async fn result_upload(&self, params: ResultUploadParams) -> Result<()> {
+        in_tx!(self, |c, _ch| {
+            fenced(c, &params.operation_id, &params.lease_token).await?;
+            result_discard(c, params.operation_id.as_str(), params.now).await?;
+            let tenant: String = sqlx::query_scalar("SELECT tenant FROM operations WHERE id = $1")
+                .bind(params.operation_id.as_str())
+                .fetch_one(&mut *c)
+                .await
+                .map_err(db)?;
+            sqlx::query(
+                "INSERT INTO results (id, operation_id, tenant, storage_key, content_type, size_bytes, sha256, state,
+                                      lease_token, created_at)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, 'uploaded', $8, $9)",
+            )
+            .bind(params.result_id.as_str())
+            .bind(params.operation_id.as_str())
+            .bind(tenant)
+            .bind(&params.storage_key)
+            .bind(&params.content_type)
+            .bind(params.size_bytes)
+            .bind(&params.sha256)
+            .bind(&params.lease_token)
+            .bind(params.now.0)
+            .execute(&mut *c)
+            .await
+            .map_err(db)?;
+            Ok(())
+        })
+    }
+
+    async fn result_for_operation(&self, tenant: &str, id: &Id) -> Result<Option<ResultRecord>> {
+        let row = sqlx::query(&format!(
+            "SELECT {RESULT_COLUMNS} FROM results WHERE operation_id = $1 AND tenant = $2 AND state <> 'uploaded'"
+        ))
+        .bind(id.as_str())
+        .bind(tenant)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(db)?;
+        row.as_ref().map(result_from_row).transpose()
+    }
+
+    async fn result_get(&self, id: &Id) -> Result<Option<ResultRecord>> {
+        let row = sqlx::query(&format!("SELECT {RESULT_COLUMNS} FROM results WHERE id = $1"))
+            .bind(id.as_str())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(db)?;
+        row.as_ref().map(result_from_row).transpose()
+    }
+
+    async fn operation_tombstone(&self, tenant: &str, id: &Id) -> Result<Option<Timestamp>> {
+        let removed: Option<i64> =
+            sqlx::query_scalar("SELECT removed_at FROM tombstones WHERE operation_id = $1 AND tenant = $2")
+                .bind(id.as_str())
+                .bind(tenant)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(db)?;
+        Ok(removed.map(Timestamp))
+    }
+
+    async fn retention_sweep(&self, params: RetentionParams) -> Result<RetentionCounts> {
+        in_tx!(self, |c, _ch| retention_sweep(c, &params).await)
+    }
+
+    async fn artifact_garbage(&self, limit: u32) -> Result<Vec<String>> {
+        sqlx::query_scalar("SELECT storage_key FROM artifact_garbage ORDER BY created_at LIMIT $1")
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db)
+    }
+
+    async fn artifact_garbage_done(&self, keys: Vec<String>) -> Result<()> {
+        sqlx::query("DELETE FROM artifact_garbage WHERE storage_key = ANY($1)")
+            .bind(&keys)
+            .execute(&self.pool)
+            .await
+            .map_err(db)?;
+        Ok(())
+    }
+
+    async fn tenant_delete(&self, tenant: &str, now: Timestamp) -> Result<TenantDeleteCounts> {
+        let tenant = tenant.to_owned();
+        in_tx!(self, |c, _ch| tenant_delete(c, &tenant, now).await)
+    }
+
+    async fn server_secret_list(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>> {
+        let rows =
+            sqlx::query("SELECT name, value FROM server_secrets WHERE starts_with(name, $1) ORDER BY created_at, name")
+                .bind(prefix)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(db)?;
+        rows.iter()
+            .map(|r| Ok((r.try_get(0).map_err(db)?, r.try_get(1).map_err(db)?)))
+            .collect()
+    }
+
+    async fn backlog(&self, now: Timestamp) -> Result<Backlog> {
+        let rows = sqlx::query(
+            "SELECT o.kind, o.state, MIN(o.created_at) FROM tasks t JOIN operations o ON o.id = t.operation_id
+              GROUP BY o.kind, o.state",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db)?;
+        let mut oldest_active = Vec::with_capacity(rows.len());
+        for r in &rows {
+            oldest_active.push((
+                r.try_get(0).map_err(db)?,
+                state_of(r.try_get(1).map_err(db)?)?,
+                Timestamp(r.try_get(2).map_err(db)?),
+            ));
+        }
+        let count = |sql: &'static str| {
+            let pool = self.pool.clone();
+            async move {
+                let n: i64 = sqlx::query_scalar(sql).bind(now.0).fetch_one(&pool).await.map_err(db)?;
+                Ok::<u64, StoreError>(u64::try_from(n).unwrap_or(0))
+            }
+        };
+        Ok(Backlog {
+            oldest_active,
+            retention_due: count("SELECT COUNT(*) FROM operations WHERE expires_at IS NOT NULL AND expires_at <= $1")
+                .await?
+                + count("SELECT COUNT(*) FROM results WHERE state = 'published' AND expires_at <= $1").await?
+                + count("SELECT COUNT(*) FROM tombstones WHERE expires_at <= $1").await?,
+            garbage_objects: count("SELECT COUNT(*) FROM artifact_garbage WHERE $1::BIGINT IS NOT NULL").await?,
+            webhooks_due: count(
+                "SELECT COUNT(*) FROM webhook_deliveries WHERE status = 'pending' AND next_attempt_at <= $1",
+            )
+            .await?,
+        })
+    }
+
+    async fn accepting_pause(&self, kind: Option<String>, paused: bool) -> Result<()> {
+        let scope = kind.unwrap_or_else(|| "*".into());
+        let sql = if paused {
+            "INSERT INTO accept_pauses (scope) VALUES ($1) ON CONFLICT DO NOTHING"
+        } else {
+            "DELETE FROM accept_pauses WHERE scope = $1"
+        };
+        sqlx::query(sql).bind(scope).execute(&self.pool).await.map_err(db)?;
+        Ok(())
+    }
+
+    async fn accepting_pauses(&self) -> Result<Vec<Option<String>>> {
+        let scopes: Vec<String> = sqlx::query_scalar("SELECT scope FROM accept_pauses ORDER BY scope")
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db)?;
+        Ok(scopes.into_iter().map(|s| (s != "*").then_some(s)).collect())
+    }
+
+    async fn ping(&self) -> Result<()> {
+        sqlx::query("SELECT 1").execute(&self.pool).await.map_err(db)?;
+        Ok(())
+    }
+}
