@@ -55,10 +55,24 @@ fn run_pg(bin: &Path, args: &[&str]) -> std::io::Result<std::process::Output> {
     }
 }
 
+/// A cluster that commits durably (fsync on), for benchmarks; the test
+/// cluster trades durability for speed.
+pub fn start_durable() -> Result<Cluster, String> {
+    start_with(true)
+}
+
 fn start() -> Result<Cluster, String> {
+    start_with(false)
+}
+
+fn start_with(durable: bool) -> Result<Cluster, String> {
     let initdb = find_bin("initdb").ok_or("initdb not found")?;
     let pg_ctl = find_bin("pg_ctl").ok_or("pg_ctl not found")?;
-    let base = std::env::temp_dir().join(format!("longrun-pg-{}", std::process::id()));
+    let base = std::env::temp_dir().join(format!(
+        "longrun-pg-{}-{}",
+        std::process::id(),
+        if durable { "d" } else { "t" }
+    ));
     let _ = std::fs::remove_dir_all(&base);
     std::fs::create_dir_all(&base).map_err(|e| e.to_string())?;
     if is_root() {
@@ -94,8 +108,13 @@ fn start() -> Result<Cluster, String> {
         .and_then(|l| l.local_addr())
         .map_err(|e| e.to_string())?
         .port();
+    let speed = if durable {
+        ""
+    } else {
+        " -c fsync=off -c synchronous_commit=off"
+    };
     let options = format!(
-        "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c max_connections=400",
+        "-p {port} -k {} -c listen_addresses=127.0.0.1 -c max_connections=400{speed}",
         base.display()
     );
     let log = base.join("log");
