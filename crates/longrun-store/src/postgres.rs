@@ -820,6 +820,13 @@ async fn task_claim(c: &mut PgConnection, ch: &mut Vec<Change>, policy: Policy, 
     for (tenant, max_running) in tenants_with_ready_work(c).await? {
         let mut allowance = want as i64;
         if let Some(max_running) = max_running {
+            // Nodes claiming for the same capped tenant take turns, so
+            // together they never exceed max_running.
+            sqlx::query("SELECT 1 FROM tenants WHERE name = $1 FOR UPDATE")
+                .bind(&tenant)
+                .execute(&mut *c)
+                .await
+                .map_err(db)?;
             let running: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM tasks WHERE tenant = $1 AND status = 'leased'")
                 .bind(&tenant)
                 .fetch_one(&mut *c)
