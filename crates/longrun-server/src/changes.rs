@@ -33,19 +33,22 @@ impl ChangeHub {
     pub async fn forward(self: Arc<Self>, mut feed: broadcast::Receiver<Change>) {
         loop {
             match feed.recv().await {
+                // Missed some: wake every waiter; each re-reads what it watches.
+                Ok(change) if change.is_resync() => self.wake_all(),
+                Err(broadcast::error::RecvError::Lagged(_)) => self.wake_all(),
                 Ok(change) => {
                     if let Some(tx) = self.watchers.lock().expect("hub poisoned").get(&change.operation_id) {
                         tx.send_replace(change.version);
                     }
                 }
-                // Missed some: wake every waiter; each re-reads what it watches.
-                Err(broadcast::error::RecvError::Lagged(_)) => {
-                    for tx in self.watchers.lock().expect("hub poisoned").values() {
-                        tx.send_modify(|_| {});
-                    }
-                }
                 Err(broadcast::error::RecvError::Closed) => return,
             }
+        }
+    }
+
+    fn wake_all(&self) {
+        for tx in self.watchers.lock().expect("hub poisoned").values() {
+            tx.send_modify(|_| {});
         }
     }
 
@@ -119,5 +122,36 @@ impl Drop for Waiter {
                 waiting.remove(&self.tenant);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use longrun_core::IdKind;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_resync_wakes_every_waiter_and_a_change_only_its_own() {
+        let hub = ChangeHub::new(10);
+        let (feed, rx) = broadcast::channel(16);
+        tokio::spawn(hub.clone().forward(rx));
+        let (a, b) = (Id::generate(IdKind::Operation), Id::generate(IdKind::Operation));
+        let mut waiting_a = hub.watch("t1", &a).unwrap();
+        let mut waiting_b = hub.watch("t1", &b).unwrap();
+
+        let mut change = Change::resync();
+        change.operation_id = a.clone();
+        change.event_type = "progress".into();
+        change.version = 2;
+        feed.send(change).unwrap();
+        waiting_a.changed().await;
+        let b_woken = |w: &Waiter| w.rx.as_ref().unwrap().has_changed().unwrap();
+        assert!(!b_woken(&waiting_b), "a change of `a` left `b` waiting");
+        feed.send(Change::resync()).unwrap();
+        // Both resolve: `a` for the resync after its change, `b` for the resync.
+        waiting_a.changed().await;
+        waiting_b.changed().await;
+        assert_eq!(hub.waiting("t1"), 2);
     }
 }

@@ -74,6 +74,7 @@ pub fn observe(change: &Change) {
 pub async fn follow(mut feed: broadcast::Receiver<Change>) {
     loop {
         match feed.recv().await {
+            Ok(change) if change.is_resync() => {}
             Ok(change) => observe(&change),
             Err(broadcast::error::RecvError::Lagged(n)) => {
                 metrics::counter!("longrun_metrics_changes_missed_total").increment(n);

@@ -113,7 +113,8 @@ fn accept_params(tenant: &str, kind: &str, key: Option<&str>, input: Value) -> A
     }
 }
 
-async fn create(store: &dyn Store, tenant: &str, kind: &str) -> Operation {
+/// Accepts a fresh operation of `kind` for `tenant` (for backend-specific tests).
+pub async fn create(store: &dyn Store, tenant: &str, kind: &str) -> Operation {
     match store
         .operation_accept(accept_params(tenant, kind, None, json!({"n": 1})))
         .await

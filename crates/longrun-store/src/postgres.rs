@@ -69,6 +69,56 @@ fn db(e: sqlx::Error) -> StoreError {
     }
 }
 
+async fn listen(pool: &PgPool) -> std::result::Result<sqlx::postgres::PgListener, sqlx::Error> {
+    let mut listener = sqlx::postgres::PgListener::connect_with(pool).await?;
+    listener.listen(CHANNEL).await?;
+    Ok(listener)
+}
+
+/// Publishes every notification on `feed`. Notifications sent while the
+/// listening connection was down are gone, so once it is back a resync
+/// tells subscribers to re-read what they watch: a missed notification
+/// delays a waiter by one reconnect, not until its wait ends.
+async fn follow_notifications(pool: PgPool, mut listener: sqlx::postgres::PgListener, feed: broadcast::Sender<Change>) {
+    loop {
+        match listener.try_recv().await {
+            Ok(Some(notification)) => {
+                let Ok(Value::Array(items)) = serde_json::from_str::<Value>(notification.payload()) else {
+                    continue;
+                };
+                for item in &items {
+                    if let Some(change) = change_from_json(item) {
+                        let _ = feed.send(change);
+                    }
+                }
+            }
+            // Lost and already listening again on a new connection.
+            Ok(None) => {
+                tracing::warn!("the change listener lost its connection; resynchronising");
+                let _ = feed.send(Change::resync());
+            }
+            Err(_) if pool.is_closed() => return,
+            Err(e) => {
+                tracing::warn!(error = %e, "the change listener failed; reconnecting");
+                loop {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    if pool.is_closed() {
+                        return;
+                    }
+                    match listen(&pool).await {
+                        Ok(fresh) => {
+                            listener = fresh;
+                            break;
+                        }
+                        Err(e) => tracing::warn!(error = %e, "the change listener cannot reconnect yet"),
+                    }
+                }
+                let _ = feed.send(Change::resync());
+            }
+        }
+    }
+}
+
 impl PostgresStore {
     /// Connects and applies the schema if the database has none yet.
     pub async fn open(config: PostgresConfig) -> Result<Self> {
@@ -80,30 +130,8 @@ impl PostgresStore {
             .map_err(db)?;
         migrate_pool(&pool).await?;
         let (changes, _) = broadcast::channel(4096);
-        let mut listener = sqlx::postgres::PgListener::connect_with(&pool).await.map_err(db)?;
-        listener.listen(CHANNEL).await.map_err(db)?;
-        let feed = changes.clone();
-        tokio::spawn(async move {
-            // recv reconnects by itself after a dropped connection.
-            loop {
-                match listener.recv().await {
-                    Ok(notification) => {
-                        let Ok(Value::Array(items)) = serde_json::from_str::<Value>(notification.payload()) else {
-                            continue;
-                        };
-                        for item in &items {
-                            if let Some(change) = change_from_json(item) {
-                                let _ = feed.send(change);
-                            }
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "the change listener failed; retrying");
-                        tokio::time::sleep(Duration::from_millis(500)).await;
-                    }
-                }
-            }
-        });
+        let listener = listen(&pool).await.map_err(db)?;
+        tokio::spawn(follow_notifications(pool.clone(), listener, changes.clone()));
         Ok(Self {
             pool,
             policy: Policy {

@@ -98,6 +98,32 @@ pub struct Change {
     pub cancel_requested_at: Option<Timestamp>,
 }
 
+impl Change {
+    const RESYNC: &'static str = "resync";
+
+    /// Not a change but a warning that the feed may have missed some: a
+    /// backend's notification connection was lost and is back. Subscribers
+    /// re-read whatever they watch.
+    pub fn resync() -> Self {
+        Self {
+            operation_id: Id::from_trusted(String::new()),
+            version: 0,
+            event_type: Self::RESYNC.to_owned(),
+            kind: String::new(),
+            state: State::Queued,
+            attempt: 0,
+            created_at: Timestamp(0),
+            started_at: None,
+            completed_at: None,
+            cancel_requested_at: None,
+        }
+    }
+
+    pub fn is_resync(&self) -> bool {
+        self.event_type == Self::RESYNC && self.operation_id.as_str().is_empty()
+    }
+}
+
 /// What operators watch that no counter shows: ages and backlogs.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Backlog {
