@@ -92,6 +92,9 @@ pub struct RunningServer {
     pub state: AppState,
     shutdown: CancellationToken,
     handle: JoinHandle<anyhow::Result<()>>,
+    /// Held while serving an SQLite database: a second `serve` on the same
+    /// file is refused rather than sharing it (SQLite serves one node).
+    _serving: Option<std::fs::File>,
 }
 
 impl RunningServer {
@@ -112,10 +115,41 @@ impl RunningServer {
     }
 }
 
+/// Takes `<database>.serve-lock`; the OS lets it go when the process ends,
+/// however it ends.
+fn lock_for_serving(database: &std::path::Path) -> anyhow::Result<std::fs::File> {
+    let mut path = database.as_os_str().to_owned();
+    path.push(".serve-lock");
+    if let Some(dir) = database.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("failed to create {}", dir.display()))?;
+    }
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("failed to open {}", std::path::Path::new(&path).display()))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => anyhow::bail!(
+            "another `longrun serve` is using {}: an SQLite database serves one node \
+             (run many nodes on PostgreSQL with --database postgres://…)",
+            database.display()
+        ),
+        Err(std::fs::TryLockError::Error(e)) => {
+            Err(e).with_context(|| format!("failed to lock {}", std::path::Path::new(&path).display()))
+        }
+    }
+}
+
 /// Opens the store, prepares it, binds the listener and starts serving.
 pub async fn start(options: ServeOptions) -> anyhow::Result<RunningServer> {
     let mut sqlite = options.sqlite.clone();
     sqlite.operation_retention = options.http.operation_retention;
+    let serving = match &options.postgres {
+        Some(_) => None,
+        None => Some(lock_for_serving(&sqlite.path)?),
+    };
     let store: Arc<dyn Store> = match &options.postgres {
         Some(pg) => {
             let mut pg = pg.clone();
@@ -258,6 +292,7 @@ pub async fn start(options: ServeOptions) -> anyhow::Result<RunningServer> {
         state,
         shutdown,
         handle,
+        _serving: serving,
     })
 }
 

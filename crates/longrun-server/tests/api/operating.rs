@@ -109,3 +109,29 @@ async fn pausing_acceptance_refuses_submissions_while_observation_goes_on() {
     );
     app.shutdown().await;
 }
+
+/// SQLite serves one node: a second `serve` on the same database is refused
+/// (rather than two processes each believing they own the leases), and the
+/// database is free again once the first has stopped.
+#[tokio::test]
+async fn a_second_server_on_the_same_sqlite_database_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = || {
+        longrun_server::ServeOptions::new(
+            "127.0.0.1:0".parse().unwrap(),
+            longrun_store::SqliteConfig::new(dir.path().join("longrun.db")),
+        )
+    };
+    let first = longrun_server::start(options()).await.unwrap();
+    let refused = longrun_server::start(options())
+        .await
+        .err()
+        .expect("the second start is refused");
+    assert!(
+        format!("{refused:#}").contains("another `longrun serve` is using"),
+        "{refused:#}"
+    );
+    first.shutdown().await.unwrap();
+    let again = longrun_server::start(options()).await.unwrap();
+    again.shutdown().await.unwrap();
+}
