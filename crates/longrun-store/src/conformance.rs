@@ -38,6 +38,7 @@ macro_rules! store_conformance {
             claim_heartbeat_complete_walks_the_state_machine,
             stale_lease_tokens_are_fenced_out,
             an_operation_completes_at_most_once,
+            concurrent_outcomes_each_apply_once_and_a_refused_one_harms_none,
             progress_never_goes_backwards_and_idle_heartbeats_keep_the_version,
             cancelling_queued_work_cancels_it_at_once,
             cancelling_running_work_asks_the_worker,
@@ -482,6 +483,50 @@ pub async fn stale_lease_tokens_are_fenced_out(store: &dyn Store) {
     ));
     let unchanged = get(store, &op).await;
     assert_eq!((unchanged.state, unchanged.version), (State::Running, 2));
+}
+
+/// Backends may commit concurrent outcomes together (group commit): each
+/// must still apply exactly once, and one refused outcome in the crowd
+/// (a stale token, a second answer) must leave the others applied.
+pub async fn concurrent_outcomes_each_apply_once_and_a_refused_one_harms_none(store: &dyn Store) {
+    for _ in 0..24 {
+        create(store, "t1", "crowd").await;
+    }
+    let tasks = claim(store, "crowd", 24, at(1)).await;
+    assert_eq!(tasks.len(), 24);
+    let mut forged = tasks[5].clone();
+    forged.lease_token = "forged".into();
+    let mut outcomes: Vec<FinishParams> = tasks
+        .iter()
+        .enumerate()
+        .map(|(i, task)| finish(task, Outcome::Succeeded { result: Some(json!(i)) }, at(2)))
+        .collect();
+    outcomes.insert(3, finish(&forged, Outcome::Cancelled, at(2)));
+    outcomes.push(finish(&tasks[7], Outcome::Cancelled, at(2)));
+    let answers = futures_join_all(outcomes.into_iter().map(|params| store.task_finish(params))).await;
+
+    assert!(
+        matches!(answers[3], Err(StoreError::LeaseLost)),
+        "the forged token: {:?}",
+        answers[3]
+    );
+    // Task 7 was answered twice (index 8 after the insert, and last): one wins.
+    let second_wins = answers.last().unwrap().is_ok();
+    assert_ne!(answers[8].is_ok(), second_wins, "exactly one answer for task 7 applies");
+    let applied = answers.iter().filter(|a| a.is_ok()).count();
+    assert_eq!(applied, 24);
+    for (i, task) in tasks.iter().enumerate() {
+        let op = store.operation_get("t1", &task.operation_id).await.unwrap().unwrap();
+        let expected = match i {
+            7 if second_wins => (State::Cancelled, 3, None),
+            _ => (State::Succeeded, 3, Some(json!(i))),
+        };
+        assert_eq!(
+            (op.state, op.version, op.result),
+            expected,
+            "operation {i} took one outcome exactly once"
+        );
+    }
 }
 
 pub async fn an_operation_completes_at_most_once(store: &dyn Store) {

@@ -9,6 +9,7 @@
 //! illegal transitions). The SQL mirrors `sqlite/sql.rs` function by function.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -18,7 +19,7 @@ use longrun_core::{Id, IdKind, State, Timestamp};
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{PgConnection, PgPool, Row};
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, mpsc, oneshot};
 
 use crate::shared::*;
 use crate::*;
@@ -58,6 +59,7 @@ pub struct PostgresStore {
     pool: PgPool,
     policy: Policy,
     changes: broadcast::Sender<Change>,
+    finishes: mpsc::Sender<Finish>,
 }
 
 fn db(e: sqlx::Error) -> StoreError {
@@ -132,14 +134,21 @@ impl PostgresStore {
         let (changes, _) = broadcast::channel(4096);
         let listener = listen(&pool).await.map_err(db)?;
         tokio::spawn(follow_notifications(pool.clone(), listener, changes.clone()));
+        let policy = Policy {
+            operation_retention: config.operation_retention,
+            result_retention: config.result_retention,
+            keep_inputs: config.keep_inputs,
+        };
+        let (finishes, queue) = mpsc::channel(4 * FINISH_BATCH);
+        let queue = Arc::new(tokio::sync::Mutex::new(queue));
+        for _ in 0..FINISH_WRITERS {
+            tokio::spawn(finish_batches(pool.clone(), policy, queue.clone()));
+        }
         Ok(Self {
             pool,
-            policy: Policy {
-                operation_retention: config.operation_retention,
-                result_retention: config.result_retention,
-                keep_inputs: config.keep_inputs,
-            },
+            policy,
             changes,
+            finishes,
         })
     }
 
@@ -155,16 +164,7 @@ impl PostgresStore {
         let out = f(&mut tx, &mut changes).await;
         match out {
             Ok(value) => {
-                // NOTIFY payloads are limited (8000 bytes): send in chunks.
-                for chunk in changes.chunks(20) {
-                    let payload: Vec<Value> = chunk.iter().map(change_to_json).collect();
-                    sqlx::query("SELECT pg_notify($1, $2)")
-                        .bind(CHANNEL)
-                        .bind(Value::Array(payload).to_string())
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(db)?;
-                }
+                announce(&mut tx, &changes).await?;
                 tx.commit().await.map_err(db)?;
                 Ok(value)
             }
@@ -174,6 +174,99 @@ impl PostgresStore {
             }
         }
     }
+}
+
+/// Queues `changes` for every listener; they are delivered if and when the
+/// transaction commits. NOTIFY payloads are limited (8000 bytes): sent in
+/// chunks.
+async fn announce(c: &mut PgConnection, changes: &[Change]) -> Result<()> {
+    for chunk in changes.chunks(20) {
+        let payload: Vec<Value> = chunk.iter().map(change_to_json).collect();
+        sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(CHANNEL)
+            .bind(Value::Array(payload).to_string())
+            .execute(&mut *c)
+            .await
+            .map_err(db)?;
+    }
+    Ok(())
+}
+
+/// A worker's outcome waiting for the next batch.
+struct Finish {
+    params: FinishParams,
+    reply: oneshot::Sender<Result<Operation>>,
+}
+
+/// The most outcomes one transaction commits.
+const FINISH_BATCH: usize = 64;
+
+/// How many outcome batches commit at once (each on its own connection).
+const FINISH_WRITERS: usize = 4;
+
+/// Group commit for outcomes: whatever arrived while the writers were busy
+/// goes into one transaction, each outcome in its own savepoint (a refused
+/// one — fenced, illegal — rolls back only itself). Under load many
+/// completions share one WAL flush; alone, one pays one as before. An
+/// outcome touches only its own operation's rows, so concurrent batches do
+/// not wait on each other.
+async fn finish_batches(pool: PgPool, policy: Policy, queue: Arc<tokio::sync::Mutex<mpsc::Receiver<Finish>>>) {
+    loop {
+        let batch = {
+            let mut queue = queue.lock().await;
+            let Some(first) = queue.recv().await else { return };
+            let mut batch = vec![first];
+            while batch.len() < FINISH_BATCH {
+                match queue.try_recv() {
+                    Ok(next) => batch.push(next),
+                    Err(_) => break,
+                }
+            }
+            batch
+        };
+        match finish_batch(&pool, policy, &batch).await {
+            Ok(results) => {
+                for (job, result) in batch.into_iter().zip(results) {
+                    let _ = job.reply.send(result);
+                }
+            }
+            Err(e) => {
+                for job in batch {
+                    let _ = job.reply.send(Err(StoreError::Backend(e.to_string())));
+                }
+            }
+        }
+    }
+}
+
+async fn finish_batch(pool: &PgPool, policy: Policy, batch: &[Finish]) -> Result<Vec<Result<Operation>>> {
+    let mut tx = pool.begin().await.map_err(db)?;
+    let mut changes = Vec::new();
+    let mut results = Vec::with_capacity(batch.len());
+    for job in batch {
+        sqlx::query("SAVEPOINT finish").execute(&mut *tx).await.map_err(db)?;
+        let mut own = Vec::new();
+        match task_finish(&mut tx, &mut own, policy, &job.params).await {
+            Ok(op) => {
+                sqlx::query("RELEASE SAVEPOINT finish")
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db)?;
+                changes.append(&mut own);
+                results.push(Ok(op));
+            }
+            Err(e) => {
+                sqlx::query("ROLLBACK TO SAVEPOINT finish")
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db)?;
+                results.push(Err(e));
+            }
+        }
+    }
+    announce(&mut tx, &changes).await?;
+    tx.commit().await.map_err(db)?;
+    Ok(results)
 }
 
 /// Applies the schema once (an advisory lock keeps concurrent starts apart).
@@ -1651,8 +1744,10 @@ impl Store for PostgresStore {
     }
 
     async fn task_finish(&self, params: FinishParams) -> Result<Operation> {
-        let policy = self.policy;
-        in_tx!(self, |c, ch| task_finish(c, ch, policy, &params).await)
+        let (reply, answer) = oneshot::channel();
+        let gone = || StoreError::Backend("the completion writer has stopped".into());
+        self.finishes.send(Finish { params, reply }).await.map_err(|_| gone())?;
+        answer.await.map_err(|_| gone())?
     }
 
     async fn task_expire_worker(&self, worker_id: &str, now: Timestamp) -> Result<u64> {
