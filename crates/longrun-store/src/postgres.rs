@@ -847,6 +847,22 @@ async fn cancel_request(
     Ok(requested.version)
 }
 
+/// The tenant's operation, locked for the rest of the transaction.
+async fn lock_operation(c: &mut PgConnection, tenant: &str, id: &Id) -> Result<Operation> {
+    let row = sqlx::query(&format!(
+        "SELECT {OP_COLUMNS} FROM operations WHERE id = $1 AND tenant = $2 FOR UPDATE"
+    ))
+    .bind(id.as_str())
+    .bind(tenant)
+    .fetch_optional(&mut *c)
+    .await
+    .map_err(db)?;
+    row.as_ref()
+        .map(operation_from_row)
+        .transpose()?
+        .ok_or(StoreError::NotFound)
+}
+
 async fn operation_cancel(
     c: &mut PgConnection,
     ch: &mut Vec<Change>,
@@ -854,19 +870,7 @@ async fn operation_cancel(
     p: &CancelParams,
 ) -> Result<CancelOutcome> {
     // Lock the row: a cancel and a worker's outcome must not interleave.
-    let row = sqlx::query(&format!(
-        "SELECT {OP_COLUMNS} FROM operations WHERE id = $1 AND tenant = $2 FOR UPDATE"
-    ))
-    .bind(p.id.as_str())
-    .bind(&p.tenant)
-    .fetch_optional(&mut *c)
-    .await
-    .map_err(db)?;
-    let op = row
-        .as_ref()
-        .map(operation_from_row)
-        .transpose()?
-        .ok_or(StoreError::NotFound)?;
+    let op = lock_operation(c, &p.tenant, &p.id).await?;
     if op.state.is_terminal() {
         return Ok(CancelOutcome::AlreadyTerminal(op));
     }
@@ -1089,20 +1093,6 @@ async fn lease_task(
     }))
 }
 
-struct Fenced {
-    version: i64,
-    progress: Option<Progress>,
-    cost_units: f64,
-    cancellable: bool,
-    cancel_requested: bool,
-    cancel_reason: Option<String>,
-    cancel_requested_by: Option<String>,
-    attempt: i64,
-    max_attempts: i64,
-    budget_max_cost: Option<f64>,
-    lease_ms: i64,
-}
-
 async fn fenced(c: &mut PgConnection, operation_id: &Id, lease_token: &str) -> Result<Fenced> {
     let row = sqlx::query(
         "SELECT o.version, o.progress, o.cost_units, o.cancellable, o.cancel_requested_at IS NOT NULL,
@@ -1146,25 +1136,9 @@ async fn task_heartbeat(c: &mut PgConnection, ch: &mut Vec<Change>, p: &Heartbea
         .execute(&mut *c)
         .await
         .map_err(db)?;
-    let mut progress = current.progress.clone();
-    if let Some(update) = &p.progress {
-        let mut merged = merge_progress(current.progress.as_ref(), update);
-        let unchanged = current.progress.as_ref().is_some_and(|old| {
-            let mut old = old.clone();
-            old.updated_at = merged.updated_at;
-            old == merged
-        });
-        if !unchanged {
-            merged.updated_at = Some(p.now);
-            progress = Some(merged);
-        }
-    }
-    let cost_units = p.cost_units.map_or(current.cost_units, |c| c.max(current.cost_units));
-    let cancellable = current.cancellable && p.cancellable.unwrap_or(true);
-    let changed =
-        progress != current.progress || cost_units != current.cost_units || cancellable != current.cancellable;
+    let effect = heartbeat_effect(&current, p);
     let mut version = current.version;
-    if changed {
+    if let Some(data) = &effect.event {
         let sql = format!(
             "UPDATE operations SET progress = $2, cost_units = $3, cancellable = $4, version = version + 1, updated_at = $5
               WHERE id = $1 AND state = 'running' RETURNING {OP_COLUMNS}"
@@ -1173,26 +1147,18 @@ async fn task_heartbeat(c: &mut PgConnection, ch: &mut Vec<Change>, p: &Heartbea
             c,
             sqlx::query(&sql)
                 .bind(p.operation_id.as_str())
-                .bind(progress.as_ref().map(|p| progress_to_json(p).to_string()))
-                .bind(cost_units)
-                .bind(cancellable)
+                .bind(effect.progress.as_ref().map(|p| progress_to_json(p).to_string()))
+                .bind(effect.cost_units)
+                .bind(effect.cancellable)
                 .bind(p.now.0),
         )
         .await?
         .ok_or(StoreError::LeaseLost)?;
         version = updated.version;
-        let public_progress = progress.as_ref().map(|p| {
-            let mut v = progress_to_json(p);
-            if let Some(fields) = v.as_object_mut() {
-                fields.remove("updated_at");
-            }
-            v
-        });
-        let data = json!({"progress": public_progress, "cost_units": cost_units, "cancellable": cancellable});
-        event_insert(c, ch, &updated, "progress", &data).await?;
+        event_insert(c, ch, &updated, "progress", data).await?;
     }
     let (mut cancel_requested, mut cancel_reason) = (current.cancel_requested, current.cancel_reason);
-    if !cancel_requested && cancellable && current.budget_max_cost.is_some_and(|max| cost_units > max) {
+    if effect.over_budget {
         let reason = "budget_exhausted";
         version = cancel_request(c, ch, p.operation_id.as_str(), SYSTEM, Some(reason), p.now).await?;
         (cancel_requested, cancel_reason) = (true, Some(reason.to_owned()));
@@ -1318,19 +1284,7 @@ async fn task_reap(c: &mut PgConnection, ch: &mut Vec<Change>, policy: Policy, p
 }
 
 async fn operation_update(c: &mut PgConnection, ch: &mut Vec<Change>, p: &UpdateParams) -> Result<Operation> {
-    let row = sqlx::query(&format!(
-        "SELECT {OP_COLUMNS} FROM operations WHERE id = $1 AND tenant = $2 FOR UPDATE"
-    ))
-    .bind(p.id.as_str())
-    .bind(&p.tenant)
-    .fetch_optional(&mut *c)
-    .await
-    .map_err(db)?;
-    let op = row
-        .as_ref()
-        .map(operation_from_row)
-        .transpose()?
-        .ok_or(StoreError::NotFound)?;
+    let op = lock_operation(c, &p.tenant, &p.id).await?;
     if op.state.is_terminal() {
         return Err(StoreError::Terminal {
             current_version: op.version,

@@ -174,3 +174,71 @@ pub(crate) fn deadline_error_before_start() -> OperationError {
         retryable: false,
     }
 }
+
+/// The fenced view of a running task: present only for the current lease holder.
+pub(crate) struct Fenced {
+    pub version: i64,
+    pub attempt: i64,
+    pub max_attempts: i64,
+    pub budget_max_cost: Option<f64>,
+    pub lease_ms: i64,
+    pub progress: Option<Progress>,
+    pub cost_units: f64,
+    pub cancellable: bool,
+    pub cancel_requested: bool,
+    pub cancel_reason: Option<String>,
+    pub cancel_requested_by: Option<String>,
+}
+
+/// What a heartbeat does to its operation; every backend applies the same.
+pub(crate) struct HeartbeatEffect {
+    pub progress: Option<Progress>,
+    pub cost_units: f64,
+    pub cancellable: bool,
+    /// The `progress` event's data when something visible changed (a new
+    /// version); `None` for an idle heartbeat, which keeps the version.
+    pub event: Option<Value>,
+    /// The budget is exceeded now and no stop was asked for yet.
+    pub over_budget: bool,
+}
+
+pub(crate) fn heartbeat_effect(current: &Fenced, p: &HeartbeatParams) -> HeartbeatEffect {
+    let mut progress = current.progress.clone();
+    if let Some(update) = &p.progress {
+        let mut merged = merge_progress(current.progress.as_ref(), update);
+        let unchanged = current.progress.as_ref().is_some_and(|old| {
+            let mut old = old.clone();
+            old.updated_at = merged.updated_at;
+            old == merged
+        });
+        if !unchanged {
+            merged.updated_at = Some(p.now);
+            progress = Some(merged);
+        }
+    }
+    // Cost only grows; once past the commit point, an operation stays uncancellable.
+    let cost_units = p.cost_units.map_or(current.cost_units, |c| c.max(current.cost_units));
+    let cancellable = current.cancellable && p.cancellable.unwrap_or(true);
+    let changed =
+        progress != current.progress || cost_units != current.cost_units || cancellable != current.cancellable;
+    let event = changed.then(|| {
+        // The event's own `at` says when; the record's internal timestamp stays out.
+        let public_progress = progress.as_ref().map(|p| {
+            let mut v = progress_to_json(p);
+            if let Some(fields) = v.as_object_mut() {
+                fields.remove("updated_at");
+            }
+            v
+        });
+        json!({"progress": public_progress, "cost_units": cost_units, "cancellable": cancellable})
+    });
+    let over_budget =
+        !current.cancel_requested && cancellable && current.budget_max_cost.is_some_and(|max| cost_units > max);
+    HeartbeatEffect {
+        progress,
+        cost_units,
+        cancellable,
+        event,
+        over_budget,
+    }
+}

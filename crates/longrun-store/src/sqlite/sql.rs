@@ -300,12 +300,18 @@ pub(super) fn operation_list(c: &Connection, p: &ListParams) -> Result<Operation
     })
 }
 
+/// Whether `id` is an operation of `tenant` (another tenant's id is unknown).
+fn owns(c: &Connection, tenant: &str, id: &Id) -> Result<bool> {
+    Ok(
+        c.prepare_cached("SELECT 1 FROM operations WHERE id = ?1 AND tenant = ?2")?
+            .query_row(params![id.as_str(), tenant], |r| r.get::<_, i64>(0))
+            .optional()?
+            .is_some(),
+    )
+}
+
 pub(super) fn operation_history(c: &Connection, tenant: &str, id: &Id) -> Result<Option<Vec<Event>>> {
-    let owned: Option<i64> = c
-        .prepare_cached("SELECT 1 FROM operations WHERE id = ?1 AND tenant = ?2")?
-        .query_row(params![id.as_str(), tenant], |r| r.get(0))
-        .optional()?;
-    if owned.is_none() {
+    if !owns(c, tenant, id)? {
         return Ok(None);
     }
     let mut stmt = c.prepare_cached(
@@ -573,21 +579,6 @@ fn lease_task(
     }))
 }
 
-/// The fenced view of a running task: present only for the current lease holder.
-struct Fenced {
-    version: i64,
-    attempt: i64,
-    max_attempts: i64,
-    budget_max_cost: Option<f64>,
-    lease_ms: i64,
-    progress: Option<Progress>,
-    cost_units: f64,
-    cancellable: bool,
-    cancel_requested: bool,
-    cancel_reason: Option<String>,
-    cancel_requested_by: Option<String>,
-}
-
 fn fenced(c: &Connection, operation_id: &Id, lease_token: &str) -> Result<Fenced> {
     c.prepare_cached(
         "SELECT o.version, o.progress, o.cost_units, o.cancellable, o.cancel_requested_at IS NOT NULL,
@@ -625,27 +616,9 @@ pub(super) fn task_heartbeat(c: &Connection, p: &HeartbeatParams) -> Result<Hear
     c.prepare_cached("UPDATE tasks SET lease_expires_at = ?2 WHERE operation_id = ?1")?
         .execute(params![p.operation_id.as_str(), lease_expires_at.0])?;
 
-    let mut progress = current.progress.clone();
-    if let Some(update) = &p.progress {
-        let mut merged = merge_progress(current.progress.as_ref(), update);
-        let unchanged = current.progress.as_ref().is_some_and(|old| {
-            let mut old = old.clone();
-            old.updated_at = merged.updated_at;
-            old == merged
-        });
-        if !unchanged {
-            merged.updated_at = Some(p.now);
-            progress = Some(merged);
-        }
-    }
-    let cost_units = p.cost_units.map_or(current.cost_units, |c| c.max(current.cost_units));
-    // Once past the commit point, an operation stays uncancellable.
-    let cancellable = current.cancellable && p.cancellable.unwrap_or(true);
-
-    let changed =
-        progress != current.progress || cost_units != current.cost_units || cancellable != current.cancellable;
+    let effect = heartbeat_effect(&current, p);
     let mut version = current.version;
-    if changed {
+    if let Some(data) = &effect.event {
         let updated = update_returning(
             c,
             "UPDATE operations SET progress = ?2, cost_units = ?3, cancellable = ?4, version = version + 1,
@@ -653,31 +626,18 @@ pub(super) fn task_heartbeat(c: &Connection, p: &HeartbeatParams) -> Result<Hear
               WHERE id = ?1 AND state = 'running'",
             params![
                 p.operation_id.as_str(),
-                progress.as_ref().map(|p| progress_to_json(p).to_string()),
-                cost_units,
-                cancellable,
+                effect.progress.as_ref().map(|p| progress_to_json(p).to_string()),
+                effect.cost_units,
+                effect.cancellable,
                 p.now.0
             ],
         )?
         .ok_or(StoreError::LeaseLost)?;
         version = updated.version;
-        // The event's own `at` says when; the record's internal timestamp stays out.
-        let public_progress = progress.as_ref().map(|p| {
-            let mut v = progress_to_json(p);
-            if let Some(fields) = v.as_object_mut() {
-                fields.remove("updated_at");
-            }
-            v
-        });
-        let data = json!({
-            "progress": public_progress,
-            "cost_units": cost_units,
-            "cancellable": cancellable,
-        });
-        event_insert(c, &updated, "progress", &data)?;
+        event_insert(c, &updated, "progress", data)?;
     }
     let (mut cancel_requested, mut cancel_reason) = (current.cancel_requested, current.cancel_reason);
-    if !cancel_requested && cancellable && current.budget_max_cost.is_some_and(|max| cost_units > max) {
+    if effect.over_budget {
         // Over budget: the server asks the worker to stop; it ends `failed`
         // with `budget_exhausted` when it acknowledges (or is fenced out).
         let reason = "budget_exhausted";
@@ -1081,11 +1041,7 @@ pub(super) fn operation_events_after(
     after_version: i64,
     limit: u32,
 ) -> Result<Option<Vec<Event>>> {
-    let owned: Option<i64> = c
-        .prepare_cached("SELECT 1 FROM operations WHERE id = ?1 AND tenant = ?2")?
-        .query_row(params![id.as_str(), tenant], |r| r.get(0))
-        .optional()?;
-    if owned.is_none() {
+    if !owns(c, tenant, id)? {
         return Ok(None);
     }
     let mut stmt = c.prepare_cached(
@@ -1228,11 +1184,7 @@ pub(super) fn webhook_attempt(c: &Connection, p: &AttemptParams) -> Result<()> {
 }
 
 pub(super) fn webhook_log(c: &Connection, tenant: &str, id: &Id) -> Result<Option<Vec<AttemptRecord>>> {
-    let owned: Option<i64> = c
-        .prepare_cached("SELECT 1 FROM operations WHERE id = ?1 AND tenant = ?2")?
-        .query_row(params![id.as_str(), tenant], |r| r.get(0))
-        .optional()?;
-    if owned.is_none() {
+    if !owns(c, tenant, id)? {
         return Ok(None);
     }
     let log = c
