@@ -118,7 +118,7 @@ async fn remote_run(base: &str, token: &str, loops: usize, max_tasks: u32) -> us
                         .json(&json!({"lease_token": task["lease_token"]}))
                         .send()
                 });
-                for response in futures_join(completions).await {
+                for response in futures_util::future::join_all(completions).await {
                     assert!(response.unwrap().status().is_success());
                     done += 1;
                 }
@@ -130,29 +130,6 @@ async fn remote_run(base: &str, token: &str, loops: usize, max_tasks: u32) -> us
         total += h.await.unwrap();
     }
     total
-}
-
-async fn futures_join<F: std::future::Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output> {
-    let mut pinned: Vec<_> = futures.map(Box::pin).collect();
-    let mut outputs: Vec<Option<F::Output>> = pinned.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (fut, out) in pinned.iter_mut().zip(outputs.iter_mut()) {
-            if out.is_none() {
-                match fut.as_mut().poll(cx) {
-                    std::task::Poll::Ready(v) => *out = Some(v),
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
-    })
-    .await;
-    outputs.into_iter().map(|o| o.unwrap()).collect()
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> f64 {

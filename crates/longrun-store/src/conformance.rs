@@ -259,7 +259,7 @@ pub async fn idempotency_scope_is_tenant_kind_and_key(store: &dyn Store) {
 }
 
 pub async fn concurrent_first_requests_converge_on_one_operation(store: &dyn Store) {
-    let outcomes = futures_join_all(
+    let outcomes = futures_util::future::join_all(
         (0..32).map(|_| store.operation_accept(accept_params("t1", "sleep", Some("race"), json!({"x": [1, 2, 3]})))),
     )
     .await;
@@ -279,33 +279,6 @@ pub async fn concurrent_first_requests_converge_on_one_operation(store: &dyn Sto
     }
     assert_eq!(created, 1);
     assert_eq!(ids.len(), 1, "every response names the same operation");
-}
-
-/// Polls the futures together on this task (no extra dependency needed).
-async fn futures_join_all<F: std::future::Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output> {
-    let mut pinned: Vec<_> = futures.map(Box::pin).collect();
-    let mut outputs: Vec<Option<F::Output>> = pinned.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (fut, out) in pinned.iter_mut().zip(outputs.iter_mut()) {
-            if out.is_none() {
-                match fut.as_mut().poll(cx) {
-                    std::task::Poll::Ready(v) => *out = Some(v),
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
-    })
-    .await;
-    outputs
-        .into_iter()
-        .map(|o| o.expect("every future completed"))
-        .collect()
 }
 
 pub async fn operations_are_invisible_to_other_tenants(store: &dyn Store) {
@@ -503,7 +476,7 @@ pub async fn concurrent_outcomes_each_apply_once_and_a_refused_one_harms_none(st
         .collect();
     outcomes.insert(3, finish(&forged, Outcome::Cancelled, at(2)));
     outcomes.push(finish(&tasks[7], Outcome::Cancelled, at(2)));
-    let answers = futures_join_all(outcomes.into_iter().map(|params| store.task_finish(params))).await;
+    let answers = futures_util::future::join_all(outcomes.into_iter().map(|params| store.task_finish(params))).await;
 
     assert!(
         matches!(answers[3], Err(StoreError::LeaseLost)),
