@@ -57,6 +57,7 @@ macro_rules! store_conformance {
             a_worker_that_ignores_the_deadline_is_fenced_out_after_the_grace,
             max_active_refuses_new_work_but_replays_still_answer,
             max_running_is_honoured_by_claims,
+            racing_claims_together_respect_max_running,
             claims_are_fair_across_tenants,
             intent_changes_need_the_current_version_and_terminal_intent_wins,
             leases_of_a_worker_known_gone_are_reaped_at_once,
@@ -1059,6 +1060,29 @@ pub async fn max_running_is_honoured_by_claims(store: &dyn Store) {
     assert!(
         claim(store, "capped-kind", 10, at(2)).await.is_empty(),
         "at max_running, nothing more starts"
+    );
+}
+
+/// Claimers racing (as nodes sharing one database do) still start no more
+/// than `max_running` of a tenant's work between them.
+pub async fn racing_claims_together_respect_max_running(store: &dyn Store) {
+    store
+        .tenant_set(TenantLimits {
+            name: "capped".into(),
+            max_active: None,
+            max_running: Some(3),
+            rate: None,
+        })
+        .await
+        .unwrap();
+    for _ in 0..20 {
+        create(store, "capped", "raced").await;
+    }
+    let claims = futures_util::future::join_all((0..8).map(|_| claim(store, "raced", 2, at(1)))).await;
+    let started: usize = claims.iter().map(Vec::len).sum();
+    assert_eq!(
+        started, 3,
+        "eight racing claimers started {started} of a tenant capped at 3"
     );
 }
 
