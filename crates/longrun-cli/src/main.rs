@@ -214,6 +214,11 @@ struct ServeArgs {
     /// How long finished webhook deliveries and their log are kept.
     #[arg(long, env = "LONGRUN_DELIVERY_RETENTION", default_value = "7d", value_parser = parse_duration)]
     delivery_retention: Duration,
+    /// At most one stored progress change per operation per interval for
+    /// the built-in workers (reports between are coalesced; the last one is
+    /// stored with the outcome). `0s` stores every report.
+    #[arg(long, env = "LONGRUN_PROGRESS_INTERVAL", default_value = "1s", value_parser = parse_duration)]
+    progress_interval: Duration,
     /// Largest result artifact a worker may upload, in bytes.
     #[arg(long, env = "LONGRUN_MAX_ARTIFACT_BYTES", default_value_t = 64 * 1024 * 1024 * 1024)]
     max_artifact_bytes: u64,
@@ -404,6 +409,7 @@ async fn serve(global: &Global, args: ServeArgs) -> anyhow::Result<()> {
     options.retention.delivery_retention = args.delivery_retention;
     options.dispatcher.max_artifact_bytes = args.max_artifact_bytes;
     options.dispatcher.concurrency = args.worker_concurrency;
+    options.dispatcher.progress_interval = args.progress_interval;
     options.http = Config {
         max_body_bytes: args.max_body_bytes,
         require_idempotency_key: args.require_idempotency_key,

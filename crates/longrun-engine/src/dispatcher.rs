@@ -35,6 +35,9 @@ pub struct Config {
     pub worker_id: String,
     /// Largest result artifact a task may upload.
     pub max_artifact_bytes: u64,
+    /// At most one stored progress change per operation per interval
+    /// (`--progress-interval`); the last one goes with the outcome.
+    pub progress_interval: Duration,
 }
 
 impl Default for Config {
@@ -46,6 +49,7 @@ impl Default for Config {
             shutdown_grace: Duration::from_secs(10),
             worker_id: "in-process".into(),
             max_artifact_bytes: 64 * 1024 * 1024 * 1024,
+            progress_interval: crate::worker::DEFAULT_PROGRESS_INTERVAL,
         }
     }
 }
@@ -127,10 +131,12 @@ impl Dispatcher {
             lease_token: task.lease_token.clone(),
         });
         let heartbeat_every = self.config.lease / 3;
+        let progress_interval = self.config.progress_interval;
         self.tracker.spawn(async move {
             let _permit = permit;
             let flag = signals.track(&task.operation_id);
-            let ctx = TaskContext::new(task.operation_id.clone(), task.attempt, task.input, link, flag);
+            let ctx = TaskContext::new(task.operation_id.clone(), task.attempt, task.input, link, flag)
+                .with_progress_interval(progress_interval);
             match run_task(handler, ctx, heartbeat_every).await {
                 Ok(()) => tracing::debug!(op.id = %task.operation_id, "task finished"),
                 Err(StoreError::LeaseLost) => {
@@ -209,12 +215,13 @@ impl TaskLink for StoreLink {
             .await
     }
 
-    async fn finish(&self, outcome: Outcome) -> Result<(), StoreError> {
+    async fn finish(&self, outcome: Outcome, progress: Option<ProgressUpdate>) -> Result<(), StoreError> {
         self.store
             .task_finish(FinishParams {
                 operation_id: self.operation_id.clone(),
                 lease_token: self.lease_token.clone(),
                 outcome,
+                progress,
                 now: self.clock.now(),
             })
             .await

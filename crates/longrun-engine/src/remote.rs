@@ -35,6 +35,9 @@ pub struct RemoteConfig {
     pub claim_wait: Duration,
     /// How long shutdown waits for running tasks before giving them back.
     pub shutdown_grace: Duration,
+    /// At most one progress report per task per interval; the last one
+    /// goes with the outcome.
+    pub progress_interval: Duration,
 }
 
 impl RemoteConfig {
@@ -47,6 +50,7 @@ impl RemoteConfig {
             lease: Duration::from_secs(30),
             claim_wait: Duration::from_secs(20),
             shutdown_grace: Duration::from_secs(30),
+            progress_interval: crate::worker::DEFAULT_PROGRESS_INTERVAL,
         }
     }
 }
@@ -119,13 +123,7 @@ impl TaskLink for HttpLink {
     ) -> Result<HeartbeatAck, StoreError> {
         let mut body = json!({"lease_token": self.lease_token});
         if let Some(p) = progress {
-            body["progress"] = json!({
-                "completed_units": p.completed_units,
-                "total_units": p.total_units,
-                "unit": p.unit,
-                "phase": p.phase,
-                "details": p.details,
-            });
+            body["progress"] = progress_body(&p);
         }
         if let Some(cost) = cost_units {
             body["cost_units"] = json!(cost);
@@ -178,8 +176,8 @@ impl TaskLink for HttpLink {
         })
     }
 
-    async fn finish(&self, outcome: Outcome) -> Result<(), StoreError> {
-        let (action, body) = match outcome {
+    async fn finish(&self, outcome: Outcome, progress: Option<ProgressUpdate>) -> Result<(), StoreError> {
+        let (action, mut body) = match outcome {
             Outcome::Succeeded { result } => ("complete", json!({"lease_token": self.lease_token, "result": result})),
             Outcome::Failed { error } => (
                 "fail",
@@ -188,8 +186,21 @@ impl TaskLink for HttpLink {
             ),
             Outcome::Cancelled => ("cancelled", json!({"lease_token": self.lease_token})),
         };
+        if let Some(p) = progress {
+            body["progress"] = progress_body(&p);
+        }
         self.post(action, body).await.map(|_| ())
     }
+}
+
+fn progress_body(p: &ProgressUpdate) -> Value {
+    json!({
+        "completed_units": p.completed_units,
+        "total_units": p.total_units,
+        "unit": p.unit,
+        "phase": p.phase,
+        "details": p.details,
+    })
 }
 
 /// Claims tasks of its handlers' kinds over HTTP and runs them.
@@ -308,11 +319,13 @@ impl RemoteWorker {
             return;
         };
         let heartbeat_every = self.config.lease / 3;
+        let progress_interval = self.config.progress_interval;
         tracker.spawn(async move {
             let _permit = permit;
             let flag = Arc::new(tokio::sync::watch::channel(false).0);
             let id = link.operation_id.clone();
-            let ctx = TaskContext::new(id.clone(), task.attempt, task.input, link.clone(), flag);
+            let ctx = TaskContext::new(id.clone(), task.attempt, task.input, link.clone(), flag)
+                .with_progress_interval(progress_interval);
             tokio::select! {
                 result = run_task(handler, ctx, heartbeat_every) => match result {
                     Ok(()) => tracing::debug!(op.id = %id, "task finished"),
@@ -332,7 +345,7 @@ async fn give_back(link: &HttpLink, why: &str) {
         message: why.into(),
         retryable: true,
     };
-    if let Err(e) = link.finish(Outcome::Failed { error }).await {
+    if let Err(e) = link.finish(Outcome::Failed { error }, None).await {
         tracing::warn!(op.id = %link.operation_id, error = %e, "could not give a task back");
     }
 }

@@ -90,7 +90,9 @@ pub trait TaskLink: Send + Sync + 'static {
         cancellable: Option<bool>,
     ) -> Result<HeartbeatAck, StoreError>;
 
-    async fn finish(&self, outcome: Outcome) -> Result<(), StoreError>;
+    /// Reports the outcome, with the last progress report not yet sent
+    /// (stored with the outcome, in the same transaction).
+    async fn finish(&self, outcome: Outcome, progress: Option<ProgressUpdate>) -> Result<(), StoreError>;
 
     /// Streams the task's result artifact; `complete` publishes it.
     async fn upload(&self, content_type: &str, body: ByteReader) -> Result<UploadedArtifact, StoreError>;
@@ -104,6 +106,30 @@ pub struct UploadedArtifact {
     pub sha256: String,
 }
 
+/// The default `--progress-interval`: at most one stored progress change
+/// per operation per second.
+pub const DEFAULT_PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Progress reports coalesced between two sends: the newest of each field.
+#[derive(Default)]
+struct Coalesced {
+    /// When a report last went out (`None`: never).
+    last_sent: Option<tokio::time::Instant>,
+    pending: Option<ProgressUpdate>,
+}
+
+/// Folds `newer` into `older`: every field the newer report sets wins.
+fn fold_progress(older: Option<ProgressUpdate>, newer: ProgressUpdate) -> ProgressUpdate {
+    let Some(older) = older else { return newer };
+    ProgressUpdate {
+        completed_units: newer.completed_units.or(older.completed_units),
+        total_units: newer.total_units.or(older.total_units),
+        unit: newer.unit.or(older.unit),
+        phase: newer.phase.or(older.phase),
+        details: newer.details.or(older.details),
+    }
+}
+
 /// Everything a handler gets for one task.
 #[derive(Clone)]
 pub struct TaskContext {
@@ -113,6 +139,8 @@ pub struct TaskContext {
     link: Arc<dyn TaskLink>,
     cancel: Arc<watch::Sender<bool>>,
     cost: Arc<Mutex<f64>>,
+    progress_interval: Duration,
+    coalesced: Arc<std::sync::Mutex<Coalesced>>,
 }
 
 impl TaskContext {
@@ -132,7 +160,17 @@ impl TaskContext {
             link,
             cancel,
             cost: Arc::new(Mutex::new(0.0)),
+            progress_interval: DEFAULT_PROGRESS_INTERVAL,
+            coalesced: Arc::default(),
         }
+    }
+
+    /// Sends at most one progress report per `interval` (the first at once);
+    /// the ones between are coalesced into the next send, the next
+    /// keep-alive, or the outcome. Zero sends every report.
+    pub fn with_progress_interval(mut self, interval: Duration) -> Self {
+        self.progress_interval = interval;
+        self
     }
 
     /// Stable across attempts: pass it to external systems as an idempotency key.
@@ -148,9 +186,45 @@ impl TaskContext {
         &self.input
     }
 
-    /// Reports progress now (also renews the lease). Learns of cancellation.
+    /// Reports progress. Reports are coalesced: at most one is sent per
+    /// progress interval, always the newest, and the last one is stored
+    /// with the outcome, so a task that ends within the interval stores no
+    /// progress change of its own. A report that is sent also renews the
+    /// lease and learns of cancellation.
     pub async fn progress(&self, update: ProgressUpdate) -> Result<(), TaskError> {
-        self.send(Some(update), None, None).await
+        let due = {
+            let mut state = self.coalesced.lock().expect("progress lock");
+            let update = fold_progress(state.pending.take(), update);
+            let now = tokio::time::Instant::now();
+            let due = state
+                .last_sent
+                .is_none_or(|at| now.duration_since(at) >= self.progress_interval);
+            if due {
+                state.last_sent = Some(now);
+                Some(update)
+            } else {
+                state.pending = Some(update);
+                None
+            }
+        };
+        match due {
+            Some(update) => self.send(Some(update), None, None).await,
+            None => Ok(()),
+        }
+    }
+
+    /// The coalesced report not yet sent, if any; taking it marks a send.
+    fn take_pending(&self) -> Option<ProgressUpdate> {
+        let mut state = self.coalesced.lock().expect("progress lock");
+        let pending = state.pending.take();
+        if pending.is_some() {
+            state.last_sent = Some(tokio::time::Instant::now());
+        }
+        pending
+    }
+
+    fn has_pending(&self) -> bool {
+        self.coalesced.lock().expect("progress lock").pending.is_some()
     }
 
     /// Adds to the cost reported to the server.
@@ -214,7 +288,9 @@ impl TaskContext {
 }
 
 /// Runs `handler` for one task: renews the lease in the background (which
-/// also learns of cancellation) and reports the outcome through the link.
+/// also learns of cancellation and sends coalesced progress once its
+/// interval has passed) and reports the outcome through the link, with the
+/// last progress not yet sent.
 pub async fn run_task(
     handler: Arc<dyn Handler>,
     ctx: TaskContext,
@@ -224,18 +300,28 @@ pub async fn run_task(
     let keepalive = {
         let ctx = ctx.clone();
         async move {
-            let mut tick = tokio::time::interval(heartbeat_every);
+            let tick_every = if ctx.progress_interval.is_zero() {
+                heartbeat_every
+            } else {
+                heartbeat_every.min(ctx.progress_interval)
+            };
+            let mut tick = tokio::time::interval(tick_every);
             tick.tick().await;
+            let mut last_beat = tokio::time::Instant::now();
             loop {
                 tick.tick().await;
-                if ctx.send(None, None, None).await.is_err() {
+                if !ctx.has_pending() && last_beat.elapsed() < heartbeat_every {
+                    continue;
+                }
+                last_beat = tokio::time::Instant::now();
+                if ctx.send(ctx.take_pending(), None, None).await.is_err() {
                     return;
                 }
             }
         }
     };
     let outcome = tokio::select! {
-        result = handler.run(ctx) => result,
+        result = handler.run(ctx.clone()) => result,
         () = keepalive => Err(TaskError::fatal("lease_lost", "the lease was lost")),
     };
     let outcome = match outcome {
@@ -245,5 +331,31 @@ pub async fn run_task(
         }
         Err(e) => e.into_outcome(),
     };
-    link.finish(outcome).await
+    link.finish(outcome, ctx.take_pending()).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn units(n: f64) -> ProgressUpdate {
+        ProgressUpdate {
+            completed_units: Some(n),
+            ..ProgressUpdate::default()
+        }
+    }
+
+    #[test]
+    fn folding_keeps_the_newest_of_each_field() {
+        let older = ProgressUpdate {
+            completed_units: Some(1.0),
+            total_units: Some(10.0),
+            phase: Some("READING".into()),
+            ..ProgressUpdate::default()
+        };
+        let folded = fold_progress(Some(older), units(5.0));
+        assert_eq!(folded.completed_units, Some(5.0));
+        assert_eq!(folded.total_units, Some(10.0));
+        assert_eq!(folded.phase.as_deref(), Some("READING"));
+    }
 }

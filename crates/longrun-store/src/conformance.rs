@@ -151,6 +151,7 @@ fn finish(task: &Task, outcome: Outcome, now: Timestamp) -> FinishParams {
         operation_id: task.operation_id.clone(),
         lease_token: task.lease_token.clone(),
         outcome,
+        progress: None,
         now,
     }
 }

@@ -58,6 +58,26 @@ pub trait Store: Send + Sync + 'static {
     /// `SetStateIfRunning` in River's words.
     async fn task_finish(&self, params: FinishParams) -> Result<Operation>;
 
+    /// Accepts many submissions, each on its own (one refused submission
+    /// refuses only itself), answered in order. Every backend commits them
+    /// in group commits: concurrent callers and the items of one call share
+    /// transactions and flushes.
+    async fn operation_accept_many(&self, params: Vec<AcceptParams>) -> Vec<Result<AcceptOutcome>> {
+        futures_util::future::join_all(params.into_iter().map(|p| self.operation_accept(p))).await
+    }
+
+    /// Applies many worker outcomes, each fenced by its own lease token and
+    /// answered in order; like [`Store::operation_accept_many`], they share
+    /// group commits.
+    async fn task_finish_many(&self, params: Vec<FinishParams>) -> Vec<Result<Operation>> {
+        futures_util::future::join_all(params.into_iter().map(|p| self.task_finish(p))).await
+    }
+
+    /// Applies many heartbeats, each fenced by its own lease token.
+    async fn task_heartbeat_many(&self, params: Vec<HeartbeatParams>) -> Vec<Result<HeartbeatAck>> {
+        futures_util::future::join_all(params.into_iter().map(|p| self.task_heartbeat(p))).await
+    }
+
     /// Ends now every lease held by `worker_id` (a worker known to be gone,
     /// such as this node's in-process workers before a restart), so the
     /// reaper handles them at once instead of after the lease time. Returns

@@ -59,7 +59,8 @@ pub struct PostgresStore {
     pool: PgPool,
     policy: Policy,
     changes: broadcast::Sender<Change>,
-    finishes: mpsc::Sender<Finish>,
+    finishes: GroupCommit<FinishParams, Operation>,
+    accepts: GroupCommit<AcceptParams, AcceptOutcome>,
 }
 
 fn db(e: sqlx::Error) -> StoreError {
@@ -139,16 +140,16 @@ impl PostgresStore {
             result_retention: config.result_retention,
             keep_inputs: config.keep_inputs,
         };
-        let (finishes, queue) = mpsc::channel(4 * FINISH_BATCH);
-        let queue = Arc::new(tokio::sync::Mutex::new(queue));
-        for _ in 0..FINISH_WRITERS {
-            tokio::spawn(finish_batches(pool.clone(), policy, queue.clone()));
-        }
+        let finishes = GroupCommit::spawn(&pool, policy, FINISH, |c, ch, policy, p| {
+            Box::pin(task_finish(c, ch, policy, p))
+        });
+        let accepts = GroupCommit::spawn(&pool, policy, ACCEPT, |c, ch, _, p| Box::pin(operation_accept(c, ch, p)));
         Ok(Self {
             pool,
             policy,
             changes,
             finishes,
+            accepts,
         })
     }
 
@@ -192,31 +193,93 @@ async fn announce(c: &mut PgConnection, changes: &[Change]) -> Result<()> {
     Ok(())
 }
 
-/// A worker's outcome waiting for the next batch.
-struct Finish {
-    params: FinishParams,
-    reply: oneshot::Sender<Result<Operation>>,
+/// How one kind of write is group-committed.
+#[derive(Debug, Clone, Copy)]
+struct Batching {
+    /// The most items one transaction commits.
+    max_batch: usize,
+    /// How many batches commit at once (each on its own connection).
+    writers: usize,
+    /// Whether each item runs in its own savepoint. Without, an item must
+    /// refuse (return `Err`) only before it wrote anything; a database error
+    /// aborts the batch, which is then retried one item per transaction so
+    /// that only the bad item fails.
+    savepoints: bool,
 }
 
-/// The most outcomes one transaction commits.
-const FINISH_BATCH: usize = 64;
+/// Worker outcomes: a refusal (a stale lease) is found before any write, but
+/// an outcome touches several tables, so each keeps its savepoint.
+const FINISH: Batching = Batching {
+    max_batch: 64,
+    writers: 4,
+    savepoints: true,
+};
 
-/// How many outcome batches commit at once (each on its own connection).
-const FINISH_WRITERS: usize = 4;
+/// Submissions: one statement each (see `operation_accept`), refusals found
+/// before writing, so no savepoints.
+const ACCEPT: Batching = Batching {
+    max_batch: 256,
+    writers: 4,
+    savepoints: false,
+};
 
-/// Group commit for outcomes: whatever arrived while the writers were busy
-/// goes into one transaction, each outcome in its own savepoint (a refused
-/// one — fenced, illegal — rolls back only itself). Under load many
-/// completions share one WAL flush; alone, one pays one as before. An
-/// outcome touches only its own operation's rows, so concurrent batches do
-/// not wait on each other.
-async fn finish_batches(pool: PgPool, policy: Policy, queue: Arc<tokio::sync::Mutex<mpsc::Receiver<Finish>>>) {
+type Apply<P, R> = for<'c> fn(
+    &'c mut PgConnection,
+    &'c mut Vec<Change>,
+    Policy,
+    &'c P,
+) -> futures_util::future::BoxFuture<'c, Result<R>>;
+
+/// A write waiting for the next batch.
+struct Job<P, R> {
+    params: P,
+    reply: oneshot::Sender<Result<R>>,
+}
+
+/// Group commit, as the SQLite writer does it: whatever arrived while the
+/// writers were busy goes into one transaction, so under load many writes
+/// share one WAL flush and one NOTIFY, and alone one pays one as before.
+/// Every caller is answered only after its batch committed.
+struct GroupCommit<P, R> {
+    queue: mpsc::Sender<Job<P, R>>,
+}
+
+impl<P: Send + Sync + 'static, R: Send + 'static> GroupCommit<P, R> {
+    fn spawn(pool: &PgPool, policy: Policy, batching: Batching, apply: Apply<P, R>) -> Self {
+        let (queue, rx) = mpsc::channel(4 * batching.max_batch);
+        let rx = Arc::new(tokio::sync::Mutex::new(rx));
+        for _ in 0..batching.writers {
+            tokio::spawn(group_writer(pool.clone(), policy, batching, apply, rx.clone()));
+        }
+        Self { queue }
+    }
+
+    /// Runs `params` in the next batch; the answer comes once it is durable.
+    async fn write(&self, params: P) -> Result<R> {
+        let (reply, answer) = oneshot::channel();
+        self.queue
+            .send(Job { params, reply })
+            .await
+            .map_err(|_| StoreError::Backend("the group commit has stopped".into()))?;
+        answer
+            .await
+            .map_err(|_| StoreError::Backend("the group commit dropped a write".into()))?
+    }
+}
+
+async fn group_writer<P, R>(
+    pool: PgPool,
+    policy: Policy,
+    batching: Batching,
+    apply: Apply<P, R>,
+    queue: Arc<tokio::sync::Mutex<mpsc::Receiver<Job<P, R>>>>,
+) {
     loop {
         let batch = {
             let mut queue = queue.lock().await;
             let Some(first) = queue.recv().await else { return };
             let mut batch = vec![first];
-            while batch.len() < FINISH_BATCH {
+            while batch.len() < batching.max_batch {
                 match queue.try_recv() {
                     Ok(next) => batch.push(next),
                     Err(_) => break,
@@ -224,45 +287,64 @@ async fn finish_batches(pool: PgPool, policy: Policy, queue: Arc<tokio::sync::Mu
             }
             batch
         };
-        match finish_batch(&pool, policy, &batch).await {
-            Ok(results) => {
-                for (job, result) in batch.into_iter().zip(results) {
-                    let _ = job.reply.send(result);
+        let params: Vec<&P> = batch.iter().map(|job| &job.params).collect();
+        let results = match commit_batch(&pool, policy, batching.savepoints, apply, &params).await {
+            Ok(results) => results,
+            // Without savepoints one bad item aborts the whole batch: each
+            // goes again in its own transaction, so only the bad one fails.
+            Err(_) if !batching.savepoints && params.len() > 1 => {
+                let mut results = Vec::with_capacity(params.len());
+                for p in &params {
+                    results.push(match commit_batch(&pool, policy, false, apply, &[*p]).await {
+                        Ok(mut one) => one.pop().expect("one result per item"),
+                        Err(e) => Err(e),
+                    });
                 }
+                results
             }
-            Err(e) => {
-                for job in batch {
-                    let _ = job.reply.send(Err(StoreError::Backend(e.to_string())));
-                }
-            }
+            Err(e) => params.iter().map(|_| Err(StoreError::Backend(e.to_string()))).collect(),
+        };
+        for (job, result) in batch.into_iter().zip(results) {
+            let _ = job.reply.send(result);
         }
     }
 }
 
-async fn finish_batch(pool: &PgPool, policy: Policy, batch: &[Finish]) -> Result<Vec<Result<Operation>>> {
+/// One transaction over `batch`; `Err` when the transaction itself failed.
+async fn commit_batch<P, R>(
+    pool: &PgPool,
+    policy: Policy,
+    savepoints: bool,
+    apply: Apply<P, R>,
+    batch: &[&P],
+) -> Result<Vec<Result<R>>> {
     let mut tx = pool.begin().await.map_err(db)?;
     let mut changes = Vec::new();
     let mut results = Vec::with_capacity(batch.len());
-    for job in batch {
-        sqlx::query("SAVEPOINT finish").execute(&mut *tx).await.map_err(db)?;
-        let mut own = Vec::new();
-        match task_finish(&mut tx, &mut own, policy, &job.params).await {
-            Ok(op) => {
-                sqlx::query("RELEASE SAVEPOINT finish")
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(db)?;
-                changes.append(&mut own);
-                results.push(Ok(op));
-            }
-            Err(e) => {
-                sqlx::query("ROLLBACK TO SAVEPOINT finish")
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(db)?;
-                results.push(Err(e));
-            }
+    for params in batch {
+        if savepoints {
+            sqlx::query("SAVEPOINT item").execute(&mut *tx).await.map_err(db)?;
         }
+        let mut own = Vec::new();
+        let result = apply(&mut tx, &mut own, policy, params).await;
+        match (&result, savepoints) {
+            (Ok(_), true) => {
+                sqlx::query("RELEASE SAVEPOINT item").execute(&mut *tx).await.map_err(db)?;
+            }
+            (Err(_), true) => {
+                sqlx::query("ROLLBACK TO SAVEPOINT item")
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db)?;
+            }
+            // A database error leaves the transaction aborted: the batch fails.
+            (Err(e @ (StoreError::Backend(_) | StoreError::IllegalTransition(_))), false) => return Err(e.clone()),
+            _ => {}
+        }
+        if result.is_ok() {
+            changes.append(&mut own);
+        }
+        results.push(result);
     }
     announce(&mut tx, &changes).await?;
     tx.commit().await.map_err(db)?;
@@ -486,7 +568,146 @@ async fn update_returning(
     row.as_ref().map(operation_from_row).transpose()
 }
 
+/// Accepts one submission. The common case is one statement: the
+/// idempotency record (insert-or-detect), the operation, its task and its
+/// first event are written by one data-modifying CTE, so a submission costs
+/// one round trip inside its group commit. A tenant with a `max_active`
+/// quota takes the slow path, which locks the tenant row while it counts.
 async fn operation_accept(c: &mut PgConnection, ch: &mut Vec<Change>, p: &AcceptParams) -> Result<AcceptOutcome> {
+    let created = accepted_operation(p);
+    let labels = serde_json::to_string(&p.labels).map_err(|e| StoreError::Backend(e.to_string()))?;
+    let (key, fingerprint) = match &p.idempotency {
+        Some((key, fingerprint)) => (Some(key.as_str()), Some(&fingerprint.0[..])),
+        None => (None, None),
+    };
+    let row = sqlx::query(
+        "WITH q AS (
+             SELECT EXISTS (SELECT 1 FROM tenants WHERE name = $2 AND max_active IS NOT NULL) AS capped
+         ), k AS (
+             INSERT INTO idempotency_keys (tenant, kind, key, fingerprint, operation_id, created_at)
+             SELECT $2, $3, $9, $10, $1, $11 FROM q WHERE $9::TEXT IS NOT NULL AND NOT q.capped
+             ON CONFLICT DO NOTHING RETURNING 1
+         ), o AS (
+             INSERT INTO operations (id, tenant, kind, state, version, attempt, input, callback_url, deadline_at,
+                                     budget_max_cost, labels, idempotency_key, created_at, updated_at)
+             SELECT $1, $2, $3, 'queued', 1, 0, $4, $5, $6, $7, $8, $9, $11, $11 FROM q
+              WHERE NOT q.capped AND ($9::TEXT IS NULL OR EXISTS (SELECT 1 FROM k))
+             RETURNING seq
+         ), t AS (
+             INSERT INTO tasks (operation_id, seq, tenant, kind, status, available_at)
+             SELECT $1, o.seq, $2, $3, 'ready', $11 FROM o
+         ), e AS (
+             INSERT INTO operation_events (operation_id, version, type, state, at, data, snapshot)
+             SELECT $1, 1, 'created', 'queued', $11, '{}', $12 FROM o
+         )
+         SELECT (SELECT capped FROM q), EXISTS (SELECT 1 FROM o)",
+    )
+    .bind(p.id.as_str())
+    .bind(&p.tenant)
+    .bind(&p.kind)
+    .bind(p.input.to_string())
+    .bind(&p.callback_url)
+    .bind(p.deadline_at.map(|t| t.0))
+    .bind(p.budget_max_cost)
+    .bind(&labels)
+    .bind(key)
+    .bind(fingerprint)
+    .bind(p.now.0)
+    .bind(snapshot_to_json(&created).to_string())
+    .fetch_one(&mut *c)
+    .await
+    .map_err(db)?;
+    let capped: bool = row.try_get(0).map_err(db)?;
+    let inserted: bool = row.try_get(1).map_err(db)?;
+    if inserted {
+        ch.push(change_of(&created, "created"));
+        return Ok(AcceptOutcome::Created(created));
+    }
+    if capped {
+        // Refusing must leave nothing behind, whatever batch this is in.
+        sqlx::query("SAVEPOINT quota").execute(&mut *c).await.map_err(db)?;
+        let out = accept_with_quota(c, ch, p, created, &labels).await;
+        let end = if out.is_ok() { "RELEASE SAVEPOINT quota" } else { "ROLLBACK TO SAVEPOINT quota" };
+        sqlx::query(end).execute(&mut *c).await.map_err(db)?;
+        return out;
+    }
+    let (key, fingerprint) = p.idempotency.as_ref().expect("only a keyed submission is not inserted");
+    existing_for_key(c, p, key, fingerprint).await
+}
+
+/// The operation a submission creates, as the store returns it.
+fn accepted_operation(p: &AcceptParams) -> Operation {
+    Operation {
+        id: p.id.clone(),
+        tenant: p.tenant.clone(),
+        kind: p.kind.clone(),
+        state: State::Queued,
+        version: 1,
+        attempt: 0,
+        input: Some(p.input.clone()),
+        callback_url: p.callback_url.clone(),
+        deadline_at: p.deadline_at,
+        budget_max_cost: p.budget_max_cost,
+        cost_units: 0.0,
+        labels: p.labels.clone(),
+        progress: None,
+        result: None,
+        error: None,
+        cancel: None,
+        cancellable: true,
+        idempotency_key: p.idempotency.as_ref().map(|(k, _)| k.as_str().to_owned()),
+        created_at: p.now,
+        started_at: None,
+        completed_at: None,
+        updated_at: p.now,
+        expires_at: None,
+        artifact: None,
+    }
+}
+
+/// The operation an earlier submission with the same key created, or the
+/// refusal when this request differs from it.
+async fn existing_for_key(
+    c: &mut PgConnection,
+    p: &AcceptParams,
+    key: &longrun_core::idempotency::IdempotencyKey,
+    fingerprint: &longrun_core::fingerprint::Fingerprint,
+) -> Result<AcceptOutcome> {
+    let row = sqlx::query(
+        "SELECT fingerprint, operation_id FROM idempotency_keys WHERE tenant = $1 AND kind = $2 AND key = $3",
+    )
+    .bind(&p.tenant)
+    .bind(&p.kind)
+    .bind(key.as_str())
+    .fetch_one(&mut *c)
+    .await
+    .map_err(db)?;
+    let stored: Vec<u8> = row.try_get(0).map_err(db)?;
+    let operation_id = Id::from_trusted(row.try_get(1).map_err(db)?);
+    let stored = longrun_core::fingerprint::Fingerprint(
+        stored
+            .try_into()
+            .map_err(|_| StoreError::Backend("bad fingerprint".into()))?,
+    );
+    if !fingerprint.matches(&stored) {
+        return Ok(AcceptOutcome::KeyReused { operation_id });
+    }
+    let original = operation_by_id(c, operation_id.as_str())
+        .await?
+        .ok_or(StoreError::Gone)?;
+    Ok(AcceptOutcome::Replayed(original))
+}
+
+/// The slow path for a tenant with a `max_active` quota: the tenant row is
+/// locked while the quota is checked, so concurrent submissions cannot
+/// overshoot it.
+async fn accept_with_quota(
+    c: &mut PgConnection,
+    ch: &mut Vec<Change>,
+    p: &AcceptParams,
+    created: Operation,
+    labels: &str,
+) -> Result<AcceptOutcome> {
     if let Some((key, fingerprint)) = &p.idempotency {
         // Insert-or-detect: a concurrent first request with the same key
         // waits here for the other transaction, then sees its row.
@@ -505,33 +726,9 @@ async fn operation_accept(c: &mut PgConnection, ch: &mut Vec<Change>, p: &Accept
         .map_err(db)?
         .rows_affected();
         if inserted == 0 {
-            let row = sqlx::query(
-                "SELECT fingerprint, operation_id FROM idempotency_keys WHERE tenant = $1 AND kind = $2 AND key = $3",
-            )
-            .bind(&p.tenant)
-            .bind(&p.kind)
-            .bind(key.as_str())
-            .fetch_one(&mut *c)
-            .await
-            .map_err(db)?;
-            let stored: Vec<u8> = row.try_get(0).map_err(db)?;
-            let operation_id = Id::from_trusted(row.try_get(1).map_err(db)?);
-            let stored = longrun_core::fingerprint::Fingerprint(
-                stored
-                    .try_into()
-                    .map_err(|_| StoreError::Backend("bad fingerprint".into()))?,
-            );
-            if !fingerprint.matches(&stored) {
-                return Ok(AcceptOutcome::KeyReused { operation_id });
-            }
-            let original = operation_by_id(c, operation_id.as_str())
-                .await?
-                .ok_or(StoreError::Gone)?;
-            return Ok(AcceptOutcome::Replayed(original));
+            return existing_for_key(c, p, key, fingerprint).await;
         }
     }
-    // The tenant row is locked while its quota is checked, so concurrent
-    // submissions cannot overshoot it.
     let max_active: Option<i64> = sqlx::query_scalar("SELECT max_active FROM tenants WHERE name = $1 FOR UPDATE")
         .bind(&p.tenant)
         .fetch_optional(&mut *c)
@@ -548,8 +745,6 @@ async fn operation_accept(c: &mut PgConnection, ch: &mut Vec<Change>, p: &Accept
             return Err(StoreError::QuotaExceeded { active, max_active });
         }
     }
-    let labels = serde_json::to_string(&p.labels).map_err(|e| StoreError::Backend(e.to_string()))?;
-    let idempotency_key = p.idempotency.as_ref().map(|(k, _)| k.as_str().to_owned());
     let seq: i64 = sqlx::query_scalar(
         "INSERT INTO operations (id, tenant, kind, state, version, attempt, input, callback_url, deadline_at,
                                  budget_max_cost, labels, idempotency_key, created_at, updated_at)
@@ -563,7 +758,7 @@ async fn operation_accept(c: &mut PgConnection, ch: &mut Vec<Change>, p: &Accept
     .bind(p.deadline_at.map(|t| t.0))
     .bind(p.budget_max_cost)
     .bind(labels)
-    .bind(&idempotency_key)
+    .bind(&created.idempotency_key)
     .bind(p.now.0)
     .fetch_one(&mut *c)
     .await
@@ -577,32 +772,6 @@ async fn operation_accept(c: &mut PgConnection, ch: &mut Vec<Change>, p: &Accept
         .execute(&mut *c)
         .await
         .map_err(db)?;
-    let created = Operation {
-        id: p.id.clone(),
-        tenant: p.tenant.clone(),
-        kind: p.kind.clone(),
-        state: State::Queued,
-        version: 1,
-        attempt: 0,
-        input: Some(p.input.clone()),
-        callback_url: p.callback_url.clone(),
-        deadline_at: p.deadline_at,
-        budget_max_cost: p.budget_max_cost,
-        cost_units: 0.0,
-        labels: p.labels.clone(),
-        progress: None,
-        result: None,
-        error: None,
-        cancel: None,
-        cancellable: true,
-        idempotency_key,
-        created_at: p.now,
-        started_at: None,
-        completed_at: None,
-        updated_at: p.now,
-        expires_at: None,
-        artifact: None,
-    };
     event_insert(c, ch, &created, "created", &json!({})).await?;
     Ok(AcceptOutcome::Created(created))
 }
@@ -936,12 +1105,20 @@ async fn tenants_with_ready_work(c: &mut PgConnection) -> Result<Vec<(String, Op
         .collect()
 }
 
+/// A ready task picked for a claim, with what leasing it needs to know.
+struct Picked {
+    tenant: String,
+    operation_id: String,
+    deadline_at: Option<i64>,
+    was_queued: bool,
+}
+
 async fn task_claim(c: &mut PgConnection, ch: &mut Vec<Change>, policy: Policy, p: &ClaimParams) -> Result<Vec<Task>> {
     if p.kinds.is_empty() || p.max_tasks == 0 {
         return Ok(Vec::new());
     }
     let want = p.max_tasks as usize;
-    let mut queues: Vec<(String, std::collections::VecDeque<String>)> = Vec::new();
+    let mut queues: Vec<std::collections::VecDeque<Picked>> = Vec::new();
     for (tenant, max_running) in tenants_with_ready_work(c).await? {
         let mut allowance = want as i64;
         if let Some(max_running) = max_running {
@@ -964,9 +1141,10 @@ async fn task_claim(c: &mut PgConnection, ch: &mut Vec<Change>, policy: Policy, 
         }
         // Rows other claimers hold are skipped, not waited for.
         let rows = sqlx::query(
-            "SELECT seq, operation_id FROM tasks
-              WHERE status = 'ready' AND tenant = $1 AND kind = ANY($2) AND available_at <= $3
-              ORDER BY seq LIMIT $4 FOR UPDATE SKIP LOCKED",
+            "SELECT t.operation_id, o.deadline_at, o.state = 'queued'
+               FROM tasks t JOIN operations o ON o.id = t.operation_id
+              WHERE t.status = 'ready' AND t.tenant = $1 AND t.kind = ANY($2) AND t.available_at <= $3
+              ORDER BY t.seq LIMIT $4 FOR UPDATE OF t SKIP LOCKED",
         )
         .bind(&tenant)
         .bind(&p.kinds)
@@ -975,122 +1153,164 @@ async fn task_claim(c: &mut PgConnection, ch: &mut Vec<Change>, policy: Policy, 
         .fetch_all(&mut *c)
         .await
         .map_err(db)?;
-        let heads: std::collections::VecDeque<String> = rows
+        let heads = rows
             .iter()
-            .map(|r| r.try_get::<String, _>(1).map_err(db))
-            .collect::<Result<_>>()?;
+            .map(|r| {
+                Ok(Picked {
+                    tenant: tenant.clone(),
+                    operation_id: r.try_get(0).map_err(db)?,
+                    deadline_at: r.try_get(1).map_err(db)?,
+                    was_queued: r.try_get(2).map_err(db)?,
+                })
+            })
+            .collect::<Result<std::collections::VecDeque<_>>>()?;
         if !heads.is_empty() {
-            queues.push((tenant, heads));
+            queues.push(heads);
         }
     }
-    let mut picked: Vec<(String, String)> = Vec::with_capacity(want);
+    // Round-robin over the tenants, least recently served first.
+    let mut picked: Vec<Picked> = Vec::with_capacity(want);
     while picked.len() < want && !queues.is_empty() {
-        queues.retain_mut(|(tenant, queue)| {
+        queues.retain_mut(|queue| {
             if picked.len() < want
-                && let Some(id) = queue.pop_front()
+                && let Some(task) = queue.pop_front()
             {
-                picked.push((tenant.clone(), id));
+                picked.push(task);
             }
             !queue.is_empty()
         });
     }
-    let lease_expires_at = p.now.plus(p.lease);
-    let mut tasks = Vec::with_capacity(picked.len());
-    let mut served: Vec<String> = Vec::new();
-    for (tenant, id) in picked {
-        if let Some(task) = lease_task(c, ch, policy, p, &id, lease_expires_at).await? {
-            tasks.push(task);
-            if !served.contains(&tenant) {
-                served.push(tenant);
-            }
+    // A queued operation whose deadline passed is never started.
+    let mut live = Vec::with_capacity(picked.len());
+    for task in picked {
+        if task.deadline_at.is_some_and(|d| d <= p.now.0) {
+            let error = deadline_error_before_start();
+            operation_end(c, ch, policy, &task.operation_id, State::Failed, None, Some(&error), p.now).await?;
+        } else {
+            live.push(task);
         }
     }
-    for tenant in served {
-        sqlx::query(
-            "INSERT INTO tenant_dispatch (tenant, last_claimed) VALUES ($1, nextval('tenant_dispatch_order'))
-             ON CONFLICT (tenant) DO UPDATE SET last_claimed = excluded.last_claimed",
-        )
-        .bind(tenant)
-        .execute(&mut *c)
-        .await
-        .map_err(db)?;
+    if live.is_empty() {
+        return Ok(Vec::new());
     }
-    Ok(tasks)
-}
-
-async fn lease_task(
-    c: &mut PgConnection,
-    ch: &mut Vec<Change>,
-    policy: Policy,
-    p: &ClaimParams,
-    id: &str,
-    lease_expires_at: Timestamp,
-) -> Result<Option<Task>> {
-    let row = sqlx::query("SELECT deadline_at, state = 'queued' FROM operations WHERE id = $1")
-        .bind(id)
-        .fetch_one(&mut *c)
-        .await
-        .map_err(db)?;
-    let deadline_at: Option<i64> = row.try_get(0).map_err(db)?;
-    let was_queued: bool = row.try_get(1).map_err(db)?;
-    if deadline_at.is_some_and(|d| d <= p.now.0) {
-        operation_end(
-            c,
-            ch,
-            policy,
-            id,
-            State::Failed,
-            None,
-            Some(&deadline_error_before_start()),
-            p.now,
-        )
-        .await?;
-        return Ok(None);
+    let tasks = lease_tasks(c, ch, p, &live).await?;
+    let mut served: Vec<&str> = Vec::new();
+    for task in &live {
+        if !served.contains(&task.tenant.as_str()) {
+            served.push(&task.tenant);
+        }
     }
-    let token = random_base32::<16>();
     sqlx::query(
-        "UPDATE tasks SET status = 'leased', lease_token = $2, lease_expires_at = $3, worker_id = $4, lease_ms = $5
-          WHERE operation_id = $1 AND status = 'ready'",
+        "INSERT INTO tenant_dispatch (tenant, last_claimed)
+         SELECT tenant, nextval('tenant_dispatch_order') FROM unnest($1::TEXT[]) WITH ORDINALITY AS s(tenant, n)
+          ORDER BY n
+         ON CONFLICT (tenant) DO UPDATE SET last_claimed = excluded.last_claimed",
     )
-    .bind(id)
-    .bind(&token)
-    .bind(lease_expires_at.0)
-    .bind(&p.worker_id)
-    .bind(lease_ms(p.lease))
+    .bind(&served)
     .execute(&mut *c)
     .await
     .map_err(db)?;
-    let sql = format!(
-        "UPDATE operations
-            SET state = 'running', attempt = GREATEST(attempt, 1), started_at = COALESCE(started_at, $2),
-                version = version + 1, updated_at = $2
-          WHERE id = $1 AND state IN ('queued', 'running') RETURNING {OP_COLUMNS}"
-    );
-    let started = update_returning(c, sqlx::query(&sql).bind(id).bind(p.now.0))
-        .await?
-        .ok_or(StoreError::NotFound)?;
-    event_insert(
-        c,
-        ch,
-        &started,
-        "started",
-        &json!({"attempt": started.attempt, "worker_id": p.worker_id}),
-    )
-    .await?;
-    if was_queued {
-        outbox_insert(c, &started).await?;
+    Ok(tasks)
+}
+
+/// Leases the picked tasks and starts their operations in one statement,
+/// then records their `started` events in one more: a claim's cost does not
+/// grow by a round trip per task.
+async fn lease_tasks(c: &mut PgConnection, ch: &mut Vec<Change>, p: &ClaimParams, picked: &[Picked]) -> Result<Vec<Task>> {
+    let lease_expires_at = p.now.plus(p.lease);
+    let ids: Vec<&str> = picked.iter().map(|t| t.operation_id.as_str()).collect();
+    let tokens: Vec<String> = picked.iter().map(|_| random_base32::<16>()).collect();
+    let rows = sqlx::query(&format!(
+        "WITH p AS (SELECT * FROM unnest($1::TEXT[], $2::TEXT[]) AS p(op_id, token)),
+              t AS (UPDATE tasks SET status = 'leased', lease_token = p.token, lease_expires_at = $3,
+                                     worker_id = $4, lease_ms = $5
+                      FROM p WHERE tasks.operation_id = p.op_id AND tasks.status = 'ready'
+                 RETURNING tasks.operation_id AS op_id, p.token)
+         UPDATE operations
+            SET state = 'running', attempt = GREATEST(attempt, 1), started_at = COALESCE(started_at, $6),
+                version = version + 1, updated_at = $6
+           FROM t
+          WHERE operations.id = t.op_id AND operations.state IN ('queued', 'running')
+      RETURNING {OP_COLUMNS}, t.token"
+    ))
+    .bind(&ids)
+    .bind(&tokens)
+    .bind(lease_expires_at.0)
+    .bind(&p.worker_id)
+    .bind(lease_ms(p.lease))
+    .bind(p.now.0)
+    .fetch_all(&mut *c)
+    .await
+    .map_err(db)?;
+    let mut started: std::collections::HashMap<String, (Operation, String)> = std::collections::HashMap::new();
+    for row in &rows {
+        let op = operation_from_row(row)?;
+        let token: String = row.try_get(28).map_err(db)?;
+        started.insert(op.id.as_str().to_owned(), (op, token));
     }
-    Ok(Some(Task {
-        operation_id: started.id,
-        tenant: started.tenant,
-        kind: started.kind,
-        input: started.input.unwrap_or(Value::Null),
-        attempt: started.attempt,
-        lease_token: token,
-        lease_expires_at,
-        deadline_at: ts(deadline_at),
-        budget_max_cost: started.budget_max_cost,
-    }))
+    let mut events = Vec::with_capacity(started.len());
+    let mut tasks = Vec::with_capacity(started.len());
+    for pick in picked {
+        let Some((op, token)) = started.remove(&pick.operation_id) else { continue };
+        if pick.was_queued {
+            outbox_insert(c, &op).await?;
+        }
+        events.push((
+            op.clone(),
+            "started",
+            json!({"attempt": op.attempt, "worker_id": p.worker_id}),
+        ));
+        tasks.push(Task {
+            operation_id: op.id,
+            tenant: op.tenant,
+            kind: op.kind,
+            input: op.input.unwrap_or(Value::Null),
+            attempt: op.attempt,
+            lease_token: token,
+            lease_expires_at,
+            deadline_at: ts(pick.deadline_at),
+            budget_max_cost: op.budget_max_cost,
+        });
+    }
+    events_insert(c, ch, &events).await?;
+    Ok(tasks)
+}
+
+/// Records many events in one statement (see `event_insert`).
+async fn events_insert(c: &mut PgConnection, ch: &mut Vec<Change>, events: &[(Operation, &str, Value)]) -> Result<()> {
+    if events.is_empty() {
+        return Ok(());
+    }
+    let mut ids = Vec::with_capacity(events.len());
+    let (mut versions, mut types, mut states, mut ats) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut data, mut snapshots) = (Vec::new(), Vec::new());
+    for (op, event_type, d) in events {
+        ids.push(op.id.as_str());
+        versions.push(op.version);
+        types.push(*event_type);
+        states.push(op.state.as_str());
+        ats.push(op.updated_at.0);
+        data.push(d.to_string());
+        snapshots.push(snapshot_to_json(op).to_string());
+    }
+    sqlx::query(
+        "INSERT INTO operation_events (operation_id, version, type, state, at, data, snapshot)
+         SELECT * FROM unnest($1::TEXT[], $2::BIGINT[], $3::TEXT[], $4::TEXT[], $5::BIGINT[], $6::TEXT[], $7::TEXT[])",
+    )
+    .bind(&ids)
+    .bind(&versions)
+    .bind(&types)
+    .bind(&states)
+    .bind(&ats)
+    .bind(&data)
+    .bind(&snapshots)
+    .execute(&mut *c)
+    .await
+    .map_err(db)?;
+    for (op, event_type, _) in events {
+        ch.push(change_of(op, event_type));
+    }
+    Ok(())
 }
 
 async fn fenced(c: &mut PgConnection, operation_id: &Id, lease_token: &str) -> Result<Fenced> {
@@ -1212,24 +1432,20 @@ async fn task_finish(
 ) -> Result<Operation> {
     let current = fenced(c, &p.operation_id, &p.lease_token).await?;
     let id = p.operation_id.as_str();
-    match &p.outcome {
-        Outcome::Succeeded { result } => {
-            let value = result.clone().unwrap_or(Value::Null);
-            operation_end(c, ch, policy, id, State::Succeeded, Some(&value), None, p.now).await?;
+    if let Some(progress) = final_progress(&current, p.progress.as_ref(), p.now) {
+        // Same version: the outcome's own change carries it.
+        sqlx::query("UPDATE operations SET progress = $2 WHERE id = $1")
+            .bind(id)
+            .bind(progress_to_json(&progress).to_string())
+            .execute(&mut *c)
+            .await
+            .map_err(db)?;
+    }
+    match decide_finish(&current, &p.outcome) {
+        FinishDecision::End { to, result, error } => {
+            operation_end(c, ch, policy, id, to, result.as_ref(), error.as_ref(), p.now).await?;
         }
-        Outcome::Failed { error }
-            if error.retryable && !current.cancel_requested && current.attempt < current.max_attempts =>
-        {
-            let data = json!({"reason": "worker_error", "error": {"code": error.code, "message": error.message, "retryable": true}});
-            requeue(c, ch, id, current.attempt + 1, p.now, &data).await?;
-        }
-        Outcome::Failed { error } => operation_end(c, ch, policy, id, State::Failed, None, Some(error), p.now).await?,
-        Outcome::Cancelled => {
-            match failing_cancel(current.cancel_requested_by.as_deref(), current.cancel_reason.as_deref()) {
-                Some(error) => operation_end(c, ch, policy, id, State::Failed, None, Some(&error), p.now).await?,
-                None => operation_end(c, ch, policy, id, State::Cancelled, None, None, p.now).await?,
-            }
-        }
+        FinishDecision::Retry { next_attempt, data } => requeue(c, ch, id, next_attempt, p.now, &data).await?,
     }
     operation_by_id(c, id).await?.ok_or(StoreError::NotFound)
 }
@@ -1665,7 +1881,7 @@ macro_rules! in_tx {
 #[async_trait]
 impl Store for PostgresStore {
     async fn operation_accept(&self, params: AcceptParams) -> Result<AcceptOutcome> {
-        in_tx!(self, |c, ch| operation_accept(c, ch, &params).await)
+        self.accepts.write(params).await
     }
 
     async fn operation_get(&self, tenant: &str, id: &Id) -> Result<Option<Operation>> {
@@ -1698,10 +1914,7 @@ impl Store for PostgresStore {
     }
 
     async fn task_finish(&self, params: FinishParams) -> Result<Operation> {
-        let (reply, answer) = oneshot::channel();
-        let gone = || StoreError::Backend("the completion writer has stopped".into());
-        self.finishes.send(Finish { params, reply }).await.map_err(|_| gone())?;
-        answer.await.map_err(|_| gone())?
+        self.finishes.write(params).await
     }
 
     async fn task_expire_worker(&self, worker_id: &str, now: Timestamp) -> Result<u64> {

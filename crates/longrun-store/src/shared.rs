@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use longrun_core::{Id, Timestamp};
+use longrun_core::{Id, State, Timestamp};
 use serde_json::{Value, json};
 
 use crate::*;
@@ -203,19 +203,7 @@ pub(crate) struct HeartbeatEffect {
 }
 
 pub(crate) fn heartbeat_effect(current: &Fenced, p: &HeartbeatParams) -> HeartbeatEffect {
-    let mut progress = current.progress.clone();
-    if let Some(update) = &p.progress {
-        let mut merged = merge_progress(current.progress.as_ref(), update);
-        let unchanged = current.progress.as_ref().is_some_and(|old| {
-            let mut old = old.clone();
-            old.updated_at = merged.updated_at;
-            old == merged
-        });
-        if !unchanged {
-            merged.updated_at = Some(p.now);
-            progress = Some(merged);
-        }
-    }
+    let progress = final_progress(current, p.progress.as_ref(), p.now).or_else(|| current.progress.clone());
     // Cost only grows; once past the commit point, an operation stays uncancellable.
     let cost_units = p.cost_units.map_or(current.cost_units, |c| c.max(current.cost_units));
     let cancellable = current.cancellable && p.cancellable.unwrap_or(true);
@@ -241,4 +229,79 @@ pub(crate) fn heartbeat_effect(current: &Fenced, p: &HeartbeatParams) -> Heartbe
         event,
         over_budget,
     }
+}
+
+/// What a worker's outcome does to its operation, decided once for every
+/// backend: end it in a terminal state, or (a retryable failure with attempts
+/// left and no stop requested) put it back in the queue.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum FinishDecision {
+    End {
+        to: State,
+        result: Option<Value>,
+        error: Option<OperationError>,
+    },
+    Retry {
+        next_attempt: i64,
+        /// The `retry_scheduled` event's data (the backoff is added by the applier).
+        data: Value,
+    },
+}
+
+pub(crate) fn decide_finish(current: &Fenced, outcome: &Outcome) -> FinishDecision {
+    match outcome {
+        Outcome::Succeeded { result } => FinishDecision::End {
+            to: State::Succeeded,
+            result: Some(result.clone().unwrap_or(Value::Null)),
+            error: None,
+        },
+        // The worker says another attempt may succeed and attempts are left:
+        // retry after a backoff; the public state stays running.
+        Outcome::Failed { error }
+            if error.retryable && !current.cancel_requested && current.attempt < current.max_attempts =>
+        {
+            FinishDecision::Retry {
+                next_attempt: current.attempt + 1,
+                data: json!({
+                    "reason": "worker_error",
+                    "error": {"code": error.code, "message": error.message, "retryable": true},
+                }),
+            }
+        }
+        Outcome::Failed { error } => FinishDecision::End {
+            to: State::Failed,
+            result: None,
+            error: Some(error.clone()),
+        },
+        // A stop the server asked for (deadline, budget) ends `failed` with
+        // its code; a client's cancel ends `cancelled`.
+        Outcome::Cancelled => match failing_cancel(current.cancel_requested_by.as_deref(), current.cancel_reason.as_deref()) {
+            Some(error) => FinishDecision::End {
+                to: State::Failed,
+                result: None,
+                error: Some(error),
+            },
+            None => FinishDecision::End {
+                to: State::Cancelled,
+                result: None,
+                error: None,
+            },
+        },
+    }
+}
+
+/// The progress to store with an outcome: the worker's last, coalesced
+/// report merged into the stored one; `None` when it changes nothing.
+pub(crate) fn final_progress(current: &Fenced, update: Option<&ProgressUpdate>, now: Timestamp) -> Option<Progress> {
+    let update = update?;
+    let mut merged = merge_progress(current.progress.as_ref(), update);
+    let unchanged = current.progress.as_ref().is_some_and(|old| {
+        let mut old = old.clone();
+        old.updated_at = merged.updated_at;
+        old == merged
+    });
+    (!unchanged).then(|| {
+        merged.updated_at = Some(now);
+        merged
+    })
 }

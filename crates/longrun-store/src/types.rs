@@ -272,6 +272,10 @@ pub struct FinishParams {
     pub operation_id: Id,
     pub lease_token: String,
     pub outcome: Outcome,
+    /// The worker's last progress report, not yet stored (reports are
+    /// coalesced): stored with the outcome, in the same transaction, without
+    /// an event of its own.
+    pub progress: Option<ProgressUpdate>,
     pub now: Timestamp,
 }
 

@@ -22,7 +22,7 @@ use crate::http::{admin, error, events, health, operations, results, wire, worke
         operations::submit, operations::list, operations::read, operations::update, operations::cancel_alias,
         operations::history, operations::cancel, operations::cancellation, operations::deliveries, events::events,
         results::result, results::content, results::upload, workers::claim, workers::heartbeat, workers::complete,
-        workers::fail, workers::cancelled, health::healthz, health::readyz, admin::metrics,
+        workers::fail, workers::cancelled, workers::outcomes, operations::submit_batch, health::healthz, health::readyz, admin::metrics,
     ),
     components(schemas(error::Problem, error::ProblemCode, wire::OperationBody, wire::SubmitRequest)),
     modifiers(&BearerAuth),

@@ -23,7 +23,7 @@ use crate::http::error::{ApiError, Problem};
 use crate::http::extract::{JsonBody, OptionalJsonBody, QueryParams};
 use crate::http::wire::{
     CancelRequestBody, CancellationBody, DeliveryBody, DeliveryLog, EventBody, History, OperationBody, OperationList,
-    SubmitRequest, UpdateRequest,
+    BatchItemResult, BatchSubmitRequest, BatchSubmitResponse, SubmitRequest, UpdateRequest,
 };
 
 pub const DEFAULT_PAGE_SIZE: u32 = 50;
@@ -38,6 +38,7 @@ pub const MIN_IDEMPOTENCY_LIFETIME: Duration = Duration::from_secs(24 * 3600);
 pub fn router() -> Router<AppState> {
     Router::new()
         .route("/v1/operations", post(submit).get(list))
+        .route("/v1/operations/batch", post(submit_batch))
         .route("/v1/operations/{id}", get(read).delete(cancel_alias).patch(update))
         .route("/v1/operations/{id}/history", get(history))
         .route("/v1/operations/{id}/cancellation", put(cancel).get(cancellation))
@@ -226,83 +227,15 @@ async fn submit(
     JsonBody(request): JsonBody<SubmitRequest>,
 ) -> Result<Response, ApiError> {
     caller.require_client()?;
-    app.check_accepting(&request.kind).await?;
-    if key.is_none() && app.config.require_idempotency_key {
-        return Err(ApiError::IdempotencyKeyRequired);
-    }
-    validate::kind_name(&request.kind).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
-    let labels = request.labels.unwrap_or_default();
-    validate::labels(&labels).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
-    let input = request.input.unwrap_or(Value::Null);
-    validate::input_size(&input).map_err(|e| ApiError::PayloadTooLarge(e.to_string()))?;
-    let budget = request.budget.map(|b| b.max_cost_units);
-    if let Some(units) = budget {
-        validate::max_cost_units(units).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
-    }
-
-    let spec = app
-        .kind_spec(&request.kind)
-        .await?
-        .ok_or_else(|| ApiError::UnsupportedKind(format!("no kind named {:?} is declared", request.kind)))?;
-    if let Some(handler) = app.registry.get(&request.kind) {
-        handler
-            .validate(&input)
-            .map_err(|e| ApiError::InvalidInput(e.to_string()))?;
-    }
-    let max_deadline = spec
-        .max_deadline_seconds
-        .map_or(MAX_DEADLINE_SECONDS, |s| s as u64)
-        .min(MAX_DEADLINE_SECONDS);
-    let deadline_seconds = request
-        .deadline_seconds
-        .or(spec.default_deadline_seconds.map(|s| s as u64));
-    if let Some(seconds) = deadline_seconds {
-        validate::deadline_seconds(seconds, max_deadline).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
-    }
-    let callback_url = match request.callback {
-        Some(callback) => Some(crate::callback::check_url(&callback.url, &app.config.callback_policy)?),
-        None => None,
-    };
-
-    // The semantic request: every field that changes what the work is, and
-    // nothing volatile. Omitted optional fields and their defaults agree.
-    let semantic = json!({
-        "api_version": "v1",
-        "kind": request.kind,
-        "input": input,
-        "callback": callback_url.as_ref().map(|url| json!({"url": url})),
-        "deadline_seconds": request.deadline_seconds,
-        "budget": budget.map(|units| json!({"max_cost_units": units})),
-        "labels": labels,
-    });
     let now = app.clock.now();
-    let id = Id::generate(IdKind::Operation);
+    let params = prepare_submission(&app, &caller.tenant, key, request, now).await?;
     let wait = prefer_wait(&headers);
     // Watch the new id before it exists, so its first change cannot be missed.
     let mut waiter = match wait {
-        Some(_) => Some(app.changes.watch(&caller.tenant, &id).map_err(|_| too_many_waiters())?),
+        Some(_) => Some(app.changes.watch(&caller.tenant, &params.id).map_err(|_| too_many_waiters())?),
         None => None,
     };
-    let params = AcceptParams {
-        id,
-        tenant: caller.tenant.clone(),
-        kind: request.kind,
-        input,
-        callback_url,
-        deadline_at: deadline_seconds.map(|s| now.plus(Duration::from_secs(s))),
-        budget_max_cost: budget,
-        labels,
-        idempotency: key.map(|k| (k, app.fingerprinter.fingerprint(&semantic))),
-        now,
-    };
-    let accepted = app.store.operation_accept(params).await.map_err(|e| match e {
-        StoreError::Gone => ApiError::Gone,
-        StoreError::QuotaExceeded { active, max_active } => ApiError::QuotaExceeded {
-            detail: format!("the tenant has {active} operations not yet ended; its limit is {max_active}"),
-            retry_after: QUOTA_RETRY_AFTER,
-        },
-        other => other.into(),
-    })?;
+    let accepted = app.store.operation_accept(params).await.map_err(accept_error)?;
     let (mut op, replayed) = match accepted {
         AcceptOutcome::Created(op) => {
             app.signals.work_available();
@@ -367,6 +300,185 @@ async fn submit(
 /// Until when the idempotency record is kept: as long as the operation's
 /// record. For an operation still running that is at least the retention
 /// period from now, which is what we promise.
+/// Checks a submission and turns it into what the store accepts: every
+/// cheap deterministic check of CONTRACT §3 (acceptance paused, key policy,
+/// kind, labels, input size and the kind's own validation, budget, deadline
+/// caps, callback policy), then the idempotency fingerprint over the
+/// semantic request. The single and the batch endpoint share it.
+async fn prepare_submission(
+    app: &AppState,
+    tenant: &str,
+    key: Option<IdempotencyKey>,
+    request: SubmitRequest,
+    now: Timestamp,
+) -> Result<AcceptParams, ApiError> {
+    app.check_accepting(&request.kind).await?;
+    if key.is_none() && app.config.require_idempotency_key {
+        return Err(ApiError::IdempotencyKeyRequired);
+    }
+    validate::kind_name(&request.kind).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
+    let labels = request.labels.unwrap_or_default();
+    validate::labels(&labels).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
+    let input = request.input.unwrap_or(Value::Null);
+    validate::input_size(&input).map_err(|e| ApiError::PayloadTooLarge(e.to_string()))?;
+    let budget = request.budget.map(|b| b.max_cost_units);
+    if let Some(units) = budget {
+        validate::max_cost_units(units).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
+    }
+
+    let spec = app
+        .kind_spec(&request.kind)
+        .await?
+        .ok_or_else(|| ApiError::UnsupportedKind(format!("no kind named {:?} is declared", request.kind)))?;
+    if let Some(handler) = app.registry.get(&request.kind) {
+        handler
+            .validate(&input)
+            .map_err(|e| ApiError::InvalidInput(e.to_string()))?;
+    }
+    let max_deadline = spec
+        .max_deadline_seconds
+        .map_or(MAX_DEADLINE_SECONDS, |s| s as u64)
+        .min(MAX_DEADLINE_SECONDS);
+    let deadline_seconds = request
+        .deadline_seconds
+        .or(spec.default_deadline_seconds.map(|s| s as u64));
+    if let Some(seconds) = deadline_seconds {
+        validate::deadline_seconds(seconds, max_deadline).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
+    }
+    let callback_url = match request.callback {
+        Some(callback) => Some(crate::callback::check_url(&callback.url, &app.config.callback_policy)?),
+        None => None,
+    };
+
+    // The semantic request: every field that changes what the work is, and
+    // nothing volatile. Omitted optional fields and their defaults agree.
+    let semantic = json!({
+        "api_version": "v1",
+        "kind": request.kind,
+        "input": input,
+        "callback": callback_url.as_ref().map(|url| json!({"url": url})),
+        "deadline_seconds": request.deadline_seconds,
+        "budget": budget.map(|units| json!({"max_cost_units": units})),
+        "labels": labels,
+    });
+    Ok(AcceptParams {
+        id: Id::generate(IdKind::Operation),
+        tenant: tenant.to_owned(),
+        kind: request.kind,
+        input,
+        callback_url,
+        deadline_at: deadline_seconds.map(|s| now.plus(Duration::from_secs(s))),
+        budget_max_cost: budget,
+        labels,
+        idempotency: key.map(|k| (k, app.fingerprinter.fingerprint(&semantic))),
+        now,
+    })
+}
+
+/// What a refused acceptance answers.
+fn accept_error(e: StoreError) -> ApiError {
+    match e {
+        StoreError::Gone => ApiError::Gone,
+        StoreError::QuotaExceeded { active, max_active } => ApiError::QuotaExceeded {
+            detail: format!("the tenant has {active} operations not yet ended; its limit is {max_active}"),
+            retry_after: QUOTA_RETRY_AFTER,
+        },
+        other => other.into(),
+    }
+}
+
+/// Most submissions in one batch.
+pub const MAX_BATCH_SUBMISSIONS: usize = 1000;
+
+#[utoipa::path(post, path = "/v1/operations/batch", tag = "operations", security(("bearer" = [])), request_body = BatchSubmitRequest,
+    responses((status = 200, description = "One result per item, in item order, each as its single submission would answer (202 new, 200 replay of a terminal operation, 409, 422, 429 …); every accepted item is durable before the response. An item refused alone refuses nothing else.", body = BatchSubmitResponse), (status = "default", description = "A problem (RFC 9457) with a stable `code`", body = Problem, content_type = "application/problem+json")))]
+async fn submit_batch(
+    State(app): State<AppState>,
+    caller: Caller,
+    axum::Extension(request_id): axum::Extension<crate::http::RequestId>,
+    JsonBody(request): JsonBody<BatchSubmitRequest>,
+) -> Result<Json<BatchSubmitResponse>, ApiError> {
+    caller.require_client()?;
+    if request.operations.is_empty() || request.operations.len() > MAX_BATCH_SUBMISSIONS {
+        return Err(ApiError::InvalidRequest(format!(
+            "operations must hold 1–{MAX_BATCH_SUBMISSIONS} items"
+        )));
+    }
+    let now = app.clock.now();
+    let total = request.operations.len();
+    let mut results: Vec<Option<BatchItemResult>> = (0..total).map(|_| None).collect();
+    let (mut slots, mut accepts) = (Vec::with_capacity(total), Vec::with_capacity(total));
+    for (i, item) in request.operations.into_iter().enumerate() {
+        let key = match item.idempotency_key.as_deref().map(|k| IdempotencyKey::parse(k.as_bytes())).transpose() {
+            Ok(key) => key,
+            Err(e) => {
+                results[i] = Some(BatchItemResult::refused(
+                    &ApiError::InvalidRequest(format!("idempotency_key: {e}")),
+                    &request_id.0,
+                ));
+                continue;
+            }
+        };
+        match prepare_submission(&app, &caller.tenant, key, item.into_request(), now).await {
+            Ok(params) => {
+                slots.push(i);
+                accepts.push(params);
+            }
+            Err(e) => results[i] = Some(BatchItemResult::refused(&e, &request_id.0)),
+        }
+    }
+    let accepted = app.store.operation_accept_many(accepts).await;
+    let mut created = false;
+    for (slot, outcome) in slots.into_iter().zip(accepted) {
+        results[slot] = Some(match outcome.map_err(accept_error) {
+            Ok(AcceptOutcome::Created(op)) => {
+                created = true;
+                BatchItemResult::operation(StatusCode::ACCEPTED, &op, false)
+            }
+            Ok(AcceptOutcome::Replayed(op)) => {
+                let status = if op.state.is_terminal() {
+                    StatusCode::OK
+                } else {
+                    StatusCode::ACCEPTED
+                };
+                BatchItemResult::operation(status, &op, true)
+            }
+            Ok(AcceptOutcome::KeyReused { operation_id }) => {
+                BatchItemResult::refused(&ApiError::IdempotencyKeyReused { operation_id }, &request_id.0)
+            }
+            Err(e) => BatchItemResult::refused(&e, &request_id.0),
+        });
+    }
+    if created {
+        app.signals.work_available();
+    }
+    Ok(Json(BatchSubmitResponse {
+        results: results.into_iter().map(|r| r.expect("every item answered")).collect(),
+    }))
+}
+
+impl BatchItemResult {
+    fn operation(status: StatusCode, op: &Operation, replayed: bool) -> Self {
+        Self {
+            status: status.as_u16(),
+            replayed,
+            operation: Some(OperationBody::from(op)),
+            problem: None,
+        }
+    }
+
+    fn refused(error: &ApiError, request_id: &str) -> Self {
+        let mut problem = error.problem();
+        problem.request_id = request_id.to_owned();
+        Self {
+            status: problem.status,
+            replayed: false,
+            operation: None,
+            problem: Some(problem),
+        }
+    }
+}
+
 fn idempotency_expires(app: &AppState, op: &Operation, now: Timestamp) -> Timestamp {
     let retention = app.config.operation_retention.max(MIN_IDEMPOTENCY_LIFETIME);
     op.expires_at.unwrap_or_else(|| now.plus(retention))

@@ -25,6 +25,67 @@ pub struct SubmitRequest {
     pub labels: Option<BTreeMap<String, String>>,
 }
 
+/// `POST /v1/operations/batch` (CONTRACT §9).
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BatchSubmitRequest {
+    /// 1–1,000 submissions, answered in this order.
+    pub operations: Vec<BatchSubmitItem>,
+}
+
+/// One submission of a batch: the fields of `POST /v1/operations`, with
+/// its `Idempotency-Key` as a field.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BatchSubmitItem {
+    #[serde(default)]
+    #[schema(example = "import-2026-11-30-0001")]
+    pub idempotency_key: Option<String>,
+    #[schema(pattern = "^[a-z0-9][a-z0-9_.-]{0,63}$", example = "export")]
+    pub kind: String,
+    #[serde(default)]
+    pub input: Option<Value>,
+    #[serde(default)]
+    pub callback: Option<CallbackRequest>,
+    #[serde(default)]
+    pub deadline_seconds: Option<u64>,
+    #[serde(default)]
+    pub budget: Option<BudgetRequest>,
+    #[serde(default)]
+    pub labels: Option<BTreeMap<String, String>>,
+}
+
+impl BatchSubmitItem {
+    pub fn into_request(self) -> SubmitRequest {
+        SubmitRequest {
+            kind: self.kind,
+            input: self.input,
+            callback: self.callback,
+            deadline_seconds: self.deadline_seconds,
+            budget: self.budget,
+            labels: self.labels,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct BatchSubmitResponse {
+    pub results: Vec<BatchItemResult>,
+}
+
+/// One item's answer: the status and body its single submission would get.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct BatchItemResult {
+    pub status: u16,
+    /// `true` when the key named an existing operation (`Idempotent-Replayed`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub replayed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub operation: Option<OperationBody>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub problem: Option<crate::http::error::Problem>,
+}
+
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CallbackRequest {

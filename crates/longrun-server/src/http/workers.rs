@@ -28,6 +28,8 @@ pub const MAX_KINDS_PER_CLAIM: usize = 32;
 pub const MAX_INLINE_RESULT_BYTES: usize = 64 * 1024;
 pub const MAX_PROGRESS_DETAILS_BYTES: usize = 4 * 1024;
 pub const MAX_ERROR_MESSAGE_CHARS: usize = 4096;
+/// Most items in one `POST /v1/worker/outcomes`.
+pub const MAX_OUTCOMES_PER_BATCH: usize = 1000;
 /// While a claim long-polls, it also looks again this often: work can become
 /// claimable without a signal (a retry's backoff ending).
 const CLAIM_FALLBACK_POLL: Duration = Duration::from_millis(500);
@@ -39,6 +41,7 @@ pub fn router() -> Router<AppState> {
         .route("/v1/worker/tasks/{id}/complete", post(complete))
         .route("/v1/worker/tasks/{id}/fail", post(fail))
         .route("/v1/worker/tasks/{id}/cancelled", post(cancelled))
+        .route("/v1/worker/outcomes", post(outcomes))
 }
 
 fn require_worker(caller: &Caller) -> Result<(), ApiError> {
@@ -263,26 +266,15 @@ async fn heartbeat(
 ) -> Result<Json<HeartbeatResponse>, ApiError> {
     require_worker(&caller)?;
     let id = task_id(&id)?;
-    let progress = request.progress.as_ref().map(check_progress).transpose()?;
-    if let Some(cost) = request.cost_units
-        && (!cost.is_finite() || cost < 0.0)
-    {
-        return Err(ApiError::InvalidRequest(
-            "cost_units must be a non-negative number".into(),
-        ));
-    }
-    let ack = app
-        .store
-        .task_heartbeat(HeartbeatParams {
-            operation_id: id.clone(),
-            lease_token: request.lease_token,
-            progress,
-            cost_units: request.cost_units,
-            cancellable: request.cancellable,
-            now: app.clock.now(),
-        })
-        .await
-        .map_err(lease_error(&id))?;
+    let params = check_heartbeat(
+        &app,
+        id.clone(),
+        request.lease_token,
+        request.progress.as_ref(),
+        request.cost_units,
+        request.cancellable,
+    )?;
+    let ack = app.store.task_heartbeat(params).await.map_err(lease_error(&id))?;
     Ok(Json(HeartbeatResponse {
         lease_expires_at: ack.lease_expires_at.to_rfc3339(),
         cancel_requested: ack.cancel_requested,
@@ -296,6 +288,9 @@ pub struct CompleteRequest {
     pub lease_token: String,
     #[serde(default)]
     pub result: Option<Value>,
+    /// The last progress report, stored with the outcome.
+    #[serde(default)]
+    pub progress: Option<ProgressRequest>,
 }
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -303,6 +298,9 @@ pub struct CompleteRequest {
 pub struct FailRequest {
     pub lease_token: String,
     pub error: ErrorRequest,
+    /// The last progress report, stored with the outcome.
+    #[serde(default)]
+    pub progress: Option<ProgressRequest>,
 }
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -319,6 +317,9 @@ pub struct ErrorRequest {
 #[serde(deny_unknown_fields)]
 pub struct CancelledRequest {
     pub lease_token: String,
+    /// The last progress report, stored with the outcome.
+    #[serde(default)]
+    pub progress: Option<ProgressRequest>,
 }
 
 /// What an outcome call answers: the operation's new state and version.
@@ -330,30 +331,101 @@ pub struct OutcomeResponse {
     pub attempt: i64,
 }
 
-async fn finish(
-    app: &AppState,
-    id: Id,
-    lease_token: String,
-    outcome: Outcome,
-) -> Result<Json<OutcomeResponse>, ApiError> {
-    let op = app
-        .store
-        .task_finish(FinishParams {
-            operation_id: id.clone(),
-            lease_token,
-            outcome,
-            now: app.clock.now(),
-        })
-        .await
-        .map_err(lease_error(&id))?;
+async fn finish(app: &AppState, params: FinishParams) -> Result<Json<OutcomeResponse>, ApiError> {
+    let id = params.operation_id.clone();
+    let op = app.store.task_finish(params).await.map_err(lease_error(&id))?;
     // A slot of the tenant's max_running (or a retry) may now be claimable.
     app.signals.work_available();
-    Ok(Json(OutcomeResponse {
-        operation_id: op.id.to_string(),
-        state: op.state.as_str(),
-        version: op.version,
-        attempt: op.attempt,
-    }))
+    Ok(Json(OutcomeResponse::of(&op)))
+}
+
+impl OutcomeResponse {
+    fn of(op: &longrun_store::Operation) -> Self {
+        Self {
+            operation_id: op.id.to_string(),
+            state: op.state.as_str(),
+            version: op.version,
+            attempt: op.attempt,
+        }
+    }
+}
+
+/// A heartbeat as the store takes it, once its fields are checked.
+fn check_heartbeat(
+    app: &AppState,
+    operation_id: Id,
+    lease_token: String,
+    progress: Option<&ProgressRequest>,
+    cost_units: Option<f64>,
+    cancellable: Option<bool>,
+) -> Result<HeartbeatParams, ApiError> {
+    let progress = progress.map(check_progress).transpose()?;
+    if let Some(cost) = cost_units
+        && (!cost.is_finite() || cost < 0.0)
+    {
+        return Err(ApiError::InvalidRequest(
+            "cost_units must be a non-negative number".into(),
+        ));
+    }
+    Ok(HeartbeatParams {
+        operation_id,
+        lease_token,
+        progress,
+        cost_units,
+        cancellable,
+        now: app.clock.now(),
+    })
+}
+
+/// An outcome as the store takes it, once its fields are checked: the same
+/// limits for the single endpoints and the batch.
+fn check_outcome(
+    app: &AppState,
+    operation_id: Id,
+    lease_token: String,
+    outcome: Outcome,
+    progress: Option<&ProgressRequest>,
+) -> Result<FinishParams, ApiError> {
+    match &outcome {
+        Outcome::Succeeded { result: Some(result) } => {
+            let size = serde_json::to_string(result).map(|s| s.len()).unwrap_or(usize::MAX);
+            if size > MAX_INLINE_RESULT_BYTES {
+                return Err(ApiError::PayloadTooLarge(format!(
+                    "the inline result is {size} bytes; at most {MAX_INLINE_RESULT_BYTES} may be inline. Upload \
+                     larger results as an artifact (PUT /v1/worker/tasks/{operation_id}/artifact) and complete \
+                     without `result`"
+                )));
+            }
+        }
+        Outcome::Failed { error } => {
+            validate::kind_name(&error.code).map_err(|_| {
+                ApiError::InvalidRequest("error.code must be 1–64 characters of a-z, 0-9, '_', '.', '-'".into())
+            })?;
+            if error.message.chars().count() > MAX_ERROR_MESSAGE_CHARS {
+                return Err(ApiError::InvalidRequest(format!(
+                    "error.message is longer than {MAX_ERROR_MESSAGE_CHARS} characters"
+                )));
+            }
+        }
+        Outcome::Succeeded { result: None } | Outcome::Cancelled => {}
+    }
+    Ok(FinishParams {
+        operation_id,
+        lease_token,
+        outcome,
+        progress: progress.map(check_progress).transpose()?,
+        now: app.clock.now(),
+    })
+}
+
+impl From<ErrorRequest> for OperationError {
+    fn from(e: ErrorRequest) -> Self {
+        OperationError {
+            code: e.code,
+            message: e.message,
+            retryable: e.retryable,
+        }
+    }
 }
 
 #[utoipa::path(post, path = "/v1/worker/tasks/{id}/complete", tag = "workers", security(("bearer" = [])), params(("id" = String, Path, description = "The operation id (op_…)")), request_body = CompleteRequest,
@@ -365,23 +437,9 @@ async fn complete(
     JsonBody(request): JsonBody<CompleteRequest>,
 ) -> Result<Json<OutcomeResponse>, ApiError> {
     require_worker(&caller)?;
-    let id = task_id(&id)?;
-    if let Some(result) = &request.result {
-        let size = serde_json::to_string(result).map(|s| s.len()).unwrap_or(usize::MAX);
-        if size > MAX_INLINE_RESULT_BYTES {
-            return Err(ApiError::PayloadTooLarge(format!(
-                "the inline result is {size} bytes; at most {MAX_INLINE_RESULT_BYTES} may be inline. Upload larger \
-                 results as an artifact (PUT /v1/worker/tasks/{id}/artifact) and complete without `result`"
-            )));
-        }
-    }
-    finish(
-        &app,
-        id,
-        request.lease_token,
-        Outcome::Succeeded { result: request.result },
-    )
-    .await
+    let outcome = Outcome::Succeeded { result: request.result };
+    let params = check_outcome(&app, task_id(&id)?, request.lease_token, outcome, request.progress.as_ref())?;
+    finish(&app, params).await
 }
 
 #[utoipa::path(post, path = "/v1/worker/tasks/{id}/fail", tag = "workers", security(("bearer" = [])), params(("id" = String, Path, description = "The operation id (op_…)")), request_body = FailRequest,
@@ -393,21 +451,11 @@ async fn fail(
     JsonBody(request): JsonBody<FailRequest>,
 ) -> Result<Json<OutcomeResponse>, ApiError> {
     require_worker(&caller)?;
-    let id = task_id(&id)?;
-    validate::kind_name(&request.error.code).map_err(|_| {
-        ApiError::InvalidRequest("error.code must be 1–64 characters of a-z, 0-9, '_', '.', '-'".into())
-    })?;
-    if request.error.message.chars().count() > MAX_ERROR_MESSAGE_CHARS {
-        return Err(ApiError::InvalidRequest(format!(
-            "error.message is longer than {MAX_ERROR_MESSAGE_CHARS} characters"
-        )));
-    }
-    let error = OperationError {
-        code: request.error.code,
-        message: request.error.message,
-        retryable: request.error.retryable,
+    let outcome = Outcome::Failed {
+        error: request.error.into(),
     };
-    finish(&app, id, request.lease_token, Outcome::Failed { error }).await
+    let params = check_outcome(&app, task_id(&id)?, request.lease_token, outcome, request.progress.as_ref())?;
+    finish(&app, params).await
 }
 
 #[utoipa::path(post, path = "/v1/worker/tasks/{id}/cancelled", tag = "workers", security(("bearer" = [])), params(("id" = String, Path, description = "The operation id (op_…)")), request_body = CancelledRequest,
@@ -419,6 +467,219 @@ async fn cancelled(
     JsonBody(request): JsonBody<CancelledRequest>,
 ) -> Result<Json<OutcomeResponse>, ApiError> {
     require_worker(&caller)?;
-    let id = task_id(&id)?;
-    finish(&app, id, request.lease_token, Outcome::Cancelled).await
+    let params = check_outcome(
+        &app,
+        task_id(&id)?,
+        request.lease_token,
+        Outcome::Cancelled,
+        request.progress.as_ref(),
+    )?;
+    finish(&app, params).await
+}
+
+/// What one item of a batch reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OutcomeKind {
+    Complete,
+    Fail,
+    Cancelled,
+    Heartbeat,
+    Paused,
+}
+
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OutcomesRequest {
+    /// At most 1,000 items, each fenced by its own lease token.
+    pub outcomes: Vec<OutcomeItem>,
+}
+
+/// One report: the fields of the single endpoint its `outcome` names.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OutcomeItem {
+    pub operation_id: String,
+    pub lease_token: String,
+    pub outcome: OutcomeKind,
+    /// `complete`: the inline result.
+    #[serde(default)]
+    pub result: Option<Value>,
+    /// `fail`: the error.
+    #[serde(default)]
+    pub error: Option<ErrorRequest>,
+    #[serde(default)]
+    pub progress: Option<ProgressRequest>,
+    /// `heartbeat`: total cost so far.
+    #[serde(default)]
+    pub cost_units: Option<f64>,
+    /// `heartbeat`: `false` marks the commit point.
+    #[serde(default)]
+    pub cancellable: Option<bool>,
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct OutcomesResponse {
+    /// One per item, in item order.
+    pub results: Vec<OutcomeItemResult>,
+}
+
+/// One item's answer: its HTTP status, and the single endpoint's body or its problem.
+#[derive(Debug, Default, Serialize, utoipa::ToSchema)]
+pub struct OutcomeItemResult {
+    pub status: u16,
+    pub operation_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub problem: Option<Problem>,
+    /// Outcomes: the operation's state after it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub version: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<i64>,
+    /// Heartbeats: the renewed lease and whether to stop.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease_expires_at: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cancel_requested: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cancel_reason: Option<String>,
+}
+
+impl OutcomeItemResult {
+    fn refused(operation_id: String, error: &ApiError, request_id: &str) -> Self {
+        let mut problem = error.problem();
+        problem.request_id = request_id.to_owned();
+        Self {
+            status: problem.status,
+            operation_id,
+            problem: Some(problem),
+            ..Self::default()
+        }
+    }
+}
+
+/// An item checked and ready for the store.
+enum Checked {
+    Heartbeat(HeartbeatParams),
+    Finish(FinishParams),
+}
+
+fn check_item(app: &AppState, item: OutcomeItem) -> Result<Checked, ApiError> {
+    let id = task_id(&item.operation_id)?;
+    let misplaced = |field: &str, allowed: &str| {
+        ApiError::InvalidRequest(format!("`{field}` belongs only to a `{allowed}` item"))
+    };
+    if item.result.is_some() && item.outcome != OutcomeKind::Complete {
+        return Err(misplaced("result", "complete"));
+    }
+    if item.error.is_some() && item.outcome != OutcomeKind::Fail {
+        return Err(misplaced("error", "fail"));
+    }
+    if (item.cost_units.is_some() || item.cancellable.is_some()) && item.outcome != OutcomeKind::Heartbeat {
+        return Err(misplaced("cost_units` or `cancellable", "heartbeat"));
+    }
+    let outcome = match item.outcome {
+        OutcomeKind::Heartbeat => {
+            return check_heartbeat(
+                app,
+                id,
+                item.lease_token,
+                item.progress.as_ref(),
+                item.cost_units,
+                item.cancellable,
+            )
+            .map(Checked::Heartbeat);
+        }
+        OutcomeKind::Paused => {
+            return Err(ApiError::InvalidRequest(
+                "this server cannot pause work yet: report `complete`, `fail` or `cancelled`".into(),
+            ));
+        }
+        OutcomeKind::Complete => Outcome::Succeeded { result: item.result },
+        OutcomeKind::Fail => Outcome::Failed {
+            error: item
+                .error
+                .ok_or_else(|| ApiError::InvalidRequest("a `fail` item needs `error`".into()))?
+                .into(),
+        },
+        OutcomeKind::Cancelled => Outcome::Cancelled,
+    };
+    check_outcome(app, id, item.lease_token, outcome, item.progress.as_ref()).map(Checked::Finish)
+}
+
+#[utoipa::path(post, path = "/v1/worker/outcomes", tag = "workers", security(("bearer" = [])), request_body = OutcomesRequest,
+    responses((status = 200, description = "One result per item, in item order; each item is fenced by its own lease token and succeeds or fails alone. Heartbeats are applied before the outcomes of the same batch.", body = OutcomesResponse), (status = "default", description = "A problem (RFC 9457) with a stable `code`", body = Problem, content_type = "application/problem+json")))]
+async fn outcomes(
+    State(app): State<AppState>,
+    caller: Caller,
+    axum::Extension(request_id): axum::Extension<crate::http::RequestId>,
+    JsonBody(request): JsonBody<OutcomesRequest>,
+) -> Result<Json<OutcomesResponse>, ApiError> {
+    require_worker(&caller)?;
+    if request.outcomes.is_empty() || request.outcomes.len() > MAX_OUTCOMES_PER_BATCH {
+        return Err(ApiError::InvalidRequest(format!(
+            "outcomes must hold 1–{MAX_OUTCOMES_PER_BATCH} items"
+        )));
+    }
+    let mut results: Vec<OutcomeItemResult> = Vec::with_capacity(request.outcomes.len());
+    let (mut heartbeats, mut finishes) = (Vec::new(), Vec::new());
+    for (i, item) in request.outcomes.into_iter().enumerate() {
+        let operation_id = item.operation_id.clone();
+        match check_item(&app, item) {
+            Ok(Checked::Heartbeat(p)) => heartbeats.push((i, p)),
+            Ok(Checked::Finish(p)) => finishes.push((i, p)),
+            Err(e) => results.push(OutcomeItemResult::refused(operation_id.clone(), &e, &request_id.0)),
+        }
+        if results.len() == i {
+            results.push(OutcomeItemResult {
+                operation_id,
+                ..OutcomeItemResult::default()
+            });
+        }
+    }
+    let refused = |id: &Id, e: StoreError| {
+        let error = lease_error(id)(e);
+        OutcomeItemResult::refused(id.to_string(), &error, &request_id.0)
+    };
+    let (slots, params): (Vec<usize>, Vec<HeartbeatParams>) = heartbeats.into_iter().unzip();
+    let ids: Vec<Id> = params.iter().map(|p| p.operation_id.clone()).collect();
+    for ((slot, id), ack) in slots.into_iter().zip(ids).zip(app.store.task_heartbeat_many(params).await) {
+        results[slot] = match ack {
+            Ok(ack) => OutcomeItemResult {
+                status: 200,
+                operation_id: id.to_string(),
+                version: Some(ack.version),
+                lease_expires_at: Some(ack.lease_expires_at.to_rfc3339()),
+                cancel_requested: Some(ack.cancel_requested),
+                cancel_reason: ack.cancel_reason,
+                ..OutcomeItemResult::default()
+            },
+            Err(e) => refused(&id, e),
+        };
+    }
+    let (slots, params): (Vec<usize>, Vec<FinishParams>) = finishes.into_iter().unzip();
+    let ids: Vec<Id> = params.iter().map(|p| p.operation_id.clone()).collect();
+    let any_finish = !params.is_empty();
+    for ((slot, id), op) in slots.into_iter().zip(ids).zip(app.store.task_finish_many(params).await) {
+        results[slot] = match op {
+            Ok(op) => {
+                let body = OutcomeResponse::of(&op);
+                OutcomeItemResult {
+                    status: 200,
+                    operation_id: body.operation_id,
+                    state: Some(body.state),
+                    version: Some(body.version),
+                    attempt: Some(body.attempt),
+                    ..OutcomeItemResult::default()
+                }
+            }
+            Err(e) => refused(&id, e),
+        };
+    }
+    if any_finish {
+        app.signals.work_available();
+    }
+    Ok(Json(OutcomesResponse { results }))
 }

@@ -670,31 +670,16 @@ fn cancel_request(c: &Connection, id: &str, by: &str, reason: Option<&str>, now:
 pub(super) fn task_finish(c: &Connection, policy: WritePolicy, p: &FinishParams) -> Result<Operation> {
     let current = fenced(c, &p.operation_id, &p.lease_token)?;
     let id = p.operation_id.as_str();
-    match &p.outcome {
-        Outcome::Succeeded { result } => {
-            let value = result.clone().unwrap_or(Value::Null);
-            operation_end(c, policy, id, State::Succeeded, Some(&value), None, p.now)?;
+    if let Some(progress) = final_progress(&current, p.progress.as_ref(), p.now) {
+        // Same version: the outcome's own change carries it.
+        c.prepare_cached("UPDATE operations SET progress = ?2 WHERE id = ?1")?
+            .execute(params![id, progress_to_json(&progress).to_string()])?;
+    }
+    match decide_finish(&current, &p.outcome) {
+        FinishDecision::End { to, result, error } => {
+            operation_end(c, policy, id, to, result.as_ref(), error.as_ref(), p.now)?;
         }
-        Outcome::Failed { error }
-            if error.retryable && !current.cancel_requested && current.attempt < current.max_attempts =>
-        {
-            // The worker says another attempt may succeed and attempts are
-            // left: retry after a backoff; the public state stays running.
-            let data = json!({
-                "reason": "worker_error",
-                "error": {"code": error.code, "message": error.message, "retryable": true},
-            });
-            requeue(c, id, current.attempt + 1, p.now, &data)?;
-        }
-        Outcome::Failed { error } => {
-            operation_end(c, policy, id, State::Failed, None, Some(error), p.now)?;
-        }
-        Outcome::Cancelled => {
-            match failing_cancel(current.cancel_requested_by.as_deref(), current.cancel_reason.as_deref()) {
-                Some(error) => operation_end(c, policy, id, State::Failed, None, Some(&error), p.now)?,
-                None => operation_end(c, policy, id, State::Cancelled, None, None, p.now)?,
-            }
-        }
+        FinishDecision::Retry { next_attempt, data } => requeue(c, id, next_attempt, p.now, &data)?,
     }
     operation_by_id(c, id)?.ok_or(StoreError::NotFound)
 }
