@@ -71,6 +71,10 @@ macro_rules! store_conformance {
             retention_expires_results_removes_operations_and_buries_tombstones,
             deleting_a_tenant_leaves_nothing_of_it,
             state_machine_matches_the_reference_model,
+            a_batch_of_submissions_answers_each_alone,
+            a_batch_past_a_quota_refuses_only_what_does_not_fit,
+            a_batch_of_outcomes_applies_each_fenced_alone,
+            the_last_progress_is_stored_with_the_outcome,
         );
     };
     (@cases $factory:path; $($case:ident),* $(,)?) => {
@@ -1938,4 +1942,151 @@ async fn run_model_case(store: &dyn Store, kind: &str, commands: &[Command], sta
             .await
             .unwrap();
     }
+}
+
+pub async fn a_batch_of_submissions_answers_each_alone(store: &dyn Store) {
+    let earlier = store
+        .operation_accept(accept_params("t1", "q", Some("old"), json!({"n": 0})))
+        .await
+        .unwrap();
+    let AcceptOutcome::Created(earlier) = earlier else { panic!() };
+    let batch = vec![
+        accept_params("t1", "q", Some("a"), json!({"n": 1})),
+        // The same key twice in one batch: one operation, then its replay.
+        accept_params("t1", "q", Some("b"), json!({"n": 2})),
+        accept_params("t1", "q", Some("b"), json!({"n": 2})),
+        // A key used before: replayed, or refused when the request differs.
+        accept_params("t1", "q", Some("old"), json!({"n": 0})),
+        accept_params("t1", "q", Some("old"), json!({"n": 99})),
+        accept_params("t1", "q", None, json!({"n": 3})),
+    ];
+    let ids: Vec<Id> = batch.iter().map(|p| p.id.clone()).collect();
+    let answers = store.operation_accept_many(batch).await;
+    assert_eq!(answers.len(), 6);
+    let created = |i: usize| match &answers[i] {
+        Ok(AcceptOutcome::Created(op)) => op.clone(),
+        other => panic!("item {i}: expected Created, got {other:?}"),
+    };
+    assert_eq!(created(0).id, ids[0]);
+    let b = created(1);
+    assert_eq!(answers[2].as_ref().unwrap(), &AcceptOutcome::Replayed(b.clone()));
+    assert_eq!(answers[3].as_ref().unwrap(), &AcceptOutcome::Replayed(earlier.clone()));
+    assert!(
+        matches!(&answers[4], Ok(AcceptOutcome::KeyReused { operation_id }) if *operation_id == earlier.id),
+        "{:?}",
+        answers[4]
+    );
+    assert_eq!(created(5).id, ids[5]);
+    // Each created item is a whole operation: readable, with its first event, claimable.
+    for op in [created(0), b, created(5)] {
+        let stored = store.operation_get("t1", &op.id).await.unwrap().unwrap();
+        assert_eq!(stored, op);
+        let history = store.operation_history("t1", &op.id).await.unwrap().unwrap();
+        assert_eq!(history.len(), 1);
+    }
+    assert_eq!(claim(store, "q", 10, at(1)).await.len(), 4);
+}
+
+pub async fn a_batch_past_a_quota_refuses_only_what_does_not_fit(store: &dyn Store) {
+    store
+        .tenant_set(TenantLimits {
+            name: "small".into(),
+            max_active: Some(2),
+            max_running: None,
+            rate: None,
+        })
+        .await
+        .unwrap();
+    let batch: Vec<AcceptParams> = (0..4)
+        .map(|i| accept_params("small", "q", Some(&format!("k{i}")), json!({"n": i})))
+        .chain([accept_params("other", "q", Some("k0"), json!({}))])
+        .collect();
+    let answers = store.operation_accept_many(batch).await;
+    let created = answers.iter().filter(|a| matches!(a, Ok(AcceptOutcome::Created(_)))).count();
+    let refused = answers
+        .iter()
+        .filter(|a| matches!(a, Err(StoreError::QuotaExceeded { max_active: 2, .. })))
+        .count();
+    assert_eq!((created, refused), (3, 2), "{answers:?}");
+    assert!(matches!(answers[4], Ok(AcceptOutcome::Created(_))), "another tenant is not limited");
+    // A refused key was not consumed.
+    let page = store
+        .operation_list(ListParams {
+            tenant: "small".into(),
+            state: None,
+            kind: None,
+            label: None,
+            page_size: 10,
+            before_seq: None,
+        })
+        .await
+        .unwrap();
+    assert_eq!(page.operations.len(), 2);
+}
+
+pub async fn a_batch_of_outcomes_applies_each_fenced_alone(store: &dyn Store) {
+    for _ in 0..3 {
+        create(store, "t1", "q").await;
+    }
+    let tasks = claim(store, "q", 3, at(1)).await;
+    assert_eq!(tasks.len(), 3);
+    let forged = FinishParams {
+        lease_token: "forged".into(),
+        ..finish(&tasks[2], Outcome::Succeeded { result: None }, at(2))
+    };
+    let answers = store
+        .task_finish_many(vec![
+            finish(&tasks[0], Outcome::Succeeded { result: Some(json!(1)) }, at(2)),
+            forged,
+            finish(&tasks[1], Outcome::Cancelled, at(2)),
+            // The same outcome twice: the second finds no lease.
+            finish(&tasks[0], Outcome::Succeeded { result: Some(json!(1)) }, at(2)),
+        ])
+        .await;
+    assert_eq!(answers[0].as_ref().unwrap().state, State::Succeeded);
+    assert!(matches!(answers[1], Err(StoreError::LeaseLost)), "{:?}", answers[1]);
+    assert_eq!(answers[2].as_ref().unwrap().state, State::Cancelled);
+    assert!(matches!(answers[3], Err(StoreError::LeaseLost)), "{:?}", answers[3]);
+    // The forged one harmed nothing: the real holder still completes.
+    let op = store
+        .task_finish(finish(&tasks[2], Outcome::Succeeded { result: None }, at(3)))
+        .await
+        .unwrap();
+    assert_eq!(op.state, State::Succeeded);
+    let history = store.operation_history("t1", &tasks[0].operation_id).await.unwrap().unwrap();
+    assert_eq!(history.iter().filter(|e| e.state == State::Succeeded).count(), 1);
+}
+
+pub async fn the_last_progress_is_stored_with_the_outcome(store: &dyn Store) {
+    create(store, "t1", "q").await;
+    let task = claim_one(store, "q", at(1)).await;
+    let progress = ProgressUpdate {
+        completed_units: Some(10.0),
+        total_units: Some(10.0),
+        unit: Some("rows".into()),
+        ..ProgressUpdate::default()
+    };
+    let done = store
+        .task_finish(FinishParams {
+            progress: Some(progress),
+            ..finish(&task, Outcome::Succeeded { result: None }, at(2))
+        })
+        .await
+        .unwrap();
+    let stored = done.progress.expect("the final progress is stored");
+    assert_eq!(stored.completed_units, Some(10.0));
+    assert_eq!(stored.unit.as_deref(), Some("rows"));
+    // One change, not two: created, started, succeeded.
+    assert_eq!(done.version, 3);
+    let history = store.operation_history("t1", &task.operation_id).await.unwrap().unwrap();
+    assert_eq!(history.len(), 3);
+    let last = history.last().unwrap();
+    assert_eq!(last.state, State::Succeeded);
+    let events = store
+        .operation_events_after("t1", &task.operation_id, 2, 10)
+        .await
+        .unwrap()
+        .unwrap();
+    let snapshot = events[0].snapshot.as_ref().expect("events keep snapshots");
+    assert_eq!(snapshot.progress.as_ref().unwrap().completed_units, Some(10.0));
 }
