@@ -204,6 +204,22 @@ pub struct Submitted {
     pub idempotency_key: String,
 }
 
+#[derive(Debug, Deserialize)]
+struct BatchAnswer {
+    results: Vec<BatchItemAnswer>,
+}
+
+#[derive(Debug, Deserialize)]
+struct BatchItemAnswer {
+    status: u16,
+    #[serde(default)]
+    replayed: bool,
+    #[serde(default)]
+    operation: Option<Operation>,
+    #[serde(default)]
+    problem: Option<Problem>,
+}
+
 /// A result download that checked out.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Downloaded {
@@ -349,6 +365,94 @@ impl Client {
                 ?retry_in,
                 "retrying the submission with the same idempotency key"
             );
+            tokio::time::sleep(retry_in).await;
+        }
+    }
+
+    /// Submits up to 1,000 logical submissions in one request
+    /// (`POST /v1/operations/batch`), each with its own idempotency key, so
+    /// a retried batch (after a lost answer, a 5xx or a 429) replays what
+    /// was accepted and creates only what was not. Answers item by item, in
+    /// order; an item the server refused is an `Err` of its own.
+    pub async fn submit_batch(&self, submissions: &[Submission]) -> Result<Vec<Result<Submitted>>> {
+        let keys: Vec<String> = submissions
+            .iter()
+            .map(|s| {
+                s.idempotency_key
+                    .clone()
+                    .unwrap_or_else(|| format!("lrc-{}", longrun_core::id::random_base32::<16>()))
+            })
+            .collect();
+        let items: Vec<Value> = submissions
+            .iter()
+            .zip(&keys)
+            .map(|(s, key)| {
+                let mut item = serde_json::to_value(s).unwrap_or_default();
+                item["idempotency_key"] = Value::String(key.clone());
+                item
+            })
+            .collect();
+        let body = serde_json::json!({ "operations": items });
+        let mut attempt = 0;
+        loop {
+            let sent = self
+                .request(Method::POST, "/v1/operations/batch")
+                .json(&body)
+                .send()
+                .await;
+            let retry_in = match sent {
+                Ok(response) if response.status().is_success() => {
+                    let answer: BatchAnswer = response.json().await?;
+                    if answer.results.len() != keys.len() {
+                        return Err(Error::Unexpected("the batch answer does not match the request".into()));
+                    }
+                    return Ok(answer
+                        .results
+                        .into_iter()
+                        .zip(keys)
+                        .map(|(item, idempotency_key)| match (item.operation, item.problem) {
+                            (Some(operation), _) if item.status < 300 => Ok(Submitted {
+                                operation,
+                                replayed: item.replayed,
+                                idempotency_key,
+                            }),
+                            (_, Some(problem)) => Err(Error::Api {
+                                problem,
+                                retry_after: None,
+                            }),
+                            _ => Err(Error::Unexpected(format!(
+                                "item answered {} without a body",
+                                item.status
+                            ))),
+                        })
+                        .collect());
+                }
+                Ok(response) => {
+                    let status = response.status();
+                    let error = problem(response).await;
+                    let retryable = status == StatusCode::TOO_MANY_REQUESTS
+                        || status == StatusCode::SERVICE_UNAVAILABLE
+                        || status.is_server_error();
+                    if !retryable || attempt + 1 >= self.retry.max_attempts {
+                        return Err(error);
+                    }
+                    match &error {
+                        Error::Api {
+                            retry_after: Some(hint),
+                            ..
+                        } => *hint,
+                        _ => self.retry.delay(attempt),
+                    }
+                }
+                // No answer: the same keys make the retry safe either way.
+                Err(e) => {
+                    if attempt + 1 >= self.retry.max_attempts {
+                        return Err(e.into());
+                    }
+                    self.retry.delay(attempt)
+                }
+            };
+            attempt += 1;
             tokio::time::sleep(retry_in).await;
         }
     }

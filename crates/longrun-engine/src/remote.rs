@@ -88,6 +88,111 @@ pub struct HttpLink {
     token: String,
     operation_id: Id,
     lease_token: String,
+    outcomes: OutcomeBatcher,
+}
+
+/// The most outcomes one `POST /v1/worker/outcomes` carries.
+const OUTCOME_BATCH: usize = 100;
+/// How long an outcome waits for others to share its request.
+const OUTCOME_LINGER: Duration = Duration::from_millis(2);
+
+type OutcomeJob = (Value, tokio::sync::oneshot::Sender<Result<(), StoreError>>);
+
+/// Coalesces the outcomes of a worker's tasks: whatever finishes within a
+/// couple of milliseconds (up to 100) goes to the server in one
+/// `POST /v1/worker/outcomes`, each item fenced by its own lease token and
+/// answered alone.
+#[derive(Clone)]
+struct OutcomeBatcher {
+    queue: tokio::sync::mpsc::Sender<OutcomeJob>,
+}
+
+impl OutcomeBatcher {
+    fn spawn(http: reqwest::Client, base: String, token: String) -> Self {
+        let (queue, mut rx) = tokio::sync::mpsc::channel::<OutcomeJob>(4 * OUTCOME_BATCH);
+        tokio::spawn(async move {
+            while let Some(first) = rx.recv().await {
+                let mut batch = vec![first];
+                let until = tokio::time::Instant::now() + OUTCOME_LINGER;
+                while batch.len() < OUTCOME_BATCH {
+                    match tokio::time::timeout_at(until, rx.recv()).await {
+                        Ok(Some(job)) => batch.push(job),
+                        _ => break,
+                    }
+                }
+                let (items, replies): (Vec<Value>, Vec<_>) = batch.into_iter().unzip();
+                let answers = post_outcomes(&http, &base, &token, items).await;
+                for (reply, answer) in replies.into_iter().zip(answers) {
+                    let _ = reply.send(answer);
+                }
+            }
+        });
+        Self { queue }
+    }
+
+    async fn send(&self, item: Value) -> Result<(), StoreError> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.queue
+            .send((item, reply))
+            .await
+            .map_err(|_| StoreError::Backend("the outcome sender has stopped".into()))?;
+        answer
+            .await
+            .map_err(|_| StoreError::Backend("the outcome sender dropped an outcome".into()))?
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct OutcomesResponse {
+    results: Vec<OutcomeResult>,
+}
+
+#[derive(Debug, Deserialize)]
+struct OutcomeResult {
+    status: u16,
+    #[serde(default)]
+    problem: Option<ProblemCode>,
+}
+
+async fn post_outcomes(
+    http: &reqwest::Client,
+    base: &str,
+    token: &str,
+    items: Vec<Value>,
+) -> Vec<Result<(), StoreError>> {
+    let count = items.len();
+    let all_failed = |why: String| (0..count).map(|_| Err(StoreError::Backend(why.clone()))).collect();
+    let response = match http
+        .post(format!("{base}/v1/worker/outcomes"))
+        .bearer_auth(token)
+        .json(&json!({"outcomes": items}))
+        .send()
+        .await
+    {
+        Ok(r) => r,
+        Err(e) => return all_failed(format!("outcomes request failed: {e}")),
+    };
+    if !response.status().is_success() {
+        let status = response.status();
+        let code = response.json::<ProblemCode>().await.map(|p| p.code).unwrap_or_default();
+        return all_failed(format!("outcomes answered {status} {code}"));
+    }
+    match response.json::<OutcomesResponse>().await {
+        Ok(answer) if answer.results.len() == count => answer
+            .results
+            .into_iter()
+            .map(|r| match (r.status, r.problem) {
+                (200, _) => Ok(()),
+                (_, Some(p)) if p.code == "lease_lost" => Err(StoreError::LeaseLost),
+                (status, p) => Err(StoreError::Backend(format!(
+                    "outcome answered {status} {}",
+                    p.map(|p| p.code).unwrap_or_default()
+                ))),
+            })
+            .collect(),
+        Ok(_) => all_failed("the outcomes answer does not match the request".into()),
+        Err(e) => all_failed(format!("bad outcomes answer: {e}")),
+    }
 }
 
 impl HttpLink {
@@ -177,19 +282,20 @@ impl TaskLink for HttpLink {
     }
 
     async fn finish(&self, outcome: Outcome, progress: Option<ProgressUpdate>) -> Result<(), StoreError> {
-        let (action, mut body) = match outcome {
-            Outcome::Succeeded { result } => ("complete", json!({"lease_token": self.lease_token, "result": result})),
-            Outcome::Failed { error } => (
-                "fail",
-                json!({"lease_token": self.lease_token,
-                       "error": {"code": error.code, "message": error.message, "retryable": error.retryable}}),
-            ),
-            Outcome::Cancelled => ("cancelled", json!({"lease_token": self.lease_token})),
+        let mut item = match outcome {
+            Outcome::Succeeded { result } => json!({"outcome": "complete", "result": result}),
+            Outcome::Failed { error } => json!({
+                "outcome": "fail",
+                "error": {"code": error.code, "message": error.message, "retryable": error.retryable},
+            }),
+            Outcome::Cancelled => json!({"outcome": "cancelled"}),
         };
+        item["operation_id"] = json!(self.operation_id.as_str());
+        item["lease_token"] = json!(self.lease_token);
         if let Some(p) = progress {
-            body["progress"] = progress_body(&p);
+            item["progress"] = progress_body(&p);
         }
-        self.post(action, body).await.map(|_| ())
+        self.outcomes.send(item).await
     }
 }
 
@@ -208,6 +314,7 @@ pub struct RemoteWorker {
     http: reqwest::Client,
     config: RemoteConfig,
     registry: Registry,
+    outcomes: std::sync::OnceLock<OutcomeBatcher>,
 }
 
 impl RemoteWorker {
@@ -216,7 +323,12 @@ impl RemoteWorker {
             .timeout(config.claim_wait + Duration::from_secs(30))
             .build()
             .expect("an HTTP client");
-        Self { http, config, registry }
+        Self {
+            http,
+            config,
+            registry,
+            outcomes: std::sync::OnceLock::new(),
+        }
     }
 
     /// Runs until `shutdown`, then drains (see the module docs).
@@ -303,6 +415,12 @@ impl RemoteWorker {
             operation_id: Id::parse(IdKind::Operation, &task.operation_id)
                 .unwrap_or_else(|| Id::from_trusted(task.operation_id.clone())),
             lease_token: task.lease_token.clone(),
+            outcomes: self
+                .outcomes
+                .get_or_init(|| {
+                    OutcomeBatcher::spawn(self.http.clone(), self.config.server.clone(), self.config.token.clone())
+                })
+                .clone(),
         })
     }
 

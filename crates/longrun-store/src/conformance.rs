@@ -1949,7 +1949,9 @@ pub async fn a_batch_of_submissions_answers_each_alone(store: &dyn Store) {
         .operation_accept(accept_params("t1", "q", Some("old"), json!({"n": 0})))
         .await
         .unwrap();
-    let AcceptOutcome::Created(earlier) = earlier else { panic!() };
+    let AcceptOutcome::Created(earlier) = earlier else {
+        panic!()
+    };
     let batch = vec![
         accept_params("t1", "q", Some("a"), json!({"n": 1})),
         // The same key twice in one batch: one operation, then its replay.
@@ -2002,13 +2004,19 @@ pub async fn a_batch_past_a_quota_refuses_only_what_does_not_fit(store: &dyn Sto
         .chain([accept_params("other", "q", Some("k0"), json!({}))])
         .collect();
     let answers = store.operation_accept_many(batch).await;
-    let created = answers.iter().filter(|a| matches!(a, Ok(AcceptOutcome::Created(_)))).count();
+    let created = answers
+        .iter()
+        .filter(|a| matches!(a, Ok(AcceptOutcome::Created(_))))
+        .count();
     let refused = answers
         .iter()
         .filter(|a| matches!(a, Err(StoreError::QuotaExceeded { max_active: 2, .. })))
         .count();
     assert_eq!((created, refused), (3, 2), "{answers:?}");
-    assert!(matches!(answers[4], Ok(AcceptOutcome::Created(_))), "another tenant is not limited");
+    assert!(
+        matches!(answers[4], Ok(AcceptOutcome::Created(_))),
+        "another tenant is not limited"
+    );
     // A refused key was not consumed.
     let page = store
         .operation_list(ListParams {
@@ -2053,7 +2061,11 @@ pub async fn a_batch_of_outcomes_applies_each_fenced_alone(store: &dyn Store) {
         .await
         .unwrap();
     assert_eq!(op.state, State::Succeeded);
-    let history = store.operation_history("t1", &tasks[0].operation_id).await.unwrap().unwrap();
+    let history = store
+        .operation_history("t1", &tasks[0].operation_id)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(history.iter().filter(|e| e.state == State::Succeeded).count(), 1);
 }
 
@@ -2078,7 +2090,11 @@ pub async fn the_last_progress_is_stored_with_the_outcome(store: &dyn Store) {
     assert_eq!(stored.unit.as_deref(), Some("rows"));
     // One change, not two: created, started, succeeded.
     assert_eq!(done.version, 3);
-    let history = store.operation_history("t1", &task.operation_id).await.unwrap().unwrap();
+    let history = store
+        .operation_history("t1", &task.operation_id)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(history.len(), 3);
     let last = history.last().unwrap();
     assert_eq!(last.state, State::Succeeded);

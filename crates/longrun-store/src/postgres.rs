@@ -143,7 +143,9 @@ impl PostgresStore {
         let finishes = GroupCommit::spawn(&pool, policy, FINISH, |c, ch, policy, p| {
             Box::pin(task_finish(c, ch, policy, p))
         });
-        let accepts = GroupCommit::spawn(&pool, policy, ACCEPT, |c, ch, _, p| Box::pin(operation_accept(c, ch, p)));
+        let accepts = GroupCommit::spawn(&pool, policy, ACCEPT, |c, ch, _, p| {
+            Box::pin(operation_accept(c, ch, p))
+        });
         Ok(Self {
             pool,
             policy,
@@ -329,7 +331,10 @@ async fn commit_batch<P, R>(
         let result = apply(&mut tx, &mut own, policy, params).await;
         match (&result, savepoints) {
             (Ok(_), true) => {
-                sqlx::query("RELEASE SAVEPOINT item").execute(&mut *tx).await.map_err(db)?;
+                sqlx::query("RELEASE SAVEPOINT item")
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db)?;
             }
             (Err(_), true) => {
                 sqlx::query("ROLLBACK TO SAVEPOINT item")
@@ -627,7 +632,11 @@ async fn operation_accept(c: &mut PgConnection, ch: &mut Vec<Change>, p: &Accept
         // Refusing must leave nothing behind, whatever batch this is in.
         sqlx::query("SAVEPOINT quota").execute(&mut *c).await.map_err(db)?;
         let out = accept_with_quota(c, ch, p, created, &labels).await;
-        let end = if out.is_ok() { "RELEASE SAVEPOINT quota" } else { "ROLLBACK TO SAVEPOINT quota" };
+        let end = if out.is_ok() {
+            "RELEASE SAVEPOINT quota"
+        } else {
+            "ROLLBACK TO SAVEPOINT quota"
+        };
         sqlx::query(end).execute(&mut *c).await.map_err(db)?;
         return out;
     }
@@ -1185,7 +1194,17 @@ async fn task_claim(c: &mut PgConnection, ch: &mut Vec<Change>, policy: Policy, 
     for task in picked {
         if task.deadline_at.is_some_and(|d| d <= p.now.0) {
             let error = deadline_error_before_start();
-            operation_end(c, ch, policy, &task.operation_id, State::Failed, None, Some(&error), p.now).await?;
+            operation_end(
+                c,
+                ch,
+                policy,
+                &task.operation_id,
+                State::Failed,
+                None,
+                Some(&error),
+                p.now,
+            )
+            .await?;
         } else {
             live.push(task);
         }
@@ -1216,7 +1235,12 @@ async fn task_claim(c: &mut PgConnection, ch: &mut Vec<Change>, policy: Policy, 
 /// Leases the picked tasks and starts their operations in one statement,
 /// then records their `started` events in one more: a claim's cost does not
 /// grow by a round trip per task.
-async fn lease_tasks(c: &mut PgConnection, ch: &mut Vec<Change>, p: &ClaimParams, picked: &[Picked]) -> Result<Vec<Task>> {
+async fn lease_tasks(
+    c: &mut PgConnection,
+    ch: &mut Vec<Change>,
+    p: &ClaimParams,
+    picked: &[Picked],
+) -> Result<Vec<Task>> {
     let lease_expires_at = p.now.plus(p.lease);
     let ids: Vec<&str> = picked.iter().map(|t| t.operation_id.as_str()).collect();
     let tokens: Vec<String> = picked.iter().map(|_| random_base32::<16>()).collect();
@@ -1251,7 +1275,9 @@ async fn lease_tasks(c: &mut PgConnection, ch: &mut Vec<Change>, p: &ClaimParams
     let mut events = Vec::with_capacity(started.len());
     let mut tasks = Vec::with_capacity(started.len());
     for pick in picked {
-        let Some((op, token)) = started.remove(&pick.operation_id) else { continue };
+        let Some((op, token)) = started.remove(&pick.operation_id) else {
+            continue;
+        };
         if pick.was_queued {
             outbox_insert(c, &op).await?;
         }

@@ -275,18 +275,20 @@ pub(crate) fn decide_finish(current: &Fenced, outcome: &Outcome) -> FinishDecisi
         },
         // A stop the server asked for (deadline, budget) ends `failed` with
         // its code; a client's cancel ends `cancelled`.
-        Outcome::Cancelled => match failing_cancel(current.cancel_requested_by.as_deref(), current.cancel_reason.as_deref()) {
-            Some(error) => FinishDecision::End {
-                to: State::Failed,
-                result: None,
-                error: Some(error),
-            },
-            None => FinishDecision::End {
-                to: State::Cancelled,
-                result: None,
-                error: None,
-            },
-        },
+        Outcome::Cancelled => {
+            match failing_cancel(current.cancel_requested_by.as_deref(), current.cancel_reason.as_deref()) {
+                Some(error) => FinishDecision::End {
+                    to: State::Failed,
+                    result: None,
+                    error: Some(error),
+                },
+                None => FinishDecision::End {
+                    to: State::Cancelled,
+                    result: None,
+                    error: None,
+                },
+            }
+        }
     }
 }
 

@@ -22,8 +22,8 @@ use crate::http::auth::Caller;
 use crate::http::error::{ApiError, Problem};
 use crate::http::extract::{JsonBody, OptionalJsonBody, QueryParams};
 use crate::http::wire::{
-    CancelRequestBody, CancellationBody, DeliveryBody, DeliveryLog, EventBody, History, OperationBody, OperationList,
-    BatchItemResult, BatchSubmitRequest, BatchSubmitResponse, SubmitRequest, UpdateRequest,
+    BatchItemResult, BatchSubmitRequest, BatchSubmitResponse, CancelRequestBody, CancellationBody, DeliveryBody,
+    DeliveryLog, EventBody, History, OperationBody, OperationList, SubmitRequest, UpdateRequest,
 };
 
 pub const DEFAULT_PAGE_SIZE: u32 = 50;
@@ -232,7 +232,11 @@ async fn submit(
     let wait = prefer_wait(&headers);
     // Watch the new id before it exists, so its first change cannot be missed.
     let mut waiter = match wait {
-        Some(_) => Some(app.changes.watch(&caller.tenant, &params.id).map_err(|_| too_many_waiters())?),
+        Some(_) => Some(
+            app.changes
+                .watch(&caller.tenant, &params.id)
+                .map_err(|_| too_many_waiters())?,
+        ),
         None => None,
     };
     let accepted = app.store.operation_accept(params).await.map_err(accept_error)?;
@@ -409,7 +413,12 @@ async fn submit_batch(
     let mut results: Vec<Option<BatchItemResult>> = (0..total).map(|_| None).collect();
     let (mut slots, mut accepts) = (Vec::with_capacity(total), Vec::with_capacity(total));
     for (i, item) in request.operations.into_iter().enumerate() {
-        let key = match item.idempotency_key.as_deref().map(|k| IdempotencyKey::parse(k.as_bytes())).transpose() {
+        let key = match item
+            .idempotency_key
+            .as_deref()
+            .map(|k| IdempotencyKey::parse(k.as_bytes()))
+            .transpose()
+        {
             Ok(key) => key,
             Err(e) => {
                 results[i] = Some(BatchItemResult::refused(

@@ -438,7 +438,13 @@ async fn complete(
 ) -> Result<Json<OutcomeResponse>, ApiError> {
     require_worker(&caller)?;
     let outcome = Outcome::Succeeded { result: request.result };
-    let params = check_outcome(&app, task_id(&id)?, request.lease_token, outcome, request.progress.as_ref())?;
+    let params = check_outcome(
+        &app,
+        task_id(&id)?,
+        request.lease_token,
+        outcome,
+        request.progress.as_ref(),
+    )?;
     finish(&app, params).await
 }
 
@@ -454,7 +460,13 @@ async fn fail(
     let outcome = Outcome::Failed {
         error: request.error.into(),
     };
-    let params = check_outcome(&app, task_id(&id)?, request.lease_token, outcome, request.progress.as_ref())?;
+    let params = check_outcome(
+        &app,
+        task_id(&id)?,
+        request.lease_token,
+        outcome,
+        request.progress.as_ref(),
+    )?;
     finish(&app, params).await
 }
 
@@ -568,9 +580,8 @@ enum Checked {
 
 fn check_item(app: &AppState, item: OutcomeItem) -> Result<Checked, ApiError> {
     let id = task_id(&item.operation_id)?;
-    let misplaced = |field: &str, allowed: &str| {
-        ApiError::InvalidRequest(format!("`{field}` belongs only to a `{allowed}` item"))
-    };
+    let misplaced =
+        |field: &str, allowed: &str| ApiError::InvalidRequest(format!("`{field}` belongs only to a `{allowed}` item"));
     if item.result.is_some() && item.outcome != OutcomeKind::Complete {
         return Err(misplaced("result", "complete"));
     }
@@ -645,7 +656,11 @@ async fn outcomes(
     };
     let (slots, params): (Vec<usize>, Vec<HeartbeatParams>) = heartbeats.into_iter().unzip();
     let ids: Vec<Id> = params.iter().map(|p| p.operation_id.clone()).collect();
-    for ((slot, id), ack) in slots.into_iter().zip(ids).zip(app.store.task_heartbeat_many(params).await) {
+    for ((slot, id), ack) in slots
+        .into_iter()
+        .zip(ids)
+        .zip(app.store.task_heartbeat_many(params).await)
+    {
         results[slot] = match ack {
             Ok(ack) => OutcomeItemResult {
                 status: 200,
