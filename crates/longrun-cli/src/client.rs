@@ -47,7 +47,15 @@ pub enum Output {
 pub enum ClientCommand {
     /// Submit an operation; prints its id (and the idempotency key to retry with).
     Submit {
-        kind: String,
+        /// The kind (not with --batch, whose lines name their own).
+        #[arg(required_unless_present = "batch", conflicts_with = "batch")]
+        kind: Option<String>,
+        /// Submit many at once: a file of JSON lines, each a submission
+        /// (`{"kind", "input", "labels", "deadline_seconds", "callback",
+        /// "budget", "idempotency_key"}`; a missing key is made up). Sent
+        /// 1,000 per request; prints one line per submission, in order.
+        #[arg(long, conflicts_with_all = ["input", "idempotency_key", "wait", "labels", "deadline_seconds", "callback"])]
+        batch: Option<std::path::PathBuf>,
         /// The input: JSON, or @file.json.
         #[arg(long)]
         input: Option<String>,
@@ -228,10 +236,89 @@ async fn wait_with_bar(client: &Client, id: &str, output: Output) -> Result<Oper
     operation
 }
 
+/// The most submissions one batch request carries.
+const BATCH_SIZE: usize = 1000;
+
+/// One line of a `submit --batch` file.
+fn batch_line(line: &str) -> Result<Submission, String> {
+    let value: serde_json::Value = serde_json::from_str(line).map_err(|e| format!("not JSON: {e}"))?;
+    let object = value.as_object().ok_or("not a JSON object")?;
+    for key in object.keys() {
+        if !matches!(
+            key.as_str(),
+            "kind" | "input" | "callback" | "deadline_seconds" | "budget" | "labels" | "idempotency_key"
+        ) {
+            return Err(format!("unknown field {key:?}"));
+        }
+    }
+    let text = |field: &str| object.get(field).and_then(|v| v.as_str()).map(str::to_owned);
+    Ok(Submission {
+        kind: text("kind").ok_or("\"kind\" is required")?,
+        input: object.get("input").cloned(),
+        callback: object.get("callback").cloned(),
+        deadline_seconds: object.get("deadline_seconds").and_then(|v| v.as_u64()),
+        budget: object.get("budget").cloned(),
+        labels: match object.get("labels") {
+            Some(labels) => serde_json::from_value(labels.clone()).map_err(|_| "labels must map strings to strings")?,
+            None => BTreeMap::new(),
+        },
+        idempotency_key: text("idempotency_key"),
+    })
+}
+
+/// `longrun submit --batch FILE`: every line is checked before anything is
+/// sent, then 1,000 per request. Exit 0 when every submission was accepted
+/// (or replayed), 4 when the server refused any.
+async fn submit_batch(client: &Client, output: Output, path: &std::path::Path) -> Result<i32, Error> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) => {
+            eprintln!("error: cannot read {}: {e}", path.display());
+            return Ok(EXIT_USAGE);
+        }
+    };
+    let mut submissions = Vec::new();
+    for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        match batch_line(line) {
+            Ok(s) => submissions.push(s),
+            Err(why) => {
+                eprintln!("error: {}:{}: {why}", path.display(), n + 1);
+                return Ok(EXIT_USAGE);
+            }
+        }
+    }
+    let mut refused = 0;
+    for chunk in submissions.chunks(BATCH_SIZE) {
+        for answer in client.submit_batch(chunk).await? {
+            match (answer, output) {
+                (Ok(s), Output::Text) => println!("{}", s.operation.id),
+                (Ok(s), Output::Json) => println!(
+                    "{}",
+                    serde_json::json!({"operation": s.operation, "replayed": s.replayed, "idempotency_key": s.idempotency_key})
+                ),
+                (Err(e), _) => {
+                    refused += 1;
+                    match output {
+                        Output::Text => println!("error: {e}"),
+                        Output::Json => println!("{}", serde_json::json!({"error": e.to_string(), "code": e.code()})),
+                    }
+                }
+            }
+        }
+    }
+    if refused > 0 {
+        eprintln!("{refused} of {} submissions were refused", submissions.len());
+        return Ok(EXIT_REFUSED);
+    }
+    Ok(EXIT_OK)
+}
+
 async fn execute(client: &Client, output: Output, command: ClientCommand) -> Result<i32, Error> {
     match command {
+        ClientCommand::Submit { batch: Some(path), .. } => submit_batch(client, output, &path).await,
         ClientCommand::Submit {
             kind,
+            batch: None,
             input,
             idempotency_key,
             wait,
@@ -255,7 +342,7 @@ async fn execute(client: &Client, output: Output, command: ClientCommand) -> Res
                 parsed_labels.insert(k.to_owned(), v.to_owned());
             }
             let submission = Submission {
-                kind,
+                kind: kind.unwrap_or_default(),
                 input,
                 callback: callback.map(|url| serde_json::json!({"url": url})),
                 deadline_seconds,

@@ -111,9 +111,8 @@ pub struct UploadedArtifact {
 pub const DEFAULT_PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Progress reports coalesced between two sends: the newest of each field.
-#[derive(Default)]
 struct Coalesced {
-    /// When a report last went out (`None`: never).
+    /// When a report last went out (at first: when the task started).
     last_sent: Option<tokio::time::Instant>,
     pending: Option<ProgressUpdate>,
 }
@@ -161,11 +160,17 @@ impl TaskContext {
             cancel,
             cost: Arc::new(Mutex::new(0.0)),
             progress_interval: DEFAULT_PROGRESS_INTERVAL,
-            coalesced: Arc::default(),
+            // The interval counts from the start: work that ends within it
+            // stores its progress only with its outcome.
+            coalesced: Arc::new(std::sync::Mutex::new(Coalesced {
+                last_sent: Some(tokio::time::Instant::now()),
+                pending: None,
+            })),
         }
     }
 
-    /// Sends at most one progress report per `interval` (the first at once);
+    /// Sends at most one progress report per `interval` (counted from the
+    /// start);
     /// the ones between are coalesced into the next send, the next
     /// keep-alive, or the outcome. Zero sends every report.
     pub fn with_progress_interval(mut self, interval: Duration) -> Self {

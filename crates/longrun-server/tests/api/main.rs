@@ -2,6 +2,7 @@
 //! test, real HTTP through reqwest.
 
 mod auth;
+mod batches;
 mod cancel;
 mod errors;
 mod helpers;
