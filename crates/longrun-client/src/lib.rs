@@ -374,6 +374,8 @@ impl Client {
     /// a retried batch (after a lost answer, a 5xx or a 429) replays what
     /// was accepted and creates only what was not. Answers item by item, in
     /// order; an item the server refused is an `Err` of its own.
+    // Each item keeps the server's whole problem, as `submit` does.
+    #[allow(clippy::result_large_err)]
     pub async fn submit_batch(&self, submissions: &[Submission]) -> Result<Vec<Result<Submitted>>> {
         let keys: Vec<String> = submissions
             .iter()

@@ -254,3 +254,32 @@ async fn a_download_broken_midway_resumes_with_range_and_is_verified() {
     let refused = client.get("op_aaaaaaaaaaaaaaaaaaaaaaaaaa").await.unwrap_err();
     assert_eq!(refused.code(), Some("not_found"), "errors are typed by code");
 }
+
+/// A batch whose answer is lost is sent again with the same keys: the
+/// retry replays what the first attempt accepted and creates nothing twice;
+/// an item the server refuses is an error of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_submitted_twice_creates_each_operation_once() {
+    let (server, token, _dir) = server(true, false).await;
+    let client = Client::new(format!("http://{}", server.addr), token);
+    let mut submissions: Vec<Submission> = (0..20)
+        .map(|i| Submission::new("sleep", json!({"duration_ms": i})))
+        .collect();
+    submissions.push(Submission::new("no-such-kind", json!({})));
+    let first = client.submit_batch(&submissions).await.unwrap();
+    assert_eq!(first.len(), 21);
+    assert_eq!(first[20].as_ref().unwrap_err().code(), Some("unsupported_kind"));
+    // Retry as a client would after losing the answer: the same keys.
+    for (s, answer) in submissions.iter_mut().zip(&first) {
+        if let Ok(done) = answer {
+            s.idempotency_key = Some(done.idempotency_key.clone());
+        }
+    }
+    let again = client.submit_batch(&submissions).await.unwrap();
+    for (a, b) in first.iter().zip(&again).take(20) {
+        let (a, b) = (a.as_ref().unwrap(), b.as_ref().unwrap());
+        assert!(!a.replayed && b.replayed);
+        assert_eq!(a.operation.id, b.operation.id);
+    }
+    assert_eq!(count(&server).await, 20);
+}

@@ -158,24 +158,36 @@ impl PostgresStore {
     /// Runs `f` in one transaction. Its changes are announced with
     /// `pg_notify` inside the same transaction, so every node (this one
     /// included) hears of them exactly when — and only if — they commit.
+    /// The transaction runs in its own task: a caller that goes away (a
+    /// client that dropped its request) cannot cut it in two; it commits or
+    /// rolls back whole.
     async fn tx<T, F>(&self, f: F) -> Result<T>
     where
-        F: for<'c> FnOnce(&'c mut PgConnection, &'c mut Vec<Change>) -> futures_util::future::BoxFuture<'c, Result<T>>,
+        T: Send + 'static,
+        F: for<'c> FnOnce(&'c mut PgConnection, &'c mut Vec<Change>) -> futures_util::future::BoxFuture<'c, Result<T>>
+            + Send
+            + 'static,
     {
-        let mut tx = self.pool.begin().await.map_err(db)?;
-        let mut changes = Vec::new();
-        let out = f(&mut tx, &mut changes).await;
-        match out {
-            Ok(value) => {
-                announce(&mut tx, &changes).await?;
-                tx.commit().await.map_err(db)?;
-                Ok(value)
+        let pool = self.pool.clone();
+        let run = async move {
+            let mut tx = pool.begin().await.map_err(db)?;
+            let mut changes = Vec::new();
+            let out = f(&mut tx, &mut changes).await;
+            match out {
+                Ok(value) => {
+                    announce(&mut tx, &changes).await?;
+                    tx.commit().await.map_err(db)?;
+                    Ok(value)
+                }
+                Err(e) => {
+                    let _ = tx.rollback().await;
+                    Err(e)
+                }
             }
-            Err(e) => {
-                let _ = tx.rollback().await;
-                Err(e)
-            }
-        }
+        };
+        tokio::spawn(run)
+            .await
+            .map_err(|e| StoreError::Backend(format!("a transaction task failed: {e}")))?
     }
 }
 

@@ -1,0 +1,484 @@
+//! Longrun beside graphile-worker on the same machine, in the same run.
+//!
+//! `cargo bench -p longrun-cli --bench peers` starts a throwaway PostgreSQL
+//! with fsync on, installs graphile-worker (pinned, from the npm registry,
+//! cached under `target/peers/`) and alternates, for `LONGRUN_PEER_ROUNDS`
+//! rounds (3), draining `LONGRUN_PEER_JOBS` (20,000) queued no-op jobs:
+//!
+//! - graphile-worker plain and batched (local queue of 500, batched
+//!   completions), 2 processes × 10 concurrent jobs each;
+//! - Longrun in process (`sleep` 0 ms, 1 step, built-in workers) on
+//!   PostgreSQL and SQLite: a release `longrun serve` restarted on a full queue;
+//! - Longrun remote (a `noop` kind, 2 `RemoteWorker`s × 64 slots over HTTP,
+//!   batch claims and batched outcomes) on PostgreSQL and SQLite;
+//! - batch submissions (100 per request, 4 clients) and single submissions
+//!   (32 clients, p99) beside pgbench's single-row INSERT (32 clients) as
+//!   the ceiling.
+//!
+//! It prints the medians and the ratios. Longrun keeps every operation and
+//! its history; graphile-worker deletes finished jobs.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use longrun_core::validate::Invalid;
+use longrun_engine::kinds::Registry;
+use longrun_engine::remote::{RemoteConfig, RemoteWorker};
+use longrun_engine::worker::{Handler, KindInfo, TaskContext, TaskError};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio_util::sync::CancellationToken;
+
+const BIN: &str = env!("CARGO_BIN_EXE_longrun");
+const GRAPHILE_WORKER: &str = "0.17.3";
+
+fn env_number(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    if v.is_empty() { f64::NAN } else { v[v.len() / 2] }
+}
+
+/// graphile-worker installed under `target/peers`, or why not.
+fn install_graphile() -> Result<PathBuf, String> {
+    let dir =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../target/peers/graphile-worker-{GRAPHILE_WORKER}"));
+    let bin = dir.join("node_modules/.bin/graphile-worker");
+    if !bin.exists() {
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        let out = std::process::Command::new("npm")
+            .args(["install", "--no-audit", "--no-fund", "--prefix"])
+            .arg(&dir)
+            .arg(format!("graphile-worker@{GRAPHILE_WORKER}"))
+            .output()
+            .map_err(|e| format!("npm: {e}"))?;
+        if !out.status.success() {
+            return Err(format!("npm install failed: {}", String::from_utf8_lossy(&out.stderr)));
+        }
+    }
+    std::fs::create_dir_all(dir.join("tasks")).map_err(|e| e.to_string())?;
+    std::fs::write(dir.join("tasks/noop.js"), "module.exports = async () => {};\n").map_err(|e| e.to_string())?;
+    Ok(dir)
+}
+
+async fn sql(url: &str, statement: &str) {
+    let pool = sqlx::PgPool::connect(url).await.unwrap();
+    sqlx::raw_sql(statement).execute(&pool).await.unwrap();
+    pool.close().await;
+}
+
+/// Drains `jobs` queued no-op jobs with 2 graphile-worker processes; jobs/s.
+async fn graphile(dir: &Path, url: &str, jobs: usize, batched: bool) -> f64 {
+    let bin = dir.join("node_modules/.bin/graphile-worker");
+    let config = if batched {
+        "module.exports = { worker: { concurrentJobs: 10, pollInterval: 2000, localQueue: { size: 500 }, \
+         completeJobBatchDelay: 0, failJobBatchDelay: 0 } };\n"
+    } else {
+        "module.exports = { worker: { concurrentJobs: 10, pollInterval: 2000 } };\n"
+    };
+    std::fs::write(dir.join("graphile.config.js"), config).unwrap();
+    let status = Command::new(&bin)
+        .args(["-c", url, "--schema-only"])
+        .current_dir(dir)
+        .stdout(Stdio::null())
+        .status()
+        .await
+        .unwrap();
+    assert!(status.success(), "graphile-worker --schema-only");
+    sql(
+        url,
+        &format!("SELECT graphile_worker.add_job('noop') FROM generate_series(1, {jobs})"),
+    )
+    .await;
+    let pool = sqlx::PgPool::connect(url).await.unwrap();
+    let started = Instant::now();
+    let mut workers: Vec<Child> = (0..2)
+        .map(|_| {
+            Command::new(&bin)
+                .args(["-c", url])
+                .current_dir(dir)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .kill_on_drop(true)
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    loop {
+        let left: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM graphile_worker._private_jobs")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        if left == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let rate = jobs as f64 / started.elapsed().as_secs_f64();
+    for w in &mut workers {
+        let _ = w.kill().await;
+    }
+    pool.close().await;
+    rate
+}
+
+fn cli(store: &[String], args: &[&str]) -> String {
+    let out = std::process::Command::new(BIN).args(args).args(store).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+async fn serve(store: &[String], port: u16, builtin: bool) -> Child {
+    let mut child = Command::new(BIN)
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .arg(format!("--builtin-workers={builtin}"))
+        .args(["--worker-concurrency", "64"])
+        .args(store)
+        .env("LONGRUN_LOG", "error")
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    while let Some(line) = lines.next_line().await.unwrap() {
+        if line.starts_with("longrun listening on") {
+            break;
+        }
+    }
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    child
+}
+
+struct Longrun {
+    store: Vec<String>,
+    client: String,
+    worker: String,
+    http: reqwest::Client,
+}
+
+impl Longrun {
+    fn new(store: Vec<String>) -> Self {
+        cli(&store, &["migrate"]);
+        let client = cli(&store, &["keys", "create", "--tenant", "bench", "--role", "client"]);
+        let worker = cli(&store, &["keys", "create", "--tenant", "bench", "--role", "worker"]);
+        cli(&store, &["kinds", "set", "noop", "--rerun-safe"]);
+        let http = reqwest::Client::builder().pool_max_idle_per_host(64).build().unwrap();
+        Self {
+            store,
+            client,
+            worker,
+            http,
+        }
+    }
+
+    /// Queues `jobs` operations of `body` through the batch endpoint (100 per
+    /// request, 4 clients); submissions/s.
+    async fn enqueue(&self, base: &str, body: Value, jobs: usize) -> f64 {
+        let started = Instant::now();
+        let per_client = jobs.div_ceil(4);
+        let mut clients = Vec::new();
+        for c in 0..4 {
+            let (http, base, token, body) = (self.http.clone(), base.to_owned(), self.client.clone(), body.clone());
+            let n = per_client.min(jobs.saturating_sub(c * per_client));
+            clients.push(tokio::spawn(async move {
+                let prefix = longrun_core::id::random_base32::<8>();
+                for chunk in (0..n).collect::<Vec<_>>().chunks(100) {
+                    let items: Vec<Value> = chunk
+                        .iter()
+                        .map(|i| {
+                            let mut item = body.clone();
+                            item["idempotency_key"] = json!(format!("{prefix}-{c}-{i}"));
+                            item
+                        })
+                        .collect();
+                    let answer: Value = http
+                        .post(format!("{base}/v1/operations/batch"))
+                        .bearer_auth(&token)
+                        .json(&json!({"operations": items}))
+                        .send()
+                        .await
+                        .unwrap()
+                        .json()
+                        .await
+                        .unwrap();
+                    assert!(
+                        answer["results"].as_array().unwrap().iter().all(|r| r["status"] == 202),
+                        "{answer}"
+                    );
+                }
+            }));
+        }
+        for c in clients {
+            c.await.unwrap();
+        }
+        jobs as f64 / started.elapsed().as_secs_f64()
+    }
+
+    /// Waits until nothing is queued or running.
+    async fn drained(&self, base: &str) {
+        loop {
+            let mut busy = false;
+            for state in ["queued", "running"] {
+                let page: Value = self
+                    .http
+                    .get(format!("{base}/v1/operations?state={state}&page_size=1"))
+                    .bearer_auth(&self.client)
+                    .send()
+                    .await
+                    .unwrap()
+                    .json()
+                    .await
+                    .unwrap();
+                busy |= !page["operations"].as_array().unwrap().is_empty();
+            }
+            if !busy {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Built-in workers on a full queue: (batch submissions/s, jobs/s).
+    async fn in_process(&self, jobs: usize) -> (f64, f64) {
+        let port = free_port();
+        let base = format!("http://127.0.0.1:{port}");
+        let mut server = serve(&self.store, port, false).await;
+        let submits = self
+            .enqueue(
+                &base,
+                json!({"kind": "sleep", "input": {"duration_ms": 0, "steps": 1}}),
+                jobs,
+            )
+            .await;
+        let _ = server.kill().await;
+        let _ = server.wait().await;
+        let started = Instant::now();
+        let _server = serve(&self.store, port, true).await;
+        self.drained(&base).await;
+        (submits, jobs as f64 / started.elapsed().as_secs_f64())
+    }
+
+    /// Two remote workers over HTTP on a full queue: jobs/s.
+    async fn remote(&self, jobs: usize) -> f64 {
+        let port = free_port();
+        let base = format!("http://127.0.0.1:{port}");
+        let _server = serve(&self.store, port, false).await;
+        self.enqueue(&base, json!({"kind": "noop"}), jobs).await;
+        let started = Instant::now();
+        let stop = CancellationToken::new();
+        let mut workers = Vec::new();
+        for w in 0..2 {
+            let mut config = RemoteConfig::new(base.clone(), self.worker.clone());
+            config.concurrency = 64;
+            config.worker_id = format!("bench-{w}");
+            config.claim_wait = Duration::from_secs(1);
+            let mut registry = Registry::default();
+            registry.register(Arc::new(Noop));
+            workers.push(tokio::spawn(RemoteWorker::new(config, registry).run(stop.clone())));
+        }
+        self.drained(&base).await;
+        let rate = jobs as f64 / started.elapsed().as_secs_f64();
+        stop.cancel();
+        for w in workers {
+            let _ = w.await;
+        }
+        rate
+    }
+
+    /// 32 clients submitting one at a time for `seconds`: (submissions/s, p99 ms).
+    async fn single_submits(&self, seconds: u64) -> (f64, f64) {
+        let port = free_port();
+        let base = format!("http://127.0.0.1:{port}");
+        let _server = serve(&self.store, port, false).await;
+        let started = Instant::now();
+        let mut clients = Vec::new();
+        for c in 0..32 {
+            let (http, base, token) = (self.http.clone(), base.clone(), self.client.clone());
+            clients.push(tokio::spawn(async move {
+                let prefix = longrun_core::id::random_base32::<8>();
+                let mut latencies = Vec::new();
+                let mut i = 0;
+                while started.elapsed() < Duration::from_secs(seconds) {
+                    let t = Instant::now();
+                    let ok = http
+                        .post(format!("{base}/v1/operations"))
+                        .bearer_auth(&token)
+                        .header("Idempotency-Key", format!("{prefix}-{c}-{i}"))
+                        .json(&json!({"kind": "noop"}))
+                        .send()
+                        .await
+                        .is_ok_and(|r| r.status() == 202);
+                    assert!(ok, "a single submission failed");
+                    latencies.push(t.elapsed().as_secs_f64() * 1000.0);
+                    i += 1;
+                }
+                latencies
+            }));
+        }
+        let mut latencies = Vec::new();
+        for c in clients {
+            latencies.extend(c.await.unwrap());
+        }
+        let rate = latencies.len() as f64 / started.elapsed().as_secs_f64();
+        latencies.sort_by(|a, b| a.total_cmp(b));
+        let p99 = latencies[(latencies.len() * 99 / 100).min(latencies.len() - 1)];
+        (rate, p99)
+    }
+}
+
+struct Noop;
+
+#[async_trait]
+impl Handler for Noop {
+    fn info(&self) -> KindInfo {
+        KindInfo {
+            name: "noop".into(),
+            rerun_safe: true,
+            max_attempts: 3,
+        }
+    }
+
+    fn validate(&self, _input: &Value) -> Result<(), Invalid> {
+        Ok(())
+    }
+
+    async fn run(&self, _ctx: TaskContext) -> Result<Option<Value>, TaskError> {
+        Ok(None)
+    }
+}
+
+/// pgbench, 32 clients, a single-row INSERT per transaction: tps.
+fn pgbench_insert(url: &str, seconds: u64) -> Option<f64> {
+    let script = std::env::temp_dir().join(format!("longrun-pgbench-{}.sql", std::process::id()));
+    std::fs::write(&script, "INSERT INTO ceiling (v) VALUES (1);\n").ok()?;
+    let out = std::process::Command::new("pgbench")
+        .args(["-n", "-c", "32", "-j", "2", "-T", &seconds.to_string(), "-f"])
+        .arg(&script)
+        .arg(url)
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find(|l| l.starts_with("tps = "))
+        .and_then(|l| l.trim_start_matches("tps = ").split_whitespace().next()?.parse().ok())
+}
+
+fn main() {
+    let jobs = env_number("LONGRUN_PEER_JOBS", 20_000);
+    let rounds = env_number("LONGRUN_PEER_ROUNDS", 3);
+    let seconds = env_number("LONGRUN_BENCH_SECONDS", 5) as u64;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async move {
+        let cluster = match longrun_store::pgtest::start_durable() {
+            Ok(c) => c,
+            Err(why) => {
+                println!("PostgreSQL is not available here ({why}); nothing to compare");
+                return;
+            }
+        };
+        let graphile_dir = match install_graphile() {
+            Ok(dir) => Some(dir),
+            Err(why) => {
+                println!("graphile-worker {GRAPHILE_WORKER} is not available ({why}); its rows are skipped");
+                None
+            }
+        };
+        let mut figures: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+        println!("{jobs} queued no-op jobs per drain, {rounds} alternating rounds, PostgreSQL with fsync on");
+        for round in 1..=rounds {
+            if let Some(dir) = &graphile_dir {
+                for batched in [false, true] {
+                    let url = cluster.database().await;
+                    let rate = graphile(dir, &url, jobs, batched).await;
+                    let name = if batched { "graphile batched" } else { "graphile plain" };
+                    figures.entry(name).or_default().push(rate);
+                }
+            }
+            let pg = Longrun::new(vec!["--database".into(), cluster.database().await]);
+            let (submits, drain) = pg.in_process(jobs).await;
+            figures.entry("longrun in-process PG").or_default().push(drain);
+            figures.entry("longrun batch submits PG").or_default().push(submits);
+            let pg = Longrun::new(vec!["--database".into(), cluster.database().await]);
+            figures
+                .entry("longrun remote PG")
+                .or_default()
+                .push(pg.remote(jobs).await);
+            let (rate, p99) = pg.single_submits(seconds).await;
+            figures.entry("longrun single submits PG").or_default().push(rate);
+            figures.entry("longrun single submit p99 ms PG").or_default().push(p99);
+
+            let dir = tempfile::tempdir().unwrap();
+            let lite = Longrun::new(vec!["--data-dir".into(), dir.path().join("a").display().to_string()]);
+            let (submits, drain) = lite.in_process(jobs).await;
+            figures.entry("longrun in-process SQLite").or_default().push(drain);
+            figures.entry("longrun batch submits SQLite").or_default().push(submits);
+            let lite = Longrun::new(vec!["--data-dir".into(), dir.path().join("b").display().to_string()]);
+            figures
+                .entry("longrun remote SQLite")
+                .or_default()
+                .push(lite.remote(jobs).await);
+            let (rate, p99) = lite.single_submits(seconds).await;
+            figures.entry("longrun single submits SQLite").or_default().push(rate);
+            figures
+                .entry("longrun single submit p99 ms SQLite")
+                .or_default()
+                .push(p99);
+
+            let url = cluster.database().await;
+            sql(&url, "CREATE TABLE ceiling (id BIGSERIAL PRIMARY KEY, v INT)").await;
+            if let Some(tps) = pgbench_insert(&url, seconds) {
+                figures.entry("pgbench INSERT ceiling").or_default().push(tps);
+            }
+            eprintln!("round {round} done");
+        }
+        println!("| figure | median | rounds |");
+        println!("|---|---|---|");
+        for (name, values) in &figures {
+            let all: Vec<String> = values.iter().map(|v| format!("{v:.0}")).collect();
+            println!("| {name} | {:.0} | {} |", median(values), all.join(", "));
+        }
+        let m = |name: &str| figures.get(name).map(|v| median(v));
+        let ratio = |a: &str, b: &str| match (m(a), m(b)) {
+            (Some(a), Some(b)) => format!("{:.2}×", a / b),
+            _ => "n/a".into(),
+        };
+        println!();
+        println!("| ratio (same run) | value |");
+        println!("|---|---|");
+        for (a, b) in [
+            ("longrun in-process PG", "graphile batched"),
+            ("longrun in-process SQLite", "graphile batched"),
+            ("longrun remote PG", "graphile batched"),
+            ("longrun remote PG", "graphile plain"),
+            ("longrun single submits PG", "pgbench INSERT ceiling"),
+        ] {
+            println!("| {a} / {b} | {} |", ratio(a, b));
+        }
+        println!();
+        println!("Longrun keeps every operation, its idempotency record and its history (3 events each);");
+        println!("graphile-worker deletes finished jobs.");
+    });
+}
