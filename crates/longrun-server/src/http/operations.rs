@@ -395,7 +395,7 @@ fn accept_error(e: StoreError) -> ApiError {
 pub const MAX_BATCH_SUBMISSIONS: usize = 1000;
 
 #[utoipa::path(post, path = "/v1/operations/batch", tag = "operations", security(("bearer" = [])), request_body = BatchSubmitRequest,
-    responses((status = 200, description = "One result per item, in item order, each as its single submission would answer (202 new, 200 replay of a terminal operation, 409, 422, 429 …); every accepted item is durable before the response. An item refused alone refuses nothing else.", body = BatchSubmitResponse), (status = "default", description = "A problem (RFC 9457) with a stable `code`", body = Problem, content_type = "application/problem+json")))]
+    responses((status = 200, description = "One result per item, in item order, each as its single submission would answer (202 new, 200 replay of a terminal operation, 409, 422, 429 …); every accepted item is durable before the response. An item refused alone refuses nothing else. Two items with the same key converge on one operation (one created, the other a replay; which one is not promised).", body = BatchSubmitResponse), (status = "default", description = "A problem (RFC 9457) with a stable `code`", body = Problem, content_type = "application/problem+json")))]
 async fn submit_batch(
     State(app): State<AppState>,
     caller: Caller,
