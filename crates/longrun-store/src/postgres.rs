@@ -527,22 +527,7 @@ async fn event_insert(
     event_type: &str,
     data: &Value,
 ) -> Result<()> {
-    sqlx::query(
-        "INSERT INTO operation_events (operation_id, version, type, state, at, data, snapshot)
-         VALUES ($1, $2, $3, $4, $5, $6, $7)",
-    )
-    .bind(op.id.as_str())
-    .bind(op.version)
-    .bind(event_type)
-    .bind(op.state.as_str())
-    .bind(op.updated_at.0)
-    .bind(data.to_string())
-    .bind(snapshot_to_json(op).to_string())
-    .execute(&mut *c)
-    .await
-    .map_err(db)?;
-    ch.push(change_of(op, event_type));
-    Ok(())
+    events_insert(c, ch, &[(op, event_type, data.clone())]).await
 }
 
 async fn operation_by_id(c: &mut PgConnection, id: &str) -> Result<Option<Operation>> {
@@ -591,7 +576,7 @@ async fn update_returning(
 /// one round trip inside its group commit. A tenant with a `max_active`
 /// quota takes the slow path, which locks the tenant row while it counts.
 async fn operation_accept(c: &mut PgConnection, ch: &mut Vec<Change>, p: &AcceptParams) -> Result<AcceptOutcome> {
-    let created = accepted_operation(p);
+    let created = created_operation(p);
     let labels = serde_json::to_string(&p.labels).map_err(|e| StoreError::Backend(e.to_string()))?;
     let (key, fingerprint) = match &p.idempotency {
         Some((key, fingerprint)) => (Some(key.as_str()), Some(&fingerprint.0[..])),
@@ -654,36 +639,6 @@ async fn operation_accept(c: &mut PgConnection, ch: &mut Vec<Change>, p: &Accept
     }
     let (key, fingerprint) = p.idempotency.as_ref().expect("only a keyed submission is not inserted");
     existing_for_key(c, p, key, fingerprint).await
-}
-
-/// The operation a submission creates, as the store returns it.
-fn accepted_operation(p: &AcceptParams) -> Operation {
-    Operation {
-        id: p.id.clone(),
-        tenant: p.tenant.clone(),
-        kind: p.kind.clone(),
-        state: State::Queued,
-        version: 1,
-        attempt: 0,
-        input: Some(p.input.clone()),
-        callback_url: p.callback_url.clone(),
-        deadline_at: p.deadline_at,
-        budget_max_cost: p.budget_max_cost,
-        cost_units: 0.0,
-        labels: p.labels.clone(),
-        progress: None,
-        result: None,
-        error: None,
-        cancel: None,
-        cancellable: true,
-        idempotency_key: p.idempotency.as_ref().map(|(k, _)| k.as_str().to_owned()),
-        created_at: p.now,
-        started_at: None,
-        completed_at: None,
-        updated_at: p.now,
-        expires_at: None,
-        artifact: None,
-    }
 }
 
 /// The operation an earlier submission with the same key created, or the
@@ -879,39 +834,39 @@ async fn events_of(
     Ok(Some(events))
 }
 
-/// Moves a non-terminal operation to a terminal state (see `sqlite/sql.rs`).
-#[allow(clippy::too_many_arguments)]
+/// Moves a non-terminal operation to a terminal state and returns it (see
+/// `sqlite/sql.rs`).
 async fn operation_end(
     c: &mut PgConnection,
     ch: &mut Vec<Change>,
     policy: Policy,
     id: &str,
-    to: State,
-    result: Option<&Value>,
-    error: Option<&OperationError>,
+    ending: &Ending,
     now: Timestamp,
-) -> Result<()> {
+) -> Result<Operation> {
     let expires_at = now.plus(policy.operation_retention);
     let sql = format!(
         "UPDATE operations
             SET state = $2, version = version + 1, result = $3, error_code = $4, error_message = $5,
                 error_retryable = $6, completed_at = $7, updated_at = $7, expires_at = $8,
-                input = CASE WHEN $9 THEN input ELSE NULL END
+                input = CASE WHEN $9 THEN input ELSE NULL END, progress = COALESCE($10, progress)
           WHERE id = $1 AND state IN ('queued', 'running')
       RETURNING {OP_COLUMNS}"
     );
+    let error = ending.error.as_ref();
     let ended = update_returning(
         c,
         sqlx::query(&sql)
             .bind(id)
-            .bind(to.as_str())
-            .bind(result.map(Value::to_string))
+            .bind(ending.to.as_str())
+            .bind(ending.result.as_ref().map(Value::to_string))
             .bind(error.map(|e| e.code.clone()))
             .bind(error.map(|e| e.message.clone()))
             .bind(error.map(|e| e.retryable))
             .bind(now.0)
             .bind(expires_at.0)
-            .bind(policy.keep_inputs),
+            .bind(policy.keep_inputs)
+            .bind(ending.progress_json()),
     )
     .await?
     .ok_or(StoreError::LeaseLost)?;
@@ -920,18 +875,15 @@ async fn operation_end(
         .execute(&mut *c)
         .await
         .map_err(db)?;
-    let ended = if to == State::Succeeded {
+    let ended = if ending.to == State::Succeeded {
         result_publish(c, policy, ended, now).await?
     } else {
         result_discard(c, id, now).await?;
         ended
     };
-    let data = match error {
-        Some(e) => json!({"error": {"code": e.code, "message": e.message, "retryable": e.retryable}}),
-        None => json!({}),
-    };
-    event_insert(c, ch, &ended, to.as_str(), &data).await?;
-    outbox_insert(c, &ended).await
+    event_insert(c, ch, &ended, ending.to.as_str(), &ending.event_data()).await?;
+    outbox_insert(c, &ended).await?;
+    Ok(ended)
 }
 
 async fn result_publish(c: &mut PgConnection, policy: Policy, op: Operation, now: Timestamp) -> Result<Operation> {
@@ -1098,8 +1050,7 @@ async fn operation_cancel(
     .execute(&mut *c)
     .await
     .map_err(db)?;
-    operation_end(c, ch, policy, id, State::Cancelled, None, None, p.now).await?;
-    let op = operation_by_id(c, id).await?.ok_or(StoreError::NotFound)?;
+    let op = operation_end(c, ch, policy, id, &Ending::cancelled(), p.now).await?;
     Ok(CancelOutcome::CancelledNow(op))
 }
 
@@ -1205,18 +1156,8 @@ async fn task_claim(c: &mut PgConnection, ch: &mut Vec<Change>, policy: Policy, 
     let mut live = Vec::with_capacity(picked.len());
     for task in picked {
         if task.deadline_at.is_some_and(|d| d <= p.now.0) {
-            let error = deadline_error_before_start();
-            operation_end(
-                c,
-                ch,
-                policy,
-                &task.operation_id,
-                State::Failed,
-                None,
-                Some(&error),
-                p.now,
-            )
-            .await?;
+            let ending = Ending::failed(deadline_error_before_start());
+            operation_end(c, ch, policy, &task.operation_id, &ending, p.now).await?;
         } else {
             live.push(task);
         }
@@ -1284,38 +1225,41 @@ async fn lease_tasks(
         let token: String = row.try_get(28).map_err(db)?;
         started.insert(op.id.as_str().to_owned(), (op, token));
     }
-    let mut events = Vec::with_capacity(started.len());
-    let mut tasks = Vec::with_capacity(started.len());
+    // In pick order (fair across tenants), as the claimer gets them.
+    let mut leased = Vec::with_capacity(started.len());
     for pick in picked {
-        let Some((op, token)) = started.remove(&pick.operation_id) else {
-            continue;
-        };
-        if pick.was_queued {
-            outbox_insert(c, &op).await?;
+        if let Some((op, token)) = started.remove(&pick.operation_id) {
+            if pick.was_queued {
+                outbox_insert(c, &op).await?;
+            }
+            leased.push((op, token, pick.deadline_at));
         }
-        events.push((
-            op.clone(),
-            "started",
-            json!({"attempt": op.attempt, "worker_id": p.worker_id}),
-        ));
-        tasks.push(Task {
+    }
+    let events: Vec<(&Operation, &str, Value)> = leased
+        .iter()
+        .map(|(op, _, _)| (op, "started", json!({"attempt": op.attempt, "worker_id": p.worker_id})))
+        .collect();
+    events_insert(c, ch, &events).await?;
+    let tasks = leased
+        .into_iter()
+        .map(|(op, lease_token, deadline_at)| Task {
             operation_id: op.id,
             tenant: op.tenant,
             kind: op.kind,
             input: op.input.unwrap_or(Value::Null),
             attempt: op.attempt,
-            lease_token: token,
+            lease_token,
             lease_expires_at,
-            deadline_at: ts(pick.deadline_at),
+            deadline_at: ts(deadline_at),
             budget_max_cost: op.budget_max_cost,
-        });
-    }
-    events_insert(c, ch, &events).await?;
+        })
+        .collect();
     Ok(tasks)
 }
 
-/// Records many events in one statement (see `event_insert`).
-async fn events_insert(c: &mut PgConnection, ch: &mut Vec<Change>, events: &[(Operation, &str, Value)]) -> Result<()> {
+/// Records events, each with the representation at its version, and notes
+/// them as changes to announce; many in one statement.
+async fn events_insert(c: &mut PgConnection, ch: &mut Vec<Change>, events: &[(&Operation, &str, Value)]) -> Result<()> {
     if events.is_empty() {
         return Ok(());
     }
@@ -1434,9 +1378,10 @@ async fn requeue(
     ch: &mut Vec<Change>,
     id: &str,
     next_attempt: i64,
+    progress: Option<&Progress>,
     now: Timestamp,
     data: &Value,
-) -> Result<()> {
+) -> Result<Operation> {
     let available_at = now.plus(retry_backoff(next_attempt));
     sqlx::query(
         "UPDATE tasks SET status = 'ready', lease_token = NULL, lease_expires_at = NULL, worker_id = NULL, available_at = $2
@@ -1448,18 +1393,23 @@ async fn requeue(
     .await
     .map_err(db)?;
     let sql = format!(
-        "UPDATE operations SET attempt = $2, version = version + 1, updated_at = $3
+        "UPDATE operations SET attempt = $2, version = version + 1, updated_at = $3, progress = COALESCE($4, progress)
           WHERE id = $1 AND state = 'running' RETURNING {OP_COLUMNS}"
     );
-    let requeued = update_returning(c, sqlx::query(&sql).bind(id).bind(next_attempt).bind(now.0))
-        .await?
-        .ok_or(StoreError::NotFound)?;
+    let progress = progress.map(|p| progress_to_json(p).to_string());
+    let requeued = update_returning(
+        c,
+        sqlx::query(&sql).bind(id).bind(next_attempt).bind(now.0).bind(progress),
+    )
+    .await?
+    .ok_or(StoreError::NotFound)?;
     let mut data = data.clone();
     if let Some(fields) = data.as_object_mut() {
         fields.insert("next_attempt".into(), json!(next_attempt));
         fields.insert("available_at".into(), json!(available_at.to_rfc3339()));
     }
-    event_insert(c, ch, &requeued, "retry_scheduled", &data).await
+    event_insert(c, ch, &requeued, "retry_scheduled", &data).await?;
+    Ok(requeued)
 }
 
 async fn task_finish(
@@ -1470,22 +1420,14 @@ async fn task_finish(
 ) -> Result<Operation> {
     let current = fenced(c, &p.operation_id, &p.lease_token).await?;
     let id = p.operation_id.as_str();
-    if let Some(progress) = final_progress(&current, p.progress.as_ref(), p.now) {
-        // Same version: the outcome's own change carries it.
-        sqlx::query("UPDATE operations SET progress = $2 WHERE id = $1")
-            .bind(id)
-            .bind(progress_to_json(&progress).to_string())
-            .execute(&mut *c)
-            .await
-            .map_err(db)?;
-    }
+    // The worker's last progress rides the outcome's own change.
+    let progress = final_progress(&current, p.progress.as_ref(), p.now);
     match decide_finish(&current, &p.outcome) {
-        FinishDecision::End { to, result, error } => {
-            operation_end(c, ch, policy, id, to, result.as_ref(), error.as_ref(), p.now).await?;
+        Decision::End(ending) => operation_end(c, ch, policy, id, &ending.with_progress(progress), p.now).await,
+        Decision::Retry { next_attempt, data } => {
+            requeue(c, ch, id, next_attempt, progress.as_ref(), p.now, &data).await
         }
-        FinishDecision::Retry { next_attempt, data } => requeue(c, ch, id, next_attempt, p.now, &data).await?,
     }
-    operation_by_id(c, id).await?.ok_or(StoreError::NotFound)
 }
 
 async fn task_reap(c: &mut PgConnection, ch: &mut Vec<Change>, policy: Policy, p: &ReapParams) -> Result<ReapCounts> {
@@ -1507,32 +1449,20 @@ async fn task_reap(c: &mut PgConnection, ch: &mut Vec<Change>, policy: Policy, p
     let mut counts = ReapCounts::default();
     for r in &rows {
         let id: String = r.try_get(0).map_err(db)?;
-        let attempt: i64 = r.try_get(1).map_err(db)?;
-        let cancel_requested: bool = r.try_get(2).map_err(db)?;
-        let by: Option<String> = r.try_get(3).map_err(db)?;
-        let reason: Option<String> = r.try_get(4).map_err(db)?;
-        let rerun_safe: bool = r.try_get(5).map_err(db)?;
-        let max_attempts: i64 = r.try_get(6).map_err(db)?;
-        if cancel_requested {
-            match failing_cancel(by.as_deref(), reason.as_deref()) {
-                Some(error) => operation_end(c, ch, policy, &id, State::Failed, None, Some(&error), p.now).await?,
-                None => operation_end(c, ch, policy, &id, State::Cancelled, None, None, p.now).await?,
-            }
-            counts.ended_cancel_requested += 1;
-        } else if rerun_safe && attempt < max_attempts {
-            requeue(c, ch, &id, attempt + 1, p.now, &json!({"reason": "lease_expired"})).await?;
-            counts.requeued += 1;
-        } else {
-            let error = OperationError {
-                code: "outcome_unknown".into(),
-                message: "the worker stopped renewing its lease after starting work that is not safe to re-run; \
-                          external effects may have happened"
-                    .into(),
-                retryable: false,
-            };
-            operation_end(c, ch, policy, &id, State::Failed, None, Some(&error), p.now).await?;
-            counts.failed_outcome_unknown += 1;
-        }
+        let task = Lapsed {
+            attempt: r.try_get(1).map_err(db)?,
+            cancel_requested: r.try_get(2).map_err(db)?,
+            cancel_requested_by: r.try_get(3).map_err(db)?,
+            cancel_reason: r.try_get(4).map_err(db)?,
+            rerun_safe: r.try_get(5).map_err(db)?,
+            max_attempts: r.try_get(6).map_err(db)?,
+        };
+        let decision = decide_reap(&task);
+        match &decision {
+            Decision::End(ending) => operation_end(c, ch, policy, &id, ending, p.now).await?,
+            Decision::Retry { next_attempt, data } => requeue(c, ch, &id, *next_attempt, None, p.now, data).await?,
+        };
+        counts.count(&task, &decision);
     }
     Ok(counts)
 }
@@ -1605,7 +1535,7 @@ async fn deadline_enforce(
         } else {
             failing_cancel(Some(SYSTEM), Some("deadline_exceeded")).expect("a failing reason")
         };
-        operation_end(c, ch, policy, &id, State::Failed, None, Some(&error), p.now).await?;
+        operation_end(c, ch, policy, &id, &Ending::failed(error), p.now).await?;
         counts.expired_before_start += 1;
     }
     let running = ids(
@@ -1641,7 +1571,7 @@ async fn deadline_enforce(
             message: "the operation's deadline passed".into(),
             retryable: false,
         });
-        operation_end(c, ch, policy, &id, State::Failed, None, Some(&error), p.now).await?;
+        operation_end(c, ch, policy, &id, &Ending::failed(error), p.now).await?;
         counts.ended_without_ack += 1;
     }
     Ok(counts)

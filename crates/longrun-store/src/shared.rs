@@ -231,16 +231,79 @@ pub(crate) fn heartbeat_effect(current: &Fenced, p: &HeartbeatParams) -> Heartbe
     }
 }
 
-/// What a worker's outcome does to its operation, decided once for every
-/// backend: end it in a terminal state, or (a retryable failure with attempts
-/// left and no stop requested) put it back in the queue.
+/// How an operation ends: its terminal state and what it carries. Every
+/// way to end goes through a named constructor, and every backend applies
+/// an `Ending` the same way (`operation_end`).
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) enum FinishDecision {
-    End {
-        to: State,
-        result: Option<Value>,
-        error: Option<OperationError>,
-    },
+pub(crate) struct Ending {
+    pub to: State,
+    pub result: Option<Value>,
+    pub error: Option<OperationError>,
+    /// The worker's last progress, stored with the change (same version).
+    pub progress: Option<Progress>,
+}
+
+impl Ending {
+    pub fn succeeded(result: Option<Value>) -> Self {
+        Self {
+            to: State::Succeeded,
+            result: Some(result.unwrap_or(Value::Null)),
+            error: None,
+            progress: None,
+        }
+    }
+
+    pub fn failed(error: OperationError) -> Self {
+        Self {
+            to: State::Failed,
+            result: None,
+            error: Some(error),
+            progress: None,
+        }
+    }
+
+    pub fn cancelled() -> Self {
+        Self {
+            to: State::Cancelled,
+            result: None,
+            error: None,
+            progress: None,
+        }
+    }
+
+    /// How work whose cancellation was requested ends: a stop the server
+    /// asked for (deadline, budget) fails with its code, a client's cancel
+    /// ends `cancelled`.
+    pub fn after_cancel(requested_by: Option<&str>, reason: Option<&str>) -> Self {
+        match failing_cancel(requested_by, reason) {
+            Some(error) => Self::failed(error),
+            None => Self::cancelled(),
+        }
+    }
+
+    pub fn with_progress(self, progress: Option<Progress>) -> Self {
+        Self { progress, ..self }
+    }
+
+    /// The progress column's new JSON, if the ending changes it.
+    pub fn progress_json(&self) -> Option<String> {
+        self.progress.as_ref().map(|p| progress_to_json(p).to_string())
+    }
+
+    /// The data of the terminal event.
+    pub fn event_data(&self) -> Value {
+        match &self.error {
+            Some(e) => json!({"error": {"code": e.code, "message": e.message, "retryable": e.retryable}}),
+            None => json!({}),
+        }
+    }
+}
+
+/// What a worker's outcome or a lapsed lease does to its operation, decided
+/// once for every backend: end it, or put it back in the queue.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Decision {
+    End(Ending),
     Retry {
         next_attempt: i64,
         /// The `retry_scheduled` event's data (the backoff is added by the applier).
@@ -248,19 +311,15 @@ pub(crate) enum FinishDecision {
     },
 }
 
-pub(crate) fn decide_finish(current: &Fenced, outcome: &Outcome) -> FinishDecision {
+pub(crate) fn decide_finish(current: &Fenced, outcome: &Outcome) -> Decision {
     match outcome {
-        Outcome::Succeeded { result } => FinishDecision::End {
-            to: State::Succeeded,
-            result: Some(result.clone().unwrap_or(Value::Null)),
-            error: None,
-        },
+        Outcome::Succeeded { result } => Decision::End(Ending::succeeded(result.clone())),
         // The worker says another attempt may succeed and attempts are left:
         // retry after a backoff; the public state stays running.
         Outcome::Failed { error }
             if error.retryable && !current.cancel_requested && current.attempt < current.max_attempts =>
         {
-            FinishDecision::Retry {
+            Decision::Retry {
                 next_attempt: current.attempt + 1,
                 data: json!({
                     "reason": "worker_error",
@@ -268,27 +327,88 @@ pub(crate) fn decide_finish(current: &Fenced, outcome: &Outcome) -> FinishDecisi
                 }),
             }
         }
-        Outcome::Failed { error } => FinishDecision::End {
-            to: State::Failed,
-            result: None,
-            error: Some(error.clone()),
-        },
-        // A stop the server asked for (deadline, budget) ends `failed` with
-        // its code; a client's cancel ends `cancelled`.
-        Outcome::Cancelled => {
-            match failing_cancel(current.cancel_requested_by.as_deref(), current.cancel_reason.as_deref()) {
-                Some(error) => FinishDecision::End {
-                    to: State::Failed,
-                    result: None,
-                    error: Some(error),
-                },
-                None => FinishDecision::End {
-                    to: State::Cancelled,
-                    result: None,
-                    error: None,
-                },
-            }
+        Outcome::Failed { error } => Decision::End(Ending::failed(error.clone())),
+        Outcome::Cancelled => Decision::End(Ending::after_cancel(
+            current.cancel_requested_by.as_deref(),
+            current.cancel_reason.as_deref(),
+        )),
+    }
+}
+
+/// A task whose lease lapsed, as the reaper reads it.
+pub(crate) struct Lapsed {
+    pub attempt: i64,
+    pub max_attempts: i64,
+    pub rerun_safe: bool,
+    pub cancel_requested: bool,
+    pub cancel_requested_by: Option<String>,
+    pub cancel_reason: Option<String>,
+}
+
+/// What the reaper does with a lapsed lease: work asked to stop ends as its
+/// stop says; a kind safe to re-run with attempts left goes back to the
+/// queue; anything else may have had external effects, so it fails with
+/// `outcome_unknown` for a human or a reconciler to look at.
+pub(crate) fn decide_reap(task: &Lapsed) -> Decision {
+    if task.cancel_requested {
+        Decision::End(Ending::after_cancel(
+            task.cancel_requested_by.as_deref(),
+            task.cancel_reason.as_deref(),
+        ))
+    } else if task.rerun_safe && task.attempt < task.max_attempts {
+        Decision::Retry {
+            next_attempt: task.attempt + 1,
+            data: json!({"reason": "lease_expired"}),
         }
+    } else {
+        Decision::End(Ending::failed(OperationError {
+            code: "outcome_unknown".into(),
+            message: "the worker stopped renewing its lease after starting work that is not safe to re-run; \
+                      external effects may have happened"
+                .into(),
+            retryable: false,
+        }))
+    }
+}
+
+impl ReapCounts {
+    /// Counts what the reaper did with `task`.
+    pub(crate) fn count(&mut self, task: &Lapsed, decision: &Decision) {
+        match decision {
+            Decision::Retry { .. } => self.requeued += 1,
+            Decision::End(_) if task.cancel_requested => self.ended_cancel_requested += 1,
+            Decision::End(_) => self.failed_outcome_unknown += 1,
+        }
+    }
+}
+
+/// The operation an accepted submission creates, as the store returns it.
+pub(crate) fn created_operation(p: &AcceptParams) -> Operation {
+    Operation {
+        id: p.id.clone(),
+        tenant: p.tenant.clone(),
+        kind: p.kind.clone(),
+        state: State::Queued,
+        version: 1,
+        attempt: 0,
+        input: Some(p.input.clone()),
+        callback_url: p.callback_url.clone(),
+        deadline_at: p.deadline_at,
+        budget_max_cost: p.budget_max_cost,
+        cost_units: 0.0,
+        labels: p.labels.clone(),
+        progress: None,
+        result: None,
+        error: None,
+        cancel: None,
+        cancellable: true,
+        idempotency_key: p.idempotency.as_ref().map(|(k, _)| k.as_str().to_owned()),
+        created_at: p.now,
+        started_at: None,
+        completed_at: None,
+        updated_at: p.now,
+        expires_at: None,
+        artifact: None,
     }
 }
 
@@ -306,4 +426,130 @@ pub(crate) fn final_progress(current: &Fenced, update: Option<&ProgressUpdate>, 
         merged.updated_at = Some(now);
         merged
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn running(attempt: i64, max_attempts: i64) -> Fenced {
+        Fenced {
+            version: 2,
+            attempt,
+            max_attempts,
+            budget_max_cost: None,
+            lease_ms: 30_000,
+            progress: None,
+            cost_units: 0.0,
+            cancellable: true,
+            cancel_requested: false,
+            cancel_reason: None,
+            cancel_requested_by: None,
+        }
+    }
+
+    fn error(retryable: bool) -> OperationError {
+        OperationError {
+            code: "boom".into(),
+            message: "it broke".into(),
+            retryable,
+        }
+    }
+
+    #[test]
+    fn a_retryable_failure_retries_only_with_attempts_left_and_no_stop_asked() {
+        let failed = Outcome::Failed { error: error(true) };
+        assert!(matches!(
+            decide_finish(&running(1, 3), &failed),
+            Decision::Retry { next_attempt: 2, .. }
+        ));
+        assert_eq!(
+            decide_finish(&running(3, 3), &failed),
+            Decision::End(Ending::failed(error(true)))
+        );
+        let mut stopping = running(1, 3);
+        stopping.cancel_requested = true;
+        assert_eq!(
+            decide_finish(&stopping, &failed),
+            Decision::End(Ending::failed(error(true)))
+        );
+        assert_eq!(
+            decide_finish(&running(1, 3), &Outcome::Failed { error: error(false) }),
+            Decision::End(Ending::failed(error(false)))
+        );
+    }
+
+    #[test]
+    fn a_stop_the_server_asked_for_ends_failed_with_its_code() {
+        let mut stopped = running(1, 1);
+        stopped.cancel_requested = true;
+        stopped.cancel_requested_by = Some(SYSTEM.into());
+        stopped.cancel_reason = Some("budget_exhausted".into());
+        let Decision::End(ending) = decide_finish(&stopped, &Outcome::Cancelled) else {
+            panic!("a cancel acknowledgement ends the operation")
+        };
+        assert_eq!(ending.to, State::Failed);
+        assert_eq!(ending.error.unwrap().code, "budget_exhausted");
+        // A client's cancel (even one giving that reason) ends cancelled.
+        stopped.cancel_requested_by = Some("key_123".into());
+        assert_eq!(
+            decide_finish(&stopped, &Outcome::Cancelled),
+            Decision::End(Ending::cancelled())
+        );
+        assert_eq!(
+            decide_finish(&running(1, 1), &Outcome::Succeeded { result: None }),
+            Decision::End(Ending::succeeded(Some(Value::Null)))
+        );
+    }
+
+    #[test]
+    fn the_reaper_retries_rerun_safe_work_and_fails_the_rest_as_outcome_unknown() {
+        let lapsed = |rerun_safe, attempt, cancel_requested| Lapsed {
+            attempt,
+            max_attempts: 3,
+            rerun_safe,
+            cancel_requested,
+            cancel_requested_by: None,
+            cancel_reason: None,
+        };
+        let mut counts = ReapCounts::default();
+        for (task, expected) in [
+            (lapsed(true, 1, false), "retry"),
+            (lapsed(true, 3, false), "outcome_unknown"),
+            (lapsed(false, 1, false), "outcome_unknown"),
+            (lapsed(true, 1, true), "cancelled"),
+        ] {
+            let decision = decide_reap(&task);
+            let got = match &decision {
+                Decision::Retry { .. } => "retry",
+                Decision::End(e) if e.to == State::Cancelled => "cancelled",
+                Decision::End(e) => e.error.as_ref().unwrap().code.as_str(),
+            };
+            assert_eq!(got, expected);
+            counts.count(&task, &decision);
+        }
+        assert_eq!(
+            (
+                counts.requeued,
+                counts.failed_outcome_unknown,
+                counts.ended_cancel_requested
+            ),
+            (1, 2, 1)
+        );
+    }
+
+    #[test]
+    fn final_progress_is_none_when_nothing_changes() {
+        let mut current = running(1, 1);
+        let update = ProgressUpdate {
+            completed_units: Some(5.0),
+            ..ProgressUpdate::default()
+        };
+        let now = Timestamp(1_000);
+        let stored = final_progress(&current, Some(&update), now).expect("a change");
+        assert_eq!(stored.updated_at, Some(now));
+        current.progress = Some(stored);
+        assert_eq!(final_progress(&current, Some(&update), Timestamp(2_000)), None);
+        assert_eq!(final_progress(&current, None, now), None);
+    }
 }

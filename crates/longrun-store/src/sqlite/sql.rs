@@ -217,32 +217,7 @@ pub(super) fn operation_accept(c: &Connection, p: &AcceptParams) -> Result<Accep
     )?
     .execute(params![p.id.as_str(), seq, p.tenant, p.kind, p.now.0])?;
 
-    let created = Operation {
-        id: p.id.clone(),
-        tenant: p.tenant.clone(),
-        kind: p.kind.clone(),
-        state: State::Queued,
-        version: 1,
-        attempt: 0,
-        input: Some(p.input.clone()),
-        callback_url: p.callback_url.clone(),
-        deadline_at: p.deadline_at,
-        budget_max_cost: p.budget_max_cost,
-        cost_units: 0.0,
-        labels: p.labels.clone(),
-        progress: None,
-        result: None,
-        error: None,
-        cancel: None,
-        cancellable: true,
-        idempotency_key: idempotency_key.map(str::to_owned),
-        created_at: p.now,
-        started_at: None,
-        completed_at: None,
-        updated_at: p.now,
-        expires_at: None,
-        artifact: None,
-    };
+    let created = created_operation(p);
     event_insert(c, &created, "created", &json!({}))?;
     Ok(AcceptOutcome::Created(created))
 }
@@ -334,54 +309,43 @@ pub(super) fn operation_history(c: &Connection, tenant: &str, id: &Id) -> Result
 }
 
 /// Moves a non-terminal operation to a terminal state, removes its dispatch
-/// record, drops its input (unless kept) and records the event.
-fn operation_end(
-    c: &Connection,
-    policy: WritePolicy,
-    id: &str,
-    to: State,
-    result: Option<&Value>,
-    error: Option<&OperationError>,
-    now: Timestamp,
-) -> Result<()> {
-    debug_assert!(to.is_terminal());
+/// record, drops its input (unless kept), records the event and its webhook,
+/// and returns the ended operation.
+fn operation_end(c: &Connection, policy: WritePolicy, id: &str, ending: &Ending, now: Timestamp) -> Result<Operation> {
+    debug_assert!(ending.to.is_terminal());
     let expires_at = now.plus(policy.operation_retention);
     let ended = update_returning(
         c,
         "UPDATE operations
             SET state = ?2, version = version + 1, result = ?3, error_code = ?4, error_message = ?5,
                 error_retryable = ?6, completed_at = ?7, updated_at = ?7, expires_at = ?8,
-                input = CASE WHEN ?9 THEN input ELSE NULL END
+                input = CASE WHEN ?9 THEN input ELSE NULL END, progress = COALESCE(?10, progress)
           WHERE id = ?1 AND state IN ('queued', 'running')",
         params![
             id,
-            to.as_str(),
-            result.map(Value::to_string),
-            error.map(|e| e.code.as_str()),
-            error.map(|e| e.message.as_str()),
-            error.map(|e| e.retryable),
+            ending.to.as_str(),
+            ending.result.as_ref().map(Value::to_string),
+            ending.error.as_ref().map(|e| e.code.as_str()),
+            ending.error.as_ref().map(|e| e.message.as_str()),
+            ending.error.as_ref().map(|e| e.retryable),
             now.0,
             expires_at.0,
             policy.keep_inputs,
+            ending.progress_json(),
         ],
     )?
     .ok_or(StoreError::LeaseLost)?;
     c.prepare_cached("DELETE FROM tasks WHERE operation_id = ?1")?
         .execute(params![id])?;
-    let ended = if to == State::Succeeded {
+    let ended = if ending.to == State::Succeeded {
         result_publish(c, policy, ended, now)?
     } else {
         result_discard(c, id, now)?;
         ended
     };
-    let data = match error {
-        Some(e) => {
-            json!({"error": {"code": e.code, "message": e.message, "retryable": e.retryable}})
-        }
-        None => json!({}),
-    };
-    event_insert(c, &ended, to.as_str(), &data)?;
-    outbox_insert(c, &ended)
+    event_insert(c, &ended, ending.to.as_str(), &ending.event_data())?;
+    outbox_insert(c, &ended)?;
+    Ok(ended)
 }
 
 pub(super) fn operation_cancel(c: &Connection, policy: WritePolicy, p: &CancelParams) -> Result<CancelOutcome> {
@@ -419,8 +383,7 @@ pub(super) fn operation_cancel(c: &Connection, policy: WritePolicy, p: &CancelPa
         "UPDATE operations SET cancel_requested_at = ?2, cancel_requested_by = ?3, cancel_reason = ?4 WHERE id = ?1",
     )?
     .execute(params![id, p.now.0, p.requested_by, p.reason])?;
-    operation_end(c, policy, id, State::Cancelled, None, None, p.now)?;
-    let op = operation_by_id(c, id)?.ok_or(StoreError::NotFound)?;
+    let op = operation_end(c, policy, id, &Ending::cancelled(), p.now)?;
     Ok(CancelOutcome::CancelledNow(op))
 }
 
@@ -535,15 +498,7 @@ fn lease_task(
         .query_row(params![id], |r| Ok((r.get(0)?, r.get(1)?)))?;
     if deadline_at.is_some_and(|d| d <= p.now.0) {
         // A queued operation whose deadline passed is never started.
-        operation_end(
-            c,
-            policy,
-            id,
-            State::Failed,
-            None,
-            Some(&deadline_error_before_start()),
-            p.now,
-        )?;
+        operation_end(c, policy, id, &Ending::failed(deadline_error_before_start()), p.now)?;
         return Ok(None);
     }
     let token = random_base32::<16>();
@@ -670,23 +625,24 @@ fn cancel_request(c: &Connection, id: &str, by: &str, reason: Option<&str>, now:
 pub(super) fn task_finish(c: &Connection, policy: WritePolicy, p: &FinishParams) -> Result<Operation> {
     let current = fenced(c, &p.operation_id, &p.lease_token)?;
     let id = p.operation_id.as_str();
-    if let Some(progress) = final_progress(&current, p.progress.as_ref(), p.now) {
-        // Same version: the outcome's own change carries it.
-        c.prepare_cached("UPDATE operations SET progress = ?2 WHERE id = ?1")?
-            .execute(params![id, progress_to_json(&progress).to_string()])?;
-    }
+    // The worker's last progress rides the outcome's own change.
+    let progress = final_progress(&current, p.progress.as_ref(), p.now);
     match decide_finish(&current, &p.outcome) {
-        FinishDecision::End { to, result, error } => {
-            operation_end(c, policy, id, to, result.as_ref(), error.as_ref(), p.now)?;
-        }
-        FinishDecision::Retry { next_attempt, data } => requeue(c, id, next_attempt, p.now, &data)?,
+        Decision::End(ending) => operation_end(c, policy, id, &ending.with_progress(progress), p.now),
+        Decision::Retry { next_attempt, data } => requeue(c, id, next_attempt, progress.as_ref(), p.now, &data),
     }
-    operation_by_id(c, id)?.ok_or(StoreError::NotFound)
 }
 
 /// Puts a running operation's task back in the queue for attempt
 /// `next_attempt` after the backoff; the public state stays `running`.
-fn requeue(c: &Connection, id: &str, next_attempt: i64, now: Timestamp, data: &Value) -> Result<()> {
+fn requeue(
+    c: &Connection,
+    id: &str,
+    next_attempt: i64,
+    progress: Option<&Progress>,
+    now: Timestamp,
+    data: &Value,
+) -> Result<Operation> {
     let available_at = now.plus(retry_backoff(next_attempt));
     c.prepare_cached(
         "UPDATE tasks SET status = 'ready', lease_token = NULL, lease_expires_at = NULL, worker_id = NULL,
@@ -696,9 +652,15 @@ fn requeue(c: &Connection, id: &str, next_attempt: i64, now: Timestamp, data: &V
     .execute(params![id, available_at.0])?;
     let requeued = update_returning(
         c,
-        "UPDATE operations SET attempt = ?2, version = version + 1, updated_at = ?3
+        "UPDATE operations SET attempt = ?2, version = version + 1, updated_at = ?3,
+                progress = COALESCE(?4, progress)
           WHERE id = ?1 AND state = 'running'",
-        params![id, next_attempt, now.0],
+        params![
+            id,
+            next_attempt,
+            now.0,
+            progress.map(|p| progress_to_json(p).to_string())
+        ],
     )?
     .ok_or(StoreError::NotFound)?;
     let mut data = data.clone();
@@ -706,20 +668,12 @@ fn requeue(c: &Connection, id: &str, next_attempt: i64, now: Timestamp, data: &V
         fields.insert("next_attempt".into(), json!(next_attempt));
         fields.insert("available_at".into(), json!(available_at.to_rfc3339()));
     }
-    event_insert(c, &requeued, "retry_scheduled", &data)
+    event_insert(c, &requeued, "retry_scheduled", &data)?;
+    Ok(requeued)
 }
 
 pub(super) fn task_reap(c: &Connection, policy: WritePolicy, p: &ReapParams) -> Result<ReapCounts> {
-    struct Expired {
-        id: String,
-        attempt: i64,
-        cancel_requested: bool,
-        cancel_requested_by: Option<String>,
-        cancel_reason: Option<String>,
-        rerun_safe: bool,
-        max_attempts: i64,
-    }
-    let expired: Vec<Expired> = c
+    let expired: Vec<(String, Lapsed)> = c
         .prepare_cached(
             "SELECT t.operation_id, o.attempt, o.cancel_requested_at IS NOT NULL, o.cancel_requested_by,
                     o.cancel_reason, COALESCE(k.rerun_safe, 0), COALESCE(k.max_attempts, 1)
@@ -730,47 +684,28 @@ pub(super) fn task_reap(c: &Connection, policy: WritePolicy, p: &ReapParams) -> 
               ORDER BY t.lease_expires_at LIMIT ?2",
         )?
         .query_map(params![p.now.0, p.limit], |r| {
-            Ok(Expired {
-                id: r.get(0)?,
-                attempt: r.get(1)?,
-                cancel_requested: r.get(2)?,
-                cancel_requested_by: r.get(3)?,
-                cancel_reason: r.get(4)?,
-                rerun_safe: r.get(5)?,
-                max_attempts: r.get(6)?,
-            })
+            Ok((
+                r.get(0)?,
+                Lapsed {
+                    attempt: r.get(1)?,
+                    cancel_requested: r.get(2)?,
+                    cancel_requested_by: r.get(3)?,
+                    cancel_reason: r.get(4)?,
+                    rerun_safe: r.get(5)?,
+                    max_attempts: r.get(6)?,
+                },
+            ))
         })?
         .collect::<rusqlite::Result<_>>()?;
 
     let mut counts = ReapCounts::default();
-    for task in expired {
-        if task.cancel_requested {
-            // Cancellation was asked for and the worker is gone: honour it.
-            match failing_cancel(task.cancel_requested_by.as_deref(), task.cancel_reason.as_deref()) {
-                Some(error) => operation_end(c, policy, &task.id, State::Failed, None, Some(&error), p.now)?,
-                None => operation_end(c, policy, &task.id, State::Cancelled, None, None, p.now)?,
-            }
-            counts.ended_cancel_requested += 1;
-        } else if task.rerun_safe && task.attempt < task.max_attempts {
-            requeue(
-                c,
-                &task.id,
-                task.attempt + 1,
-                p.now,
-                &json!({"reason": "lease_expired"}),
-            )?;
-            counts.requeued += 1;
-        } else {
-            let error = OperationError {
-                code: "outcome_unknown".into(),
-                message: "the worker stopped renewing its lease after starting work that is not safe to re-run; \
-                          external effects may have happened"
-                    .into(),
-                retryable: false,
-            };
-            operation_end(c, policy, &task.id, State::Failed, None, Some(&error), p.now)?;
-            counts.failed_outcome_unknown += 1;
-        }
+    for (id, task) in expired {
+        let decision = decide_reap(&task);
+        match &decision {
+            Decision::End(ending) => operation_end(c, policy, &id, ending, p.now)?,
+            Decision::Retry { next_attempt, data } => requeue(c, &id, *next_attempt, None, p.now, data)?,
+        };
+        counts.count(&task, &decision);
     }
     Ok(counts)
 }
@@ -941,7 +876,7 @@ pub(super) fn deadline_enforce(c: &Connection, policy: WritePolicy, p: &EnforceP
         } else {
             failing_cancel(Some(SYSTEM), Some("deadline_exceeded")).expect("a failing reason")
         };
-        operation_end(c, policy, &id, State::Failed, None, Some(&error), p.now)?;
+        operation_end(c, policy, &id, &Ending::failed(error), p.now)?;
         counts.expired_before_start += 1;
     }
 
@@ -978,7 +913,7 @@ pub(super) fn deadline_enforce(c: &Connection, policy: WritePolicy, p: &EnforceP
             message: "the operation's deadline passed".into(),
             retryable: false,
         });
-        operation_end(c, policy, &id, State::Failed, None, Some(&error), p.now)?;
+        operation_end(c, policy, &id, &Ending::failed(error), p.now)?;
         counts.ended_without_ack += 1;
     }
     Ok(counts)
