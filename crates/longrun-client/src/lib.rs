@@ -308,127 +308,24 @@ impl Client {
         self.http.request(method, url).bearer_auth(&self.token)
     }
 
-    /// Submits once, logically: one idempotency key for every attempt.
-    pub async fn submit(&self, submission: &Submission) -> Result<Submitted> {
-        let key = submission
+    /// A fresh idempotency key, unless the submission names one.
+    fn key_for(submission: &Submission) -> String {
+        submission
             .idempotency_key
             .clone()
-            .unwrap_or_else(|| format!("lrc-{}", longrun_core::id::random_base32::<16>()));
-        let mut attempt = 0;
-        loop {
-            let sent = self
-                .request(Method::POST, "/v1/operations")
-                .header("Idempotency-Key", &key)
-                .json(submission)
-                .send()
-                .await;
-            let retry_in = match sent {
-                Ok(response) if response.status().is_success() => {
-                    let replayed = response
-                        .headers()
-                        .get("idempotent-replayed")
-                        .is_some_and(|v| v == "true");
-                    let operation = response.json::<Operation>().await?;
-                    return Ok(Submitted {
-                        operation,
-                        replayed,
-                        idempotency_key: key,
-                    });
-                }
-                Ok(response) => {
-                    let status = response.status();
-                    let error = problem(response).await;
-                    let retryable = status == StatusCode::TOO_MANY_REQUESTS
-                        || status == StatusCode::SERVICE_UNAVAILABLE
-                        || status.is_server_error();
-                    if !retryable || attempt + 1 >= self.retry.max_attempts {
-                        return Err(error);
-                    }
-                    let hinted = match &error {
-                        Error::Api { retry_after, .. } => *retry_after,
-                        _ => None,
-                    };
-                    hinted.unwrap_or_else(|| self.retry.delay(attempt))
-                }
-                // No answer: the server may or may not have committed; the
-                // same key makes the retry safe either way.
-                Err(e) => {
-                    if attempt + 1 >= self.retry.max_attempts {
-                        return Err(e.into());
-                    }
-                    self.retry.delay(attempt)
-                }
-            };
-            attempt += 1;
-            tracing::debug!(
-                attempt,
-                ?retry_in,
-                "retrying the submission with the same idempotency key"
-            );
-            tokio::time::sleep(retry_in).await;
-        }
+            .unwrap_or_else(|| format!("lrc-{}", longrun_core::id::random_base32::<16>()))
     }
 
-    /// Submits up to 1,000 logical submissions in one request
-    /// (`POST /v1/operations/batch`), each with its own idempotency key, so
-    /// a retried batch (after a lost answer, a 5xx or a 429) replays what
-    /// was accepted and creates only what was not. Answers item by item, in
-    /// order; an item the server refused is an `Err` of its own.
-    // Each item keeps the server's whole problem, as `submit` does.
-    #[allow(clippy::result_large_err)]
-    pub async fn submit_batch(&self, submissions: &[Submission]) -> Result<Vec<Result<Submitted>>> {
-        let keys: Vec<String> = submissions
-            .iter()
-            .map(|s| {
-                s.idempotency_key
-                    .clone()
-                    .unwrap_or_else(|| format!("lrc-{}", longrun_core::id::random_base32::<16>()))
-            })
-            .collect();
-        let items: Vec<Value> = submissions
-            .iter()
-            .zip(&keys)
-            .map(|(s, key)| {
-                let mut item = serde_json::to_value(s).unwrap_or_default();
-                item["idempotency_key"] = Value::String(key.clone());
-                item
-            })
-            .collect();
-        let body = serde_json::json!({ "operations": items });
+    /// Sends the request `build` makes until it gets a 2xx answer, a refusal
+    /// not worth retrying, or runs out of attempts. Only for requests whose
+    /// idempotency keys make every retry safe: an attempt with no answer may
+    /// or may not have been applied, and the same keys settle it either way.
+    /// Waits `Retry-After` when the server says, else the jittered backoff.
+    async fn send_with_retries(&self, build: impl Fn() -> RequestBuilder) -> Result<Response> {
         let mut attempt = 0;
         loop {
-            let sent = self
-                .request(Method::POST, "/v1/operations/batch")
-                .json(&body)
-                .send()
-                .await;
-            let retry_in = match sent {
-                Ok(response) if response.status().is_success() => {
-                    let answer: BatchAnswer = response.json().await?;
-                    if answer.results.len() != keys.len() {
-                        return Err(Error::Unexpected("the batch answer does not match the request".into()));
-                    }
-                    return Ok(answer
-                        .results
-                        .into_iter()
-                        .zip(keys)
-                        .map(|(item, idempotency_key)| match (item.operation, item.problem) {
-                            (Some(operation), _) if item.status < 300 => Ok(Submitted {
-                                operation,
-                                replayed: item.replayed,
-                                idempotency_key,
-                            }),
-                            (_, Some(problem)) => Err(Error::Api {
-                                problem,
-                                retry_after: None,
-                            }),
-                            _ => Err(Error::Unexpected(format!(
-                                "item answered {} without a body",
-                                item.status
-                            ))),
-                        })
-                        .collect());
-                }
+            let retry_in = match build().send().await {
+                Ok(response) if response.status().is_success() => return Ok(response),
                 Ok(response) => {
                     let status = response.status();
                     let error = problem(response).await;
@@ -446,7 +343,6 @@ impl Client {
                         _ => self.retry.delay(attempt),
                     }
                 }
-                // No answer: the same keys make the retry safe either way.
                 Err(e) => {
                     if attempt + 1 >= self.retry.max_attempts {
                         return Err(e.into());
@@ -455,8 +351,80 @@ impl Client {
                 }
             };
             attempt += 1;
+            tracing::debug!(attempt, ?retry_in, "retrying with the same idempotency key");
             tokio::time::sleep(retry_in).await;
         }
+    }
+
+    /// Submits once, logically: one idempotency key for every attempt.
+    pub async fn submit(&self, submission: &Submission) -> Result<Submitted> {
+        let key = Self::key_for(submission);
+        let response = self
+            .send_with_retries(|| {
+                self.request(Method::POST, "/v1/operations")
+                    .header("Idempotency-Key", &key)
+                    .json(submission)
+            })
+            .await?;
+        let replayed = response
+            .headers()
+            .get("idempotent-replayed")
+            .is_some_and(|v| v == "true");
+        let operation = response.json::<Operation>().await?;
+        Ok(Submitted {
+            operation,
+            replayed,
+            idempotency_key: key,
+        })
+    }
+
+    /// Submits up to 1,000 logical submissions in one request
+    /// (`POST /v1/operations/batch`), each with its own idempotency key, so
+    /// a retried batch (after a lost answer, a 5xx or a 429) replays what
+    /// was accepted and creates only what was not. Answers item by item, in
+    /// order; an item the server refused is an `Err` of its own.
+    // Each item keeps the server's whole problem, as `submit` does.
+    #[allow(clippy::result_large_err)]
+    pub async fn submit_batch(&self, submissions: &[Submission]) -> Result<Vec<Result<Submitted>>> {
+        let keys: Vec<String> = submissions.iter().map(Self::key_for).collect();
+        let items: Vec<Value> = submissions
+            .iter()
+            .zip(&keys)
+            .map(|(s, key)| {
+                let mut item = serde_json::to_value(s).unwrap_or_default();
+                item["idempotency_key"] = Value::String(key.clone());
+                item
+            })
+            .collect();
+        let body = serde_json::json!({ "operations": items });
+        let answer: BatchAnswer = self
+            .send_with_retries(|| self.request(Method::POST, "/v1/operations/batch").json(&body))
+            .await?
+            .json()
+            .await?;
+        if answer.results.len() != keys.len() {
+            return Err(Error::Unexpected("the batch answer does not match the request".into()));
+        }
+        Ok(answer
+            .results
+            .into_iter()
+            .zip(keys)
+            .map(|(item, idempotency_key)| match (item.operation, item.problem) {
+                (Some(operation), _) if item.status < 300 => Ok(Submitted {
+                    operation,
+                    replayed: item.replayed,
+                    idempotency_key,
+                }),
+                (_, Some(problem)) => Err(Error::Api {
+                    problem,
+                    retry_after: None,
+                }),
+                _ => Err(Error::Unexpected(format!(
+                    "item answered {} without a body",
+                    item.status
+                ))),
+            })
+            .collect())
     }
 
     pub async fn get(&self, id: &str) -> Result<Operation> {
