@@ -113,7 +113,7 @@ pub const DEFAULT_PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
 /// Progress reports coalesced between two sends: the newest of each field.
 struct Coalesced {
     /// When a report last went out (at first: when the task started).
-    last_sent: Option<tokio::time::Instant>,
+    last_sent: tokio::time::Instant,
     pending: Option<ProgressUpdate>,
 }
 
@@ -163,15 +163,14 @@ impl TaskContext {
             // The interval counts from the start: work that ends within it
             // stores its progress only with its outcome.
             coalesced: Arc::new(std::sync::Mutex::new(Coalesced {
-                last_sent: Some(tokio::time::Instant::now()),
+                last_sent: tokio::time::Instant::now(),
                 pending: None,
             })),
         }
     }
 
-    /// Sends at most one progress report per `interval` (counted from the
-    /// start);
-    /// the ones between are coalesced into the next send, the next
+    /// Sends at most one progress report per `interval`, counted from the
+    /// start; the ones between are coalesced into the next send, the next
     /// keep-alive, or the outcome. Zero sends every report.
     pub fn with_progress_interval(mut self, interval: Duration) -> Self {
         self.progress_interval = interval;
@@ -201,11 +200,9 @@ impl TaskContext {
             let mut state = self.coalesced.lock().expect("progress lock");
             let update = fold_progress(state.pending.take(), update);
             let now = tokio::time::Instant::now();
-            let due = state
-                .last_sent
-                .is_none_or(|at| now.duration_since(at) >= self.progress_interval);
+            let due = now.duration_since(state.last_sent) >= self.progress_interval;
             if due {
-                state.last_sent = Some(now);
+                state.last_sent = now;
                 Some(update)
             } else {
                 state.pending = Some(update);
@@ -223,7 +220,7 @@ impl TaskContext {
         let mut state = self.coalesced.lock().expect("progress lock");
         let pending = state.pending.take();
         if pending.is_some() {
-            state.last_sent = Some(tokio::time::Instant::now());
+            state.last_sent = tokio::time::Instant::now();
         }
         pending
     }
@@ -342,6 +339,109 @@ pub async fn run_task(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Records what a task sends, standing in for the store or HTTP link
+    /// (what is tested here is when the context sends, not where to).
+    #[derive(Default)]
+    struct Recorder {
+        heartbeats: std::sync::Mutex<Vec<Option<f64>>>,
+        finished: std::sync::Mutex<Option<Option<f64>>>,
+    }
+
+    #[async_trait]
+    impl TaskLink for Recorder {
+        async fn heartbeat(
+            &self,
+            progress: Option<ProgressUpdate>,
+            _cost_units: Option<f64>,
+            _cancellable: Option<bool>,
+        ) -> Result<HeartbeatAck, StoreError> {
+            self.heartbeats
+                .lock()
+                .unwrap()
+                .push(progress.and_then(|p| p.completed_units));
+            Ok(HeartbeatAck {
+                lease_expires_at: longrun_core::Timestamp(0),
+                cancel_requested: false,
+                cancel_reason: None,
+                version: 0,
+            })
+        }
+
+        async fn finish(&self, _outcome: Outcome, progress: Option<ProgressUpdate>) -> Result<(), StoreError> {
+            *self.finished.lock().unwrap() = Some(progress.and_then(|p| p.completed_units));
+            Ok(())
+        }
+
+        async fn upload(&self, _: &str, _: ByteReader) -> Result<UploadedArtifact, StoreError> {
+            Err(StoreError::LeaseLost)
+        }
+    }
+
+    /// Reports `steps` progress updates, `every` apart.
+    struct Steps {
+        steps: u32,
+        every: Duration,
+    }
+
+    #[async_trait]
+    impl Handler for Steps {
+        fn info(&self) -> KindInfo {
+            KindInfo {
+                name: "steps".into(),
+                rerun_safe: true,
+                max_attempts: 1,
+            }
+        }
+
+        fn validate(&self, _: &Value) -> Result<(), Invalid> {
+            Ok(())
+        }
+
+        async fn run(&self, ctx: TaskContext) -> Result<Option<Value>, TaskError> {
+            for step in 1..=self.steps {
+                tokio::time::sleep(self.every).await;
+                ctx.progress(units(f64::from(step))).await?;
+            }
+            Ok(None)
+        }
+    }
+
+    async fn run_steps(steps: u32, every: Duration) -> Arc<Recorder> {
+        let link = Arc::new(Recorder::default());
+        let ctx = TaskContext::new(
+            Id::generate(longrun_core::IdKind::Operation),
+            1,
+            Value::Null,
+            link.clone(),
+            Arc::new(watch::channel(false).0),
+        )
+        .with_progress_interval(Duration::from_secs(1));
+        run_task(Arc::new(Steps { steps, every }), ctx, Duration::from_secs(10))
+            .await
+            .unwrap();
+        link
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn work_that_ends_within_the_interval_sends_its_progress_only_with_the_outcome() {
+        let link = run_steps(10, Duration::ZERO).await;
+        assert!(link.heartbeats.lock().unwrap().is_empty());
+        assert_eq!(*link.finished.lock().unwrap(), Some(Some(10.0)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn long_work_sends_at_most_one_report_per_interval_always_the_newest() {
+        // 50 reports 100 ms apart: about one send per second, never a stale one.
+        let link = run_steps(50, Duration::from_millis(100)).await;
+        let sent = link.heartbeats.lock().unwrap().clone();
+        assert!((4..=6).contains(&sent.len()), "{sent:?}");
+        let values: Vec<f64> = sent.iter().map(|v| v.expect("each send carries progress")).collect();
+        assert!(values.windows(2).all(|w| w[1] - w[0] >= 9.0), "{values:?}");
+        // The outcome carries what was not sent yet, if anything.
+        let finished = link.finished.lock().unwrap().unwrap();
+        assert!(finished == Some(50.0) || values.last() == Some(&50.0));
+    }
 
     fn units(n: f64) -> ProgressUpdate {
         ProgressUpdate {
