@@ -173,9 +173,8 @@ async fn post_outcomes(
         Err(e) => return all_failed(format!("outcomes request failed: {e}")),
     };
     if !response.status().is_success() {
-        let status = response.status();
-        let code = response.json::<ProblemCode>().await.map(|p| p.code).unwrap_or_default();
-        return all_failed(format!("outcomes answered {status} {code}"));
+        let why = refusal("outcomes", response).await;
+        return (0..count).map(|_| Err(why.clone())).collect();
     }
     match response.json::<OutcomesResponse>().await {
         Ok(answer) if answer.results.len() == count => answer
@@ -195,6 +194,17 @@ async fn post_outcomes(
     }
 }
 
+/// What a refused worker request means to the task: `lease_lost` fences it
+/// out; anything else is a failure to report (logged by the caller).
+async fn refusal(what: &str, response: reqwest::Response) -> StoreError {
+    let status = response.status();
+    let code = response.json::<ProblemCode>().await.map(|p| p.code).unwrap_or_default();
+    match code.as_str() {
+        "lease_lost" => StoreError::LeaseLost,
+        _ => StoreError::Backend(format!("{what} answered {status} {code}")),
+    }
+}
+
 impl HttpLink {
     async fn post(&self, action: &str, body: Value) -> Result<reqwest::Response, StoreError> {
         let url = format!("{}/v1/worker/tasks/{}/{action}", self.base, self.operation_id);
@@ -209,12 +219,7 @@ impl HttpLink {
         if response.status().is_success() {
             return Ok(response);
         }
-        let status = response.status();
-        let code = response.json::<ProblemCode>().await.map(|p| p.code).unwrap_or_default();
-        Err(match code.as_str() {
-            "lease_lost" => StoreError::LeaseLost,
-            _ => StoreError::Backend(format!("{action} answered {status} {code}")),
-        })
+        Err(refusal(action, response).await)
     }
 }
 
@@ -266,12 +271,7 @@ impl TaskLink for HttpLink {
             .await
             .map_err(|e| StoreError::Backend(format!("upload failed: {e}")))?;
         if !response.status().is_success() {
-            let status = response.status();
-            let code = response.json::<ProblemCode>().await.map(|p| p.code).unwrap_or_default();
-            return Err(match code.as_str() {
-                "lease_lost" => StoreError::LeaseLost,
-                _ => StoreError::Backend(format!("upload answered {status} {code}")),
-            });
+            return Err(refusal("upload", response).await);
         }
         let uploaded: Value = response.json().await.map_err(|e| StoreError::Backend(e.to_string()))?;
         Ok(UploadedArtifact {
@@ -314,7 +314,6 @@ pub struct RemoteWorker {
     http: reqwest::Client,
     config: RemoteConfig,
     registry: Registry,
-    outcomes: std::sync::OnceLock<OutcomeBatcher>,
 }
 
 impl RemoteWorker {
@@ -323,12 +322,7 @@ impl RemoteWorker {
             .timeout(config.claim_wait + Duration::from_secs(30))
             .build()
             .expect("an HTTP client");
-        Self {
-            http,
-            config,
-            registry,
-            outcomes: std::sync::OnceLock::new(),
-        }
+        Self { http, config, registry }
     }
 
     /// Runs until `shutdown`, then drains (see the module docs).
@@ -336,6 +330,8 @@ impl RemoteWorker {
         let slots = Arc::new(Semaphore::new(self.config.concurrency.max(1)));
         let tracker = TaskTracker::new();
         let abandon = CancellationToken::new();
+        // One batcher for every task of this worker, so their outcomes share requests.
+        let outcomes = OutcomeBatcher::spawn(self.http.clone(), self.config.server.clone(), self.config.token.clone());
         while !shutdown.is_cancelled() {
             // Wait for a free slot (or shutdown) before asking for work.
             let permit = tokio::select! {
@@ -366,7 +362,7 @@ impl RemoteWorker {
                         .try_acquire_owned()
                         .expect("claimed no more than free slots"),
                 };
-                let link = self.link(&task);
+                let link = self.link(&task, &outcomes);
                 if shutdown.is_cancelled() {
                     give_back(&link, "the worker is shutting down").await;
                     continue;
@@ -407,7 +403,7 @@ impl RemoteWorker {
         Ok(response.json::<ClaimResponse>().await?.tasks)
     }
 
-    fn link(&self, task: &ClaimedTask) -> Arc<HttpLink> {
+    fn link(&self, task: &ClaimedTask, outcomes: &OutcomeBatcher) -> Arc<HttpLink> {
         Arc::new(HttpLink {
             http: self.http.clone(),
             base: self.config.server.clone(),
@@ -415,12 +411,7 @@ impl RemoteWorker {
             operation_id: Id::parse(IdKind::Operation, &task.operation_id)
                 .unwrap_or_else(|| Id::from_trusted(task.operation_id.clone())),
             lease_token: task.lease_token.clone(),
-            outcomes: self
-                .outcomes
-                .get_or_init(|| {
-                    OutcomeBatcher::spawn(self.http.clone(), self.config.server.clone(), self.config.token.clone())
-                })
-                .clone(),
+            outcomes: outcomes.clone(),
         })
     }
 
