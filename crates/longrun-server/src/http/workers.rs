@@ -634,21 +634,22 @@ async fn outcomes(
             "outcomes must hold 1–{MAX_OUTCOMES_PER_BATCH} items"
         )));
     }
+    // Every item gets its slot now: refused at once, or answered below.
     let mut results: Vec<OutcomeItemResult> = Vec::with_capacity(request.outcomes.len());
     let (mut heartbeats, mut finishes) = (Vec::new(), Vec::new());
-    for (i, item) in request.outcomes.into_iter().enumerate() {
+    for (slot, item) in request.outcomes.into_iter().enumerate() {
         let operation_id = item.operation_id.clone();
-        match check_item(&app, item) {
-            Ok(Checked::Heartbeat(p)) => heartbeats.push((i, p)),
-            Ok(Checked::Finish(p)) => finishes.push((i, p)),
-            Err(e) => results.push(OutcomeItemResult::refused(operation_id.clone(), &e, &request_id.0)),
-        }
-        if results.len() == i {
-            results.push(OutcomeItemResult {
-                operation_id,
-                ..OutcomeItemResult::default()
-            });
-        }
+        results.push(match check_item(&app, item) {
+            Ok(Checked::Heartbeat(p)) => {
+                heartbeats.push((slot, p));
+                OutcomeItemResult::default()
+            }
+            Ok(Checked::Finish(p)) => {
+                finishes.push((slot, p));
+                OutcomeItemResult::default()
+            }
+            Err(e) => OutcomeItemResult::refused(operation_id, &e, &request_id.0),
+        });
     }
     let refused = |id: &Id, e: StoreError| {
         let error = lease_error(id)(e);

@@ -267,3 +267,24 @@ async fn a_short_task_stores_its_progress_only_with_its_outcome() {
     assert_eq!(types, vec!["created", "started", "succeeded"]);
     app.shutdown().await;
 }
+
+/// A paused kind refuses its items with `503 temporarily_unavailable`
+/// (retryable), and the batch's other kinds are accepted.
+#[tokio::test]
+async fn a_paused_kind_refuses_only_its_own_items() {
+    let app = no_workers().await;
+    app.store.accepting_pause(Some("sleep".into()), true).await.unwrap();
+    let results = batch_ok(
+        &app,
+        &json!({"operations": [
+            {"idempotency_key": "s", "kind": "sleep", "input": {"duration_ms": 1}},
+            {"idempotency_key": "e", "kind": "export", "input": {"rows": 1}},
+        ]}),
+    )
+    .await;
+    assert_eq!(results[0]["status"], 503);
+    assert_eq!(results[0]["problem"]["code"], "temporarily_unavailable");
+    assert_eq!(results[0]["problem"]["retryable"], true);
+    assert_eq!(results[1]["status"], 202);
+    app.shutdown().await;
+}
