@@ -4,25 +4,17 @@
 //!
 //! `cargo bench -p longrun-cli --bench cluster_load` (LONGRUN_BENCH_SECONDS, default 5).
 
-use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
 
-const BIN: &str = env!("CARGO_BIN_EXE_longrun");
+mod processes;
+
+use processes::{free_port, prepare, serve};
+
 const CLIENTS: usize = 32;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn store_args(data_dir: &std::path::Path, database: Option<&str>) -> Vec<String> {
     match database {
@@ -31,52 +23,15 @@ fn store_args(data_dir: &std::path::Path, database: Option<&str>) -> Vec<String>
     }
 }
 
-async fn serve(args: &[String], port: u16, node: usize) -> Child {
-    let mut child = Command::new(BIN)
-        .args([
-            "serve",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--builtin-workers=false",
-            "--node-id",
-            &format!("n{node}"),
-        ])
-        .args(args)
-        .env("LONGRUN_LOG", "error")
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    while let Some(line) = lines.next_line().await.unwrap() {
-        if line.starts_with("longrun listening on") {
-            break;
-        }
-    }
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    child
-}
-
-fn cli(args: &[String], extra: &[&str]) -> String {
-    let out = std::process::Command::new(BIN).args(extra).args(args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{extra:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap().trim().to_owned()
-}
-
 async fn run(name: &str, store: Vec<String>, nodes: usize, seconds: u64) {
-    cli(&store, &["migrate"]);
-    let client = cli(&store, &["keys", "create", "--tenant", "bench", "--role", "client"]);
-    let worker = cli(&store, &["keys", "create", "--tenant", "bench", "--role", "worker"]);
-    cli(&store, &["kinds", "set", "noop", "--rerun-safe"]);
+    let (client, worker) = prepare(&store);
     let mut servers = Vec::new();
     let mut bases = Vec::new();
     for n in 0..nodes {
         let port = free_port();
-        servers.push(serve(&store, port, n).await);
+        let mut args = vec!["--builtin-workers=false".into(), "--node-id".into(), format!("n{n}")];
+        args.extend(store.iter().cloned());
+        servers.push(serve(port, &args).await);
         bases.push(format!("http://127.0.0.1:{port}"));
     }
     let http = reqwest::Client::builder().pool_max_idle_per_host(64).build().unwrap();

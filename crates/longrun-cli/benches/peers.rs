@@ -30,23 +30,17 @@ use longrun_engine::kinds::Registry;
 use longrun_engine::remote::{RemoteConfig, RemoteWorker};
 use longrun_engine::worker::{Handler, KindInfo, TaskContext, TaskError};
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio_util::sync::CancellationToken;
 
-const BIN: &str = env!("CARGO_BIN_EXE_longrun");
+mod processes;
+
+use processes::{free_port, prepare, serve};
+
 const GRAPHILE_WORKER: &str = "0.17.3";
 
 fn env_number(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn median(values: &[f64]) -> f64 {
@@ -138,35 +132,15 @@ async fn graphile(dir: &Path, url: &str, jobs: usize, batched: bool) -> f64 {
     rate
 }
 
-fn cli(store: &[String], args: &[&str]) -> String {
-    let out = std::process::Command::new(BIN).args(args).args(store).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap().trim().to_owned()
-}
-
-async fn serve(store: &[String], port: u16, builtin: bool) -> Child {
-    let mut child = Command::new(BIN)
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-        .arg(format!("--builtin-workers={builtin}"))
-        .args(["--worker-concurrency", "64"])
-        .args(store)
-        .env("LONGRUN_LOG", "error")
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    while let Some(line) = lines.next_line().await.unwrap() {
-        if line.starts_with("longrun listening on") {
-            break;
-        }
-    }
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    child
+/// `longrun serve` on `store`, with or without its built-in workers.
+async fn serve_store(store: &[String], port: u16, builtin: bool) -> Child {
+    let mut args = vec![
+        format!("--builtin-workers={builtin}"),
+        "--worker-concurrency".into(),
+        "64".into(),
+    ];
+    args.extend(store.iter().cloned());
+    serve(port, &args).await
 }
 
 struct Longrun {
@@ -178,10 +152,7 @@ struct Longrun {
 
 impl Longrun {
     fn new(store: Vec<String>) -> Self {
-        cli(&store, &["migrate"]);
-        let client = cli(&store, &["keys", "create", "--tenant", "bench", "--role", "client"]);
-        let worker = cli(&store, &["keys", "create", "--tenant", "bench", "--role", "worker"]);
-        cli(&store, &["kinds", "set", "noop", "--rerun-safe"]);
+        let (client, worker) = prepare(&store);
         let http = reqwest::Client::builder().pool_max_idle_per_host(64).build().unwrap();
         Self {
             store,
@@ -262,7 +233,7 @@ impl Longrun {
     async fn in_process(&self, jobs: usize) -> (f64, f64) {
         let port = free_port();
         let base = format!("http://127.0.0.1:{port}");
-        let mut server = serve(&self.store, port, false).await;
+        let mut server = serve_store(&self.store, port, false).await;
         let submits = self
             .enqueue(
                 &base,
@@ -273,7 +244,7 @@ impl Longrun {
         let _ = server.kill().await;
         let _ = server.wait().await;
         let started = Instant::now();
-        let _server = serve(&self.store, port, true).await;
+        let _server = serve_store(&self.store, port, true).await;
         self.drained(&base).await;
         (submits, jobs as f64 / started.elapsed().as_secs_f64())
     }
@@ -282,7 +253,7 @@ impl Longrun {
     async fn remote(&self, jobs: usize) -> f64 {
         let port = free_port();
         let base = format!("http://127.0.0.1:{port}");
-        let _server = serve(&self.store, port, false).await;
+        let _server = serve_store(&self.store, port, false).await;
         self.enqueue(&base, json!({"kind": "noop"}), jobs).await;
         let started = Instant::now();
         let stop = CancellationToken::new();
@@ -309,7 +280,7 @@ impl Longrun {
     async fn single_submits(&self, seconds: u64) -> (f64, f64) {
         let port = free_port();
         let base = format!("http://127.0.0.1:{port}");
-        let _server = serve(&self.store, port, false).await;
+        let _server = serve_store(&self.store, port, false).await;
         let started = Instant::now();
         let mut clients = Vec::new();
         for c in 0..32 {

@@ -1,0 +1,59 @@
+//! Helpers for the benches that run the release `longrun` binary as
+//! processes (`cluster_load`, `peers`).
+
+use std::process::Stdio;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_longrun");
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Runs `longrun ARGS STORE` to the end and returns its trimmed stdout.
+pub fn cli(store: &[String], args: &[&str]) -> String {
+    let out = std::process::Command::new(BIN).args(args).args(store).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+/// Migrates the store, declares the rerun-safe `noop` kind, and returns a
+/// client key and a worker key of tenant `bench`.
+pub fn prepare(store: &[String]) -> (String, String) {
+    cli(store, &["migrate"]);
+    let client = cli(store, &["keys", "create", "--tenant", "bench", "--role", "client"]);
+    let worker = cli(store, &["keys", "create", "--tenant", "bench", "--role", "worker"]);
+    cli(store, &["kinds", "set", "noop", "--rerun-safe"]);
+    (client, worker)
+}
+
+/// `longrun serve --listen 127.0.0.1:PORT ARGS`, once it listens; killed
+/// when dropped.
+pub async fn serve(port: u16, args: &[String]) -> Child {
+    let mut child = Command::new(BIN)
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .args(args)
+        .env("LONGRUN_LOG", "error")
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    while let Some(line) = lines.next_line().await.unwrap() {
+        if line.starts_with("longrun listening on") {
+            break;
+        }
+    }
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    child
+}
