@@ -239,17 +239,8 @@ async fn submit(
         ),
         None => None,
     };
-    let accepted = app.store.operation_accept(params).await.map_err(accept_error)?;
-    let (mut op, replayed) = match accepted {
-        AcceptOutcome::Created(op) => {
-            app.signals.work_available();
-            (op, false)
-        }
-        AcceptOutcome::Replayed(op) => (op, true),
-        AcceptOutcome::KeyReused { operation_id } => {
-            return Err(ApiError::IdempotencyKeyReused { operation_id });
-        }
-    };
+    let outcome = app.store.operation_accept(params).await.map_err(accept_error)?;
+    let (mut op, replayed) = accepted(&app, outcome)?;
     record_operation_id(&op.id);
 
     // `Prefer: wait=N`: one round trip for short work.
@@ -379,6 +370,19 @@ async fn prepare_submission(
     })
 }
 
+/// What an acceptance means to the caller: the operation and whether it
+/// is a replay, or the refusal of a reused key. New work wakes the claimers.
+fn accepted(app: &AppState, outcome: AcceptOutcome) -> Result<(Operation, bool), ApiError> {
+    match outcome {
+        AcceptOutcome::Created(op) => {
+            app.signals.work_available();
+            Ok((op, false))
+        }
+        AcceptOutcome::Replayed(op) => Ok((op, true)),
+        AcceptOutcome::KeyReused { operation_id } => Err(ApiError::IdempotencyKeyReused { operation_id }),
+    }
+}
+
 /// What a refused acceptance answers.
 fn accept_error(e: StoreError) -> ApiError {
     match e {
@@ -436,30 +440,15 @@ async fn submit_batch(
             Err(e) => results[i] = Some(BatchItemResult::refused(&e, &request_id.0)),
         }
     }
-    let accepted = app.store.operation_accept_many(accepts).await;
-    let mut created = false;
-    for (slot, outcome) in slots.into_iter().zip(accepted) {
-        results[slot] = Some(match outcome.map_err(accept_error) {
-            Ok(AcceptOutcome::Created(op)) => {
-                created = true;
-                BatchItemResult::operation(StatusCode::ACCEPTED, &op, false)
+    for (slot, outcome) in slots.into_iter().zip(app.store.operation_accept_many(accepts).await) {
+        results[slot] = Some(match outcome.map_err(accept_error).and_then(|o| accepted(&app, o)) {
+            // A replay of an ended operation is 200, as a single submission's.
+            Ok((op, replayed)) if replayed && op.state.is_terminal() => {
+                BatchItemResult::operation(StatusCode::OK, &op, true)
             }
-            Ok(AcceptOutcome::Replayed(op)) => {
-                let status = if op.state.is_terminal() {
-                    StatusCode::OK
-                } else {
-                    StatusCode::ACCEPTED
-                };
-                BatchItemResult::operation(status, &op, true)
-            }
-            Ok(AcceptOutcome::KeyReused { operation_id }) => {
-                BatchItemResult::refused(&ApiError::IdempotencyKeyReused { operation_id }, &request_id.0)
-            }
+            Ok((op, replayed)) => BatchItemResult::operation(StatusCode::ACCEPTED, &op, replayed),
             Err(e) => BatchItemResult::refused(&e, &request_id.0),
         });
-    }
-    if created {
-        app.signals.work_available();
     }
     Ok(Json(BatchSubmitResponse {
         results: results.into_iter().map(|r| r.expect("every item answered")).collect(),

@@ -288,3 +288,28 @@ async fn a_paused_kind_refuses_only_its_own_items() {
     assert_eq!(results[1]["status"], 202);
     app.shutdown().await;
 }
+
+/// Replaying an operation that has ended answers `200`, as a single
+/// submission's replay does.
+#[tokio::test]
+async fn a_replayed_item_of_an_ended_operation_answers_200() {
+    let app = no_workers().await;
+    let body = json!({"operations": [{"idempotency_key": "k", "kind": "sleep", "input": {"duration_ms": 1}}]});
+    let first = batch_ok(&app, &body).await;
+    let id = first[0]["operation"]["id"].as_str().unwrap().to_owned();
+    let cancel = app
+        .request(
+            Method::PUT,
+            &format!("/v1/operations/{id}/cancellation"),
+            &app.client_key,
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(cancel.status(), StatusCode::OK);
+    let again = batch_ok(&app, &body).await;
+    assert_eq!(again[0]["status"], 200);
+    assert_eq!(again[0]["replayed"], true);
+    assert_eq!(again[0]["operation"]["state"], "cancelled");
+    app.shutdown().await;
+}
