@@ -239,33 +239,6 @@ async fn wait_with_bar(client: &Client, id: &str, output: Output) -> Result<Oper
 /// The most submissions one batch request carries.
 const BATCH_SIZE: usize = 1000;
 
-/// One line of a `submit --batch` file.
-fn batch_line(line: &str) -> Result<Submission, String> {
-    let value: serde_json::Value = serde_json::from_str(line).map_err(|e| format!("not JSON: {e}"))?;
-    let object = value.as_object().ok_or("not a JSON object")?;
-    for key in object.keys() {
-        if !matches!(
-            key.as_str(),
-            "kind" | "input" | "callback" | "deadline_seconds" | "budget" | "labels" | "idempotency_key"
-        ) {
-            return Err(format!("unknown field {key:?}"));
-        }
-    }
-    let text = |field: &str| object.get(field).and_then(|v| v.as_str()).map(str::to_owned);
-    Ok(Submission {
-        kind: text("kind").ok_or("\"kind\" is required")?,
-        input: object.get("input").cloned(),
-        callback: object.get("callback").cloned(),
-        deadline_seconds: object.get("deadline_seconds").and_then(|v| v.as_u64()),
-        budget: object.get("budget").cloned(),
-        labels: match object.get("labels") {
-            Some(labels) => serde_json::from_value(labels.clone()).map_err(|_| "labels must map strings to strings")?,
-            None => BTreeMap::new(),
-        },
-        idempotency_key: text("idempotency_key"),
-    })
-}
-
 /// `longrun submit --batch FILE`: every line is checked before anything is
 /// sent, then 1,000 per request. Exit 0 when every submission was accepted
 /// (or replayed), 4 when the server refused any.
@@ -279,7 +252,7 @@ async fn submit_batch(client: &Client, output: Output, path: &std::path::Path) -
     };
     let mut submissions = Vec::new();
     for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-        match batch_line(line) {
+        match serde_json::from_str::<Submission>(line) {
             Ok(s) => submissions.push(s),
             Err(why) => {
                 eprintln!("error: {}:{}: {why}", path.display(), n + 1);

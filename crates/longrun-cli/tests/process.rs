@@ -496,3 +496,48 @@ async fn the_client_commands_submit_wait_download_and_cancel_with_distinct_exit_
     let (code, _) = client("http://127.0.0.1:1", &token, &["get", &id]).await;
     assert_eq!(code, 5, "an unreachable server exits 5");
 }
+
+/// `longrun submit --batch FILE`: every line is checked before anything is
+/// sent (a bad line sends nothing and exits 2); the file sent twice makes
+/// each operation once; a refused line exits 4 and says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_batch_sends_a_file_of_json_lines_and_a_resend_creates_nothing_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_server(dir.path(), &["--builtin-workers=false"]).await;
+    let token = server.bootstrap_client_key.clone().unwrap();
+    let base = server.base.clone();
+    let file = dir.path().join("batch.jsonl");
+
+    std::fs::write(
+        &file,
+        "{\"kind\": \"sleep\", \"input\": {\"duration_ms\": 1}, \"idempotency_key\": \"a\"}\n\
+         {\"kind\": \"sleep\", \"deadline_seconds\": \"soon\"}\n",
+    )
+    .unwrap();
+    let batch = format!("{}", file.display());
+    let (code, out) = client(&base, &token, &["submit", "--batch", &batch]).await;
+    assert_eq!(
+        (code, out.as_str()),
+        (2, ""),
+        "a bad line is a usage error and sends nothing"
+    );
+    assert_eq!(count_operations(&base, &token).await, 0);
+
+    let lines: Vec<String> = (0..3)
+        .map(|i| format!("{{\"kind\": \"sleep\", \"input\": {{\"duration_ms\": {i}}}, \"idempotency_key\": \"k{i}\"}}"))
+        .collect();
+    std::fs::write(&file, lines.join("\n") + "\n\n").unwrap();
+    let (code, first) = client(&base, &token, &["submit", "--batch", &batch]).await;
+    assert_eq!(code, 0);
+    let ids: Vec<&str> = first.lines().collect();
+    assert_eq!(ids.len(), 3);
+    assert!(ids.iter().all(|id| id.starts_with("op_")), "{first}");
+    let (code, again) = client(&base, &token, &["submit", "--batch", &batch]).await;
+    assert_eq!((code, again.as_str()), (0, first.as_str()), "the same keys replay");
+    assert_eq!(count_operations(&base, &token).await, 3);
+
+    std::fs::write(&file, "{\"kind\": \"no-such-kind\"}\n").unwrap();
+    let (code, out) = client(&base, &token, &["submit", "--batch", &batch]).await;
+    assert_eq!(code, 4, "refusals exit 4");
+    assert!(out.contains("unsupported_kind"), "{out}");
+}

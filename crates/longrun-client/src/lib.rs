@@ -164,8 +164,11 @@ pub struct OperationError {
     pub retryable: bool,
 }
 
-/// One logical submission.
-#[derive(Debug, Clone, Default, Serialize)]
+/// One logical submission. It reads from the JSON of a submission plus an
+/// optional `idempotency_key` (the lines of `longrun submit --batch`),
+/// refusing unknown fields; it writes the request body, without the key.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Submission {
     pub kind: String,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -176,11 +179,11 @@ pub struct Submission {
     pub deadline_seconds: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub budget: Option<Value>,
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(skip_serializing_if = "BTreeMap::is_empty", default)]
     pub labels: BTreeMap<String, String>,
     /// Reuse a key from an earlier run of the same logical submission; a new
     /// one is made otherwise.
-    #[serde(skip)]
+    #[serde(skip_serializing, default)]
     pub idempotency_key: Option<String>,
 }
 
