@@ -541,3 +541,101 @@ async fn submit_batch_sends_a_file_of_json_lines_and_a_resend_creates_nothing_tw
     assert_eq!(code, 4, "refusals exit 4");
     assert!(out.contains("unsupported_kind"), "{out}");
 }
+
+/// Sends `batch` as one `POST /v1/operations/batch`; key → id for every
+/// item answered 202, or nothing if the request got no answer.
+async fn submit_batch_raw(http: &reqwest::Client, base: &str, token: &str, keys: &[String]) -> HashMap<String, String> {
+    let items: Vec<Value> = keys
+        .iter()
+        .map(|k| json!({"idempotency_key": k, "kind": "sleep", "input": {"duration_ms": 60_000}}))
+        .collect();
+    let Ok(response) = http
+        .post(format!("{base}/v1/operations/batch"))
+        .bearer_auth(token)
+        .json(&json!({"operations": items}))
+        .send()
+        .await
+    else {
+        return HashMap::new();
+    };
+    let Ok(answer) = response.json::<Value>().await else {
+        return HashMap::new();
+    };
+    let results = answer["results"].as_array().cloned().unwrap_or_default();
+    keys.iter()
+        .zip(results)
+        .filter(|(_, r)| r["status"] == 202)
+        .map(|(k, r)| (k.clone(), r["operation"]["id"].as_str().unwrap().to_owned()))
+        .collect()
+}
+
+/// The batch endpoint answers only after its items are durable: a SIGKILL
+/// while batches are in flight loses no item of an answered batch, and
+/// resending every batch after the restart creates each operation once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_during_batches_loses_no_accepted_item() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = start_server(dir.path(), &["--builtin-workers=false"]).await;
+    let token = server.bootstrap_client_key.clone().unwrap();
+    let pid = server.child.id().unwrap();
+    let batches: Vec<Vec<String>> = (0..40)
+        .map(|b| (0..25).map(|i| format!("batch-{b}-{i}")).collect())
+        .collect();
+
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    let permits = Arc::new(tokio::sync::Semaphore::new(4));
+    let answered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut sends = Vec::new();
+    for keys in batches.clone() {
+        let (http, base, token, permits, answered) = (
+            http.clone(),
+            server.base.clone(),
+            token.clone(),
+            permits.clone(),
+            answered.clone(),
+        );
+        sends.push(tokio::spawn(async move {
+            let _permit = permits.acquire_owned().await.unwrap();
+            let accepted = submit_batch_raw(&http, &base, &token, &keys).await;
+            // SIGKILL once 10 batches are answered: others are in flight.
+            if answered.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1 == 10 {
+                std::process::Command::new("kill")
+                    .args(["-KILL", &pid.to_string()])
+                    .status()
+                    .unwrap();
+            }
+            accepted
+        }));
+    }
+    let mut accepted = HashMap::new();
+    for send in sends {
+        accepted.extend(send.await.unwrap());
+    }
+    assert!(!server.child.wait().await.unwrap().success(), "the server was killed");
+    assert!(
+        accepted.len() >= 9 * 25,
+        "the batches answered before the kill: {}",
+        accepted.len()
+    );
+
+    let restarted = start_server(dir.path(), &["--builtin-workers=false"]).await;
+    assert_all_present(&restarted.base, &token, &accepted).await;
+    let http = reqwest::Client::new();
+    for keys in &batches {
+        let again = submit_batch_raw(&http, &restarted.base, &token, keys).await;
+        assert_eq!(again.len(), keys.len(), "every item is accepted or replayed");
+        for (key, id) in again {
+            if let Some(before) = accepted.get(&key) {
+                assert_eq!(&id, before, "{key} replays its operation");
+            }
+        }
+    }
+    assert_eq!(
+        count_operations(&restarted.base, &token).await,
+        1000,
+        "one operation per key"
+    );
+}
