@@ -229,8 +229,8 @@ const FINISH: Batching = Batching {
     savepoints: true,
 };
 
-/// Submissions: one statement each (see `operation_accept`), refusals found
-/// before writing, so no savepoints.
+/// Submissions: one statement each (see `operation_accept`), every refusal
+/// found before writing, so no savepoints.
 const ACCEPT: Batching = Batching {
     max_batch: 256,
     writers: 4,
@@ -574,8 +574,36 @@ async fn update_returning(
 /// idempotency record (insert-or-detect), the operation, its task and its
 /// first event are written by one data-modifying CTE, so a submission costs
 /// one round trip inside its group commit. A tenant with a `max_active`
-/// quota takes the slow path, which locks the tenant row while it counts.
+/// quota first locks its tenant row and counts (`accept_with_quota`), then
+/// writes with the same statement. A refusal is found before anything is
+/// written, so a submission needs no savepoint in its batch.
 async fn operation_accept(c: &mut PgConnection, ch: &mut Vec<Change>, p: &AcceptParams) -> Result<AcceptOutcome> {
+    match insert_submission(c, ch, p, false).await? {
+        Inserted::Created(op) => Ok(AcceptOutcome::Created(*op)),
+        Inserted::Capped => accept_with_quota(c, ch, p).await,
+        Inserted::KeyTaken => known_key(c, p)
+            .await?
+            .ok_or_else(|| StoreError::Backend("an idempotency key that was taken is gone".into())),
+    }
+}
+
+/// What the submission statement did.
+enum Inserted {
+    Created(Box<Operation>),
+    /// The tenant has a `max_active` quota that was not checked: nothing written.
+    Capped,
+    /// The key names an earlier submission: nothing written.
+    KeyTaken,
+}
+
+/// The one statement that writes a submission (see `operation_accept`).
+/// `quota_checked` says the caller holds the tenant row and counted.
+async fn insert_submission(
+    c: &mut PgConnection,
+    ch: &mut Vec<Change>,
+    p: &AcceptParams,
+    quota_checked: bool,
+) -> Result<Inserted> {
     let created = created_operation(p);
     let labels = serde_json::to_string(&p.labels).map_err(|e| StoreError::Backend(e.to_string()))?;
     let (key, fingerprint) = match &p.idempotency {
@@ -584,7 +612,7 @@ async fn operation_accept(c: &mut PgConnection, ch: &mut Vec<Change>, p: &Accept
     };
     let row = sqlx::query(
         "WITH q AS (
-             SELECT EXISTS (SELECT 1 FROM tenants WHERE name = $2 AND max_active IS NOT NULL) AS capped
+             SELECT NOT $13 AND EXISTS (SELECT 1 FROM tenants WHERE name = $2 AND max_active IS NOT NULL) AS capped
          ), k AS (
              INSERT INTO idempotency_keys (tenant, kind, key, fingerprint, operation_id, created_at)
              SELECT $2, $3, $9, $10, $1, $11 FROM q WHERE $9::TEXT IS NOT NULL AND NOT q.capped
@@ -616,48 +644,38 @@ async fn operation_accept(c: &mut PgConnection, ch: &mut Vec<Change>, p: &Accept
     .bind(fingerprint)
     .bind(p.now.0)
     .bind(snapshot_to_json(&created).to_string())
+    .bind(quota_checked)
     .fetch_one(&mut *c)
     .await
     .map_err(db)?;
     let capped: bool = row.try_get(0).map_err(db)?;
     let inserted: bool = row.try_get(1).map_err(db)?;
-    if inserted {
+    Ok(if inserted {
         ch.push(change_of(&created, "created"));
-        return Ok(AcceptOutcome::Created(created));
-    }
-    if capped {
-        // Refusing must leave nothing behind, whatever batch this is in.
-        sqlx::query("SAVEPOINT quota").execute(&mut *c).await.map_err(db)?;
-        let out = accept_with_quota(c, ch, p, created, &labels).await;
-        let end = if out.is_ok() {
-            "RELEASE SAVEPOINT quota"
-        } else {
-            "ROLLBACK TO SAVEPOINT quota"
-        };
-        sqlx::query(end).execute(&mut *c).await.map_err(db)?;
-        return out;
-    }
-    let (key, fingerprint) = p.idempotency.as_ref().expect("only a keyed submission is not inserted");
-    existing_for_key(c, p, key, fingerprint).await
+        Inserted::Created(Box::new(created))
+    } else if capped {
+        Inserted::Capped
+    } else {
+        Inserted::KeyTaken
+    })
 }
 
 /// The operation an earlier submission with the same key created, or the
-/// refusal when this request differs from it.
-async fn existing_for_key(
-    c: &mut PgConnection,
-    p: &AcceptParams,
-    key: &longrun_core::idempotency::IdempotencyKey,
-    fingerprint: &longrun_core::fingerprint::Fingerprint,
-) -> Result<AcceptOutcome> {
+/// refusal when this request differs from it; `None` when the key is new.
+async fn known_key(c: &mut PgConnection, p: &AcceptParams) -> Result<Option<AcceptOutcome>> {
+    let Some((key, fingerprint)) = &p.idempotency else {
+        return Ok(None);
+    };
     let row = sqlx::query(
         "SELECT fingerprint, operation_id FROM idempotency_keys WHERE tenant = $1 AND kind = $2 AND key = $3",
     )
     .bind(&p.tenant)
     .bind(&p.kind)
     .bind(key.as_str())
-    .fetch_one(&mut *c)
+    .fetch_optional(&mut *c)
     .await
     .map_err(db)?;
+    let Some(row) = row else { return Ok(None) };
     let stored: Vec<u8> = row.try_get(0).map_err(db)?;
     let operation_id = Id::from_trusted(row.try_get(1).map_err(db)?);
     let stored = longrun_core::fingerprint::Fingerprint(
@@ -666,45 +684,18 @@ async fn existing_for_key(
             .map_err(|_| StoreError::Backend("bad fingerprint".into()))?,
     );
     if !fingerprint.matches(&stored) {
-        return Ok(AcceptOutcome::KeyReused { operation_id });
+        return Ok(Some(AcceptOutcome::KeyReused { operation_id }));
     }
     let original = operation_by_id(c, operation_id.as_str())
         .await?
         .ok_or(StoreError::Gone)?;
-    Ok(AcceptOutcome::Replayed(original))
+    Ok(Some(AcceptOutcome::Replayed(original)))
 }
 
-/// The slow path for a tenant with a `max_active` quota: the tenant row is
-/// locked while the quota is checked, so concurrent submissions cannot
-/// overshoot it.
-async fn accept_with_quota(
-    c: &mut PgConnection,
-    ch: &mut Vec<Change>,
-    p: &AcceptParams,
-    created: Operation,
-    labels: &str,
-) -> Result<AcceptOutcome> {
-    if let Some((key, fingerprint)) = &p.idempotency {
-        // Insert-or-detect: a concurrent first request with the same key
-        // waits here for the other transaction, then sees its row.
-        let inserted = sqlx::query(
-            "INSERT INTO idempotency_keys (tenant, kind, key, fingerprint, operation_id, created_at)
-             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING",
-        )
-        .bind(&p.tenant)
-        .bind(&p.kind)
-        .bind(key.as_str())
-        .bind(&fingerprint.0[..])
-        .bind(p.id.as_str())
-        .bind(p.now.0)
-        .execute(&mut *c)
-        .await
-        .map_err(db)?
-        .rows_affected();
-        if inserted == 0 {
-            return existing_for_key(c, p, key, fingerprint).await;
-        }
-    }
+/// A tenant with a `max_active` quota: its row is locked while the quota is
+/// counted, so concurrent submissions cannot overshoot it. A replay still
+/// answers when the tenant is full.
+async fn accept_with_quota(c: &mut PgConnection, ch: &mut Vec<Change>, p: &AcceptParams) -> Result<AcceptOutcome> {
     let max_active: Option<i64> = sqlx::query_scalar("SELECT max_active FROM tenants WHERE name = $1 FOR UPDATE")
         .bind(&p.tenant)
         .fetch_optional(&mut *c)
@@ -718,38 +709,18 @@ async fn accept_with_quota(
             .await
             .map_err(db)?;
         if active >= max_active {
-            return Err(StoreError::QuotaExceeded { active, max_active });
+            return match known_key(c, p).await? {
+                Some(known) => Ok(known),
+                None => Err(StoreError::QuotaExceeded { active, max_active }),
+            };
         }
     }
-    let seq: i64 = sqlx::query_scalar(
-        "INSERT INTO operations (id, tenant, kind, state, version, attempt, input, callback_url, deadline_at,
-                                 budget_max_cost, labels, idempotency_key, created_at, updated_at)
-         VALUES ($1, $2, $3, 'queued', 1, 0, $4, $5, $6, $7, $8, $9, $10, $10) RETURNING seq",
-    )
-    .bind(p.id.as_str())
-    .bind(&p.tenant)
-    .bind(&p.kind)
-    .bind(p.input.to_string())
-    .bind(&p.callback_url)
-    .bind(p.deadline_at.map(|t| t.0))
-    .bind(p.budget_max_cost)
-    .bind(labels)
-    .bind(&created.idempotency_key)
-    .bind(p.now.0)
-    .fetch_one(&mut *c)
-    .await
-    .map_err(db)?;
-    sqlx::query("INSERT INTO tasks (operation_id, seq, tenant, kind, status, available_at) VALUES ($1, $2, $3, $4, 'ready', $5)")
-        .bind(p.id.as_str())
-        .bind(seq)
-        .bind(&p.tenant)
-        .bind(&p.kind)
-        .bind(p.now.0)
-        .execute(&mut *c)
-        .await
-        .map_err(db)?;
-    event_insert(c, ch, &created, "created", &json!({})).await?;
-    Ok(AcceptOutcome::Created(created))
+    match insert_submission(c, ch, p, true).await? {
+        Inserted::Created(op) => Ok(AcceptOutcome::Created(*op)),
+        Inserted::KeyTaken | Inserted::Capped => known_key(c, p)
+            .await?
+            .ok_or_else(|| StoreError::Backend("an idempotency key that was taken is gone".into())),
+    }
 }
 
 async fn operation_list(c: &mut PgConnection, p: &ListParams) -> Result<OperationPage> {
