@@ -140,11 +140,11 @@ impl PostgresStore {
             result_retention: config.result_retention,
             keep_inputs: config.keep_inputs,
         };
-        let finishes = GroupCommit::spawn(&pool, policy, FINISH, |c, ch, policy, p| {
-            Box::pin(task_finish(c, ch, policy, p))
+        let finishes = GroupCommit::spawn(&pool, policy, FINISH, |c, ch, policy, batch| {
+            Box::pin(task_finish_batch(c, ch, policy, batch))
         });
-        let accepts = GroupCommit::spawn(&pool, policy, ACCEPT, |c, ch, _, p| {
-            Box::pin(operation_accept(c, ch, p))
+        let accepts = GroupCommit::spawn(&pool, policy, ACCEPT, |c, ch, _, batch| {
+            Box::pin(operation_accept_batch(c, ch, batch))
         });
         Ok(Self {
             pool,
@@ -214,35 +214,30 @@ struct Batching {
     max_batch: usize,
     /// How many batches commit at once (each on its own connection).
     writers: usize,
-    /// Whether each item runs in its own savepoint. Without, an item must
-    /// refuse (return `Err`) only before it wrote anything; a database error
-    /// aborts the batch, which is then retried one item per transaction so
-    /// that only the bad item fails.
-    savepoints: bool,
 }
 
-/// Worker outcomes: a refusal (a stale lease) is found before any write, but
-/// an outcome touches several tables, so each keeps its savepoint.
+/// Worker outcomes: applied set-based (`task_finish_batch`).
 const FINISH: Batching = Batching {
-    max_batch: 64,
-    writers: 4,
-    savepoints: true,
+    max_batch: 256,
+    writers: 2,
 };
 
-/// Submissions: one statement each (see `operation_accept`), every refusal
-/// found before writing, so no savepoints.
+/// Submissions: one statement each (see `operation_accept`).
 const ACCEPT: Batching = Batching {
     max_batch: 256,
     writers: 4,
-    savepoints: false,
 };
 
+/// Applies a batch in one transaction and answers each item. An item may
+/// refuse (an `Err` in its place) only before it wrote anything; an `Err`
+/// for the whole batch (a database error) rolls it back, and each item is
+/// then retried in a transaction of its own, so only the bad one fails.
 type Apply<P, R> = for<'c> fn(
     &'c mut PgConnection,
     &'c mut Vec<Change>,
     Policy,
-    &'c P,
-) -> futures_util::future::BoxFuture<'c, Result<R>>;
+    &'c [&'c P],
+) -> futures_util::future::BoxFuture<'c, Result<Vec<Result<R>>>>;
 
 /// A write waiting for the next batch.
 struct Job<P, R> {
@@ -302,21 +297,21 @@ async fn group_writer<P, R>(
             batch
         };
         let params: Vec<&P> = batch.iter().map(|job| &job.params).collect();
-        let results = match commit_batch(&pool, policy, batching.savepoints, apply, &params).await {
+        let results = match commit_batch(&pool, policy, apply, &params).await {
             Ok(results) => results,
-            // Without savepoints one bad item aborts the whole batch: each
-            // goes again in its own transaction, so only the bad one fails.
-            Err(_) if !batching.savepoints && params.len() > 1 => {
+            // One bad item aborts the whole batch: each goes again in its
+            // own transaction, so only the bad one fails.
+            Err(_) if params.len() > 1 => {
                 let mut results = Vec::with_capacity(params.len());
                 for p in &params {
-                    results.push(match commit_batch(&pool, policy, false, apply, &[*p]).await {
+                    results.push(match commit_batch(&pool, policy, apply, &[*p]).await {
                         Ok(mut one) => one.pop().expect("one result per item"),
                         Err(e) => Err(e),
                     });
                 }
                 results
             }
-            Err(e) => params.iter().map(|_| Err(StoreError::Backend(e.to_string()))).collect(),
+            Err(e) => vec![Err(e)],
         };
         for (job, result) in batch.into_iter().zip(results) {
             let _ = job.reply.send(result);
@@ -325,44 +320,10 @@ async fn group_writer<P, R>(
 }
 
 /// One transaction over `batch`; `Err` when the transaction itself failed.
-async fn commit_batch<P, R>(
-    pool: &PgPool,
-    policy: Policy,
-    savepoints: bool,
-    apply: Apply<P, R>,
-    batch: &[&P],
-) -> Result<Vec<Result<R>>> {
+async fn commit_batch<P, R>(pool: &PgPool, policy: Policy, apply: Apply<P, R>, batch: &[&P]) -> Result<Vec<Result<R>>> {
     let mut tx = pool.begin().await.map_err(db)?;
     let mut changes = Vec::new();
-    let mut results = Vec::with_capacity(batch.len());
-    for params in batch {
-        if savepoints {
-            sqlx::query("SAVEPOINT item").execute(&mut *tx).await.map_err(db)?;
-        }
-        let mut own = Vec::new();
-        let result = apply(&mut tx, &mut own, policy, params).await;
-        match (&result, savepoints) {
-            (Ok(_), true) => {
-                sqlx::query("RELEASE SAVEPOINT item")
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(db)?;
-            }
-            (Err(_), true) => {
-                sqlx::query("ROLLBACK TO SAVEPOINT item")
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(db)?;
-            }
-            // A database error leaves the transaction aborted: the batch fails.
-            (Err(e @ (StoreError::Backend(_) | StoreError::IllegalTransition(_))), false) => return Err(e.clone()),
-            _ => {}
-        }
-        if result.is_ok() {
-            changes.append(&mut own);
-        }
-        results.push(result);
-    }
+    let results = apply(&mut tx, &mut changes, policy, batch).await?;
     announce(&mut tx, &changes).await?;
     tx.commit().await.map_err(db)?;
     Ok(results)
@@ -577,6 +538,29 @@ async fn update_returning(
 /// quota first locks its tenant row and counts (`accept_with_quota`), then
 /// writes with the same statement. A refusal is found before anything is
 /// written, so a submission needs no savepoint in its batch.
+/// Accepts a batch, one statement per submission (each refusal is found
+/// before it writes); a database error fails the whole batch.
+async fn operation_accept_batch(
+    c: &mut PgConnection,
+    ch: &mut Vec<Change>,
+    batch: &[&AcceptParams],
+) -> Result<Vec<Result<AcceptOutcome>>> {
+    let mut results = Vec::with_capacity(batch.len());
+    for p in batch {
+        let mut own = Vec::new();
+        match operation_accept(c, &mut own, p).await {
+            // A database error leaves the transaction aborted.
+            Err(e @ (StoreError::Backend(_) | StoreError::IllegalTransition(_))) => return Err(e),
+            Ok(accepted) => {
+                ch.append(&mut own);
+                results.push(Ok(accepted));
+            }
+            refused => results.push(refused),
+        }
+    }
+    Ok(results)
+}
+
 async fn operation_accept(c: &mut PgConnection, ch: &mut Vec<Change>, p: &AcceptParams) -> Result<AcceptOutcome> {
     match insert_submission(c, ch, p, false).await? {
         Inserted::Created(op) => Ok(AcceptOutcome::Created(*op)),
@@ -815,95 +799,167 @@ async fn operation_end(
     ending: &Ending,
     now: Timestamp,
 ) -> Result<Operation> {
-    let expires_at = now.plus(policy.operation_retention);
-    let sql = format!(
+    operations_end(c, ch, policy, &[(id, ending, now)])
+        .await?
+        .remove(id)
+        .ok_or(StoreError::LeaseLost)
+}
+
+/// Ends many non-terminal operations in a constant number of statements
+/// (one UPDATE from arrays, one DELETE of their tasks, one each to publish
+/// and to discard uploaded results, one INSERT of their events) and returns
+/// the ended ones by id; an operation that was already terminal is missing.
+/// Each ends at its own `now`.
+async fn operations_end(
+    c: &mut PgConnection,
+    ch: &mut Vec<Change>,
+    policy: Policy,
+    endings: &[(&str, &Ending, Timestamp)],
+) -> Result<std::collections::HashMap<String, Operation>> {
+    if endings.is_empty() {
+        return Ok(std::collections::HashMap::new());
+    }
+    let ids: Vec<&str> = endings.iter().map(|(id, _, _)| *id).collect();
+    let states: Vec<&str> = endings.iter().map(|(_, e, _)| e.to.as_str()).collect();
+    let results: Vec<Option<String>> = endings
+        .iter()
+        .map(|(_, e, _)| e.result.as_ref().map(Value::to_string))
+        .collect();
+    let error = |e: &Ending| e.error.clone();
+    let codes: Vec<Option<String>> = endings.iter().map(|(_, e, _)| error(e).map(|e| e.code)).collect();
+    let messages: Vec<Option<String>> = endings.iter().map(|(_, e, _)| error(e).map(|e| e.message)).collect();
+    let retryable: Vec<Option<bool>> = endings.iter().map(|(_, e, _)| error(e).map(|e| e.retryable)).collect();
+    let progress: Vec<Option<String>> = endings.iter().map(|(_, e, _)| e.progress_json()).collect();
+    let nows: Vec<i64> = endings.iter().map(|(_, _, now)| now.0).collect();
+    let expiries: Vec<i64> = endings
+        .iter()
+        .map(|(_, _, now)| now.plus(policy.operation_retention).0)
+        .collect();
+    let rows = sqlx::query(&format!(
         "UPDATE operations
-            SET state = $2, version = version + 1, result = $3, error_code = $4, error_message = $5,
-                error_retryable = $6, completed_at = $7, updated_at = $7, expires_at = $8,
-                input = CASE WHEN $9 THEN input ELSE NULL END, progress = COALESCE($10, progress)
-          WHERE id = $1 AND state IN ('queued', 'running')
+            SET state = e.e_state, version = version + 1, result = e.e_result, error_code = e.e_code,
+                error_message = e.e_message, error_retryable = e.e_retryable, completed_at = e.e_now,
+                updated_at = e.e_now, expires_at = e.e_expires, input = CASE WHEN $10 THEN input ELSE NULL END,
+                progress = COALESCE(e.e_progress, progress)
+           FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], $5::TEXT[], $6::BOOL[], $7::TEXT[],
+                       $8::BIGINT[], $9::BIGINT[])
+                AS e(e_id, e_state, e_result, e_code, e_message, e_retryable, e_progress, e_now, e_expires)
+          WHERE id = e.e_id AND state IN ('queued', 'running')
       RETURNING {OP_COLUMNS}"
-    );
-    let error = ending.error.as_ref();
-    let ended = update_returning(
-        c,
-        sqlx::query(&sql)
-            .bind(id)
-            .bind(ending.to.as_str())
-            .bind(ending.result.as_ref().map(Value::to_string))
-            .bind(error.map(|e| e.code.clone()))
-            .bind(error.map(|e| e.message.clone()))
-            .bind(error.map(|e| e.retryable))
-            .bind(now.0)
-            .bind(expires_at.0)
-            .bind(policy.keep_inputs)
-            .bind(ending.progress_json()),
-    )
-    .await?
-    .ok_or(StoreError::LeaseLost)?;
-    sqlx::query("DELETE FROM tasks WHERE operation_id = $1")
-        .bind(id)
+    ))
+    .bind(&ids)
+    .bind(&states)
+    .bind(&results)
+    .bind(&codes)
+    .bind(&messages)
+    .bind(&retryable)
+    .bind(&progress)
+    .bind(&nows)
+    .bind(&expiries)
+    .bind(policy.keep_inputs)
+    .fetch_all(&mut *c)
+    .await
+    .map_err(db)?;
+    let mut ended = std::collections::HashMap::with_capacity(rows.len());
+    for row in &rows {
+        let op = operation_from_row(row)?;
+        ended.insert(op.id.as_str().to_owned(), op);
+    }
+    let ended_ids: Vec<&str> = ids.iter().copied().filter(|id| ended.contains_key(*id)).collect();
+    sqlx::query("DELETE FROM tasks WHERE operation_id = ANY($1)")
+        .bind(&ended_ids)
         .execute(&mut *c)
         .await
         .map_err(db)?;
-    let ended = if ending.to == State::Succeeded {
-        result_publish(c, policy, ended, now).await?
-    } else {
-        result_discard(c, id, now).await?;
-        ended
-    };
-    event_insert(c, ch, &ended, ending.to.as_str(), &ending.event_data()).await?;
-    outbox_insert(c, &ended).await?;
+    let (succeeded, other): (Vec<&str>, Vec<&str>) = ended_ids
+        .iter()
+        .partition(|id| ended.get(**id).is_some_and(|op| op.state == State::Succeeded));
+    // Results are kept from the moment the operation ended.
+    let ended_at = |id: &str| ended.get(id).map_or(Timestamp(0), |op| op.updated_at);
+    let publish: Vec<(&str, Timestamp)> = succeeded.iter().map(|id| (*id, ended_at(id))).collect();
+    let discard_at = other.iter().map(|id| ended_at(id)).max().unwrap_or(Timestamp(0));
+    for (id, artifact) in results_publish(c, policy, &publish).await? {
+        if let Some(op) = ended.get_mut(&id) {
+            op.artifact = Some(artifact);
+        }
+    }
+    results_discard(c, &other, discard_at).await?;
+    let events: Vec<(&Operation, &str, Value)> = endings
+        .iter()
+        .filter_map(|(id, e, _)| ended.get(*id).map(|op| (op, e.to.as_str(), e.event_data())))
+        .collect();
+    events_insert(c, ch, &events).await?;
+    for (id, _, _) in endings {
+        if let Some(op) = ended.get(*id) {
+            outbox_insert(c, op).await?;
+        }
+    }
     Ok(ended)
 }
 
-async fn result_publish(c: &mut PgConnection, policy: Policy, op: Operation, now: Timestamp) -> Result<Operation> {
-    let expires_at = now.plus(policy.result_retention);
-    let row = sqlx::query(
-        "UPDATE results SET state = 'published', expires_at = $2
-          WHERE operation_id = $1 AND state = 'uploaded'
-      RETURNING id, content_type, size_bytes, sha256",
+/// Publishes the uploaded results of operations that succeeded (each with
+/// the time it ended); returns each published artifact by operation id
+/// (usually none).
+async fn results_publish(
+    c: &mut PgConnection,
+    policy: Policy,
+    ended: &[(&str, Timestamp)],
+) -> Result<Vec<(String, ArtifactRef)>> {
+    if ended.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<&str> = ended.iter().map(|(id, _)| *id).collect();
+    let expiries: Vec<i64> = ended
+        .iter()
+        .map(|(_, at)| at.plus(policy.result_retention).0)
+        .collect();
+    let rows = sqlx::query(
+        "UPDATE results SET state = 'published', expires_at = p.expires
+           FROM unnest($1::TEXT[], $2::BIGINT[]) AS p(op_id, expires)
+          WHERE results.operation_id = p.op_id AND results.state = 'uploaded'
+      RETURNING results.operation_id, results.id, results.content_type, results.size_bytes, results.sha256,
+                results.expires_at",
     )
-    .bind(op.id.as_str())
-    .bind(expires_at.0)
-    .fetch_optional(&mut *c)
+    .bind(&ids)
+    .bind(&expiries)
+    .fetch_all(&mut *c)
     .await
     .map_err(db)?;
-    let Some(row) = row else { return Ok(op) };
-    let artifact = ArtifactRef {
-        id: Id::from_trusted(row.try_get(0).map_err(db)?),
-        content_type: row.try_get(1).map_err(db)?,
-        size_bytes: row.try_get(2).map_err(db)?,
-        sha256: row.try_get(3).map_err(db)?,
-        expires_at,
-    };
-    sqlx::query("UPDATE operations SET artifact = $2 WHERE id = $1")
-        .bind(op.id.as_str())
-        .bind(artifact_to_json(&artifact).to_string())
-        .execute(&mut *c)
-        .await
-        .map_err(db)?;
-    Ok(Operation {
-        artifact: Some(artifact),
-        ..op
-    })
+    let mut published = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let operation_id: String = row.try_get(0).map_err(db)?;
+        let artifact = ArtifactRef {
+            id: Id::from_trusted(row.try_get(1).map_err(db)?),
+            content_type: row.try_get(2).map_err(db)?,
+            size_bytes: row.try_get(3).map_err(db)?,
+            sha256: row.try_get(4).map_err(db)?,
+            expires_at: Timestamp(row.try_get(5).map_err(db)?),
+        };
+        sqlx::query("UPDATE operations SET artifact = $2 WHERE id = $1")
+            .bind(&operation_id)
+            .bind(artifact_to_json(&artifact).to_string())
+            .execute(&mut *c)
+            .await
+            .map_err(db)?;
+        published.push((operation_id, artifact));
+    }
+    Ok(published)
 }
 
-async fn result_discard(c: &mut PgConnection, operation_id: &str, now: Timestamp) -> Result<()> {
+/// Moves uploaded but unpublished results of `ids` to the garbage list.
+async fn results_discard(c: &mut PgConnection, ids: &[&str], now: Timestamp) -> Result<()> {
+    if ids.is_empty() {
+        return Ok(());
+    }
     sqlx::query(
-        "INSERT INTO artifact_garbage (storage_key, created_at)
-         SELECT storage_key, $2 FROM results WHERE operation_id = $1 AND state = 'uploaded' ON CONFLICT DO NOTHING",
+        "WITH gone AS (DELETE FROM results WHERE operation_id = ANY($1) AND state = 'uploaded' RETURNING storage_key)
+         INSERT INTO artifact_garbage (storage_key, created_at) SELECT storage_key, $2 FROM gone ON CONFLICT DO NOTHING",
     )
-    .bind(operation_id)
+    .bind(ids)
     .bind(now.0)
     .execute(&mut *c)
     .await
     .map_err(db)?;
-    sqlx::query("DELETE FROM results WHERE operation_id = $1 AND state = 'uploaded'")
-        .bind(operation_id)
-        .execute(&mut *c)
-        .await
-        .map_err(db)?;
     Ok(())
 }
 
@@ -1082,12 +1138,20 @@ async fn task_claim(c: &mut PgConnection, ch: &mut Vec<Change>, policy: Policy, 
         if allowance <= 0 {
             continue;
         }
-        // Rows other claimers hold are skipped, not waited for.
+        // Rows other claimers hold are skipped, not waited for. Each kind is
+        // read from the head of its own index range (a claim reads about as
+        // many rows as it takes, however many are queued), then the oldest
+        // across kinds are taken; the few extra rows locked are released
+        // at commit.
         let rows = sqlx::query(
             "SELECT t.operation_id, o.deadline_at, o.state = 'queued'
-               FROM tasks t JOIN operations o ON o.id = t.operation_id
-              WHERE t.status = 'ready' AND t.tenant = $1 AND t.kind = ANY($2) AND t.available_at <= $3
-              ORDER BY t.seq LIMIT $4 FOR UPDATE OF t SKIP LOCKED",
+               FROM unnest($2::TEXT[]) AS k(kind)
+              CROSS JOIN LATERAL (
+                    SELECT operation_id, seq FROM tasks
+                     WHERE status = 'ready' AND tenant = $1 AND kind = k.kind AND available_at <= $3
+                     ORDER BY seq LIMIT $4 FOR UPDATE SKIP LOCKED) t
+               JOIN operations o ON o.id = t.operation_id
+              ORDER BY t.seq LIMIT $4",
         )
         .bind(&tenant)
         .bind(&p.kinds)
@@ -1124,15 +1188,12 @@ async fn task_claim(c: &mut PgConnection, ch: &mut Vec<Change>, policy: Policy, 
         });
     }
     // A queued operation whose deadline passed is never started.
-    let mut live = Vec::with_capacity(picked.len());
-    for task in picked {
-        if task.deadline_at.is_some_and(|d| d <= p.now.0) {
-            let ending = Ending::failed(deadline_error_before_start());
-            operation_end(c, ch, policy, &task.operation_id, &ending, p.now).await?;
-        } else {
-            live.push(task);
-        }
-    }
+    let (expired, live): (Vec<Picked>, Vec<Picked>) =
+        picked.into_iter().partition(|task| task.deadline_at.is_some_and(|d| d <= p.now.0));
+    let ending = Ending::failed(deadline_error_before_start());
+    let endings: Vec<(&str, &Ending, Timestamp)> =
+        expired.iter().map(|task| (task.operation_id.as_str(), &ending, p.now)).collect();
+    operations_end(c, ch, policy, &endings).await?;
     if live.is_empty() {
         return Ok(Vec::new());
     }
@@ -1267,35 +1328,56 @@ async fn events_insert(c: &mut PgConnection, ch: &mut Vec<Change>, events: &[(&O
 }
 
 async fn fenced(c: &mut PgConnection, operation_id: &Id, lease_token: &str) -> Result<Fenced> {
-    let row = sqlx::query(
+    fenced_many(c, &[(operation_id.as_str(), lease_token)])
+        .await?
+        .remove(&(operation_id.as_str().to_owned(), lease_token.to_owned()))
+        .ok_or(StoreError::LeaseLost)
+}
+
+/// The fenced rows of many leases in one statement, keyed by operation id
+/// and lease token:
+/// only the current holders' tasks are found, and they are locked (in id
+/// order, so concurrent batches cannot deadlock) until the transaction ends.
+async fn fenced_many(
+    c: &mut PgConnection,
+    leases: &[(&str, &str)],
+) -> Result<std::collections::HashMap<(String, String), Fenced>> {
+    let (ids, tokens): (Vec<&str>, Vec<&str>) = leases.iter().copied().unzip();
+    let rows = sqlx::query(
         "SELECT o.version, o.progress, o.cost_units, o.cancellable, o.cancel_requested_at IS NOT NULL,
                 o.cancel_reason, o.cancel_requested_by, o.attempt, COALESCE(k.max_attempts, 1), o.budget_max_cost,
-                COALESCE(t.lease_ms, 30000)
-           FROM tasks t
+                COALESCE(t.lease_ms, 30000), t.operation_id, t.lease_token
+           FROM unnest($1::TEXT[], $2::TEXT[]) AS f(op_id, token)
+           JOIN tasks t ON t.operation_id = f.op_id AND t.lease_token = f.token AND t.status = 'leased'
            JOIN operations o ON o.id = t.operation_id
            LEFT JOIN kinds k ON k.name = o.kind
-          WHERE t.operation_id = $1 AND t.status = 'leased' AND t.lease_token = $2 AND o.state = 'running'
+          WHERE o.state = 'running'
+          ORDER BY t.operation_id
           FOR UPDATE OF t, o",
     )
-    .bind(operation_id.as_str())
-    .bind(lease_token)
-    .fetch_optional(&mut *c)
+    .bind(&ids)
+    .bind(&tokens)
+    .fetch_all(&mut *c)
     .await
-    .map_err(db)?
-    .ok_or(StoreError::LeaseLost)?;
-    Ok(Fenced {
-        version: row.try_get(0).map_err(db)?,
-        progress: json_text(row.try_get(1).map_err(db)?)?.map(|v| progress_from_json(&v)),
-        cost_units: row.try_get(2).map_err(db)?,
-        cancellable: row.try_get(3).map_err(db)?,
-        cancel_requested: row.try_get(4).map_err(db)?,
-        cancel_reason: row.try_get(5).map_err(db)?,
-        cancel_requested_by: row.try_get(6).map_err(db)?,
-        attempt: row.try_get(7).map_err(db)?,
-        max_attempts: row.try_get(8).map_err(db)?,
-        budget_max_cost: row.try_get(9).map_err(db)?,
-        lease_ms: row.try_get(10).map_err(db)?,
-    })
+    .map_err(db)?;
+    rows.iter()
+        .map(|row| {
+            let fenced = Fenced {
+                version: row.try_get(0).map_err(db)?,
+                progress: json_text(row.try_get(1).map_err(db)?)?.map(|v| progress_from_json(&v)),
+                cost_units: row.try_get(2).map_err(db)?,
+                cancellable: row.try_get(3).map_err(db)?,
+                cancel_requested: row.try_get(4).map_err(db)?,
+                cancel_reason: row.try_get(5).map_err(db)?,
+                cancel_requested_by: row.try_get(6).map_err(db)?,
+                attempt: row.try_get(7).map_err(db)?,
+                max_attempts: row.try_get(8).map_err(db)?,
+                budget_max_cost: row.try_get(9).map_err(db)?,
+                lease_ms: row.try_get(10).map_err(db)?,
+            };
+            Ok(((row.try_get(11).map_err(db)?, row.try_get(12).map_err(db)?), fenced))
+        })
+        .collect()
 }
 
 async fn task_heartbeat(c: &mut PgConnection, ch: &mut Vec<Change>, p: &HeartbeatParams) -> Result<HeartbeatAck> {
@@ -1383,22 +1465,50 @@ async fn requeue(
     Ok(requeued)
 }
 
-async fn task_finish(
+/// Applies a batch of outcomes with a constant number of statements: the
+/// fenced rows in one, what each outcome means decided in Rust
+/// (`decide_finish`), the endings in `operations_end`'s few. A stale lease
+/// refuses only its own item, before anything is written; a second outcome
+/// for one operation in the same batch finds the lease already gone, as it
+/// would one batch later.
+async fn task_finish_batch(
     c: &mut PgConnection,
     ch: &mut Vec<Change>,
     policy: Policy,
-    p: &FinishParams,
-) -> Result<Operation> {
-    let current = fenced(c, &p.operation_id, &p.lease_token).await?;
-    let id = p.operation_id.as_str();
-    // The worker's last progress rides the outcome's own change.
-    let progress = final_progress(&current, p.progress.as_ref(), p.now);
-    match decide_finish(&current, &p.outcome) {
-        Decision::End(ending) => operation_end(c, ch, policy, id, &ending.with_progress(progress), p.now).await,
-        Decision::Retry { next_attempt, data } => {
-            requeue(c, ch, id, next_attempt, progress.as_ref(), p.now, &data).await
+    batch: &[&FinishParams],
+) -> Result<Vec<Result<Operation>>> {
+    let leases: Vec<(&str, &str)> = batch
+        .iter()
+        .map(|p| (p.operation_id.as_str(), p.lease_token.as_str()))
+        .collect();
+    let mut current = fenced_many(c, &leases).await?;
+    let mut answers: Vec<Option<Result<Operation>>> = Vec::with_capacity(batch.len());
+    let mut ends: Vec<(usize, &str, Ending)> = Vec::new();
+    for (i, p) in batch.iter().enumerate() {
+        let id = p.operation_id.as_str();
+        let Some(fenced) = current.remove(&(id.to_owned(), p.lease_token.clone())) else {
+            answers.push(Some(Err(StoreError::LeaseLost)));
+            continue;
+        };
+        // The worker's last progress rides the outcome's own change.
+        let progress = final_progress(&fenced, p.progress.as_ref(), p.now);
+        match decide_finish(&fenced, &p.outcome) {
+            Decision::End(ending) => {
+                ends.push((i, id, ending.with_progress(progress)));
+                answers.push(None);
+            }
+            Decision::Retry { next_attempt, data } => {
+                let requeued = requeue(c, ch, id, next_attempt, progress.as_ref(), p.now, &data).await?;
+                answers.push(Some(Ok(requeued)));
+            }
         }
     }
+    let endings: Vec<(&str, &Ending, Timestamp)> = ends.iter().map(|(i, id, e)| (*id, e, batch[*i].now)).collect();
+    let mut ended = operations_end(c, ch, policy, &endings).await?;
+    for (i, id, _) in &ends {
+        answers[*i] = Some(ended.remove(*id).ok_or(StoreError::LeaseLost));
+    }
+    Ok(answers.into_iter().map(|a| a.expect("every item answered")).collect())
 }
 
 async fn task_reap(c: &mut PgConnection, ch: &mut Vec<Change>, policy: Policy, p: &ReapParams) -> Result<ReapCounts> {
@@ -2194,7 +2304,7 @@ impl Store for PostgresStore {
     async fn result_upload(&self, params: ResultUploadParams) -> Result<()> {
         in_tx!(self, |c, _ch| {
             fenced(c, &params.operation_id, &params.lease_token).await?;
-            result_discard(c, params.operation_id.as_str(), params.now).await?;
+            results_discard(c, &[params.operation_id.as_str()], params.now).await?;
             let tenant: String = sqlx::query_scalar("SELECT tenant FROM operations WHERE id = $1")
                 .bind(params.operation_id.as_str())
                 .fetch_one(&mut *c)
