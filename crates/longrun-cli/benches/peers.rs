@@ -17,6 +17,10 @@
 //!
 //! It prints the medians and the ratios. Longrun keeps every operation and
 //! its history; graphile-worker deletes finished jobs.
+//!
+//! `LONGRUN_PEER_ONLY` (comma-separated groups: `graphile`, `pgbench`, `pg`,
+//! `sqlite`, or one of `pg-in-process`, `pg-remote`, `pg-submits` and the
+//! same for `sqlite`) runs only those, for a quick look while working.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -41,6 +45,16 @@ const GRAPHILE_WORKER: &str = "0.17.3";
 
 fn env_number(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// Whether `group` (e.g. `pg-remote`) is measured in this run: every group
+/// unless `LONGRUN_PEER_ONLY` names it or its prefix (`pg`).
+fn wanted(group: &str) -> bool {
+    std::env::var("LONGRUN_PEER_ONLY").map_or(true, |only| {
+        only.split(',')
+            .map(str::trim)
+            .any(|g| group == g || group.strip_prefix(g).is_some_and(|rest| rest.starts_with('-')))
+    })
 }
 
 fn median(values: &[f64]) -> f64 {
@@ -377,51 +391,57 @@ fn main() {
                 None
             }
         };
-        let mut figures: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+        let mut figures: BTreeMap<String, Vec<f64>> = BTreeMap::new();
         println!("{jobs} queued no-op jobs per drain, {rounds} alternating rounds, PostgreSQL with fsync on");
         for round in 1..=rounds {
-            if let Some(dir) = &graphile_dir {
+            if let Some(dir) = graphile_dir.as_ref().filter(|_| wanted("graphile")) {
                 for batched in [false, true] {
                     let url = cluster.database().await;
                     let rate = graphile(dir, &url, jobs, batched).await;
                     let name = if batched { "graphile batched" } else { "graphile plain" };
-                    figures.entry(name).or_default().push(rate);
+                    figures.entry(name.into()).or_default().push(rate);
                 }
             }
-            let pg = Longrun::new(vec!["--database".into(), cluster.database().await]);
-            let (submits, drain) = pg.in_process(jobs).await;
-            figures.entry("longrun in-process PG").or_default().push(drain);
-            figures.entry("longrun batch submits PG").or_default().push(submits);
-            let pg = Longrun::new(vec!["--database".into(), cluster.database().await]);
-            figures
-                .entry("longrun remote PG")
-                .or_default()
-                .push(pg.remote(jobs).await);
-            let (rate, p99) = pg.single_submits(seconds).await;
-            figures.entry("longrun single submits PG").or_default().push(rate);
-            figures.entry("longrun single submit p99 ms PG").or_default().push(p99);
-
             let dir = tempfile::tempdir().unwrap();
-            let lite = Longrun::new(vec!["--data-dir".into(), dir.path().join("a").display().to_string()]);
-            let (submits, drain) = lite.in_process(jobs).await;
-            figures.entry("longrun in-process SQLite").or_default().push(drain);
-            figures.entry("longrun batch submits SQLite").or_default().push(submits);
-            let lite = Longrun::new(vec!["--data-dir".into(), dir.path().join("b").display().to_string()]);
-            figures
-                .entry("longrun remote SQLite")
-                .or_default()
-                .push(lite.remote(jobs).await);
-            let (rate, p99) = lite.single_submits(seconds).await;
-            figures.entry("longrun single submits SQLite").or_default().push(rate);
-            figures
-                .entry("longrun single submit p99 ms SQLite")
-                .or_default()
-                .push(p99);
+            for (store, group) in [("PG", "pg"), ("SQLite", "sqlite")] {
+                let fresh = async |name: &str| match store {
+                    "PG" => Longrun::new(vec!["--database".into(), cluster.database().await]),
+                    _ => Longrun::new(vec!["--data-dir".into(), dir.path().join(name).display().to_string()]),
+                };
+                if wanted(&format!("{group}-in-process")) {
+                    let (submits, drain) = fresh("in-process").await.in_process(jobs).await;
+                    figures
+                        .entry(format!("longrun in-process {store}"))
+                        .or_default()
+                        .push(drain);
+                    figures
+                        .entry(format!("longrun batch submits {store}"))
+                        .or_default()
+                        .push(submits);
+                }
+                if wanted(&format!("{group}-remote")) {
+                    let rate = fresh("remote").await.remote(jobs).await;
+                    figures.entry(format!("longrun remote {store}")).or_default().push(rate);
+                }
+                if wanted(&format!("{group}-submits")) {
+                    let (rate, p99) = fresh("submits").await.single_submits(seconds).await;
+                    figures
+                        .entry(format!("longrun single submits {store}"))
+                        .or_default()
+                        .push(rate);
+                    figures
+                        .entry(format!("longrun single submit p99 ms {store}"))
+                        .or_default()
+                        .push(p99);
+                }
+            }
 
-            let url = cluster.database().await;
-            sql(&url, "CREATE TABLE ceiling (id BIGSERIAL PRIMARY KEY, v INT)").await;
-            if let Some(tps) = pgbench_insert(&url, seconds) {
-                figures.entry("pgbench INSERT ceiling").or_default().push(tps);
+            if wanted("pgbench") {
+                let url = cluster.database().await;
+                sql(&url, "CREATE TABLE ceiling (id BIGSERIAL PRIMARY KEY, v INT)").await;
+                if let Some(tps) = pgbench_insert(&url, seconds) {
+                    figures.entry("pgbench INSERT ceiling".into()).or_default().push(tps);
+                }
             }
             eprintln!("round {round} done");
         }

@@ -20,7 +20,10 @@ use tokio_util::task::TaskTracker;
 
 use crate::kinds::Registry;
 use crate::signals::Signals;
-use crate::worker::{TaskContext, TaskLink, run_task};
+use crate::worker::{TaskContext, TaskLink, run_handler};
+
+/// How long a busy dispatcher lets freed slots gather before it claims.
+const CLAIM_GATHER: Duration = Duration::from_millis(1);
 
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -61,9 +64,17 @@ pub struct Dispatcher {
     signals: Signals,
     clock: Arc<dyn Clock>,
     config: Config,
+    /// Handlers running at once (`concurrency`).
     slots: Arc<Semaphore>,
+    /// Tasks between claim and stored outcome: a slot is free again when
+    /// its handler returns, and up to this many outcomes may be committing.
+    in_flight: Arc<Semaphore>,
     tracker: TaskTracker,
 }
+
+/// Tasks a dispatcher holds at once, as a multiple of its concurrency:
+/// those running and those whose outcome is being committed.
+const IN_FLIGHT_PER_SLOT: usize = 4;
 
 impl Dispatcher {
     pub fn new(
@@ -75,6 +86,7 @@ impl Dispatcher {
         config: Config,
     ) -> Self {
         let slots = Arc::new(Semaphore::new(config.concurrency.max(1)));
+        let in_flight = Arc::new(Semaphore::new(config.concurrency.max(1) * IN_FLIGHT_PER_SLOT));
         Self {
             store,
             artifacts,
@@ -83,14 +95,20 @@ impl Dispatcher {
             clock,
             config,
             slots,
+            in_flight,
             tracker: TaskTracker::new(),
         }
+    }
+
+    /// Tasks running or reporting now.
+    fn busy(&self) -> bool {
+        self.in_flight.available_permits() < self.config.concurrency.max(1) * IN_FLIGHT_PER_SLOT
     }
 
     /// Claims as many tasks as there are free slots and starts them.
     /// Returns how many were started.
     pub async fn run_once(&self) -> Result<usize, StoreError> {
-        let free = self.slots.available_permits();
+        let free = self.slots.available_permits().min(self.in_flight.available_permits());
         if free == 0 {
             return Ok(0);
         }
@@ -116,8 +134,13 @@ impl Dispatcher {
             tracing::error!(kind = %task.kind, "claimed a task of a kind with no handler");
             return;
         };
-        let permit = self
+        let running = self
             .slots
+            .clone()
+            .try_acquire_owned()
+            .expect("claimed no more tasks than free slots");
+        let in_flight = self
+            .in_flight
             .clone()
             .try_acquire_owned()
             .expect("claimed no more tasks than free slots");
@@ -133,11 +156,16 @@ impl Dispatcher {
         let heartbeat_every = self.config.lease / 3;
         let progress_interval = self.config.progress_interval;
         self.tracker.spawn(async move {
-            let _permit = permit;
+            let _in_flight = in_flight;
             let flag = signals.track(&task.operation_id);
             let ctx = TaskContext::new(task.operation_id.clone(), task.attempt, task.input, link, flag)
                 .with_progress_interval(progress_interval);
-            match run_task(handler, ctx, heartbeat_every).await {
+            let report = run_handler(handler, ctx, heartbeat_every).await;
+            // The handler is done: its slot can take the next task while
+            // the outcome commits.
+            drop(running);
+            signals.work_available();
+            match async { report?.send().await }.await {
                 Ok(()) => tracing::debug!(op.id = %task.operation_id, "task finished"),
                 Err(StoreError::LeaseLost) => {
                     tracing::warn!(op.id = %task.operation_id, "lease lost; the outcome was discarded")
@@ -145,8 +173,6 @@ impl Dispatcher {
                 Err(e) => tracing::error!(op.id = %task.operation_id, error = %e, "could not report the outcome"),
             }
             signals.untrack(&task.operation_id);
-            // A slot is free again: look for more work.
-            signals.work_available();
         });
     }
 
@@ -167,6 +193,12 @@ impl Dispatcher {
                     () = work.changed() => {}
                     () = tokio::time::sleep(self.config.poll_interval) => {}
                     () = shutdown.cancelled() => break,
+                }
+                // Outcomes are answered a batch at a time: while tasks run,
+                // let the slots of one batch come free before claiming, so
+                // one claim fills them all.
+                if self.busy() {
+                    tokio::time::sleep(CLAIM_GATHER).await;
                 }
             } else if shutdown.is_cancelled() {
                 break;

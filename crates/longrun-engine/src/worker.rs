@@ -289,15 +289,41 @@ impl TaskContext {
     }
 }
 
-/// Runs `handler` for one task: renews the lease in the background (which
-/// also learns of cancellation and sends coalesced progress once its
-/// interval has passed) and reports the outcome through the link, with the
-/// last progress not yet sent.
+/// Runs `handler` for one task and reports its outcome (see [`run_handler`]).
 pub async fn run_task(
     handler: Arc<dyn Handler>,
     ctx: TaskContext,
     heartbeat_every: Duration,
 ) -> Result<(), StoreError> {
+    run_handler(handler, ctx, heartbeat_every).await?.send().await
+}
+
+/// A handler's finished run, not yet reported: its outcome and the last
+/// progress not yet sent.
+#[must_use = "an outcome must be sent"]
+pub struct Report {
+    link: Arc<dyn TaskLink>,
+    outcome: Outcome,
+    progress: Option<ProgressUpdate>,
+}
+
+impl Report {
+    /// Reports the outcome through the task's link; done once it is stored.
+    pub async fn send(self) -> Result<(), StoreError> {
+        self.link.finish(self.outcome, self.progress).await
+    }
+}
+
+/// Runs `handler` for one task, renewing the lease in the background (which
+/// also learns of cancellation and sends coalesced progress once its
+/// interval has passed), and returns what to report. Workers free the
+/// task's concurrency slot here, before the report is stored: the slot
+/// bounds work running at once, and waiting for a commit is not work.
+pub async fn run_handler(
+    handler: Arc<dyn Handler>,
+    ctx: TaskContext,
+    heartbeat_every: Duration,
+) -> Result<Report, StoreError> {
     let link = ctx.link.clone();
     let keepalive = {
         let ctx = ctx.clone();
@@ -333,7 +359,11 @@ pub async fn run_task(
         }
         Err(e) => e.into_outcome(),
     };
-    link.finish(outcome, ctx.take_pending()).await
+    Ok(Report {
+        link,
+        outcome,
+        progress: ctx.take_pending(),
+    })
 }
 
 #[cfg(test)]
