@@ -24,8 +24,12 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use crate::shared::*;
 use crate::*;
 
-const SCHEMA: &str = include_str!("postgres/schema.sql");
-const SCHEMA_VERSION: i64 = 1;
+/// The schema, one step per version, applied in order from the database's
+/// current version.
+const MIGRATIONS: &[(i64, &str)] = &[
+    (1, include_str!("postgres/schema.sql")),
+    (2, include_str!("postgres/0002_guard_when.sql")),
+];
 
 #[derive(Debug, Clone)]
 pub struct PostgresConfig {
@@ -239,10 +243,11 @@ type Apply<P, R> = for<'c> fn(
     &'c [&'c P],
 ) -> futures_util::future::BoxFuture<'c, Result<Vec<Result<R>>>>;
 
-/// A write waiting for the next batch.
+/// Writes waiting for the next batch: one caller's items, kept together
+/// and in order in one transaction.
 struct Job<P, R> {
-    params: P,
-    reply: oneshot::Sender<Result<R>>,
+    params: Vec<P>,
+    reply: oneshot::Sender<Vec<Result<R>>>,
 }
 
 /// Group commit, as the SQLite writer does it: whatever arrived while the
@@ -265,14 +270,24 @@ impl<P: Send + Sync + 'static, R: Send + 'static> GroupCommit<P, R> {
 
     /// Runs `params` in the next batch; the answer comes once it is durable.
     async fn write(&self, params: P) -> Result<R> {
+        self.write_many(vec![params]).await.pop().expect("one answer per item")
+    }
+
+    /// Runs all of `params` in one transaction, in order (with other
+    /// callers' writes); answered item by item once it is durable.
+    async fn write_many(&self, params: Vec<P>) -> Vec<Result<R>> {
+        let n = params.len();
+        if n == 0 {
+            return Vec::new();
+        }
+        let failed = |why: &str| (0..n).map(|_| Err(StoreError::Backend(why.into()))).collect();
         let (reply, answer) = oneshot::channel();
-        self.queue
-            .send(Job { params, reply })
-            .await
-            .map_err(|_| StoreError::Backend("the group commit has stopped".into()))?;
+        if self.queue.send(Job { params, reply }).await.is_err() {
+            return failed("the group commit has stopped");
+        }
         answer
             .await
-            .map_err(|_| StoreError::Backend("the group commit dropped a write".into()))?
+            .unwrap_or_else(|_| failed("the group commit dropped a write"))
     }
 }
 
@@ -287,17 +302,21 @@ async fn group_writer<P, R>(
         let batch = {
             let mut queue = queue.lock().await;
             let Some(first) = queue.recv().await else { return };
+            let mut items = first.params.len();
             let mut batch = vec![first];
-            while batch.len() < batching.max_batch {
+            while items < batching.max_batch {
                 match queue.try_recv() {
-                    Ok(next) => batch.push(next),
+                    Ok(next) => {
+                        items += next.params.len();
+                        batch.push(next);
+                    }
                     Err(_) => break,
                 }
             }
             batch
         };
-        let params: Vec<&P> = batch.iter().map(|job| &job.params).collect();
-        let results = match commit_batch(&pool, policy, apply, &params).await {
+        let params: Vec<&P> = batch.iter().flat_map(|job| &job.params).collect();
+        let mut results = match commit_batch(&pool, policy, apply, &params).await {
             Ok(results) => results,
             // One bad item aborts the whole batch: each goes again in its
             // own transaction, so only the bad one fails.
@@ -312,9 +331,11 @@ async fn group_writer<P, R>(
                 results
             }
             Err(e) => vec![Err(e)],
-        };
-        for (job, result) in batch.into_iter().zip(results) {
-            let _ = job.reply.send(result);
+        }
+        .into_iter();
+        for job in batch {
+            let answers = results.by_ref().take(job.params.len()).collect();
+            let _ = job.reply.send(answers);
         }
     }
 }
@@ -354,15 +375,15 @@ async fn migrate_pool(pool: &PgPool) -> Result<usize> {
         0
     };
     let mut applied = 0;
-    if current < SCHEMA_VERSION {
-        sqlx::raw_sql(SCHEMA).execute(&mut *tx).await.map_err(db)?;
+    for (version, sql) in MIGRATIONS.iter().filter(|(version, _)| *version > current) {
+        sqlx::raw_sql(sql).execute(&mut *tx).await.map_err(db)?;
         sqlx::query("INSERT INTO schema_migrations (version, applied_at) VALUES ($1, $2)")
-            .bind(SCHEMA_VERSION)
+            .bind(version)
             .bind(longrun_core::Clock::now(&longrun_core::SystemClock).as_millis())
             .execute(&mut *tx)
             .await
             .map_err(db)?;
-        applied = 1;
+        applied += 1;
     }
     tx.commit().await.map_err(db)?;
     Ok(applied)
@@ -909,10 +930,7 @@ async fn results_publish(
         return Ok(Vec::new());
     }
     let ids: Vec<&str> = ended.iter().map(|(id, _)| *id).collect();
-    let expiries: Vec<i64> = ended
-        .iter()
-        .map(|(_, at)| at.plus(policy.result_retention).0)
-        .collect();
+    let expiries: Vec<i64> = ended.iter().map(|(_, at)| at.plus(policy.result_retention).0).collect();
     let rows = sqlx::query(
         "UPDATE results SET state = 'published', expires_at = p.expires
            FROM unnest($1::TEXT[], $2::BIGINT[]) AS p(op_id, expires)
@@ -1188,11 +1206,14 @@ async fn task_claim(c: &mut PgConnection, ch: &mut Vec<Change>, policy: Policy, 
         });
     }
     // A queued operation whose deadline passed is never started.
-    let (expired, live): (Vec<Picked>, Vec<Picked>) =
-        picked.into_iter().partition(|task| task.deadline_at.is_some_and(|d| d <= p.now.0));
+    let (expired, live): (Vec<Picked>, Vec<Picked>) = picked
+        .into_iter()
+        .partition(|task| task.deadline_at.is_some_and(|d| d <= p.now.0));
     let ending = Ending::failed(deadline_error_before_start());
-    let endings: Vec<(&str, &Ending, Timestamp)> =
-        expired.iter().map(|task| (task.operation_id.as_str(), &ending, p.now)).collect();
+    let endings: Vec<(&str, &Ending, Timestamp)> = expired
+        .iter()
+        .map(|task| (task.operation_id.as_str(), &ending, p.now))
+        .collect();
     operations_end(c, ch, policy, &endings).await?;
     if live.is_empty() {
         return Ok(Vec::new());
@@ -1933,6 +1954,10 @@ impl Store for PostgresStore {
         self.accepts.write(params).await
     }
 
+    async fn operation_accept_many(&self, params: Vec<AcceptParams>) -> Vec<Result<AcceptOutcome>> {
+        self.accepts.write_many(params).await
+    }
+
     async fn operation_get(&self, tenant: &str, id: &Id) -> Result<Option<Operation>> {
         let mut c = self.pool.acquire().await.map_err(db)?;
         operation_owned(&mut c, tenant, id.as_str()).await
@@ -1964,6 +1989,10 @@ impl Store for PostgresStore {
 
     async fn task_finish(&self, params: FinishParams) -> Result<Operation> {
         self.finishes.write(params).await
+    }
+
+    async fn task_finish_many(&self, params: Vec<FinishParams>) -> Vec<Result<Operation>> {
+        self.finishes.write_many(params).await
     }
 
     async fn task_expire_worker(&self, worker_id: &str, now: Timestamp) -> Result<u64> {

@@ -49,3 +49,64 @@ async fn a_lost_listening_connection_resyncs_and_keeps_publishing() {
     let next = tokio::time::timeout(within, changes.recv()).await.unwrap().unwrap();
     assert_eq!((next.operation_id, next.version), (op.id, 1));
 }
+
+/// The schema's transition guard is `State::can_become`, pair by pair, as
+/// on SQLite: the trigger (and its WHEN condition, which decides whether
+/// the guard runs at all) refuses exactly what the core refuses.
+#[tokio::test]
+async fn the_schema_refuses_exactly_the_transitions_the_core_refuses() {
+    use longrun_core::State;
+    let Some(cluster) = longrun_store::pgtest::cluster() else {
+        return;
+    };
+    let url = cluster.database().await;
+    longrun_store::postgres::migrate(&url).await.unwrap();
+    let mut c = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await.unwrap();
+    for (i, from) in State::ALL.into_iter().enumerate() {
+        for to in State::ALL {
+            let id = format!("op_{i}_{to}");
+            sqlx::query(
+                "INSERT INTO operations (id, tenant, kind, state, version, created_at, updated_at)
+                 VALUES ($1, 't', 'k', $2, 1, 0, 0)",
+            )
+            .bind(&id)
+            .bind(from.as_str())
+            .execute(&mut c)
+            .await
+            .unwrap();
+            let result = sqlx::query("UPDATE operations SET state = $2, version = version + 1 WHERE id = $1")
+                .bind(&id)
+                .bind(to.as_str())
+                .execute(&mut c)
+                .await;
+            let allowed_by_schema = result.is_ok();
+            // Staying in a state is no transition: allowed unless the state is terminal.
+            let allowed_by_core = if from == to {
+                !from.is_terminal()
+            } else {
+                from.can_become(to)
+            };
+            assert_eq!(allowed_by_schema, allowed_by_core, "{from} → {to}: {result:?}");
+        }
+    }
+    // Versions move one step at a time, and a terminal operation's outcome is final.
+    sqlx::query(
+        "INSERT INTO operations (id, tenant, kind, state, version, created_at, updated_at)
+         VALUES ('v', 't', 'k', 'queued', 1, 0, 0), ('done', 't', 'k', 'succeeded', 1, 0, 0)",
+    )
+    .execute(&mut c)
+    .await
+    .unwrap();
+    for refused in [
+        "UPDATE operations SET version = 3 WHERE id = 'v'",
+        "UPDATE operations SET version = 0 WHERE id = 'v'",
+        "UPDATE operations SET result = '1' WHERE id = 'done'",
+    ] {
+        assert!(sqlx::query(refused).execute(&mut c).await.is_err(), "{refused}");
+    }
+    // What the guard allows still passes it.
+    sqlx::query("UPDATE operations SET labels = '{\"a\":\"b\"}' WHERE id = 'done'")
+        .execute(&mut c)
+        .await
+        .unwrap();
+}
