@@ -20,7 +20,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::kinds::Registry;
 use crate::signals::Signals;
-use crate::worker::{TaskContext, TaskLink, run_handler};
+use crate::worker::{IN_FLIGHT_PER_SLOT, TaskContext, TaskLink, run_handler};
 
 /// How long a busy dispatcher lets freed slots gather before it claims.
 const CLAIM_GATHER: Duration = Duration::from_millis(1);
@@ -71,10 +71,6 @@ pub struct Dispatcher {
     in_flight: Arc<Semaphore>,
     tracker: TaskTracker,
 }
-
-/// Tasks a dispatcher holds at once, as a multiple of its concurrency:
-/// those running and those whose outcome is being committed.
-const IN_FLIGHT_PER_SLOT: usize = 4;
 
 impl Dispatcher {
     pub fn new(
@@ -181,27 +177,21 @@ impl Dispatcher {
     pub async fn run(self, shutdown: CancellationToken) {
         loop {
             let mut work = self.signals.watch_work();
-            let started = match self.run_once().await {
-                Ok(n) => n,
-                Err(e) => {
-                    tracing::error!(error = %e, "claiming tasks failed");
-                    0
-                }
-            };
-            if started == 0 {
-                tokio::select! {
-                    () = work.changed() => {}
-                    () = tokio::time::sleep(self.config.poll_interval) => {}
-                    () = shutdown.cancelled() => break,
-                }
-                // Outcomes are answered a batch at a time: while tasks run,
-                // let the slots of one batch come free before claiming, so
-                // one claim fills them all.
-                if self.busy() {
-                    tokio::time::sleep(CLAIM_GATHER).await;
-                }
-            } else if shutdown.is_cancelled() {
-                break;
+            if let Err(e) = self.run_once().await {
+                tracing::error!(error = %e, "claiming tasks failed");
+            }
+            // A claim takes what is free and ready; the next is worth making
+            // once a slot frees or new work arrives.
+            tokio::select! {
+                () = work.changed() => {}
+                () = tokio::time::sleep(self.config.poll_interval) => {}
+                () = shutdown.cancelled() => break,
+            }
+            // Handlers end and outcomes commit a batch at a time: while tasks
+            // run, let the slots of one batch come free, so one claim fills
+            // them all.
+            if self.busy() {
+                tokio::time::sleep(CLAIM_GATHER).await;
             }
         }
         self.tracker.close();

@@ -15,13 +15,13 @@ use longrun_core::{Id, IdKind, Timestamp};
 use longrun_store::{HeartbeatAck, Outcome, ProgressUpdate, StoreError};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::artifacts::ByteReader;
 use crate::kinds::Registry;
-use crate::worker::{TaskContext, TaskLink, UploadedArtifact, run_task};
+use crate::worker::{IN_FLIGHT_PER_SLOT, TaskContext, TaskLink, UploadedArtifact, run_handler};
 
 #[derive(Debug, Clone)]
 pub struct RemoteConfig {
@@ -328,24 +328,36 @@ impl RemoteWorker {
     /// Runs until `shutdown`, then drains (see the module docs).
     pub async fn run(self, shutdown: CancellationToken) {
         let slots = Arc::new(Semaphore::new(self.config.concurrency.max(1)));
+        // Tasks between claim and acknowledged outcome: a slot is free again
+        // when its handler returns, while its outcome is still being sent.
+        let in_flight = Arc::new(Semaphore::new(self.config.concurrency.max(1) * IN_FLIGHT_PER_SLOT));
         let tracker = TaskTracker::new();
         let abandon = CancellationToken::new();
         // One batcher for every task of this worker, so their outcomes share requests.
         let outcomes = OutcomeBatcher::spawn(self.http.clone(), self.config.server.clone(), self.config.token.clone());
+        let take = |slots: &Arc<Semaphore>, in_flight: &Arc<Semaphore>| {
+            let in_flight = in_flight.clone().try_acquire_owned().ok()?;
+            let running = slots.clone().try_acquire_owned().ok()?;
+            Some((running, in_flight))
+        };
         while !shutdown.is_cancelled() {
             // Wait for a free slot (or shutdown) before asking for work.
-            let permit = tokio::select! {
-                permit = slots.clone().acquire_owned() => permit.expect("semaphore open"),
+            let first = tokio::select! {
+                permits = async {
+                    let in_flight = in_flight.clone().acquire_owned().await.expect("semaphore open");
+                    let running = slots.clone().acquire_owned().await.expect("semaphore open");
+                    (running, in_flight)
+                } => permits,
                 () = shutdown.cancelled() => break,
             };
-            let free = slots.available_permits() + 1;
+            let free = slots.available_permits().min(in_flight.available_permits()) + 1;
             // The claim itself is not cancelled by shutdown: tasks the server
             // leased to us must be run or given back, never dropped.
             let tasks = match self.claim(free).await {
                 Ok(tasks) => tasks,
                 Err(e) => {
                     tracing::warn!(error = %e, "claim failed; retrying");
-                    drop(permit);
+                    drop(first);
                     tokio::select! {
                         () = tokio::time::sleep(Duration::from_secs(1)) => {}
                         () = shutdown.cancelled() => {}
@@ -353,21 +365,18 @@ impl RemoteWorker {
                     continue;
                 }
             };
-            let mut permit = Some(permit);
+            let mut first = Some(first);
             for task in tasks {
-                let permit = match permit.take() {
-                    Some(p) => p,
-                    None => slots
-                        .clone()
-                        .try_acquire_owned()
-                        .expect("claimed no more than free slots"),
-                };
+                let permits = first
+                    .take()
+                    .or_else(|| take(&slots, &in_flight))
+                    .expect("claimed no more than free slots");
                 let link = self.link(&task, &outcomes);
                 if shutdown.is_cancelled() {
                     give_back(&link, "the worker is shutting down").await;
                     continue;
                 }
-                self.start(task, link, permit, &tracker, abandon.clone());
+                self.start(task, link, permits, &tracker, abandon.clone());
             }
         }
         tracker.close();
@@ -419,7 +428,7 @@ impl RemoteWorker {
         &self,
         task: ClaimedTask,
         link: Arc<HttpLink>,
-        permit: tokio::sync::OwnedSemaphorePermit,
+        (running, in_flight): (OwnedSemaphorePermit, OwnedSemaphorePermit),
         tracker: &TaskTracker,
         abandon: CancellationToken,
     ) {
@@ -430,18 +439,25 @@ impl RemoteWorker {
         let heartbeat_every = self.config.lease / 3;
         let progress_interval = self.config.progress_interval;
         tracker.spawn(async move {
-            let _permit = permit;
+            let _in_flight = in_flight;
             let flag = Arc::new(tokio::sync::watch::channel(false).0);
             let id = link.operation_id.clone();
             let ctx = TaskContext::new(id.clone(), task.attempt, task.input, link.clone(), flag)
                 .with_progress_interval(progress_interval);
-            tokio::select! {
-                result = run_task(handler, ctx, heartbeat_every) => match result {
-                    Ok(()) => tracing::debug!(op.id = %id, "task finished"),
-                    Err(StoreError::LeaseLost) => tracing::warn!(op.id = %id, "lease lost; outcome discarded"),
-                    Err(e) => tracing::error!(op.id = %id, error = %e, "could not report the outcome"),
-                },
-                () = abandon.cancelled() => give_back(&link, "the worker shut down before the task finished").await,
+            let report = tokio::select! {
+                report = run_handler(handler, ctx, heartbeat_every) => report,
+                () = abandon.cancelled() => {
+                    give_back(&link, "the worker shut down before the task finished").await;
+                    return;
+                }
+            };
+            // The handler is done: its slot can take the next task while
+            // the outcome is sent.
+            drop(running);
+            match async { report?.send().await }.await {
+                Ok(()) => tracing::debug!(op.id = %id, "task finished"),
+                Err(StoreError::LeaseLost) => tracing::warn!(op.id = %id, "lease lost; outcome discarded"),
+                Err(e) => tracing::error!(op.id = %id, error = %e, "could not report the outcome"),
             }
         });
     }
