@@ -432,15 +432,9 @@ pub(super) fn task_claim(c: &Connection, policy: WritePolicy, p: &ClaimParams) -
         }
         let mut heads: Vec<(i64, String)> = Vec::new();
         for kind in &p.kinds {
-            let mut stmt = c.prepare_cached(
-                "SELECT seq, operation_id FROM tasks
-                  WHERE status = 'ready' AND tenant = ?1 AND kind = ?2 AND available_at <= ?3
-                  ORDER BY seq LIMIT ?4",
-            )?;
-            let rows = stmt.query_map(params![tenant, kind, p.now.0, allowance], |r| {
-                Ok((r.get(0)?, r.get(1)?))
-            })?;
-            for row in rows {
+            let mut stmt = c.prepare_cached(READY_HEADS)?;
+            let rows = stmt.query_map(params![tenant, kind, p.now.0], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            for row in rows.take(usize::try_from(allowance).unwrap_or(0)) {
                 heads.push(row?);
             }
         }
@@ -534,33 +528,50 @@ fn lease_task(
     }))
 }
 
+/// The fenced row: one table and scalar subqueries, not a join. SQLite
+/// marks a join on a bound parameter as plan-dependent on its value, and
+/// rusqlite clears the bindings of a cached statement when it is returned,
+/// so such a statement is re-prepared on every use. The lease subquery is
+/// NULL unless the caller holds the lease.
+const FENCED: &str = "SELECT o.version, o.progress, o.cost_units, o.cancellable, o.cancel_requested_at IS NOT NULL,
+        o.cancel_reason, o.cancel_requested_by, o.attempt,
+        COALESCE((SELECT k.max_attempts FROM kinds k WHERE k.name = o.kind), 1), o.budget_max_cost,
+        (SELECT COALESCE(t.lease_ms, 30000) FROM tasks t
+          WHERE t.operation_id = ?1 AND t.status = 'leased' AND t.lease_token = ?2)
+   FROM operations o
+  WHERE o.id = ?1 AND o.state = 'running'";
+
+/// A tenant's oldest ready tasks of one kind. The index gives seq order, so
+/// rows stream and the caller reads only as many as it may take. (SQLite
+/// re-prepares it once per claim: an ORDER BY next to columns held equal to
+/// parameters is planned for their values; the per-task statements are not.)
+const READY_HEADS: &str = "SELECT seq, operation_id FROM tasks
+  WHERE status = 'ready' AND tenant = ?1 AND kind = ?2 AND available_at <= ?3
+  ORDER BY seq";
+
 fn fenced(c: &Connection, operation_id: &Id, lease_token: &str) -> Result<Fenced> {
-    c.prepare_cached(
-        "SELECT o.version, o.progress, o.cost_units, o.cancellable, o.cancel_requested_at IS NOT NULL,
-                o.cancel_reason, o.cancel_requested_by, o.attempt, COALESCE(k.max_attempts, 1), o.budget_max_cost,
-                COALESCE(t.lease_ms, 30000)
-           FROM tasks t
-           JOIN operations o ON o.id = t.operation_id
-           LEFT JOIN kinds k ON k.name = o.kind
-          WHERE t.operation_id = ?1 AND t.status = 'leased' AND t.lease_token = ?2 AND o.state = 'running'",
-    )?
-    .query_row(params![operation_id.as_str(), lease_token], |r| {
-        Ok(Fenced {
-            version: r.get(0)?,
-            progress: json_column(r, 1)?.map(|v| progress_from_json(&v)),
-            cost_units: r.get(2)?,
-            cancellable: r.get(3)?,
-            cancel_requested: r.get(4)?,
-            cancel_reason: r.get(5)?,
-            cancel_requested_by: r.get(6)?,
-            attempt: r.get(7)?,
-            max_attempts: r.get(8)?,
-            budget_max_cost: r.get(9)?,
-            lease_ms: r.get(10)?,
+    c.prepare_cached(FENCED)?
+        .query_row(params![operation_id.as_str(), lease_token], |r| {
+            let Some(lease_ms) = r.get::<_, Option<i64>>(10)? else {
+                return Ok(None);
+            };
+            Ok(Some(Fenced {
+                version: r.get(0)?,
+                progress: json_column(r, 1)?.map(|v| progress_from_json(&v)),
+                cost_units: r.get(2)?,
+                cancellable: r.get(3)?,
+                cancel_requested: r.get(4)?,
+                cancel_reason: r.get(5)?,
+                cancel_requested_by: r.get(6)?,
+                attempt: r.get(7)?,
+                max_attempts: r.get(8)?,
+                budget_max_cost: r.get(9)?,
+                lease_ms,
+            }))
         })
-    })
-    .optional()?
-    .ok_or(StoreError::LeaseLost)
+        .optional()?
+        .flatten()
+        .ok_or(StoreError::LeaseLost)
 }
 
 pub(super) fn task_heartbeat(c: &Connection, p: &HeartbeatParams) -> Result<HeartbeatAck> {
@@ -1035,11 +1046,12 @@ fn outbox_insert(c: &Connection, op: &Operation) -> Result<()> {
 pub(super) fn webhook_due(c: &Connection, now: Timestamp, limit: u32, lease: Duration) -> Result<Vec<Delivery>> {
     let due: Vec<Delivery> = c
         .prepare_cached(
+            // Streams in index order; `limit` is taken below.
             "SELECT event_id, operation_id, tenant, url, type, payload, attempts FROM webhook_deliveries
               WHERE status = 'pending' AND next_attempt_at <= ?1 AND (lease_until IS NULL OR lease_until <= ?1)
-              ORDER BY next_attempt_at LIMIT ?2",
+              ORDER BY next_attempt_at",
         )?
-        .query_map(params![now.0, limit], |r| {
+        .query_map(params![now.0], |r| {
             Ok(Delivery {
                 event_id: Id::from_trusted(r.get(0)?),
                 operation_id: Id::from_trusted(r.get(1)?),
@@ -1050,6 +1062,7 @@ pub(super) fn webhook_due(c: &Connection, now: Timestamp, limit: u32, lease: Dur
                 attempts: r.get(6)?,
             })
         })?
+        .take(limit as usize)
         .collect::<rusqlite::Result<_>>()?;
     let until = now.plus(lease);
     for d in &due {
@@ -1468,4 +1481,97 @@ pub(super) fn accepting_pauses(c: &Connection) -> Result<Vec<Option<String>>> {
             Ok((scope != ALL_KINDS).then_some(scope))
         })?
         .collect::<rusqlite::Result<_>>()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{AcceptParams, ClaimParams, FinishParams, Outcome};
+    use longrun_core::IdKind;
+    use rusqlite::StatementStatus;
+
+    /// The statements of the job path stay prepared: none is re-prepared
+    /// from one task to the next (a profile once found the writer re-parsing
+    /// `FENCED` for every outcome).
+    #[test]
+    fn the_job_path_never_re_prepares_its_statements() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("longrun.db");
+        crate::sqlite::migrate(&path).unwrap();
+        let c = Connection::open(&path).unwrap();
+        let policy = WritePolicy {
+            operation_retention: Duration::from_secs(3600),
+            result_retention: Duration::from_secs(3600),
+            keep_inputs: false,
+        };
+        for i in 0..5 {
+            let now = Timestamp(1_800_000_000_000 + i);
+            operation_accept(
+                &c,
+                &AcceptParams {
+                    id: Id::generate(IdKind::Operation),
+                    tenant: "t".into(),
+                    kind: "k".into(),
+                    input: serde_json::json!({}),
+                    callback_url: None,
+                    deadline_at: None,
+                    budget_max_cost: None,
+                    labels: Default::default(),
+                    idempotency: None,
+                    now,
+                },
+            )
+            .unwrap();
+            let claimed = task_claim(
+                &c,
+                policy,
+                &ClaimParams {
+                    kinds: vec!["k".into()],
+                    max_tasks: 4,
+                    lease: Duration::from_secs(30),
+                    worker_id: "w".into(),
+                    now,
+                },
+            )
+            .unwrap();
+            for task in claimed {
+                task_finish(
+                    &c,
+                    policy,
+                    &FinishParams {
+                        operation_id: task.operation_id,
+                        lease_token: task.lease_token,
+                        outcome: Outcome::Succeeded { result: None },
+                        progress: None,
+                        now,
+                    },
+                )
+                .unwrap();
+            }
+        }
+        let fenced = c.prepare_cached(FENCED).unwrap();
+        assert_eq!(fenced.get_status(StatementStatus::Run), 5);
+        drop(fenced);
+        // Every statement the connection holds, with how often it was re-prepared.
+        let mut reprepared = Vec::new();
+        // SAFETY: the handle is this live connection's; sqlite3_next_stmt
+        // walks its statements, which stay alive while nothing prepares or
+        // finalizes, and neither happens in this loop.
+        unsafe {
+            let db = c.handle();
+            let mut stmt = rusqlite::ffi::sqlite3_next_stmt(db, std::ptr::null_mut());
+            while !stmt.is_null() {
+                let n = rusqlite::ffi::sqlite3_stmt_status(stmt, rusqlite::ffi::SQLITE_STMTSTATUS_REPREPARE, 0);
+                if n > 0 {
+                    let sql = std::ffi::CStr::from_ptr(rusqlite::ffi::sqlite3_sql(stmt));
+                    reprepared.push(sql.to_string_lossy().split_whitespace().collect::<Vec<_>>().join(" "));
+                }
+                stmt = rusqlite::ffi::sqlite3_next_stmt(db, stmt);
+            }
+        }
+        // Only READY_HEADS, once per claim (its ORDER BY on a column held
+        // equal to a parameter makes SQLite plan for the value).
+        let ready_heads = READY_HEADS.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert_eq!(reprepared, vec![ready_heads]);
+    }
 }
