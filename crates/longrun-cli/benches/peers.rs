@@ -12,15 +12,20 @@
 //! - Longrun remote (a `noop` kind, 2 `RemoteWorker`s × 64 slots over HTTP,
 //!   batch claims and batched outcomes) on PostgreSQL and SQLite;
 //! - batch submissions (100 per request, 4 clients) and single submissions
-//!   (32 clients, p99) beside pgbench's single-row INSERT (32 clients) as
-//!   the ceiling.
+//!   (32 clients, p99) beside pgbench's single-row INSERT (32 clients) and a
+//!   bare axum POST as the ceilings;
+//! - `GET /v1/operations/{id}` (32 clients), plain (200) and revalidated
+//!   with its ETag (304), beside a bare axum GET;
+//! - pickup latency: an idle remote worker waiting in a claim, one
+//!   submission at a time, from the request's send to the handler's start.
 //!
 //! It prints the medians and the ratios. Longrun keeps every operation and
 //! its history; graphile-worker deletes finished jobs.
 //!
-//! `LONGRUN_PEER_ONLY` (comma-separated groups: `graphile`, `pgbench`, `pg`,
-//! `sqlite`, or one of `pg-in-process`, `pg-remote`, `pg-submits` and the
-//! same for `sqlite`) runs only those, for a quick look while working.
+//! `LONGRUN_PEER_ONLY` (comma-separated groups: `graphile`, `pgbench`,
+//! `axum`, `pg`, `sqlite`, or one of `pg-in-process`, `pg-remote`,
+//! `pg-submits`, `pg-reads`, `pg-pickup` and the same for `sqlite`) runs
+//! only those, for a quick look while working.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -278,7 +283,7 @@ impl Longrun {
             config.worker_id = format!("bench-{w}");
             config.claim_wait = Duration::from_secs(1);
             let mut registry = Registry::default();
-            registry.register(Arc::new(Noop));
+            registry.register(Arc::new(Noop::default()));
             workers.push(tokio::spawn(RemoteWorker::new(config, registry).run(stop.clone())));
         }
         self.drained(&base).await;
@@ -295,43 +300,160 @@ impl Longrun {
         let port = free_port();
         let base = format!("http://127.0.0.1:{port}");
         let _server = serve_store(&self.store, port, false).await;
-        let started = Instant::now();
-        let mut clients = Vec::new();
-        for c in 0..32 {
-            let (http, base, token) = (self.http.clone(), base.clone(), self.client.clone());
-            clients.push(tokio::spawn(async move {
-                let prefix = longrun_core::id::random_base32::<8>();
-                let mut latencies = Vec::new();
-                let mut i = 0;
-                while started.elapsed() < Duration::from_secs(seconds) {
-                    let t = Instant::now();
-                    let ok = http
-                        .post(format!("{base}/v1/operations"))
-                        .bearer_auth(&token)
-                        .header("Idempotency-Key", format!("{prefix}-{c}-{i}"))
-                        .json(&json!({"kind": "noop"}))
-                        .send()
-                        .await
-                        .is_ok_and(|r| r.status() == 202);
-                    assert!(ok, "a single submission failed");
-                    latencies.push(t.elapsed().as_secs_f64() * 1000.0);
-                    i += 1;
-                }
-                latencies
-            }));
+        let (http, token) = (self.http.clone(), self.client.clone());
+        let prefix = longrun_core::id::random_base32::<8>();
+        let submit = move |c: usize, i: usize| {
+            http.post(format!("{base}/v1/operations"))
+                .bearer_auth(&token)
+                .header("Idempotency-Key", format!("{prefix}-{c}-{i}"))
+                .json(&json!({"kind": "noop"}))
+        };
+        closed_loop(seconds, submit, 202).await
+    }
+
+    /// 32 clients reading one operation for `seconds`, plainly (200) and
+    /// revalidating its ETag (304): ((reads/s, p99 ms), (reads/s, p99 ms)).
+    async fn gets(&self, seconds: u64) -> ((f64, f64), (f64, f64)) {
+        let port = free_port();
+        let base = format!("http://127.0.0.1:{port}");
+        let _server = serve_store(&self.store, port, false).await;
+        let created = self
+            .http
+            .post(format!("{base}/v1/operations"))
+            .bearer_auth(&self.client)
+            .header("Idempotency-Key", longrun_core::id::random_base32::<8>())
+            .json(&json!({"kind": "noop"}))
+            .send()
+            .await
+            .unwrap();
+        let etag = created.headers()["etag"].to_str().unwrap().to_owned();
+        let id = created.json::<Value>().await.unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let url = format!("{base}/v1/operations/{id}");
+        let (http, token) = (self.http.clone(), self.client.clone());
+        let plain = {
+            let (http, token, url) = (http.clone(), token.clone(), url.clone());
+            closed_loop(seconds, move |_, _| http.get(&url).bearer_auth(&token), 200).await
+        };
+        let revalidate = move |_, _| http.get(&url).bearer_auth(&token).header("If-None-Match", &etag);
+        (plain, closed_loop(seconds, revalidate, 304).await)
+    }
+
+    /// An idle remote worker waiting in a claim; one submission at a time:
+    /// (p50 ms, p99 ms) from the submission's send to its handler's start.
+    async fn pickup(&self, samples: usize) -> (f64, f64) {
+        let port = free_port();
+        let base = format!("http://127.0.0.1:{port}");
+        let _server = serve_store(&self.store, port, false).await;
+        let (started, mut starts) = tokio::sync::mpsc::unbounded_channel();
+        let stop = CancellationToken::new();
+        let mut config = RemoteConfig::new(base.clone(), self.worker.clone());
+        config.worker_id = "pickup".into();
+        config.claim_wait = Duration::from_secs(10);
+        let mut registry = Registry::default();
+        registry.register(Arc::new(Noop { started: Some(started) }));
+        let worker = tokio::spawn(RemoteWorker::new(config, registry).run(stop.clone()));
+        let prefix = longrun_core::id::random_base32::<8>();
+        let mut latencies = Vec::with_capacity(samples);
+        for i in 0..=samples {
+            // Let the worker settle back into its waiting claim.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let sent = Instant::now();
+            let answer = self
+                .http
+                .post(format!("{base}/v1/operations"))
+                .bearer_auth(&self.client)
+                .header("Idempotency-Key", format!("{prefix}-{i}"))
+                .json(&json!({"kind": "noop"}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(answer.status(), 202);
+            let at: Instant = starts.recv().await.unwrap();
+            // The first sample pays for connections being opened.
+            if i > 0 {
+                latencies.push(at.duration_since(sent).as_secs_f64() * 1000.0);
+            }
         }
-        let mut latencies = Vec::new();
-        for c in clients {
-            latencies.extend(c.await.unwrap());
-        }
-        let rate = latencies.len() as f64 / started.elapsed().as_secs_f64();
-        latencies.sort_by(|a, b| a.total_cmp(b));
-        let p99 = latencies[(latencies.len() * 99 / 100).min(latencies.len() - 1)];
-        (rate, p99)
+        stop.cancel();
+        let _ = worker.await;
+        (percentile(&mut latencies, 50), percentile(&mut latencies, 99))
     }
 }
 
-struct Noop;
+fn percentile(values: &mut [f64], p: usize) -> f64 {
+    values.sort_by(|a, b| a.total_cmp(b));
+    values[(values.len() * p / 100).min(values.len() - 1)]
+}
+
+/// 32 clients, each sending `request(client, i)` one at a time for
+/// `seconds` and expecting `status`: (requests/s, p99 ms).
+async fn closed_loop<F>(seconds: u64, request: F, status: u16) -> (f64, f64)
+where
+    F: Fn(usize, usize) -> reqwest::RequestBuilder + Send + Sync + 'static,
+{
+    let request = Arc::new(request);
+    let started = Instant::now();
+    let mut clients = Vec::new();
+    for c in 0..32 {
+        let request = request.clone();
+        clients.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            let mut i = 0;
+            while started.elapsed() < Duration::from_secs(seconds) {
+                let t = Instant::now();
+                let answer = request(c, i).send().await.expect("a request");
+                let got = answer.status().as_u16();
+                assert_eq!(got, status, "{}", answer.text().await.unwrap_or_default());
+                latencies.push(t.elapsed().as_secs_f64() * 1000.0);
+                i += 1;
+            }
+            latencies
+        }));
+    }
+    let mut latencies = Vec::new();
+    for c in clients {
+        latencies.extend(c.await.unwrap());
+    }
+    let rate = latencies.len() as f64 / started.elapsed().as_secs_f64();
+    (rate, percentile(&mut latencies, 99))
+}
+
+/// The ceiling for the HTTP figures: a bare axum server in this process
+/// answering a small JSON POST (202) and GET (200), no store behind it.
+async fn bare_axum(seconds: u64) -> ((f64, f64), (f64, f64)) {
+    use axum::routing::{get, post};
+    let accept = |axum::Json(body): axum::Json<Value>| async move {
+        (
+            axum::http::StatusCode::ACCEPTED,
+            axum::Json(json!({"id": "op_x", "echo": body})),
+        )
+    };
+    let read = || async { axum::Json(json!({"id": "op_x", "state": "queued", "version": 1})) };
+    let app = axum::Router::new()
+        .route("/post", post(accept))
+        .route("/get", get(read));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let http = reqwest::Client::builder().pool_max_idle_per_host(64).build().unwrap();
+    let posts = {
+        let (http, base) = (http.clone(), base.clone());
+        let post = move |_, _| http.post(format!("{base}/post")).json(&json!({"kind": "noop"}));
+        closed_loop(seconds, post, 202).await
+    };
+    let gets = closed_loop(seconds, move |_, _| http.get(format!("{base}/get")), 200).await;
+    server.abort();
+    (posts, gets)
+}
+
+/// The no-op kind; tells `started` (if any) when each run begins.
+#[derive(Default)]
+struct Noop {
+    started: Option<tokio::sync::mpsc::UnboundedSender<Instant>>,
+}
 
 #[async_trait]
 impl Handler for Noop {
@@ -348,6 +470,9 @@ impl Handler for Noop {
     }
 
     async fn run(&self, _ctx: TaskContext) -> Result<Option<Value>, TaskError> {
+        if let Some(started) = &self.started {
+            let _ = started.send(Instant::now());
+        }
         Ok(None)
     }
 }
@@ -434,8 +559,43 @@ fn main() {
                         .or_default()
                         .push(p99);
                 }
+                if wanted(&format!("{group}-reads")) {
+                    let ((rate, p99), (rate304, p99_304)) = fresh("reads").await.gets(seconds).await;
+                    figures
+                        .entry(format!("longrun GET 200 {store}"))
+                        .or_default()
+                        .push(rate);
+                    figures
+                        .entry(format!("longrun GET 200 p99 ms {store}"))
+                        .or_default()
+                        .push(p99);
+                    figures
+                        .entry(format!("longrun GET 304 {store}"))
+                        .or_default()
+                        .push(rate304);
+                    figures
+                        .entry(format!("longrun GET 304 p99 ms {store}"))
+                        .or_default()
+                        .push(p99_304);
+                }
+                if wanted(&format!("{group}-pickup")) {
+                    let (p50, p99) = fresh("pickup").await.pickup(100).await;
+                    figures
+                        .entry(format!("longrun pickup p50 ms {store}"))
+                        .or_default()
+                        .push(p50);
+                    figures
+                        .entry(format!("longrun pickup p99 ms {store}"))
+                        .or_default()
+                        .push(p99);
+                }
             }
 
+            if wanted("axum") {
+                let ((posts, _), (gets, _)) = bare_axum(seconds).await;
+                figures.entry("bare axum POST ceiling".into()).or_default().push(posts);
+                figures.entry("bare axum GET ceiling".into()).or_default().push(gets);
+            }
             if wanted("pgbench") {
                 let url = cluster.database().await;
                 sql(&url, "CREATE TABLE ceiling (id BIGSERIAL PRIMARY KEY, v INT)").await;
@@ -448,8 +608,16 @@ fn main() {
         println!("| figure | median | rounds |");
         println!("|---|---|---|");
         for (name, values) in &figures {
-            let all: Vec<String> = values.iter().map(|v| format!("{v:.0}")).collect();
-            println!("| {name} | {:.0} | {} |", median(values), all.join(", "));
+            // Latencies in milliseconds get a decimal; rates do not need one.
+            let show = |v: f64| {
+                if name.contains(" ms ") {
+                    format!("{v:.1}")
+                } else {
+                    format!("{v:.0}")
+                }
+            };
+            let all: Vec<String> = values.iter().map(|v| show(*v)).collect();
+            println!("| {name} | {} | {} |", show(median(values)), all.join(", "));
         }
         let m = |name: &str| figures.get(name).map(|v| median(v));
         let ratio = |a: &str, b: &str| match (m(a), m(b)) {
@@ -465,6 +633,11 @@ fn main() {
             ("longrun remote PG", "graphile batched"),
             ("longrun remote PG", "graphile plain"),
             ("longrun single submits PG", "pgbench INSERT ceiling"),
+            ("longrun single submits SQLite", "bare axum POST ceiling"),
+            ("longrun GET 200 PG", "bare axum GET ceiling"),
+            ("longrun GET 304 PG", "bare axum GET ceiling"),
+            ("longrun GET 200 SQLite", "bare axum GET ceiling"),
+            ("longrun GET 304 SQLite", "bare axum GET ceiling"),
         ] {
             println!("| {a} / {b} | {} |", ratio(a, b));
         }
