@@ -120,6 +120,18 @@ fn accept_params(tenant: &str, kind: &str, key: Option<&str>, input: Value) -> A
 }
 
 /// Accepts a fresh operation of `kind` for `tenant` (for backend-specific tests).
+/// Whether a backend's schema must let an operation's row go from `from`
+/// to `to` with its version one up: `State::can_become`, and staying in a
+/// state, which is no transition, unless the state is terminal. Each
+/// backend's schema test checks its guard against this, pair by pair.
+pub fn schema_allows(from: State, to: State) -> bool {
+    if from == to {
+        !from.is_terminal()
+    } else {
+        from.can_become(to)
+    }
+}
+
 pub async fn create(store: &dyn Store, tenant: &str, kind: &str) -> Operation {
     match store
         .operation_accept(accept_params(tenant, kind, None, json!({"n": 1})))
