@@ -383,6 +383,11 @@ impl Longrun {
     }
 }
 
+/// Adds one round's value of the figure `name`.
+fn note(figures: &mut BTreeMap<String, Vec<f64>>, name: impl Into<String>, value: f64) {
+    figures.entry(name.into()).or_default().push(value);
+}
+
 fn percentile(values: &mut [f64], p: usize) -> f64 {
     values.sort_by(|a, b| a.total_cmp(b));
     values[(values.len() * p / 100).min(values.len() - 1)]
@@ -524,7 +529,7 @@ fn main() {
                     let url = cluster.database().await;
                     let rate = graphile(dir, &url, jobs, batched).await;
                     let name = if batched { "graphile batched" } else { "graphile plain" };
-                    figures.entry(name.into()).or_default().push(rate);
+                    note(&mut figures, name, rate);
                 }
             }
             let dir = tempfile::tempdir().unwrap();
@@ -535,72 +540,42 @@ fn main() {
                 };
                 if wanted(&format!("{group}-in-process")) {
                     let (submits, drain) = fresh("in-process").await.in_process(jobs).await;
-                    figures
-                        .entry(format!("longrun in-process {store}"))
-                        .or_default()
-                        .push(drain);
-                    figures
-                        .entry(format!("longrun batch submits {store}"))
-                        .or_default()
-                        .push(submits);
+                    note(&mut figures, format!("longrun in-process {store}"), drain);
+                    note(&mut figures, format!("longrun batch submits {store}"), submits);
                 }
                 if wanted(&format!("{group}-remote")) {
                     let rate = fresh("remote").await.remote(jobs).await;
-                    figures.entry(format!("longrun remote {store}")).or_default().push(rate);
+                    note(&mut figures, format!("longrun remote {store}"), rate);
                 }
                 if wanted(&format!("{group}-submits")) {
                     let (rate, p99) = fresh("submits").await.single_submits(seconds).await;
-                    figures
-                        .entry(format!("longrun single submits {store}"))
-                        .or_default()
-                        .push(rate);
-                    figures
-                        .entry(format!("longrun single submit p99 ms {store}"))
-                        .or_default()
-                        .push(p99);
+                    note(&mut figures, format!("longrun single submits {store}"), rate);
+                    note(&mut figures, format!("longrun single submit p99 ms {store}"), p99);
                 }
                 if wanted(&format!("{group}-reads")) {
                     let ((rate, p99), (rate304, p99_304)) = fresh("reads").await.gets(seconds).await;
-                    figures
-                        .entry(format!("longrun GET 200 {store}"))
-                        .or_default()
-                        .push(rate);
-                    figures
-                        .entry(format!("longrun GET 200 p99 ms {store}"))
-                        .or_default()
-                        .push(p99);
-                    figures
-                        .entry(format!("longrun GET 304 {store}"))
-                        .or_default()
-                        .push(rate304);
-                    figures
-                        .entry(format!("longrun GET 304 p99 ms {store}"))
-                        .or_default()
-                        .push(p99_304);
+                    note(&mut figures, format!("longrun GET 200 {store}"), rate);
+                    note(&mut figures, format!("longrun GET 200 p99 ms {store}"), p99);
+                    note(&mut figures, format!("longrun GET 304 {store}"), rate304);
+                    note(&mut figures, format!("longrun GET 304 p99 ms {store}"), p99_304);
                 }
                 if wanted(&format!("{group}-pickup")) {
                     let (p50, p99) = fresh("pickup").await.pickup(100).await;
-                    figures
-                        .entry(format!("longrun pickup p50 ms {store}"))
-                        .or_default()
-                        .push(p50);
-                    figures
-                        .entry(format!("longrun pickup p99 ms {store}"))
-                        .or_default()
-                        .push(p99);
+                    note(&mut figures, format!("longrun pickup p50 ms {store}"), p50);
+                    note(&mut figures, format!("longrun pickup p99 ms {store}"), p99);
                 }
             }
 
             if wanted("axum") {
                 let ((posts, _), (gets, _)) = bare_axum(seconds).await;
-                figures.entry("bare axum POST ceiling".into()).or_default().push(posts);
-                figures.entry("bare axum GET ceiling".into()).or_default().push(gets);
+                note(&mut figures, "bare axum POST ceiling", posts);
+                note(&mut figures, "bare axum GET ceiling", gets);
             }
             if wanted("pgbench") {
                 let url = cluster.database().await;
                 sql(&url, "CREATE TABLE ceiling (id BIGSERIAL PRIMARY KEY, v INT)").await;
                 if let Some(tps) = pgbench_insert(&url, seconds) {
-                    figures.entry("pgbench INSERT ceiling".into()).or_default().push(tps);
+                    note(&mut figures, "pgbench INSERT ceiling", tps);
                 }
             }
             eprintln!("round {round} done");
