@@ -20,7 +20,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::kinds::Registry;
 use crate::signals::Signals;
-use crate::worker::{IN_FLIGHT_PER_SLOT, TaskContext, TaskLink, run_handler};
+use crate::worker::{IN_FLIGHT_PER_SLOT, TaskContext, TaskLink, run_handler, send_and_log};
 
 /// How long a busy dispatcher lets freed slots gather before it claims.
 const CLAIM_GATHER: Duration = Duration::from_millis(1);
@@ -161,13 +161,7 @@ impl Dispatcher {
             // the outcome commits.
             drop(running);
             signals.work_available();
-            match async { report?.send().await }.await {
-                Ok(()) => tracing::debug!(op.id = %task.operation_id, "task finished"),
-                Err(StoreError::LeaseLost) => {
-                    tracing::warn!(op.id = %task.operation_id, "lease lost; the outcome was discarded")
-                }
-                Err(e) => tracing::error!(op.id = %task.operation_id, error = %e, "could not report the outcome"),
-            }
+            send_and_log(&task.operation_id, report).await;
             signals.untrack(&task.operation_id);
         });
     }

@@ -21,7 +21,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::artifacts::ByteReader;
 use crate::kinds::Registry;
-use crate::worker::{IN_FLIGHT_PER_SLOT, TaskContext, TaskLink, UploadedArtifact, run_handler};
+use crate::worker::{IN_FLIGHT_PER_SLOT, TaskContext, TaskLink, UploadedArtifact, run_handler, send_and_log};
 
 #[derive(Debug, Clone)]
 pub struct RemoteConfig {
@@ -454,11 +454,7 @@ impl RemoteWorker {
             // The handler is done: its slot can take the next task while
             // the outcome is sent.
             drop(running);
-            match async { report?.send().await }.await {
-                Ok(()) => tracing::debug!(op.id = %id, "task finished"),
-                Err(StoreError::LeaseLost) => tracing::warn!(op.id = %id, "lease lost; outcome discarded"),
-                Err(e) => tracing::error!(op.id = %id, error = %e, "could not report the outcome"),
-            }
+            send_and_log(&id, report).await;
         });
     }
 }

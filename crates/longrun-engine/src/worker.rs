@@ -318,6 +318,16 @@ impl Report {
     }
 }
 
+/// Sends a handler's report, if its run came to one, and logs how it
+/// ended: what every worker does once a task's slot is free.
+pub async fn send_and_log(id: &Id, report: Result<Report, StoreError>) {
+    match async { report?.send().await }.await {
+        Ok(()) => tracing::debug!(op.id = %id, "task finished"),
+        Err(StoreError::LeaseLost) => tracing::warn!(op.id = %id, "lease lost; the outcome was discarded"),
+        Err(e) => tracing::error!(op.id = %id, error = %e, "could not report the outcome"),
+    }
+}
+
 /// Runs `handler` for one task, renewing the lease in the background (which
 /// also learns of cancellation and sends coalesced progress once its
 /// interval has passed), and returns what to report. Workers free the
