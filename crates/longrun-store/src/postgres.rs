@@ -552,47 +552,40 @@ async fn update_returning(
     row.as_ref().map(operation_from_row).transpose()
 }
 
-/// Accepts one submission. The common case is one statement: the
-/// idempotency record (insert-or-detect), the operation, its task and its
-/// first event are written by one data-modifying CTE, so a submission costs
-/// one round trip inside its group commit. A tenant with a `max_active`
-/// quota first locks its tenant row and counts (`accept_with_quota`), then
-/// writes with the same statement. A refusal is found before anything is
-/// written, so a submission needs no savepoint in its batch.
-/// Accepts a batch, one statement per submission (each refusal is found
-/// before it writes); a database error fails the whole batch.
+/// Accepts a batch. The common case is one statement for the whole batch
+/// (`insert_submissions`): the idempotency records (insert-or-detect), the
+/// operations, their tasks and first events, so a group commit of any size
+/// costs one round trip. What that statement leaves undecided goes item by
+/// item afterwards, in the same transaction: a key already taken (a replay
+/// or a reuse, perhaps of an earlier item of this batch) and a tenant with a
+/// `max_active` quota (`accept_with_quota`). A refusal writes nothing, so the
+/// batch needs no savepoints; a database error fails the whole batch.
 async fn operation_accept_batch(
     c: &mut PgConnection,
     ch: &mut Vec<Change>,
     batch: &[&AcceptParams],
 ) -> Result<Vec<Result<AcceptOutcome>>> {
+    let written = insert_submissions(c, batch, false).await?;
     let mut results = Vec::with_capacity(batch.len());
-    for p in batch {
-        let mut own = Vec::new();
-        match operation_accept(c, &mut own, p).await {
+    for (p, written) in batch.iter().zip(written) {
+        let outcome = match written {
+            Inserted::Created(op) => {
+                ch.push(change_of(&op, "created"));
+                Ok(AcceptOutcome::Created(*op))
+            }
+            Inserted::Capped => accept_with_quota(c, ch, p).await,
+            Inserted::KeyTaken => taken_key(c, p).await,
+        };
+        match outcome {
             // A database error leaves the transaction aborted.
             Err(e @ (StoreError::Backend(_) | StoreError::IllegalTransition(_))) => return Err(e),
-            Ok(accepted) => {
-                ch.append(&mut own);
-                results.push(Ok(accepted));
-            }
-            refused => results.push(refused),
+            answered => results.push(answered),
         }
     }
     Ok(results)
 }
 
-async fn operation_accept(c: &mut PgConnection, ch: &mut Vec<Change>, p: &AcceptParams) -> Result<AcceptOutcome> {
-    match insert_submission(c, ch, p, false).await? {
-        Inserted::Created(op) => Ok(AcceptOutcome::Created(*op)),
-        Inserted::Capped => accept_with_quota(c, ch, p).await,
-        Inserted::KeyTaken => known_key(c, p)
-            .await?
-            .ok_or_else(|| StoreError::Backend("an idempotency key that was taken is gone".into())),
-    }
-}
-
-/// What the submission statement did.
+/// What the submission statement did with one item.
 enum Inserted {
     Created(Box<Operation>),
     /// The tenant has a `max_active` quota that was not checked: nothing written.
@@ -601,68 +594,94 @@ enum Inserted {
     KeyTaken,
 }
 
-/// The one statement that writes a submission (see `operation_accept`).
-/// `quota_checked` says the caller holds the tenant row and counted.
-async fn insert_submission(
+/// The one statement that writes submissions, item by item in batch order
+/// (see `operation_accept_batch`). `quota_checked` says the caller holds the
+/// tenant rows and counted. Two items with one key: the first is written,
+/// the second finds the key taken.
+async fn insert_submissions(
     c: &mut PgConnection,
-    ch: &mut Vec<Change>,
-    p: &AcceptParams,
+    batch: &[&AcceptParams],
     quota_checked: bool,
-) -> Result<Inserted> {
-    let created = created_operation(p);
-    let labels = serde_json::to_string(&p.labels).map_err(|e| StoreError::Backend(e.to_string()))?;
-    let (key, fingerprint) = match &p.idempotency {
-        Some((key, fingerprint)) => (Some(key.as_str()), Some(&fingerprint.0[..])),
-        None => (None, None),
-    };
-    let row = sqlx::query(
+) -> Result<Vec<Inserted>> {
+    let created: Vec<Operation> = batch.iter().map(|p| created_operation(p)).collect();
+    let mut labels = Vec::with_capacity(batch.len());
+    for p in batch {
+        labels.push(serde_json::to_string(&p.labels).map_err(|e| StoreError::Backend(e.to_string()))?);
+    }
+    let column = |f: fn(&AcceptParams) -> Option<&str>| batch.iter().map(|p| f(p)).collect::<Vec<_>>();
+    let rows = sqlx::query(
         "WITH q AS (
-             SELECT NOT $13 AND EXISTS (SELECT 1 FROM tenants WHERE name = $2 AND max_active IS NOT NULL) AS capped
+             SELECT i.*, NOT $13 AND EXISTS (SELECT 1 FROM tenants WHERE name = i.tenant AND max_active IS NOT NULL) AS capped
+               FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], $5::TEXT[], $6::BIGINT[],
+                           $7::FLOAT8[], $8::TEXT[], $9::TEXT[], $10::BYTEA[], $11::BIGINT[], $12::TEXT[])
+                    WITH ORDINALITY AS i(id, tenant, kind, input, callback_url, deadline_at, budget_max_cost,
+                                         labels, key, fingerprint, now, snapshot, ord)
          ), k AS (
              INSERT INTO idempotency_keys (tenant, kind, key, fingerprint, operation_id, created_at)
-             SELECT $2, $3, $9, $10, $1, $11 FROM q WHERE $9::TEXT IS NOT NULL AND NOT q.capped
-             ON CONFLICT DO NOTHING RETURNING 1
+             SELECT tenant, kind, key, fingerprint, id, now FROM q WHERE key IS NOT NULL AND NOT capped ORDER BY ord
+             ON CONFLICT DO NOTHING RETURNING operation_id
          ), o AS (
              INSERT INTO operations (id, tenant, kind, state, version, attempt, input, callback_url, deadline_at,
                                      budget_max_cost, labels, idempotency_key, created_at, updated_at)
-             SELECT $1, $2, $3, 'queued', 1, 0, $4, $5, $6, $7, $8, $9, $11, $11 FROM q
-              WHERE NOT q.capped AND ($9::TEXT IS NULL OR EXISTS (SELECT 1 FROM k))
-             RETURNING seq
+             SELECT id, tenant, kind, 'queued', 1, 0, input, callback_url, deadline_at, budget_max_cost, labels,
+                    key, now, now FROM q
+              WHERE NOT capped AND (key IS NULL OR id IN (SELECT operation_id FROM k))
+              ORDER BY ord
+             RETURNING id, seq
          ), t AS (
              INSERT INTO tasks (operation_id, seq, tenant, kind, status, available_at)
-             SELECT $1, o.seq, $2, $3, 'ready', $11 FROM o
+             SELECT o.id, o.seq, q.tenant, q.kind, 'ready', q.now FROM o JOIN q USING (id)
          ), e AS (
              INSERT INTO operation_events (operation_id, version, type, state, at, data, snapshot)
-             SELECT $1, 1, 'created', 'queued', $11, '{}', $12 FROM o
+             SELECT o.id, 1, 'created', 'queued', q.now, '{}', q.snapshot FROM o JOIN q USING (id)
          )
-         SELECT (SELECT capped FROM q), EXISTS (SELECT 1 FROM o)",
+         SELECT q.capped, o.id IS NOT NULL FROM q LEFT JOIN o USING (id) ORDER BY q.ord",
     )
-    .bind(p.id.as_str())
-    .bind(&p.tenant)
-    .bind(&p.kind)
-    .bind(p.input.to_string())
-    .bind(&p.callback_url)
-    .bind(p.deadline_at.map(|t| t.0))
-    .bind(p.budget_max_cost)
-    .bind(&labels)
-    .bind(key)
-    .bind(fingerprint)
-    .bind(p.now.0)
-    .bind(snapshot_to_json(&created).to_string())
+    .bind(column(|p| Some(p.id.as_str())))
+    .bind(column(|p| Some(p.tenant.as_str())))
+    .bind(column(|p| Some(p.kind.as_str())))
+    .bind(batch.iter().map(|p| p.input.to_string()).collect::<Vec<_>>())
+    .bind(column(|p| p.callback_url.as_deref()))
+    .bind(batch.iter().map(|p| p.deadline_at.map(|t| t.0)).collect::<Vec<_>>())
+    .bind(batch.iter().map(|p| p.budget_max_cost).collect::<Vec<_>>())
+    .bind(labels)
+    .bind(column(|p| p.idempotency.as_ref().map(|(k, _)| k.as_str())))
+    .bind(
+        batch
+            .iter()
+            .map(|p| p.idempotency.as_ref().map(|(_, f)| f.0.to_vec()))
+            .collect::<Vec<_>>(),
+    )
+    .bind(batch.iter().map(|p| p.now.0).collect::<Vec<_>>())
+    .bind(created.iter().map(|op| snapshot_to_json(op).to_string()).collect::<Vec<_>>())
     .bind(quota_checked)
-    .fetch_one(&mut *c)
+    .fetch_all(&mut *c)
     .await
     .map_err(db)?;
-    let capped: bool = row.try_get(0).map_err(db)?;
-    let inserted: bool = row.try_get(1).map_err(db)?;
-    Ok(if inserted {
-        ch.push(change_of(&created, "created"));
-        Inserted::Created(Box::new(created))
-    } else if capped {
-        Inserted::Capped
-    } else {
-        Inserted::KeyTaken
-    })
+    if rows.len() != batch.len() {
+        return Err(StoreError::Backend("the submission statement lost an item".into()));
+    }
+    rows.iter()
+        .zip(created)
+        .map(|(row, op)| {
+            let capped: bool = row.try_get(0).map_err(db)?;
+            let inserted: bool = row.try_get(1).map_err(db)?;
+            Ok(if inserted {
+                Inserted::Created(Box::new(op))
+            } else if capped {
+                Inserted::Capped
+            } else {
+                Inserted::KeyTaken
+            })
+        })
+        .collect()
+}
+
+/// The answer for a key the submission statement found taken.
+async fn taken_key(c: &mut PgConnection, p: &AcceptParams) -> Result<AcceptOutcome> {
+    known_key(c, p)
+        .await?
+        .ok_or_else(|| StoreError::Backend("an idempotency key that was taken is gone".into()))
 }
 
 /// The operation an earlier submission with the same key created, or the
@@ -720,11 +739,12 @@ async fn accept_with_quota(c: &mut PgConnection, ch: &mut Vec<Change>, p: &Accep
             };
         }
     }
-    match insert_submission(c, ch, p, true).await? {
-        Inserted::Created(op) => Ok(AcceptOutcome::Created(*op)),
-        Inserted::KeyTaken | Inserted::Capped => known_key(c, p)
-            .await?
-            .ok_or_else(|| StoreError::Backend("an idempotency key that was taken is gone".into())),
+    match insert_submissions(c, &[p], true).await?.pop() {
+        Some(Inserted::Created(op)) => {
+            ch.push(change_of(&op, "created"));
+            Ok(AcceptOutcome::Created(*op))
+        }
+        _ => taken_key(c, p).await,
     }
 }
 
