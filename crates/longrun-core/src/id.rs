@@ -1,14 +1,22 @@
 //! Opaque, prefixed, unguessable identifiers: `op_…`, `res_…`, `evt_…`.
 //!
-//! 128 random bits from a cryptographically secure generator (rand's
-//! `ThreadRng`: ChaCha12 seeded and periodically reseeded from the operating
-//! system, so no syscall per id), written in lowercase RFC 4648 base32
-//! without padding (26 characters). Ids are never derived from anything a
-//! client could guess or enumerate.
+//! 128 bits written in lowercase base32 without padding (26 characters):
+//! the creation second (32 bits) then 96 random bits from a
+//! cryptographically secure generator (rand's `ThreadRng`: ChaCha12 seeded
+//! and periodically reseeded from the operating system, so no syscall per
+//! id). The alphabet is RFC 4648's letters and digits in ASCII order, so
+//! ids sort by creation second: new rows land together at one end of every
+//! index keyed by an id (operations, tasks, events, deliveries) instead of
+//! on a random page of each. The second is not a meaning — nothing reads it
+//! back — and the 96 random bits keep ids unguessable (CONTRACT §1). Ids
+//! generated before this were 128 random bits of the same shape, and parse.
 
 use std::fmt;
 
-use data_encoding::BASE32_NOPAD;
+use std::sync::LazyLock;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use data_encoding::{BASE32_NOPAD, Encoding, Specification};
 use rand::RngCore;
 
 /// Characters after the prefix and underscore.
@@ -41,8 +49,16 @@ pub struct Id(String);
 
 impl Id {
     pub fn generate(kind: IdKind) -> Self {
-        let body = random_base32::<16>();
-        Self(format!("{}_{}", kind.prefix(), body))
+        let second = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        Self::generate_at(kind, second)
+    }
+
+    /// An id created in `unix_second` (see the module documentation).
+    pub fn generate_at(kind: IdKind, unix_second: u64) -> Self {
+        let mut bytes = [0u8; 16];
+        bytes[..4].copy_from_slice(&(unix_second as u32).to_be_bytes());
+        bytes[4..].copy_from_slice(&random_bytes::<12>());
+        Self(format!("{}_{}", kind.prefix(), SORTED_BASE32.encode(&bytes)))
     }
 
     /// Accepts only what [`Id::generate`] could have produced for `kind`,
@@ -76,6 +92,14 @@ impl fmt::Display for Id {
     }
 }
 
+/// Base32 over RFC 4648's characters (lowercase) in ASCII order, so the
+/// encoded text sorts as the bytes do.
+static SORTED_BASE32: LazyLock<Encoding> = LazyLock::new(|| {
+    let mut spec = Specification::new();
+    spec.symbols.push_str("234567abcdefghijklmnopqrstuvwxyz");
+    spec.encoding().expect("a valid base32 alphabet")
+});
+
 /// `N` random bytes, base32 lowercase without padding.
 pub fn random_base32<const N: usize>() -> String {
     BASE32_NOPAD.encode(&random_bytes::<N>()).to_ascii_lowercase()
@@ -101,6 +125,42 @@ mod tests {
         assert_eq!(a.as_str().len(), 3 + BODY_LEN);
         assert_eq!(Id::parse(IdKind::Operation, a.as_str()), Some(a.clone()));
         assert_eq!(Id::parse(IdKind::Result, a.as_str()), None);
+    }
+
+    #[test]
+    fn ids_sort_by_creation_second_and_stay_unguessable() {
+        let seconds = [
+            0,
+            1,
+            31,
+            32,
+            1_700_000_000,
+            1_800_000_000,
+            1_800_000_001,
+            u64::from(u32::MAX),
+        ];
+        let ids: Vec<Id> = seconds.iter().map(|&s| Id::generate_at(IdKind::Operation, s)).collect();
+        for pair in ids.windows(2) {
+            assert!(pair[0] < pair[1], "{} then {}", pair[0], pair[1]);
+        }
+        for id in &ids {
+            assert_eq!(Id::parse(IdKind::Operation, id.as_str()).as_ref(), Some(id));
+        }
+        // One second, many ids: the same prefix, 96 random bits after it.
+        let same: std::collections::HashSet<String> = (0..1000)
+            .map(|_| Id::generate_at(IdKind::Operation, 1_800_000_000).into_string())
+            .collect();
+        assert_eq!(same.len(), 1000);
+        assert_eq!(
+            same.iter()
+                .map(|id| &id[..3 + 6])
+                .collect::<std::collections::HashSet<_>>()
+                .len(),
+            1
+        );
+        // Ids from before, 128 random bits, still parse.
+        let old = format!("op_{}", random_base32::<16>());
+        assert!(Id::parse(IdKind::Operation, &old).is_some());
     }
 
     #[test]

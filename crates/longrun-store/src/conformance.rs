@@ -2050,6 +2050,24 @@ pub async fn a_batch_past_a_quota_refuses_only_what_does_not_fit(store: &dyn Sto
         .await
         .unwrap();
     assert_eq!(page.operations.len(), 2);
+    // Nor were the refused items' keys: with room again, they create.
+    store
+        .tenant_set(TenantLimits {
+            name: "small".into(),
+            max_active: None,
+            max_running: None,
+            rate: None,
+        })
+        .await
+        .unwrap();
+    for (i, answer) in answers.iter().enumerate().take(4) {
+        if answer.is_err() {
+            let again = store
+                .operation_accept(accept_params("small", "q", Some(&format!("k{i}")), json!({"n": i})))
+                .await;
+            assert!(matches!(again, Ok(AcceptOutcome::Created(_))), "k{i}: {again:?}");
+        }
+    }
 }
 
 pub async fn a_batch_of_outcomes_applies_each_fenced_alone(store: &dyn Store) {

@@ -84,6 +84,10 @@ impl SqliteStore {
         // Checkpoints run on a thread of their own (see `checkpointer`),
         // not inside the writer's commits.
         conn.execute_batch("PRAGMA wal_autocheckpoint = 0")?;
+        // The writer's page cache holds a batch's pages: with SQLite's
+        // default (2 MiB) a batch of submissions spilled dirty pages into the
+        // WAL mid-transaction and read index pages back from the file.
+        conn.execute_batch(&format!("PRAGMA cache_size = -{WRITER_CACHE_KIB}"))?;
         let checkpoints = open_connection(&config.path, false)?;
         let (changes, _) = tokio::sync::broadcast::channel(4096);
         Ok(Self {
@@ -118,6 +122,9 @@ impl SqliteStore {
         .map_err(|e| StoreError::Backend(format!("read task failed: {e}")))?
     }
 }
+
+/// The writer connection's page cache, in KiB.
+const WRITER_CACHE_KIB: u32 = 64 * 1024;
 
 /// How often the checkpointer copies the WAL back into the database.
 const CHECKPOINT_EVERY: Duration = Duration::from_millis(200);
@@ -256,6 +263,14 @@ impl Store for SqliteStore {
         self.writer.write(move |c| sql::operation_accept(c, &params)).await
     }
 
+    async fn operation_accept_many(&self, params: Vec<AcceptParams>) -> Vec<Result<AcceptOutcome>> {
+        let n = params.len();
+        self.writer
+            .write(move |c| writer::each_isolated(c, &params, sql::operation_accept))
+            .await
+            .unwrap_or_else(|e| (0..n).map(|_| Err(e.clone())).collect())
+    }
+
     async fn operation_get(&self, tenant: &str, id: &Id) -> Result<Option<Operation>> {
         let (tenant, id) = (tenant.to_owned(), id.clone());
         self.read(move |c| sql::operation_get(c, &tenant, &id)).await
@@ -289,6 +304,22 @@ impl Store for SqliteStore {
     async fn task_finish(&self, params: FinishParams) -> Result<Operation> {
         let policy = self.policy;
         self.writer.write(move |c| sql::task_finish(c, policy, &params)).await
+    }
+
+    async fn task_finish_many(&self, params: Vec<FinishParams>) -> Vec<Result<Operation>> {
+        let (n, policy) = (params.len(), self.policy);
+        self.writer
+            .write(move |c| writer::each_isolated(c, &params, |c, p| sql::task_finish(c, policy, p)))
+            .await
+            .unwrap_or_else(|e| (0..n).map(|_| Err(e.clone())).collect())
+    }
+
+    async fn task_heartbeat_many(&self, params: Vec<HeartbeatParams>) -> Vec<Result<HeartbeatAck>> {
+        let n = params.len();
+        self.writer
+            .write(move |c| writer::each_isolated(c, &params, sql::task_heartbeat))
+            .await
+            .unwrap_or_else(|e| (0..n).map(|_| Err(e.clone())).collect())
     }
 
     async fn task_expire_worker(&self, worker_id: &str, now: Timestamp) -> Result<u64> {
