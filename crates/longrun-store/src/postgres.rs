@@ -29,6 +29,7 @@ use crate::*;
 const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("postgres/schema.sql")),
     (2, include_str!("postgres/0002_guard_when.sql")),
+    (3, include_str!("postgres/0003_fewer_indexes.sql")),
 ];
 
 #[derive(Debug, Clone)]
@@ -716,6 +717,11 @@ async fn known_key(c: &mut PgConnection, p: &AcceptParams) -> Result<Option<Acce
     Ok(Some(AcceptOutcome::Replayed(original)))
 }
 
+/// A tenant's tasks (its operations not yet ended), counted through the
+/// partial indexes of ready and of leased tasks.
+const ACTIVE_TASKS: &str = "SELECT (SELECT COUNT(*) FROM tasks WHERE tenant = $1 AND status = 'ready')
+                                 + (SELECT COUNT(*) FROM tasks WHERE tenant = $1 AND status = 'leased')";
+
 /// A tenant with a `max_active` quota: its row is locked while the quota is
 /// counted, so concurrent submissions cannot overshoot it. A replay still
 /// answers when the tenant is full.
@@ -727,7 +733,7 @@ async fn accept_with_quota(c: &mut PgConnection, ch: &mut Vec<Change>, p: &Accep
         .map_err(db)?
         .flatten();
     if let Some(max_active) = max_active {
-        let active: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM tasks WHERE tenant = $1")
+        let active: i64 = sqlx::query_scalar(ACTIVE_TASKS)
             .bind(&p.tenant)
             .fetch_one(&mut *c)
             .await
@@ -1959,7 +1965,7 @@ async fn tenant_delete(c: &mut PgConnection, tenant: &str, now: Timestamp) -> Re
         "DELETE FROM webhook_deliveries WHERE tenant = $1",
         "DELETE FROM webhook_secrets WHERE tenant = $1",
         "DELETE FROM tenant_dispatch WHERE tenant = $1",
-        "DELETE FROM tasks WHERE tenant = $1",
+        "DELETE FROM tasks WHERE tenant = $1 AND status IN ('ready', 'leased')",
         "DELETE FROM tenants WHERE name = $1",
     ] {
         sqlx::query(sql).bind(tenant).execute(&mut *c).await.map_err(db)?;

@@ -28,6 +28,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (4, include_str!("sqlite/migrations/0004_webhooks.sql")),
     (5, include_str!("sqlite/migrations/0005_results_retention.sql")),
     (6, include_str!("sqlite/migrations/0006_operating.sql")),
+    (7, include_str!("sqlite/migrations/0007_fewer_indexes.sql")),
 ];
 
 #[derive(Debug, Clone)]

@@ -184,7 +184,10 @@ pub(super) fn operation_accept(c: &Connection, p: &AcceptParams) -> Result<Accep
         .flatten();
     if let Some(max_active) = max_active {
         let active: i64 = c
-            .prepare_cached("SELECT COUNT(*) FROM tasks WHERE tenant = ?1")?
+            .prepare_cached(
+                "SELECT (SELECT COUNT(*) FROM tasks WHERE tenant = ?1 AND status = 'ready')
+                      + (SELECT COUNT(*) FROM tasks WHERE tenant = ?1 AND status = 'leased')",
+            )?
             .query_row(params![p.tenant], |r| r.get(0))?;
         if active >= max_active {
             // The idempotency record inserted above is rolled back with this job.
@@ -1419,7 +1422,7 @@ pub(super) fn tenant_delete(c: &Connection, tenant: &str, now: Timestamp) -> Res
         "DELETE FROM webhook_deliveries WHERE tenant = ?1",
         "DELETE FROM webhook_secrets WHERE tenant = ?1",
         "DELETE FROM tenant_dispatch WHERE tenant = ?1",
-        "DELETE FROM tasks WHERE tenant = ?1",
+        "DELETE FROM tasks WHERE tenant = ?1 AND status IN ('ready', 'leased')",
         "DELETE FROM tenants WHERE name = ?1",
     ] {
         c.prepare_cached(sql)?.execute(params![tenant])?;
