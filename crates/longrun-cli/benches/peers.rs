@@ -19,12 +19,17 @@
 //! - pickup latency: an idle remote worker waiting in a claim, one
 //!   submission at a time, from the request's send to the handler's start.
 //!
+//! - once, after the rounds: the p99 of single submits, GETs and idle
+//!   pickup on a nearly empty store, then again after `LONGRUN_PEER_HISTORY`
+//!   (1,000,000) ended operations with their keys and events were added
+//!   (written straight into the tables; needs `sqlite3` for SQLite).
+//!
 //! It prints the medians and the ratios. Longrun keeps every operation and
 //! its history; graphile-worker deletes finished jobs.
 //!
 //! `LONGRUN_PEER_ONLY` (comma-separated groups: `graphile`, `pgbench`,
 //! `axum`, `pg`, `sqlite`, or one of `pg-in-process`, `pg-remote`,
-//! `pg-submits`, `pg-reads`, `pg-pickup` and the same for `sqlite`) runs
+//! `pg-submits`, `pg-reads`, `pg-pickup`, `pg-history` and the same for `sqlite`) runs
 //! only those, for a quick look while working.
 
 use std::collections::BTreeMap;
@@ -149,6 +154,13 @@ async fn graphile(dir: &Path, url: &str, jobs: usize, batched: bool) -> f64 {
     }
     pool.close().await;
     rate
+}
+
+/// Kills a server and waits until it is gone, so the next one may open
+/// the same SQLite database.
+async fn stopped(mut server: Child) {
+    let _ = server.kill().await;
+    let _ = server.wait().await;
 }
 
 /// `longrun serve` on `store`, with or without its built-in workers.
@@ -299,7 +311,7 @@ impl Longrun {
     async fn single_submits(&self, seconds: u64) -> (f64, f64) {
         let port = free_port();
         let base = format!("http://127.0.0.1:{port}");
-        let _server = serve_store(&self.store, port, false).await;
+        let server = serve_store(&self.store, port, false).await;
         let (http, token) = (self.http.clone(), self.client.clone());
         let prefix = longrun_core::id::random_base32::<8>();
         let submit = move |c: usize, i: usize| {
@@ -308,7 +320,9 @@ impl Longrun {
                 .header("Idempotency-Key", format!("{prefix}-{c}-{i}"))
                 .json(&json!({"kind": "noop"}))
         };
-        closed_loop(seconds, submit, 202).await
+        let measured = closed_loop(seconds, submit, 202).await;
+        stopped(server).await;
+        measured
     }
 
     /// 32 clients reading one operation for `seconds`, plainly (200) and
@@ -316,7 +330,7 @@ impl Longrun {
     async fn gets(&self, seconds: u64) -> ((f64, f64), (f64, f64)) {
         let port = free_port();
         let base = format!("http://127.0.0.1:{port}");
-        let _server = serve_store(&self.store, port, false).await;
+        let server = serve_store(&self.store, port, false).await;
         let created = self
             .http
             .post(format!("{base}/v1/operations"))
@@ -338,7 +352,9 @@ impl Longrun {
             closed_loop(seconds, move |_, _| http.get(&url).bearer_auth(&token), 200).await
         };
         let revalidate = move |_, _| http.get(&url).bearer_auth(&token).header("If-None-Match", &etag);
-        (plain, closed_loop(seconds, revalidate, 304).await)
+        let measured = (plain, closed_loop(seconds, revalidate, 304).await);
+        stopped(server).await;
+        measured
     }
 
     /// An idle remote worker waiting in a claim; one submission at a time:
@@ -346,7 +362,7 @@ impl Longrun {
     async fn pickup(&self, samples: usize) -> (f64, f64) {
         let port = free_port();
         let base = format!("http://127.0.0.1:{port}");
-        let _server = serve_store(&self.store, port, false).await;
+        let server = serve_store(&self.store, port, false).await;
         let (started, mut starts) = tokio::sync::mpsc::unbounded_channel();
         let stop = CancellationToken::new();
         let mut config = RemoteConfig::new(base.clone(), self.worker.clone());
@@ -355,6 +371,9 @@ impl Longrun {
         let mut registry = Registry::default();
         registry.register(Arc::new(Noop { started: Some(started) }));
         let worker = tokio::spawn(RemoteWorker::new(config, registry).run(stop.clone()));
+        // Work an earlier measurement left queued on this store goes first.
+        self.drained(&base).await;
+        while starts.try_recv().is_ok() {}
         let prefix = longrun_core::id::random_base32::<8>();
         let mut latencies = Vec::with_capacity(samples);
         for i in 0..=samples {
@@ -379,6 +398,7 @@ impl Longrun {
         }
         stop.cancel();
         let _ = worker.await;
+        stopped(server).await;
         (percentile(&mut latencies, 50), percentile(&mut latencies, 99))
     }
 }
@@ -482,6 +502,73 @@ impl Handler for Noop {
     }
 }
 
+/// The stored history the `history` groups add: `rows` ended operations of
+/// the bench tenant, each with its idempotency record and 3 events, written
+/// straight into the store's tables (through the API it would take longer
+/// than the rest of the bench), created over the last `rows` seconds.
+fn history_sql(rows: usize, now_ms: i64, postgres: bool) -> String {
+    let (series, id, fingerprint) = if postgres {
+        (
+            format!("SELECT i FROM generate_series(1, {rows}) AS g(i)"),
+            "'op_h' || lpad(i::text, 25, '0')",
+            "decode(md5(i::text) || md5(i::text), 'hex')",
+        )
+    } else {
+        (
+            format!("WITH RECURSIVE g(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM g WHERE i < {rows}) SELECT i FROM g"),
+            "'op_h' || printf('%025d', i)",
+            "randomblob(32)",
+        )
+    };
+    let at = format!("({now_ms} - ({rows} - i) * 1000)");
+    format!(
+        "INSERT INTO operations (id, tenant, kind, state, version, attempt, labels, result, idempotency_key,
+                                 created_at, started_at, completed_at, updated_at, expires_at)
+         SELECT {id}, 'bench', 'noop', 'succeeded', 3, 1, '{{}}', 'null', 'h-' || i,
+                {at}, {at} + 1, {at} + 2, {at} + 2, 4102444800000 FROM ({series}) s;
+         INSERT INTO idempotency_keys (tenant, kind, key, fingerprint, operation_id, created_at)
+         SELECT 'bench', 'noop', 'h-' || i, {fingerprint}, {id}, {at} FROM ({series}) s;
+         INSERT INTO operation_events (operation_id, version, type, state, at, data, snapshot)
+         SELECT {id}, v.n, v.type, v.state, {at} + v.n, '{{}}', '{{}}' FROM ({series}) s,
+                (SELECT 1 AS n, 'created' AS type, 'queued' AS state UNION ALL SELECT 2, 'started', 'running'
+                 UNION ALL SELECT 3, 'succeeded', 'succeeded') v;
+         ANALYZE;"
+    )
+}
+
+impl Longrun {
+    /// Adds `rows` ended operations to the store (see `history_sql`).
+    async fn add_history(&self, rows: usize) {
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64;
+        match self.store[0].as_str() {
+            "--database" => sql(&self.store[1], &history_sql(rows, now_ms, true)).await,
+            _ => {
+                let db = Path::new(&self.store[1]).join("longrun.db");
+                let mut sqlite = std::process::Command::new("sqlite3")
+                    .arg(&db)
+                    .stdin(Stdio::piped())
+                    .spawn()
+                    .expect("the sqlite3 command (Debian's sqlite3 package)");
+                use std::io::Write;
+                let script = format!("BEGIN;\n{}\nCOMMIT;\n", history_sql(rows, now_ms, false));
+                sqlite.stdin.take().unwrap().write_all(script.as_bytes()).unwrap();
+                assert!(sqlite.wait().unwrap().success(), "sqlite3 failed on {}", db.display());
+            }
+        }
+    }
+
+    /// The p99 (ms) of single submits, plain GETs and idle pickup.
+    async fn hot_p99s(&self, seconds: u64) -> [(&'static str, f64); 3] {
+        let accept = self.single_submits(seconds).await.1;
+        let get = self.gets(seconds).await.0.1;
+        let pickup = self.pickup(100).await.1;
+        [("accept", accept), ("GET", get), ("pickup", pickup)]
+    }
+}
+
 /// pgbench, 32 clients, a single-row INSERT per transaction: tps.
 fn pgbench_insert(url: &str, seconds: u64) -> Option<f64> {
     let script = std::env::temp_dir().join(format!("longrun-pgbench-{}.sql", std::process::id()));
@@ -522,6 +609,7 @@ fn main() {
             }
         };
         let mut figures: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+        let mut history_ratios: Vec<(String, String)> = Vec::new();
         println!("{jobs} queued no-op jobs per drain, {rounds} alternating rounds, PostgreSQL with fsync on");
         for round in 1..=rounds {
             if let Some(dir) = graphile_dir.as_ref().filter(|_| wanted("graphile")) {
@@ -580,6 +668,44 @@ fn main() {
             }
             eprintln!("round {round} done");
         }
+        // Once, after the rounds: the hot paths' tails on a store holding a
+        // long history, against the same store nearly empty.
+        let history = env_number("LONGRUN_PEER_HISTORY", 1_000_000);
+        let dir = tempfile::tempdir().unwrap();
+        for (store, group) in [("PG", "pg"), ("SQLite", "sqlite")] {
+            if !wanted(&format!("{group}-history")) {
+                continue;
+            }
+            let longrun = match store {
+                "PG" => Longrun::new(vec!["--database".into(), cluster.database().await]),
+                _ => Longrun::new(vec![
+                    "--data-dir".into(),
+                    dir.path().join("history").display().to_string(),
+                ]),
+            };
+            for (path, p99) in longrun.hot_p99s(seconds).await {
+                note(&mut figures, format!("longrun {path} p99 ms {store}, empty"), p99);
+            }
+            let started = Instant::now();
+            longrun.add_history(history).await;
+            eprintln!(
+                "{history} ended operations added to {store} in {:.0?}",
+                started.elapsed()
+            );
+            for (path, p99) in longrun.hot_p99s(seconds).await {
+                note(
+                    &mut figures,
+                    format!("longrun {path} p99 ms {store}, {history} stored"),
+                    p99,
+                );
+            }
+            for path in ["accept", "GET", "pickup"] {
+                history_ratios.push((
+                    format!("longrun {path} p99 ms {store}, {history} stored"),
+                    format!("longrun {path} p99 ms {store}, empty"),
+                ));
+            }
+        }
         println!("| figure | median | rounds |");
         println!("|---|---|---|");
         for (name, values) in &figures {
@@ -614,6 +740,9 @@ fn main() {
             ("longrun GET 200 SQLite", "bare axum GET ceiling"),
             ("longrun GET 304 SQLite", "bare axum GET ceiling"),
         ] {
+            println!("| {a} / {b} | {} |", ratio(a, b));
+        }
+        for (a, b) in &history_ratios {
             println!("| {a} / {b} | {} |", ratio(a, b));
         }
         println!();
