@@ -107,6 +107,21 @@ impl SqliteStore {
         })
     }
 
+    /// Writes `items` as one writer job, answered item by item (see
+    /// `writer::each_isolated`).
+    async fn write_each<P, T, F>(&self, items: Vec<P>, f: F) -> Vec<Result<T>>
+    where
+        P: Send + 'static,
+        T: Send + 'static,
+        F: Fn(&Connection, &P) -> Result<T> + Send + 'static,
+    {
+        let n = items.len();
+        self.writer
+            .write(move |c| writer::each_isolated(c, &items, &f))
+            .await
+            .unwrap_or_else(|e| (0..n).map(|_| Err(e.clone())).collect())
+    }
+
     async fn read<T, F>(&self, f: F) -> Result<T>
     where
         T: Send + 'static,
@@ -265,11 +280,7 @@ impl Store for SqliteStore {
     }
 
     async fn operation_accept_many(&self, params: Vec<AcceptParams>) -> Vec<Result<AcceptOutcome>> {
-        let n = params.len();
-        self.writer
-            .write(move |c| writer::each_isolated(c, &params, sql::operation_accept))
-            .await
-            .unwrap_or_else(|e| (0..n).map(|_| Err(e.clone())).collect())
+        self.write_each(params, sql::operation_accept).await
     }
 
     async fn operation_get(&self, tenant: &str, id: &Id) -> Result<Option<Operation>> {
@@ -308,19 +319,13 @@ impl Store for SqliteStore {
     }
 
     async fn task_finish_many(&self, params: Vec<FinishParams>) -> Vec<Result<Operation>> {
-        let (n, policy) = (params.len(), self.policy);
-        self.writer
-            .write(move |c| writer::each_isolated(c, &params, |c, p| sql::task_finish(c, policy, p)))
+        let policy = self.policy;
+        self.write_each(params, move |c, p| sql::task_finish(c, policy, p))
             .await
-            .unwrap_or_else(|e| (0..n).map(|_| Err(e.clone())).collect())
     }
 
     async fn task_heartbeat_many(&self, params: Vec<HeartbeatParams>) -> Vec<Result<HeartbeatAck>> {
-        let n = params.len();
-        self.writer
-            .write(move |c| writer::each_isolated(c, &params, sql::task_heartbeat))
-            .await
-            .unwrap_or_else(|e| (0..n).map(|_| Err(e.clone())).collect())
+        self.write_each(params, sql::task_heartbeat).await
     }
 
     async fn task_expire_worker(&self, worker_id: &str, now: Timestamp) -> Result<u64> {
