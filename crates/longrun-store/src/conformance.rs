@@ -97,7 +97,7 @@ fn fingerprinter() -> Fingerprinter {
     Fingerprinter::new(b"conformance")
 }
 
-fn accept_params(tenant: &str, kind: &str, key: Option<&str>, input: Value) -> AcceptParams {
+pub fn accept_params(tenant: &str, kind: &str, key: Option<&str>, input: Value) -> AcceptParams {
     let idempotency = key.map(|k| {
         let request = json!({"kind": kind, "input": input});
         (

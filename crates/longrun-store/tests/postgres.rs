@@ -104,3 +104,37 @@ async fn the_schema_refuses_exactly_the_transitions_the_core_refuses() {
         .await
         .unwrap();
 }
+
+/// A batch of submissions is one statement, so one item the database
+/// refuses (a NUL byte PostgreSQL cannot store in TEXT) fails that
+/// statement for all; the group commit then applies each item alone, and
+/// only the bad one fails.
+#[tokio::test]
+async fn an_item_the_database_refuses_fails_alone_in_its_batch() {
+    use longrun_store::AcceptOutcome;
+    use longrun_store::conformance::accept_params;
+    use serde_json::json;
+    let Some(cluster) = longrun_store::pgtest::cluster() else {
+        return;
+    };
+    let store = PostgresStore::open(PostgresConfig::new(cluster.database().await))
+        .await
+        .unwrap();
+    let batch = vec![
+        accept_params("t1", "q", Some("a"), json!({})),
+        accept_params("t1", "q\0", Some("b"), json!({})),
+        accept_params("t1", "q", Some("c"), json!({})),
+    ];
+    let answers = store.operation_accept_many(batch).await;
+    assert!(
+        matches!(answers[1], Err(longrun_store::StoreError::Backend(_))),
+        "{:?}",
+        answers[1]
+    );
+    for i in [0, 2] {
+        let Ok(AcceptOutcome::Created(op)) = &answers[i] else {
+            panic!("item {i}: {:?}", answers[i]);
+        };
+        assert_eq!(store.operation_get("t1", &op.id).await.unwrap().as_ref(), Some(op));
+    }
+}
