@@ -58,6 +58,7 @@ macro_rules! store_conformance {
             max_active_refuses_new_work_but_replays_still_answer,
             max_running_is_honoured_by_claims,
             racing_claims_together_respect_max_running,
+            racing_claimers_never_lease_one_task_twice,
             claims_are_fair_across_tenants,
             intent_changes_need_the_current_version_and_terminal_intent_wins,
             leases_of_a_worker_known_gone_are_reaped_at_once,
@@ -1101,6 +1102,28 @@ pub async fn racing_claims_together_respect_max_running(store: &dyn Store) {
         started, 3,
         "eight racing claimers started {started} of a tenant capped at 3"
     );
+}
+
+/// Claimers racing over one queue each lease what no other took: every
+/// task exactly once, each operation started once.
+pub async fn racing_claimers_never_lease_one_task_twice(store: &dyn Store) {
+    let mut created = Vec::new();
+    for _ in 0..40 {
+        created.push(create(store, "t1", "contended").await.id);
+    }
+    let claims = futures_util::future::join_all((0..8).map(|_| claim(store, "contended", 10, at(1)))).await;
+    let mut leased: Vec<Id> = claims.into_iter().flatten().map(|t| t.operation_id).collect();
+    leased.sort();
+    created.sort();
+    let before_dedup = leased.len();
+    leased.dedup();
+    assert_eq!(before_dedup, leased.len(), "a task was leased twice");
+    assert_eq!(leased, created, "every queued task is leased once");
+    for id in &created {
+        let history = store.operation_history("t1", id).await.unwrap().unwrap();
+        let started = history.iter().filter(|e| e.event_type == "started").count();
+        assert_eq!(started, 1, "{id} started {started} times");
+    }
 }
 
 pub async fn claims_are_fair_across_tenants(store: &dyn Store) {
