@@ -90,6 +90,7 @@ impl SqliteStore {
         // WAL mid-transaction and read index pages back from the file.
         conn.execute_batch(&format!("PRAGMA cache_size = -{WRITER_CACHE_KIB}"))?;
         let checkpoints = open_connection(&config.path, false)?;
+        checkpoints.busy_timeout(RESTART_WAIT)?;
         let (changes, _) = tokio::sync::broadcast::channel(4096);
         Ok(Self {
             writer: Writer::spawn(conn, config.max_batch.max(1), changes.clone()),
@@ -142,6 +143,12 @@ impl SqliteStore {
 /// The writer connection's page cache, in KiB.
 const WRITER_CACHE_KIB: u32 = 64 * 1024;
 
+/// Longest a RESTART checkpoint waits for the writer's transaction and for
+/// readers to leave the log. New writes wait while it does, so a reader
+/// holding an old snapshot must not hold the writer back long: the
+/// checkpoint gives up and the next turn tries again.
+const RESTART_WAIT: Duration = Duration::from_millis(100);
+
 /// How often the checkpointer copies the WAL back into the database.
 const CHECKPOINT_EVERY: Duration = Duration::from_millis(200);
 
@@ -162,9 +169,9 @@ const WAL_RESTART_PAGES: i64 = 1000;
 /// past its end (where the file system zeroes each new block first: a
 /// quarter of the writer's time in a profile of single submissions). So
 /// once the log is past `WAL_RESTART_PAGES`, a RESTART checkpoint copies
-/// what the PASSIVE one left (holding the writer back only for that) and
-/// the log is reused from its start. The thread ends when the returned
-/// sender drops.
+/// what the PASSIVE one left (holding the writer back only for that, and
+/// never longer than `RESTART_WAIT`) and the log is reused from its start.
+/// The thread ends when the returned sender drops.
 fn spawn_checkpointer(conn: Connection) -> std::sync::mpsc::Sender<()> {
     let (stop, stopped) = std::sync::mpsc::channel::<()>();
     std::thread::Builder::new()
