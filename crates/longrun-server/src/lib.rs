@@ -22,7 +22,7 @@ use longrun_core::fingerprint::Fingerprinter;
 use longrun_core::{Clock, Id};
 use longrun_engine::artifacts::ArtifactStore;
 use longrun_engine::{Registry, Signals};
-use longrun_store::{ApiKeyRecord, KindSpec, Store, StoreError, TenantLimits};
+use longrun_store::{ApiKeyRecord, KindSpec, Operation, Store, StoreError, TenantLimits};
 use tower_http::catch_panic::CatchPanicLayer;
 
 use cache::TtlCache;
@@ -164,6 +164,25 @@ impl AppState {
             Ok(None) => http::error::ApiError::NotFound,
             Err(e) => e.into(),
         }
+    }
+
+    /// The operation as its readers may see it: `404` when unknown or
+    /// another tenant's, `410 gone` once past its `expires_at` (whether or not
+    /// the retention sweep has removed it yet) or while its tombstone lives.
+    /// Every read of one operation goes through here or [`Self::visible`].
+    pub async fn operation(&self, tenant: &str, id: &Id) -> Result<Operation, http::error::ApiError> {
+        let op = self.store.operation_get(tenant, id).await?;
+        let op = self.found(tenant, id, op).await?;
+        self.visible(op)
+    }
+
+    /// `op`, or `410 gone` if it is past its expiry now: visibility is decided
+    /// at read time; the sweep only reclaims the storage.
+    pub fn visible(&self, op: Operation) -> Result<Operation, http::error::ApiError> {
+        if op.is_expired(self.clock.now()) {
+            return Err(http::error::ApiError::Gone);
+        }
+        Ok(op)
     }
 
     /// `value`, or the right answer for its absence (see [`Self::missing`]).

@@ -364,6 +364,7 @@ pub async fn list_is_newest_first_filtered_and_paginated(store: &dyn Store) {
         state,
         page_size: 100,
         before_seq: None,
+        visible_at: None,
     };
     let evens = store.operation_list(list(Some("even"), None, None)).await.unwrap();
     assert_eq!(evens.operations.len(), 3);
@@ -1602,6 +1603,9 @@ pub async fn retention_expires_results_removes_operations_and_buries_tombstones(
         store.retention_sweep(sweep(at(4))).await.unwrap(),
         RetentionCounts::default()
     );
+    let unswept = store.result_for_operation("t1", &op.id).await.unwrap().unwrap();
+    assert!(!unswept.is_expired(at(4)));
+    assert!(unswept.is_expired(result_expiry), "expired at its expiry, swept or not");
     let counts = store.retention_sweep(sweep(result_expiry)).await.unwrap();
     assert_eq!(counts.results_expired, 1);
     assert_eq!(
@@ -1620,7 +1624,24 @@ pub async fn retention_expires_results_removes_operations_and_buries_tombstones(
         "idempotent"
     );
 
-    let counts = store.retention_sweep(sweep(op_expiry)).await.unwrap();
+    // Past its expiry the operation is hidden from lists at once, before the
+    // sweep removes it (visibility is decided at read time).
+    let listed_at = |now: Timestamp| ListParams {
+        tenant: "t1".into(),
+        page_size: 10,
+        visible_at: Some(now),
+        ..Default::default()
+    };
+    let before = store.operation_list(listed_at(at(5))).await.unwrap();
+    assert_eq!(before.operations.len(), 1, "still listed before its expiry");
+    let after = store.operation_list(listed_at(op_expiry)).await.unwrap();
+    assert!(after.operations.is_empty(), "listed past its expiry");
+    assert!(get(store, &op).await.is_expired(op_expiry));
+
+    // A late sweep: the tombstone still dates from the expiry, so its window
+    // does not depend on when the sweep ran.
+    let late = op_expiry.plus(Duration::from_secs(600));
+    let counts = store.retention_sweep(sweep(late)).await.unwrap();
     assert_eq!(counts.operations_removed, 1);
     assert!(store.operation_get("t1", &op.id).await.unwrap().is_none());
     assert!(store.operation_history("t1", &op.id).await.unwrap().is_none());
@@ -2069,6 +2090,7 @@ pub async fn a_batch_past_a_quota_refuses_only_what_does_not_fit(store: &dyn Sto
             label: None,
             page_size: 10,
             before_seq: None,
+            visible_at: None,
         })
         .await
         .unwrap();

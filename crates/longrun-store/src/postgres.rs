@@ -763,6 +763,7 @@ async fn operation_list(c: &mut PgConnection, p: &ListParams) -> Result<Operatio
             AND ($3::TEXT IS NULL OR kind = $3)
             AND ($4::TEXT IS NULL OR (labels::jsonb ->> $4) = $5)
             AND ($6::BIGINT IS NULL OR seq < $6)
+            AND ($8::BIGINT IS NULL OR expires_at IS NULL OR expires_at > $8)
           ORDER BY seq DESC LIMIT $7"
     ))
     .bind(&p.tenant)
@@ -772,6 +773,7 @@ async fn operation_list(c: &mut PgConnection, p: &ListParams) -> Result<Operatio
     .bind(p.label.as_ref().map(|(_, v)| v.clone()))
     .bind(p.before_seq)
     .bind(page_size + 1)
+    .bind(p.visible_at.map(|t| t.0))
     .fetch_all(&mut *c)
     .await
     .map_err(db)?;
@@ -1851,7 +1853,7 @@ async fn retention_sweep(c: &mut PgConnection, p: &RetentionParams) -> Result<Re
         counts.results_expired += 1;
     }
     let rows = sqlx::query(
-        "SELECT id, tenant FROM operations WHERE expires_at IS NOT NULL AND expires_at <= $1
+        "SELECT id, tenant, expires_at FROM operations WHERE expires_at IS NOT NULL AND expires_at <= $1
           ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED",
     )
     .bind(now)
@@ -1859,10 +1861,13 @@ async fn retention_sweep(c: &mut PgConnection, p: &RetentionParams) -> Result<Re
     .fetch_all(&mut *c)
     .await
     .map_err(db)?;
-    let until = p.now.plus(p.tombstone_retention).0;
     for r in &rows {
         let id: String = r.try_get(0).map_err(db)?;
         let tenant: String = r.try_get(1).map_err(db)?;
+        // The tombstone window counts from the expiry, when readers began to
+        // see the operation gone, not from when this sweep got to it.
+        let expired_at: i64 = r.try_get(2).map_err(db)?;
+        let until = Timestamp(expired_at).plus(p.tombstone_retention).0;
         operation_remove(c, &id, p.now).await?;
         sqlx::query(
             "INSERT INTO tombstones (operation_id, tenant, removed_at, expires_at) VALUES ($1, $2, $3, $4)
@@ -1870,7 +1875,7 @@ async fn retention_sweep(c: &mut PgConnection, p: &RetentionParams) -> Result<Re
         )
         .bind(&id)
         .bind(tenant)
-        .bind(now)
+        .bind(expired_at)
         .bind(until)
         .execute(&mut *c)
         .await

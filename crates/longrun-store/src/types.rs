@@ -43,6 +43,14 @@ pub struct Operation {
     pub artifact: Option<ArtifactRef>,
 }
 
+impl Operation {
+    /// Past its `expires_at`: gone to every reader from that instant on,
+    /// whether or not the retention sweep has removed the record yet.
+    pub fn is_expired(&self, now: Timestamp) -> bool {
+        self.expires_at.is_some_and(|at| at <= now)
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Progress {
     pub completed_units: Option<f64>,
@@ -172,6 +180,9 @@ pub struct ListParams {
     pub page_size: u32,
     /// Exclusive upper bound on the internal sequence number (newest first).
     pub before_seq: Option<i64>,
+    /// Leave out operations past their `expires_at` at this instant (they
+    /// answer `410` before the retention sweep removes them).
+    pub visible_at: Option<Timestamp>,
 }
 
 #[derive(Debug, Clone)]
@@ -439,6 +450,13 @@ pub struct ResultRecord {
     pub state: String,
     pub created_at: Timestamp,
     pub expires_at: Option<Timestamp>,
+}
+
+impl ResultRecord {
+    /// Expired by the sweep, or past its `expires_at` and not swept yet.
+    pub fn is_expired(&self, now: Timestamp) -> bool {
+        self.state == "expired" || self.expires_at.is_some_and(|at| at <= now)
+    }
 }
 
 /// A worker's upload, recorded once the bytes are stored.

@@ -69,7 +69,9 @@ async fn events(
             detail: "the tenant has too many long-polls and event streams open".into(),
             retry_after: Duration::from_secs(1),
         })?;
-    // Ownership is checked before the stream starts, so a foreign id is a 404.
+    // Ownership and expiry are checked before the stream starts, so a foreign
+    // id is a 404 and an expired one a 410.
+    app.operation(&caller.tenant, &id).await?;
     let first = app
         .store
         .operation_events_after(&caller.tenant, &id, last, PAGE)

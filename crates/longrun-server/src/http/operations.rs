@@ -378,7 +378,9 @@ fn accepted(app: &AppState, outcome: AcceptOutcome) -> Result<(Operation, bool),
             app.signals.work_available();
             Ok((op, false))
         }
-        AcceptOutcome::Replayed(op) => Ok((op, true)),
+        // A replay of an operation past its expiry answers as one already
+        // removed does.
+        AcceptOutcome::Replayed(op) => Ok((app.visible(op)?, true)),
         AcceptOutcome::KeyReused { operation_id } => Err(ApiError::IdempotencyKeyReused { operation_id }),
     }
 }
@@ -509,8 +511,7 @@ async fn read(
         Some(_) => Some(app.changes.watch(&caller.tenant, &id).map_err(|_| too_many_waiters())?),
         None => None,
     };
-    let op = app.store.operation_get(&caller.tenant, &id).await?;
-    let mut op = app.found(&caller.tenant, &id, op).await?;
+    let mut op = app.operation(&caller.tenant, &id).await?;
     let has_condition = headers.contains_key(header::IF_NONE_MATCH);
     if let (Some(wait), Some(w)) = (wait, waiter.as_mut()) {
         // Worth waiting only for something that can still change, and (with
@@ -613,6 +614,7 @@ async fn list(
             label,
             page_size,
             before_seq,
+            visible_at: Some(app.clock.now()),
         })
         .await?;
     Ok(Json(OperationList {
@@ -630,6 +632,7 @@ async fn history(
 ) -> Result<Json<History>, ApiError> {
     caller.require_client()?;
     let id = parse_operation_id(&id)?;
+    app.operation(&caller.tenant, &id).await?;
     let events = app.store.operation_history(&caller.tenant, &id).await?;
     let events = app.found(&caller.tenant, &id, events).await?;
     Ok(Json(History {
@@ -688,9 +691,8 @@ async fn cancel(
         other => other.into(),
     })?;
     Ok(match outcome {
-        CancelOutcome::CancelledNow(op) | CancelOutcome::AlreadyTerminal(op) => {
-            operation_response(&app, &op, StatusCode::OK).await
-        }
+        CancelOutcome::AlreadyTerminal(op) => operation_response(&app, &app.visible(op)?, StatusCode::OK).await,
+        CancelOutcome::CancelledNow(op) => operation_response(&app, &op, StatusCode::OK).await,
         CancelOutcome::Requested(op) => {
             app.signals.cancel_requested(&op.id);
             operation_response(&app, &op, StatusCode::ACCEPTED).await
@@ -727,8 +729,7 @@ async fn cancellation(
 ) -> Result<Json<CancellationBody>, ApiError> {
     caller.require_client()?;
     let id = parse_operation_id(&id)?;
-    let op = app.store.operation_get(&caller.tenant, &id).await?;
-    let op = app.found(&caller.tenant, &id, op).await?;
+    let op = app.operation(&caller.tenant, &id).await?;
     Ok(Json(CancellationBody::from(&op)))
 }
 
@@ -753,8 +754,7 @@ async fn update(
     if let Some(labels) = &request.labels {
         validate::labels(labels).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
     }
-    let current = app.store.operation_get(&caller.tenant, &id).await?;
-    let current = app.found(&caller.tenant, &id, current).await?;
+    let current = app.operation(&caller.tenant, &id).await?;
     let deadline_at = match request.deadline_seconds {
         None => None,
         Some(None) => Some(None),
@@ -799,6 +799,7 @@ async fn deliveries(
 ) -> Result<Json<DeliveryLog>, ApiError> {
     caller.require_client()?;
     let id = parse_operation_id(&id)?;
+    app.operation(&caller.tenant, &id).await?;
     let log = app.store.webhook_log(&caller.tenant, &id).await?;
     let log = app.found(&caller.tenant, &id, log).await?;
     Ok(Json(DeliveryLog {

@@ -147,10 +147,11 @@ async fn result(
         // No artifact: unknown, removed, not finished, or an inline result.
         return Err(app.missing(&caller.tenant, &id).await);
     };
-    if record.state == "expired" {
+    app.operation(&caller.tenant, &id).await?;
+    let now = app.clock.now();
+    if record.is_expired(now) {
         return Err(ApiError::ResultExpired { operation_id: id });
     }
-    let now = app.clock.now();
     let expires = now.plus(app.config.link_ttl);
     let expires_secs = expires.as_millis() / 1000;
     let (kid, key) = app.link_key_current().await?;
@@ -212,7 +213,9 @@ async fn content(
     links::verify(&key, result_id.as_str(), link.expires, &link.signature, now_secs)
         .map_err(|e| refused(&e.to_string()))?;
     let record = app.store.result_get(&result_id).await?.ok_or(ApiError::Gone)?;
-    if record.state == "expired" {
+    // The operation past its expiry takes its results with it, swept or not.
+    app.operation(&record.tenant, &record.operation_id).await?;
+    if record.is_expired(app.clock.now()) {
         return Err(ApiError::ResultExpired {
             operation_id: record.operation_id,
         });

@@ -41,6 +41,8 @@ pub struct Options {
     pub deliver_webhooks: bool,
     pub max_artifact_bytes: u64,
     pub artifact_store: Option<Arc<dyn longrun_engine::artifacts::ArtifactStore>>,
+    /// How often the retention sweep runs (wall clock); 20 ms by default.
+    pub retention_interval: Duration,
 }
 
 impl Default for Options {
@@ -57,6 +59,7 @@ impl Default for Options {
             deliver_webhooks: true,
             max_artifact_bytes: 1 << 30,
             artifact_store: None,
+            retention_interval: Duration::from_millis(20),
         }
     }
 }
@@ -102,7 +105,7 @@ pub async fn spawn_app_with(options: Options) -> TestApp {
     }
     serve.webhooks.reuse_connections = options.webhook_reuse_connections;
     serve.deliver_webhooks = options.deliver_webhooks;
-    serve.retention.interval = Duration::from_millis(20);
+    serve.retention.interval = options.retention_interval;
     serve.http.max_artifact_bytes = options.max_artifact_bytes;
     serve.artifact_store = options.artifact_store.clone();
     serve.webhooks.interval = Duration::from_millis(20);

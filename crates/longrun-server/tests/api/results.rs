@@ -418,6 +418,98 @@ async fn retention_expires_results_then_removes_operations_behind_a_tombstone() 
     app.shutdown().await;
 }
 
+/// Visibility is decided when the request is read, not by the sweep: with
+/// no sweep running at all, a result and an operation answer `410` from the
+/// instant their `expires_at` passes.
+#[tokio::test]
+async fn results_and_operations_answer_410_from_their_expiry_without_a_sweep() {
+    let clock = manual_clock();
+    let app = spawn_app_with(Options {
+        clock: Some(clock.clone()),
+        // The sweep runs once at start (nothing is due) and never again here.
+        retention_interval: Duration::from_secs(24 * 3600),
+        ..Options::default()
+    })
+    .await;
+    let body = json!({"kind": "export", "input": {"rows": 10}});
+    let op = app.submit_ok("expiring", &body).await;
+    let id = op["id"].as_str().unwrap().to_owned();
+    let done = app.wait_for_state(&id, "succeeded").await;
+    let version = done["version"].as_i64().unwrap();
+
+    // A minute before the result's expiry: a link is minted and works.
+    clock.advance(Duration::from_secs(24 * 3600 - 60));
+    let url = download_url(&app, &id).await;
+    assert_eq!(app.http.get(&url).send().await.unwrap().status(), StatusCode::OK);
+
+    // At its expiry the result is gone at once, link or not; the operation stays.
+    clock.advance(Duration::from_secs(60));
+    problem(result_resource(&app, &id).await, StatusCode::GONE, "result_expired").await;
+    problem(
+        app.http.get(&url).send().await.unwrap(),
+        StatusCode::GONE,
+        "result_expired",
+    )
+    .await;
+    assert_eq!(app.get_operation(&id).await["state"], "succeeded");
+
+    // At the operation's expiry every read and change of it is 410 gone.
+    clock.advance(Duration::from_secs(29 * 24 * 3600));
+    let path = format!("/v1/operations/{id}");
+    for sub in ["", "/history", "/cancellation", "/deliveries", "/result", "/events"] {
+        let response = app
+            .request(Method::GET, &format!("{path}{sub}"), &app.client_key)
+            .send()
+            .await
+            .unwrap();
+        problem(response, StatusCode::GONE, "gone").await;
+    }
+    let cancel = app
+        .request(Method::PUT, &format!("{path}/cancellation"), &app.client_key)
+        .send()
+        .await
+        .unwrap();
+    problem(cancel, StatusCode::GONE, "gone").await;
+    let delete = app
+        .request(Method::DELETE, &path, &app.client_key)
+        .send()
+        .await
+        .unwrap();
+    problem(delete, StatusCode::GONE, "gone").await;
+    let patch = app
+        .request(Method::PATCH, &path, &app.client_key)
+        .header("if-match", format!("\"{version}\""))
+        .json(&json!({"labels": {"a": "b"}}))
+        .send()
+        .await
+        .unwrap();
+    problem(patch, StatusCode::GONE, "gone").await;
+    problem(app.submit("expiring", &body).await, StatusCode::GONE, "gone").await;
+    let list: Value = app
+        .request(Method::GET, "/v1/operations", &app.client_key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(list["operations"], json!([]), "an expired operation is not listed");
+    let foreign = app
+        .request(Method::GET, &path, &app.other_tenant_key)
+        .send()
+        .await
+        .unwrap();
+    problem(foreign, StatusCode::NOT_FOUND, "not_found").await;
+
+    let stored = app
+        .store
+        .operation_get("acme", &longrun_core::Id::from_trusted(id))
+        .await
+        .unwrap();
+    assert!(stored.is_some(), "no sweep ran: the record is still stored");
+    app.shutdown().await;
+}
+
 #[tokio::test]
 async fn deleting_a_tenant_leaves_no_row_and_no_file_of_it() {
     let app = spawn_app_with(Options {

@@ -250,6 +250,10 @@ pub(super) fn operation_list(c: &Connection, p: &ListParams) -> Result<Operation
         args.push(Box::new(before));
         sql.push_str(&format!(" AND seq < ?{}", args.len()));
     }
+    if let Some(now) = p.visible_at {
+        args.push(Box::new(now.0));
+        sql.push_str(&format!(" AND (expires_at IS NULL OR expires_at > ?{})", args.len()));
+    }
     let page_size = i64::from(p.page_size.max(1));
     args.push(Box::new(page_size + 1));
     sql.push_str(&format!(" ORDER BY seq DESC LIMIT ?{}", args.len()));
@@ -1324,21 +1328,23 @@ pub(super) fn retention_sweep(c: &Connection, p: &RetentionParams) -> Result<Ret
         counts.results_expired += 1;
     }
 
-    // Operations past their retention: removed, with a tombstone.
-    let removable: Vec<(String, String)> = c
+    // Operations past their retention: removed, with a tombstone. The
+    // tombstone window counts from the operation's expiry (when readers began
+    // to see it gone), not from when this sweep got to it.
+    let removable: Vec<(String, String, i64)> = c
         .prepare_cached(
-            "SELECT id, tenant FROM operations WHERE expires_at IS NOT NULL AND expires_at <= ?1
+            "SELECT id, tenant, expires_at FROM operations WHERE expires_at IS NOT NULL AND expires_at <= ?1
               ORDER BY expires_at LIMIT ?2",
         )?
-        .query_map(params![now, p.limit], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .query_map(params![now, p.limit], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
         .collect::<rusqlite::Result<_>>()?;
-    let tombstone_until = p.now.plus(p.tombstone_retention).0;
-    for (id, tenant) in removable {
+    for (id, tenant, expired_at) in removable {
         operation_remove(c, &id, p.now)?;
+        let tombstone_until = Timestamp(expired_at).plus(p.tombstone_retention).0;
         c.prepare_cached(
             "INSERT OR REPLACE INTO tombstones (operation_id, tenant, removed_at, expires_at) VALUES (?1, ?2, ?3, ?4)",
         )?
-        .execute(params![id, tenant, now, tombstone_until])?;
+        .execute(params![id, tenant, expired_at, tombstone_until])?;
         counts.operations_removed += 1;
     }
 
