@@ -222,6 +222,21 @@ struct ServeArgs {
     /// Largest result artifact a worker may upload, in bytes.
     #[arg(long, env = "LONGRUN_MAX_ARTIFACT_BYTES", default_value_t = 64 * 1024 * 1024 * 1024)]
     max_artifact_bytes: u64,
+    /// Connections open at once; one more is answered 503 and closed.
+    #[arg(long, env = "LONGRUN_MAX_CONNECTIONS", default_value_t = 10_000)]
+    max_connections: usize,
+    /// Requests handled at once; more are shed with 503 and Retry-After.
+    #[arg(long, env = "LONGRUN_MAX_IN_FLIGHT", default_value_t = 4096)]
+    max_in_flight: usize,
+    /// Requests of one tenant handled at once (long-polls included); more are 429.
+    #[arg(long, env = "LONGRUN_MAX_IN_FLIGHT_PER_TENANT", default_value_t = 1024)]
+    max_in_flight_per_tenant: usize,
+    /// Time a client has to send a request's head (and an idle connection is kept).
+    #[arg(long, env = "LONGRUN_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    header_read_timeout: Duration,
+    /// Longest pause between two chunks of a request body.
+    #[arg(long, env = "LONGRUN_BODY_STALL_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    body_stall_timeout: Duration,
     /// Allow http:// callback URLs (development only).
     #[arg(long, env = "LONGRUN_WEBHOOK_ALLOW_HTTP")]
     webhook_allow_http: bool,
@@ -420,6 +435,14 @@ async fn serve(global: &Global, args: ServeArgs) -> anyhow::Result<()> {
         },
         link_ttl: args.link_ttl,
         max_artifact_bytes: args.max_artifact_bytes,
+        limits: longrun_server::listen::Limits {
+            max_connections: args.max_connections,
+            max_in_flight: args.max_in_flight,
+            max_in_flight_per_tenant: args.max_in_flight_per_tenant,
+            header_read_timeout: args.header_read_timeout,
+            body_stall_timeout: args.body_stall_timeout,
+            ..Default::default()
+        },
         ..Config::default()
     };
     let server = longrun_server::start(options).await?;

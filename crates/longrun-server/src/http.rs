@@ -16,13 +16,14 @@ pub mod workers;
 use std::time::Instant;
 
 use axum::body::Body;
-use axum::extract::Request;
+use axum::extract::{Request, State};
 use axum::http::{HeaderValue, header};
 use axum::middleware::Next;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use longrun_core::{Id, IdKind};
 use tracing::Instrument;
 
+use crate::AppState;
 use error::{ApiError, Problem};
 
 /// The id of the request being handled, as an extension.
@@ -89,6 +90,24 @@ pub async fn edge(mut req: Request, next: Next) -> Response {
     }
     response
 }
+
+/// Sheds load: past `max_in_flight` requests being handled, one more is
+/// answered `503` with `Retry-After` at once rather than queued, so the
+/// requests already in keep their latency and memory stays bounded.
+pub async fn shed(State(app): State<AppState>, req: Request, next: Next) -> Response {
+    let Some(_place) = app.in_flight.try_enter() else {
+        metrics::counter!("longrun_http_shed_total").increment(1);
+        return ApiError::TemporarilyUnavailable {
+            detail: "the server is handling as many requests as it can; try again shortly".into(),
+            retry_after: SHED_RETRY_AFTER,
+        }
+        .into_response();
+    };
+    next.run(req).await
+}
+
+/// What a shed request is told to wait.
+const SHED_RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 
 fn is_problem(response: &Response) -> bool {
     response

@@ -9,6 +9,7 @@ pub mod cache;
 pub mod callback;
 pub mod changes;
 pub mod http;
+pub mod listen;
 pub mod metrics;
 pub mod ratelimit;
 mod server;
@@ -24,12 +25,14 @@ use longrun_engine::artifacts::ArtifactStore;
 use longrun_engine::{Registry, Signals};
 use longrun_store::{ApiKeyRecord, KindSpec, Operation, Store, StoreError, TenantLimits};
 use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::timeout::RequestBodyTimeoutLayer;
 
 use cache::TtlCache;
 pub use callback::CallbackPolicy;
 use changes::ChangeHub;
-use ratelimit::RateLimiter;
+use ratelimit::{InFlight, RateLimiter, TenantsInFlight};
 pub use server::{BootstrapKeys, HARD_STOP_AFTER, RunningServer, ServeOptions, add_link_key, shutdown_signal, start};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Settings of the HTTP edge.
 #[derive(Debug, Clone)]
@@ -49,6 +52,8 @@ pub struct Config {
     pub link_ttl: Duration,
     /// Largest artifact a worker may upload.
     pub max_artifact_bytes: u64,
+    /// Connections, timeouts and requests in flight.
+    pub limits: listen::Limits,
 }
 
 impl Default for Config {
@@ -62,6 +67,7 @@ impl Default for Config {
             max_waiters_per_tenant: 1000,
             link_ttl: Duration::from_secs(300),
             max_artifact_bytes: 64 * 1024 * 1024 * 1024,
+            limits: listen::Limits::default(),
         }
     }
 }
@@ -73,6 +79,14 @@ pub const PAUSED_RETRY_AFTER: Duration = Duration::from_secs(30);
 
 /// Server secrets holding download-link keys are named `link-key:<kid>`.
 pub const LINK_KEY_PREFIX: &str = "link-key:";
+
+/// How long an unknown key id is remembered as unknown. A key created
+/// since is usable after this time at most (keys are created before they are
+/// handed out, so this only matters for a token tried before it existed).
+const UNKNOWN_KEY_TTL: Duration = Duration::from_secs(5);
+/// A source's bucket of failed authentications holds this many seconds of
+/// its rate.
+const AUTH_FAILURE_BURST_SECONDS: f64 = 10.0;
 
 /// How long kind declarations and tenant limits read from the store are trusted.
 const RECORD_CACHE_TTL: Duration = Duration::from_secs(5);
@@ -91,7 +105,15 @@ pub struct Inner {
     pub registry: Registry,
     pub signals: Signals,
     pub fingerprinter: Fingerprinter,
-    pub(crate) keys: TtlCache<Id, Option<ApiKeyRecord>>,
+    /// Verified key records (revoked ones too).
+    pub(crate) keys: TtlCache<Id, ApiKeyRecord>,
+    /// Key ids the store does not know: a flood of one bad key reads once.
+    pub(crate) unknown_keys: TtlCache<Id, ()>,
+    /// Failed authentications per source.
+    pub(crate) auth_failures: RateLimiter,
+    key_lookups: AtomicU64,
+    pub(crate) in_flight: InFlight,
+    pub(crate) tenants_in_flight: TenantsInFlight,
     kinds: TtlCache<String, Option<KindSpec>>,
     tenants: TtlCache<String, Option<TenantLimits>>,
     typical: TtlCache<String, Option<Duration>>,
@@ -129,6 +151,11 @@ impl AppState {
             signals,
             fingerprinter,
             keys: TtlCache::new(config.key_cache_ttl),
+            unknown_keys: TtlCache::new(UNKNOWN_KEY_TTL),
+            auth_failures: RateLimiter::with_burst(AUTH_FAILURE_BURST_SECONDS),
+            key_lookups: AtomicU64::new(0),
+            in_flight: InFlight::new(config.limits.max_in_flight),
+            tenants_in_flight: TenantsInFlight::new(config.limits.max_in_flight_per_tenant),
             kinds: TtlCache::new(RECORD_CACHE_TTL),
             tenants: TtlCache::new(config.key_cache_ttl.min(RECORD_CACHE_TTL)),
             typical: TtlCache::new(TYPICAL_DURATION_TTL),
@@ -139,6 +166,37 @@ impl AppState {
             pauses: TtlCache::new(config.key_cache_ttl.min(PAUSE_CACHE_TTL)),
             config,
         }))
+    }
+
+    /// The key record for `id`: cached, or read from the store (counted in
+    /// [`Self::key_lookups`]). Unknown ids are remembered as such for a few
+    /// seconds apart from the verified records, so a flood of them cannot
+    /// push the good ones out.
+    pub(crate) async fn api_key(&self, id: &Id) -> Result<Option<ApiKeyRecord>, StoreError> {
+        if let Some(record) = self.keys.get(id) {
+            return Ok(Some(record));
+        }
+        if self.unknown_keys.get(id).is_some() {
+            return Ok(None);
+        }
+        self.key_lookups.fetch_add(1, Ordering::Relaxed);
+        ::metrics::counter!("longrun_api_key_lookups_total").increment(1);
+        let record = self.store.api_key_get(id).await?;
+        match &record {
+            Some(record) => self.keys.put(id.clone(), record.clone()),
+            None => self.unknown_keys.put(id.clone(), ()),
+        }
+        Ok(record)
+    }
+
+    /// Whether `id` is known without reading the store.
+    pub(crate) fn api_key_cached(&self, id: &Id) -> bool {
+        self.keys.get(id).is_some() || self.unknown_keys.get(id).is_some()
+    }
+
+    /// Key records read from the store by this process so far.
+    pub fn key_lookups(&self) -> u64 {
+        self.key_lookups.load(Ordering::Relaxed)
     }
 
     /// The declaration of `kind`; `longrun kinds set` from another process is
@@ -257,6 +315,7 @@ impl AppState {
 /// The whole HTTP API as one router.
 pub fn app(state: AppState) -> Router {
     let max_body = state.config.max_body_bytes;
+    let body_stall = state.config.limits.body_stall_timeout;
     Router::new()
         .merge(http::operations::router())
         .merge(http::workers::router())
@@ -268,7 +327,9 @@ pub fn app(state: AppState) -> Router {
         .fallback(http::not_found)
         .method_not_allowed_fallback(http::method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body))
+        .layer(RequestBodyTimeoutLayer::new(body_stall))
         .layer(CatchPanicLayer::new())
+        .layer(axum::middleware::from_fn_with_state(state.clone(), http::shed))
         .layer(axum::middleware::from_fn(http::edge))
         .with_state(state)
 }

@@ -272,11 +272,10 @@ pub async fn start(options: ServeOptions) -> anyhow::Result<RunningServer> {
     }
 
     let router = app(state.clone());
+    let limits = options.http.limits.clone();
     let stop = shutdown.clone();
     let handle = tokio::spawn(async move {
-        let served = axum::serve(listener, router)
-            .with_graceful_shutdown(stop.cancelled_owned())
-            .await;
+        let served = crate::listen::serve(listener, router, limits, stop).await;
         // Requests are done: nothing more can be accepted. Now stop claiming
         // and let running tasks finish within their grace period.
         services_stop.cancel();

@@ -1,9 +1,12 @@
 //! Bearer API keys: parsed, looked up by id, checked in constant time against
 //! the stored SHA-256, role-checked. Verified records are cached for a few
 //! seconds so the hot paths do not read the key table on every request; a
-//! revocation takes effect within that time.
+//! revocation takes effect within that time. Unknown ids are cached apart,
+//! and a source (peer IP) that keeps failing is refused with `429` before
+//! any store read.
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use axum::extract::FromRequestParts;
 use axum::http::header::AUTHORIZATION;
@@ -13,16 +16,19 @@ use longrun_core::apikey::{PresentedKey, Role};
 
 use crate::AppState;
 use crate::http::error::ApiError;
+use crate::ratelimit::InFlightGuard;
 
 /// How long a looked-up key record is trusted before it is read again, by default.
 pub const KEY_CACHE_TTL: Duration = Duration::from_secs(5);
 
-/// The authenticated caller of a request.
+/// The authenticated caller of a request. While it lives, the request
+/// counts against its tenant's requests in flight.
 #[derive(Debug, Clone)]
 pub struct Caller {
     pub key_id: Id,
     pub tenant: String,
     pub role: Role,
+    _in_flight: Arc<InFlightGuard>,
 }
 
 impl Caller {
@@ -39,33 +45,71 @@ impl FromRequestParts<AppState> for Caller {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
-        let header = parts
-            .headers
-            .get(AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .ok_or(ApiError::Unauthenticated)?;
-        let (scheme, token) = header.split_once(' ').ok_or(ApiError::Unauthenticated)?;
-        if !scheme.eq_ignore_ascii_case("bearer") {
-            return Err(ApiError::Unauthenticated);
-        }
-        let presented = PresentedKey::parse(token.trim()).ok_or(ApiError::Unauthenticated)?;
-        let record = state
-            .keys
-            .get_or_load(&presented.id, || state.store.api_key_get(&presented.id))
-            .await?
-            .ok_or(ApiError::Unauthenticated)?;
-        if record.revoked_at.is_some() || !presented.verify(&record.secret_hash) {
-            return Err(ApiError::Unauthenticated);
-        }
-        let caller = Caller {
-            key_id: record.id,
-            tenant: record.tenant,
-            role: record.role,
+        let source = || crate::listen::peer(&parts.extensions).map(|p| p.ip().to_string());
+        let presented = presented_key(parts);
+        let record = match &presented {
+            Some(presented) => {
+                // A source that keeps failing gets no more store reads: only
+                // keys this process already knows are checked for it.
+                if !state.api_key_cached(&presented.id)
+                    && let Some(source) = source()
+                {
+                    let rate = state.config.limits.auth_failures_per_source;
+                    if let Err(wait) = state.auth_failures.check(&source, rate, Instant::now()) {
+                        return Err(too_many_failures(wait));
+                    }
+                }
+                state.api_key(&presented.id).await?
+            }
+            None => None,
         };
-        tracing::Span::current().record("tenant", caller.tenant.as_str());
+        let verified = match (&presented, record) {
+            (Some(presented), Some(record)) if record.revoked_at.is_none() && presented.verify(&record.secret_hash) => {
+                record
+            }
+            _ => {
+                metrics::counter!("longrun_auth_failures_total").increment(1);
+                if let Some(source) = source() {
+                    let rate = state.config.limits.auth_failures_per_source;
+                    let _ = state.auth_failures.take(&source, rate, Instant::now());
+                }
+                return Err(ApiError::Unauthenticated);
+            }
+        };
+        tracing::Span::current().record("tenant", verified.tenant.as_str());
+        let in_flight = state
+            .tenants_in_flight
+            .try_enter(&verified.tenant)
+            .ok_or_else(|| ApiError::RateLimited {
+                detail: "the tenant has as many requests in flight as it may".into(),
+                retry_after: Duration::from_secs(1),
+            })?;
+        let caller = Caller {
+            key_id: verified.id,
+            tenant: verified.tenant,
+            role: verified.role,
+            _in_flight: Arc::new(in_flight),
+        };
         if caller.role != Role::Admin {
             state.check_rate(&caller.tenant).await?;
         }
         Ok(caller)
+    }
+}
+
+/// The bearer key of the request, if it has one that parses.
+fn presented_key(parts: &Parts) -> Option<PresentedKey> {
+    let header = parts.headers.get(AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = header.split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return None;
+    }
+    PresentedKey::parse(token.trim())
+}
+
+fn too_many_failures(wait: Duration) -> ApiError {
+    ApiError::RateLimited {
+        detail: "too many failed authentications from this address".into(),
+        retry_after: wait.max(Duration::from_secs(1)),
     }
 }

@@ -43,6 +43,10 @@ pub struct Options {
     pub artifact_store: Option<Arc<dyn longrun_engine::artifacts::ArtifactStore>>,
     /// How often the retention sweep runs (wall clock); 20 ms by default.
     pub retention_interval: Duration,
+    /// The edge's connection, timeout and in-flight bounds.
+    pub limits: longrun_server::listen::Limits,
+    /// How long verified keys are trusted; zero (revocation bites at once) by default.
+    pub key_cache_ttl: Duration,
 }
 
 impl Default for Options {
@@ -60,6 +64,8 @@ impl Default for Options {
             max_artifact_bytes: 1 << 30,
             artifact_store: None,
             retention_interval: Duration::from_millis(20),
+            limits: longrun_server::listen::Limits::default(),
+            key_cache_ttl: Duration::ZERO,
         }
     }
 }
@@ -110,8 +116,9 @@ pub async fn spawn_app_with(options: Options) -> TestApp {
     serve.artifact_store = options.artifact_store.clone();
     serve.webhooks.interval = Duration::from_millis(20);
     serve.webhooks.secret_cache = Duration::ZERO;
-    // Revocation must bite at once in tests.
-    serve.http.key_cache_ttl = Duration::ZERO;
+    // Revocation must bite at once in tests, unless a test says otherwise.
+    serve.http.key_cache_ttl = options.key_cache_ttl;
+    serve.http.limits = options.limits.clone();
     serve.dispatcher.poll_interval = Duration::from_millis(50);
     // Tests end with work still running; shutdown need not wait for it.
     serve.dispatcher.shutdown_grace = Duration::from_millis(100);

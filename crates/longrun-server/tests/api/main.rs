@@ -6,6 +6,7 @@ mod batches;
 mod cancel;
 mod errors;
 mod helpers;
+mod hostile;
 mod idempotency;
 mod longpoll;
 mod observe;

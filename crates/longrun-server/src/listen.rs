@@ -1,0 +1,144 @@
+//! The HTTP listener: accepts connections and serves each with hyper, bounded
+//! against hostile and careless clients.
+//!
+//! - A client must send a request's head within `header_read_timeout`, and an
+//!   idle keep-alive connection is closed after the same time (slow-loris).
+//! - A request body that stalls for `body_stall_timeout` between chunks ends
+//!   with `400 invalid_request` (see [`crate::app`]).
+//! - At most `max_connections` are open at once; one more is answered `503
+//!   temporarily_unavailable` with `Retry-After` and closed, never queued.
+//! - Every request carries its peer address ([`ConnectInfo`]), which the
+//!   authentication limits per source.
+//!
+//! Shutdown is graceful: the listener stops accepting, in-flight requests
+//! finish, idle connections close.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::ConnectInfo;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
+
+/// What the edge holds at most, and for how long: the bounds against
+/// hostile and careless clients, in one place.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Open connections; one more is answered `503` and closed.
+    pub max_connections: usize,
+    /// To receive a request's head, and to keep an idle connection.
+    pub header_read_timeout: Duration,
+    /// Between two chunks of a request body.
+    pub body_stall_timeout: Duration,
+    /// Requests being handled at once; more are shed with `503` and
+    /// `Retry-After` at once instead of queueing.
+    pub max_in_flight: usize,
+    /// Requests of one tenant being handled at once (long-polls included);
+    /// more are `429 rate_limited`, so one tenant cannot take every slot.
+    pub max_in_flight_per_tenant: usize,
+    /// Failed authentications per second a source (peer IP) may make, with a
+    /// burst of ten times that; beyond it, unknown keys from that source
+    /// are `429 rate_limited` without a database read.
+    pub auth_failures_per_source: f64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_connections: 10_000,
+            header_read_timeout: Duration::from_secs(10),
+            body_stall_timeout: Duration::from_secs(30),
+            max_in_flight: 4096,
+            max_in_flight_per_tenant: 1024,
+            auth_failures_per_source: 2.0,
+        }
+    }
+}
+
+/// How long a refused connection is given to take its `503`.
+const REFUSAL_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Serves `router` on `listener` until `stop`, then drains.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    limits: Limits,
+    stop: CancellationToken,
+) -> std::io::Result<()> {
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let graceful = GracefulShutdown::new();
+    loop {
+        let (stream, peer) = tokio::select! {
+            () = stop.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                // Out of descriptors or a connection reset before accept:
+                // neither ends the server.
+                Err(e) => {
+                    tracing::warn!(error = %e, "accepting a connection failed");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            metrics::counter!("longrun_http_connections_refused_total").increment(1);
+            tokio::spawn(refuse(stream));
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let service = router
+            .clone()
+            .map_request(move |mut req: axum::extract::Request<hyper::body::Incoming>| {
+                req.extensions_mut().insert(ConnectInfo(peer));
+                req.map(axum::body::Body::new)
+            });
+        let connection = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(limits.header_read_timeout)
+            .serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::trace!(error = %e, %peer, "connection ended with an error");
+            }
+            drop(slot);
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
+}
+
+/// The answer to a connection over the cap: a problem, then close.
+async fn refuse(mut stream: TcpStream) {
+    let problem = crate::http::error::ApiError::TemporarilyUnavailable {
+        detail: "the server has as many connections open as it allows".into(),
+        retry_after: Duration::from_secs(1),
+    }
+    .problem();
+    let body = serde_json::to_string(&problem).expect("a problem serializes");
+    let response = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/problem+json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = tokio::time::timeout(REFUSAL_WRITE_TIMEOUT, async {
+        stream.write_all(response.as_bytes()).await?;
+        stream.shutdown().await
+    })
+    .await;
+}
+
+/// The peer of a request served by [`serve`]; `None` for requests from
+/// elsewhere (tests calling the router directly).
+pub fn peer(extensions: &axum::http::Extensions) -> Option<SocketAddr> {
+    extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0)
+}

@@ -1,0 +1,231 @@
+//! Hostile and careless clients: slow-loris heads and bodies, more
+//! connections than the server allows, overload, and floods of bad keys.
+//! Raw TCP where the client must misbehave in ways reqwest never would.
+
+use std::time::Duration;
+
+use longrun_core::apikey::NewApiKey;
+use longrun_server::listen::Limits;
+use reqwest::{Method, StatusCode};
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use crate::helpers::{Options, TestApp, problem, sleep_body, spawn_app_with};
+
+/// How long a test waits for the server to act on its own timeouts.
+const BOUND: Duration = Duration::from_secs(10);
+
+fn limits(change: impl FnOnce(&mut Limits)) -> Options {
+    let mut limits = Limits::default();
+    change(&mut limits);
+    Options {
+        builtin_workers: false,
+        limits,
+        ..Options::default()
+    }
+}
+
+async fn connect(app: &TestApp) -> TcpStream {
+    TcpStream::connect(app.base.trim_start_matches("http://"))
+        .await
+        .unwrap()
+}
+
+/// Everything the server sends until it closes, within [`BOUND`].
+async fn read_until_closed(stream: &mut TcpStream) -> String {
+    let mut received = Vec::new();
+    let read = tokio::time::timeout(BOUND, async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => received.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    assert!(read.is_ok(), "the server never closed the connection");
+    String::from_utf8_lossy(&received).into_owned()
+}
+
+#[tokio::test]
+async fn a_client_that_never_finishes_its_head_is_disconnected() {
+    let app = spawn_app_with(limits(|l| l.header_read_timeout = Duration::from_millis(200))).await;
+    let mut stream = connect(&app).await;
+    stream
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: longrun\r\nX-Slow: ")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    read_until_closed(&mut stream).await;
+    println!("a half-sent head was cut after {:?}", started.elapsed());
+
+    // An idle keep-alive connection is closed the same way.
+    let mut idle = connect(&app).await;
+    read_until_closed(&mut idle).await;
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_stalled_body_ends_with_a_problem_and_creates_nothing() {
+    let app = spawn_app_with(limits(|l| l.body_stall_timeout = Duration::from_millis(200))).await;
+    let mut stream = connect(&app).await;
+    let head = format!(
+        "POST /v1/operations HTTP/1.1\r\nHost: longrun\r\nAuthorization: Bearer {}\r\nIdempotency-Key: stalled\r\n\
+         Content-Type: application/json\r\nContent-Length: 100\r\nConnection: close\r\n\r\n{{\"kind\":",
+        app.client_key
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let response = read_until_closed(&mut stream).await;
+    assert!(response.starts_with("HTTP/1.1 400"), "{response}");
+    assert!(response.contains("\"code\":\"invalid_request\""), "{response}");
+    assert_eq!(app.operation_count("acme").await, 0);
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn connections_past_the_cap_are_refused_with_503_and_the_rest_are_served() {
+    let app = spawn_app_with(limits(|l| l.max_connections = 2)).await;
+    let held = [connect(&app).await, connect(&app).await];
+    let mut extra = connect(&app).await;
+    let refused = read_until_closed(&mut extra).await;
+    assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
+    assert!(refused.to_ascii_lowercase().contains("retry-after: 1"), "{refused}");
+    assert!(refused.contains("\"code\":\"temporarily_unavailable\""), "{refused}");
+
+    // Once a held connection goes, its slot serves again.
+    drop(held);
+    let deadline = Instant::now() + BOUND;
+    loop {
+        let response = app.http.get(app.url("/healthz")).send().await;
+        if response.is_ok_and(|r| r.status() == StatusCode::OK) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the freed slots never served");
+        tokio::task::yield_now().await;
+    }
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn past_the_in_flight_limits_requests_are_shed_at_once_overall_and_per_tenant() {
+    let app = spawn_app_with(limits(|l| {
+        l.max_in_flight = 3;
+        l.max_in_flight_per_tenant = 2;
+    }))
+    .await;
+    let op = app.submit_ok("held", &sleep_body(1)).await;
+    let path = format!("/v1/operations/{}", op["id"].as_str().unwrap());
+    let foreign: Value = app
+        .request(Method::POST, "/v1/operations", &app.other_tenant_key)
+        .header("Idempotency-Key", "held")
+        .json(&sleep_body(1))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let foreign_path = format!("/v1/operations/{}", foreign["id"].as_str().unwrap());
+    let hold = |path: &str, key: &str| {
+        let request = app
+            .request(Method::GET, path, key)
+            .header("Prefer", "wait=30")
+            .header("If-None-Match", "\"1\"");
+        tokio::spawn(async move { request.send().await })
+    };
+    let wait_for_waiters = |tenant: &'static str, n: usize| {
+        let app = &app;
+        async move {
+            let deadline = Instant::now() + BOUND;
+            while app.state.changes.waiting(tenant) < n {
+                assert!(Instant::now() < deadline, "the long-polls never started waiting");
+                tokio::task::yield_now().await;
+            }
+        }
+    };
+    let mut held = vec![hold(&path, &app.client_key), hold(&path, &app.client_key)];
+    wait_for_waiters("acme", 2).await;
+
+    // acme has both of its places: its next request is 429, at once.
+    let response = app.request(Method::GET, &path, &app.client_key).send().await.unwrap();
+    assert!(response.headers().contains_key("retry-after"));
+    problem(response, StatusCode::TOO_MANY_REQUESTS, "rate_limited").await;
+    // globex takes the last place overall; any request past it is shed with
+    // 503 before it is even authenticated.
+    held.push(hold(&foreign_path, &app.other_tenant_key));
+    wait_for_waiters("globex", 1).await;
+    let started = Instant::now();
+    let shed = app.http.get(app.url("/healthz")).send().await.unwrap();
+    println!("shed within {:?}", started.elapsed());
+    assert_eq!(shed.headers()["retry-after"], "1");
+    problem(shed, StatusCode::SERVICE_UNAVAILABLE, "temporarily_unavailable").await;
+
+    // Places come back when the held requests end.
+    for poll in held {
+        poll.abort();
+    }
+    let deadline = Instant::now() + BOUND;
+    loop {
+        let response = app.request(Method::GET, &path, &app.client_key).send().await.unwrap();
+        if response.status() == StatusCode::OK {
+            break;
+        }
+        assert!(Instant::now() < deadline, "places never came back");
+        tokio::task::yield_now().await;
+    }
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_flood_of_bad_keys_costs_no_store_read_past_the_first_and_is_limited_per_source() {
+    let app = spawn_app_with(Options {
+        key_cache_ttl: Duration::from_secs(600),
+        ..limits(|l| l.auth_failures_per_source = 1.0)
+    })
+    .await;
+    let get = |key: String| app.request(Method::GET, "/v1/operations", &key).send();
+    assert_eq!(get(app.client_key.clone()).await.unwrap().status(), StatusCode::OK);
+    let before = app.state.key_lookups();
+
+    // One unknown key, again and again: one store read. (The source's burst
+    // is ten failures; these take five of them.)
+    let unknown = NewApiKey::generate().token;
+    for _ in 0..5 {
+        let response = get(unknown.clone()).await.unwrap();
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    }
+    assert_eq!(app.state.key_lookups() - before, 1);
+
+    // Ever new unknown keys: the source's burst of failures, then 429
+    // without a store read.
+    let before = app.state.key_lookups();
+    let (mut unauthenticated, mut limited) = (0, 0);
+    for _ in 0..100 {
+        let response = get(NewApiKey::generate().token).await.unwrap();
+        match response.status() {
+            StatusCode::UNAUTHORIZED => unauthenticated += 1,
+            StatusCode::TOO_MANY_REQUESTS => {
+                assert!(response.headers().contains_key("retry-after"));
+                let body: Value = response.json().await.unwrap();
+                assert_eq!(body["code"], "rate_limited");
+                limited += 1;
+            }
+            other => panic!("unexpected {other}"),
+        }
+    }
+    let reads = app.state.key_lookups() - before;
+    println!("100 fresh bad keys: {unauthenticated} × 401, {limited} × 429, {reads} store reads");
+    assert!(
+        (1..=7).contains(&unauthenticated),
+        "the rest of the burst: {unauthenticated}"
+    );
+    assert_eq!(limited, 100 - unauthenticated);
+    assert_eq!(reads, unauthenticated, "a limited request reads nothing");
+
+    // A key this process has verified still works from that source.
+    assert_eq!(get(app.client_key.clone()).await.unwrap().status(), StatusCode::OK);
+    app.shutdown().await;
+}
