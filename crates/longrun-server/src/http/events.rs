@@ -42,7 +42,7 @@ struct Cursor {
 }
 
 #[utoipa::path(get, path = "/v1/operations/{id}/events", tag = "operations", security(("bearer" = [])),
-    params(("id" = String, Path, description = "The operation id (op_…)"), ("Last-Event-ID" = Option<String>, Header, description = "Resume after this version")),
+    params(("id" = String, Path, description = "The operation id (op_…)"), ("Last-Event-ID" = Option<String>, Header, description = "Resume after this version (empty: from the start)", pattern = "^([0-9]{1,18})?$")),
     responses((status = 200, description = "text/event-stream: one `operation.updated` event per version", content_type = "text/event-stream", body = String),
               (status = "default", description = "A problem (RFC 9457) with a stable `code`", body = Problem, content_type = "application/problem+json")))]
 async fn events(
@@ -53,12 +53,17 @@ async fn events(
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     caller.require_client()?;
     let id = Id::parse(IdKind::Operation, &id).ok_or(ApiError::NotFound)?;
-    let last = match headers.get("last-event-id") {
+    let last = match headers
+        .get("last-event-id")
+        .filter(|v| !v.as_bytes().trim_ascii().is_empty())
+    {
         None => 0,
         Some(v) => v
             .to_str()
             .ok()
-            .and_then(|s| s.trim().parse::<i64>().ok())
+            .map(str::trim)
+            .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|s| s.parse::<i64>().ok())
             .filter(|v| *v >= 0)
             .ok_or_else(|| ApiError::InvalidRequest("Last-Event-ID must be a version number".into()))?,
     };

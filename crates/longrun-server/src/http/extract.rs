@@ -68,7 +68,8 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for OptionalJsonBody<T>
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         let json = is_json(&req);
         let bytes = body_bytes(req, state).await?;
-        if bytes.is_empty() {
+        // No body, or JSON `null`: none.
+        if bytes.is_empty() || (json && bytes.trim_ascii() == b"null") {
             return Ok(OptionalJsonBody(None));
         }
         if !json {

@@ -24,7 +24,7 @@ use crate::http::{admin, error, events, health, operations, results, wire, worke
         results::result, results::content, results::upload, workers::claim, workers::heartbeat, workers::complete,
         workers::fail, workers::cancelled, workers::outcomes, operations::submit_batch, health::healthz, health::readyz, admin::metrics,
     ),
-    components(schemas(error::Problem, error::ProblemCode, wire::OperationBody, wire::SubmitRequest)),
+    components(schemas(error::Problem, error::ProblemCode, wire::OperationBody, wire::SubmitRequest, workers::OutcomeItem)),
     modifiers(&BearerAuth),
     tags(
         (name = "operations", description = "Submit, observe and cancel operations (role client)"),
@@ -48,12 +48,107 @@ impl Modify for BearerAuth {
     }
 }
 
-/// The document, built once.
-pub fn document() -> &'static utoipa::openapi::OpenApi {
-    static DOC: OnceLock<utoipa::openapi::OpenApi> = OnceLock::new();
-    DOC.get_or_init(ApiDoc::openapi)
+/// The document, built once, as served.
+pub fn document() -> &'static serde_json::Value {
+    static DOC: OnceLock<serde_json::Value> = OnceLock::new();
+    DOC.get_or_init(|| {
+        let mut doc = serde_json::to_value(ApiDoc::openapi()).expect("the document serializes");
+        link_operations(&mut doc);
+        describe_event_stream(&mut doc);
+        headers_are_never_null(&mut doc);
+        doc
+    })
+}
+
+/// utoipa marks every optional header parameter nullable, but a header is
+/// present or absent, never `null`.
+fn headers_are_never_null(doc: &mut serde_json::Value) {
+    let Some(paths) = doc["paths"].as_object_mut() else {
+        return;
+    };
+    for item in paths.values_mut() {
+        let Some(item) = item.as_object_mut() else { continue };
+        for operation in item.values_mut() {
+            let Some(parameters) = operation.get_mut("parameters").and_then(|p| p.as_array_mut()) else {
+                continue;
+            };
+            for parameter in parameters.iter_mut().filter(|p| p["in"] == "header") {
+                let schema_type = &mut parameter["schema"]["type"];
+                if let Some(types) = schema_type.as_array() {
+                    let types: Vec<_> = types.iter().filter(|t| *t != "null").cloned().collect();
+                    *schema_type = match <[_; 1]>::try_from(types) {
+                        Ok([one]) => one,
+                        Err(many) => serde_json::Value::Array(many),
+                    };
+                }
+            }
+        }
+    }
+}
+
+/// Each event of `GET /v1/operations/{id}/events`: its `data` is the
+/// operation's JSON representation at the event's version (`id`). Stated in
+/// the JSON Schema 2020-12 way (`contentMediaType` / `contentSchema`), which
+/// utoipa cannot write.
+fn describe_event_stream(doc: &mut serde_json::Value) {
+    let content =
+        &mut doc["paths"]["/v1/operations/{id}/events"]["get"]["responses"]["200"]["content"]["text/event-stream"];
+    if content.is_object() {
+        content["schema"] = serde_json::json!({
+            "type": "object",
+            "required": ["id", "event", "data"],
+            "properties": {
+                "id": {"type": "string", "pattern": "^[0-9]+$", "description": "The version"},
+                "event": {"const": "operation.updated"},
+                "data": {
+                    "type": "string",
+                    "contentMediaType": "application/json",
+                    "contentSchema": {"$ref": "#/components/schemas/OperationBody"},
+                },
+            },
+        });
+    }
+}
+
+/// OpenAPI links from a submission's answers to every operation on
+/// `/v1/operations/{id}…`, with `id` taken from the response body: the
+/// document says how to follow an accepted operation (and lets generated
+/// clients and schemathesis's stateful phase reach real ids). Written into
+/// the JSON because utoipa 5 serializes a link's `operationId` in snake case.
+fn link_operations(doc: &mut serde_json::Value) {
+    let mut targets = Vec::new();
+    if let Some(paths) = doc["paths"].as_object() {
+        for (path, item) in paths {
+            if !path.starts_with("/v1/operations/{id}") {
+                continue;
+            }
+            for method in ["get", "put", "patch", "delete"] {
+                if let Some(id) = item[method]["operationId"].as_str() {
+                    targets.push(id.to_owned());
+                }
+            }
+        }
+    }
+    for status in ["200", "202"] {
+        let response = &mut doc["paths"]["/v1/operations"]["post"]["responses"][status];
+        if !response.is_object() {
+            continue;
+        }
+        let links: serde_json::Map<String, serde_json::Value> = targets
+            .iter()
+            .map(|target| {
+                let link = serde_json::json!({
+                    "operationId": target,
+                    "parameters": {"id": "$response.body#/id"},
+                    "description": format!("`{target}` of the accepted operation"),
+                });
+                (target.clone(), link)
+            })
+            .collect();
+        response["links"] = serde_json::Value::Object(links);
+    }
 }
 
 pub fn router() -> Router<AppState> {
-    Router::new().route("/openapi.json", get(|| async { Json(document().clone()) }))
+    Router::new().route("/openapi.json", get(|| async { Json(document()) }))
 }

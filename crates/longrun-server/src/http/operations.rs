@@ -8,7 +8,6 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
-use data_encoding::BASE64URL_NOPAD;
 use longrun_core::validate::{self, MAX_DEADLINE_SECONDS};
 use longrun_core::{Id, IdKind, IdempotencyKey, State as OpState, Timestamp, retry_after};
 use longrun_store::{
@@ -83,6 +82,10 @@ fn entity_tags(headers: &HeaderMap, name: header::HeaderName) -> Result<Option<E
     let text = value
         .to_str()
         .map_err(|_| ApiError::InvalidRequest(format!("{name} is not valid text")))?;
+    // An empty field is no condition (what a client sending one means).
+    if text.trim().is_empty() {
+        return Ok(None);
+    }
     if text.trim() == "*" {
         return Ok(Some(EntityTags::Any));
     }
@@ -93,6 +96,7 @@ fn entity_tags(headers: &HeaderMap, name: header::HeaderName) -> Result<Option<E
         let version = tag
             .strip_prefix('"')
             .and_then(|t| t.strip_suffix('"'))
+            .filter(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()))
             .and_then(|t| t.parse::<i64>().ok())
             .ok_or_else(|| ApiError::InvalidRequest(format!("{name} must list ETags like \"3\"")))?;
         versions.push(version);
@@ -489,7 +493,7 @@ fn idempotency_expires(app: &AppState, op: &Operation, now: Timestamp) -> Timest
 /// the change itself) or N s pass.
 #[utoipa::path(get, path = "/v1/operations/{id}", tag = "operations", security(("bearer" = [])),
     params(("id" = String, Path, description = "The operation id (op_…)"),
-        ("If-None-Match" = Option<String>, Header, description = "An ETag seen before"),
+        ("If-None-Match" = Option<String>, Header, description = "ETags seen before, or `*` (empty: none)", pattern = "^(\\*|(W/)?\"[0-9]{1,18}\"( *, *(W/)?\"[0-9]{1,18}\")*)?$"),
         ("Prefer" = Option<String>, Header, description = "`wait=N` (N ≤ 60): long-poll until the version changes"),
     ),
     responses(
@@ -551,28 +555,43 @@ struct ListQuery {
     page_token: Option<String>,
 }
 
-const PAGE_TOKEN_PREFIX: &str = "v1:";
+/// Page tokens are the keyset position in base 36: opaque to clients, and
+/// every string of the documented pattern is one (a position past the end
+/// gives an empty page).
+const PAGE_TOKEN_PATTERN_MAX: usize = 12;
 
 fn encode_page_token(before_seq: i64) -> String {
-    BASE64URL_NOPAD.encode(format!("{PAGE_TOKEN_PREFIX}{before_seq}").as_bytes())
+    let mut n = u64::try_from(before_seq).unwrap_or(0);
+    let mut digits = Vec::new();
+    loop {
+        digits.push(char::from_digit((n % 36) as u32, 36).expect("a base-36 digit"));
+        n /= 36;
+        if n == 0 {
+            break;
+        }
+    }
+    digits.iter().rev().collect()
 }
 
 fn decode_page_token(token: &str) -> Result<i64, ApiError> {
     let invalid = || ApiError::InvalidRequest("page_token is not a token this server issued".into());
-    let bytes = BASE64URL_NOPAD.decode(token.as_bytes()).map_err(|_| invalid())?;
-    let text = String::from_utf8(bytes).map_err(|_| invalid())?;
-    text.strip_prefix(PAGE_TOKEN_PREFIX)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(invalid)
+    let well_formed = !token.is_empty()
+        && token.len() <= PAGE_TOKEN_PATTERN_MAX
+        && token.bytes().all(|b| b.is_ascii_digit() || b.is_ascii_lowercase());
+    if !well_formed {
+        return Err(invalid());
+    }
+    i64::from_str_radix(token, 36).map_err(|_| invalid())
 }
 
 #[utoipa::path(get, path = "/v1/operations", tag = "operations", security(("bearer" = [])),
     params(
-        ("state" = Option<String>, Query, description = "queued, running, succeeded, failed or cancelled"),
+        ("state" = Option<String>, Query, description = "queued, running, succeeded, failed or cancelled",
+         pattern = "^(queued|running|succeeded|failed|cancelled)$"),
         ("kind" = Option<String>, Query, pattern = "^[a-z0-9][a-z0-9_.-]{0,63}$"),
-        ("label" = Option<String>, Query, description = "key:value"),
+        ("label" = Option<String>, Query, description = "key:value", pattern = "^[a-z0-9_./-]{1,63}:[\\s\\S]{0,256}$"),
         ("page_size" = Option<u32>, Query, description = "1–100 (0 or absent: 50)", maximum = 100),
-        ("page_token" = Option<String>, Query, description = "next_page_token of the previous page"),
+        ("page_token" = Option<String>, Query, description = "next_page_token of the previous page", pattern = "^[0-9a-z]{1,12}$"),
     ),
     responses((status = 200, description = "Newest first", body = OperationList), (status = "default", description = "A problem (RFC 9457) with a stable `code`", body = Problem, content_type = "application/problem+json")))]
 async fn list(
@@ -642,7 +661,7 @@ async fn history(
 }
 
 #[utoipa::path(put, path = "/v1/operations/{id}/cancellation", tag = "operations", security(("bearer" = [])),
-    params(("id" = String, Path, description = "The operation id (op_…)"), ("If-Match" = Option<String>, Header, description = "Cancel only at this version")),
+    params(("id" = String, Path, description = "The operation id (op_…)"), ("If-Match" = Option<String>, Header, description = "Cancel only at this version (`*` or empty: any)", pattern = "^(\\*|(W/)?\"[0-9]{1,18}\")?$")),
     request_body(content = Option<CancelRequestBody>, description = "Optional reason"),
     responses(
         (status = 200, description = "Cancelled now, or already terminal (unchanged)", body = OperationBody, headers(("ETag" = String))),
@@ -704,7 +723,7 @@ async fn cancel(
 /// `DELETE /v1/operations/{id}`: the same as `PUT …/cancellation`.
 #[utoipa::path(delete, path = "/v1/operations/{id}", tag = "operations", security(("bearer" = [])),
     params(("id" = String, Path, description = "The operation id (op_…)"),
-           ("If-Match" = Option<String>, Header, description = "Cancel only at this version")),
+           ("If-Match" = Option<String>, Header, description = "Cancel only at this version (`*` or empty: any)", pattern = "^(\\*|(W/)?\"[0-9]{1,18}\")?$")),
     responses(
         (status = 200, description = "Cancelled now, or already terminal (unchanged)", body = OperationBody),
         (status = 202, description = "Running: the worker has been asked", body = OperationBody),
@@ -737,7 +756,7 @@ async fn cancellation(
 /// creation, like at submission; `null` removes it) and/or new `labels`,
 /// under `If-Match`.
 #[utoipa::path(patch, path = "/v1/operations/{id}", tag = "operations", security(("bearer" = [])),
-    params(("id" = String, Path, description = "The operation id (op_…)"), ("If-Match" = String, Header, description = "The ETag the change is based on (required)")),
+    params(("id" = String, Path, description = "The operation id (op_…)"), ("If-Match" = String, Header, description = "The ETag the change is based on (required)", pattern = "^(W/)?\"[0-9]{1,18}\"$")),
     request_body = UpdateRequest,
     responses((status = 200, description = "Changed", body = OperationBody, headers(("ETag" = String, description = "The version, quoted"), ("Retry-After" = u64, description = "Seconds to wait before polling again (non-terminal only)"))), (status = "default", description = "A problem (RFC 9457) with a stable `code`", body = Problem, content_type = "application/problem+json")))]
 async fn update(
@@ -813,8 +832,12 @@ mod tests {
 
     #[test]
     fn page_tokens_round_trip_and_reject_garbage() {
-        assert_eq!(decode_page_token(&encode_page_token(42)).unwrap(), 42);
-        for bad in ["", "!!", "djE6", "eHl6"] {
+        for seq in [0, 1, 35, 36, 42, 1 << 40, 4_000_000_000_000_000_000] {
+            let token = encode_page_token(seq);
+            assert!(token.len() <= PAGE_TOKEN_PATTERN_MAX, "{token}");
+            assert_eq!(decode_page_token(&token).unwrap(), seq);
+        }
+        for bad in ["", "!!", "djE6", "ABC", "zzzzzzzzzzzzz", "-1"] {
             assert!(decode_page_token(bad).is_err(), "{bad}");
         }
     }

@@ -47,7 +47,7 @@ struct UploadBody {
 }
 
 #[utoipa::path(put, path = "/v1/worker/tasks/{id}/artifact", tag = "workers", security(("bearer" = [])),
-    params(("id" = String, Path, description = "The operation id (op_…)"), ("Lease-Token" = String, Header, description = "The task's lease token")),
+    params(("id" = String, Path, description = "The operation id (op_…)"), ("Lease-Token" = String, Header, description = "The task's lease token", pattern = "^[\\x21-\\x7e]+$")),
     request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The artifact, streamed; its Content-Type is kept"),
     responses((status = 201, description = "Stored; `complete` publishes it", body = UploadBody), (status = "default", description = "A problem (RFC 9457) with a stable `code`", body = Problem, content_type = "application/problem+json")))]
 async fn upload(

@@ -8,21 +8,101 @@ use longrun_store::{Event, Operation};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+/// A submission. The schema states every rule the server checks on its own
+/// (`400 invalid_request`); what depends on the kind (its input), on
+/// policy (callback addresses) or on state (quotas, keys) is answered
+/// `422` / `409` / `429`.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SubmitRequest {
     #[schema(pattern = "^[a-z0-9][a-z0-9_.-]{0,63}$", example = "export")]
     pub kind: String,
+    /// Kind-specific JSON; `null` is the same as absent.
     #[serde(default)]
     pub input: Option<Value>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "object")]
     pub callback: Option<CallbackRequest>,
-    #[serde(default)]
+    /// Seconds from creation; a kind may allow less than 30 days.
+    #[serde(default, deserialize_with = "whole_number")]
+    #[schema(minimum = 1, maximum = 2_592_000)]
     pub deadline_seconds: Option<u64>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "object")]
     pub budget: Option<BudgetRequest>,
     #[serde(default)]
+    #[schema(schema_with = labels_schema)]
     pub labels: Option<BTreeMap<String, String>>,
+}
+
+/// Labels as the server checks them: at most 32; keys of a-z, 0-9, `_ . - /`
+/// up to 63 characters; string values up to 256 characters.
+fn labels_schema() -> utoipa::openapi::schema::Object {
+    use utoipa::openapi::schema::{AdditionalProperties, ObjectBuilder, Type};
+    ObjectBuilder::new()
+        .schema_type(utoipa::openapi::schema::SchemaType::from_iter([
+            Type::Object,
+            Type::Null,
+        ]))
+        .property_names(Some(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .pattern(Some("^[a-z0-9_./-]{1,63}$")),
+        ))
+        .additional_properties(Some(AdditionalProperties::RefOr(utoipa::openapi::RefOr::T(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .max_length(Some(longrun_core::validate::MAX_LABEL_VALUE_LEN))
+                .into(),
+        ))))
+        .max_properties(Some(longrun_core::validate::MAX_LABELS))
+        .build()
+}
+
+/// A whole number of seconds, also when a client's JSON encoder writes it
+/// as `326.0` (JSON Schema's `integer` admits that spelling).
+fn whole_number<'de, D>(deserializer: D) -> Result<Option<u64>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    Option::<Value>::deserialize(deserializer)?
+        .map(|v| as_whole_number(&v).ok_or_else(|| serde::de::Error::custom("expected a whole number of seconds")))
+        .transpose()
+}
+
+/// A nested body field that must be a JSON object (or `null`/absent): serde's
+/// derived structs would also take an array in field order, which the
+/// document does not allow.
+pub(crate) fn object<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::de::DeserializeOwned,
+{
+    match Option::<Value>::deserialize(deserializer)? {
+        None => Ok(None),
+        Some(v @ Value::Object(_)) => serde_json::from_value(v).map(Some).map_err(serde::de::Error::custom),
+        Some(_) => Err(serde::de::Error::custom("expected an object")),
+    }
+}
+
+/// [`object`] for a required field.
+pub(crate) fn required_object<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::de::DeserializeOwned,
+{
+    object(deserializer)?.ok_or_else(|| serde::de::Error::custom("expected an object"))
+}
+
+/// Within int64, the format the document states.
+fn as_whole_number(value: &Value) -> Option<u64> {
+    let whole = match value {
+        Value::Number(n) => n.as_u64().or_else(|| {
+            n.as_f64()
+                .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f < i64::MAX as f64)
+                .map(|f| f as u64)
+        }),
+        _ => None,
+    };
+    whole.filter(|w| i64::try_from(*w).is_ok())
 }
 
 /// `POST /v1/operations/batch` (CONTRACT §9).
@@ -30,6 +110,7 @@ pub struct SubmitRequest {
 #[serde(deny_unknown_fields)]
 pub struct BatchSubmitRequest {
     /// 1–1,000 submissions, answered in this order.
+    #[schema(min_items = 1, max_items = 1000)]
     pub operations: Vec<BatchSubmitItem>,
 }
 
@@ -41,18 +122,31 @@ pub struct BatchSubmitItem {
     #[serde(default)]
     #[schema(example = "import-2026-11-30-0001")]
     pub idempotency_key: Option<String>,
-    #[schema(pattern = "^[a-z0-9][a-z0-9_.-]{0,63}$", example = "export")]
+    /// Checked per item: a bad kind refuses only its item.
+    #[schema(example = "export")]
     pub kind: String,
     #[serde(default)]
     pub input: Option<Value>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "object")]
     pub callback: Option<CallbackRequest>,
-    #[serde(default)]
+    /// Checked per item, like the rest of the item's rules.
+    #[serde(default, deserialize_with = "whole_number")]
+    #[schema(minimum = 0)]
     pub deadline_seconds: Option<u64>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "object")]
+    #[schema(value_type = Option<BatchBudget>)]
     pub budget: Option<BudgetRequest>,
     #[serde(default)]
     pub labels: Option<BTreeMap<String, String>>,
+}
+
+/// A batch item's budget: its bounds are checked per item. (Only its
+/// schema is used; items parse into [`BudgetRequest`].)
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+pub struct BatchBudget {
+    pub max_cost_units: f64,
 }
 
 impl BatchSubmitItem {
@@ -95,6 +189,7 @@ pub struct CallbackRequest {
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BudgetRequest {
+    #[schema(exclusive_minimum = 0)]
     pub max_cost_units: f64,
 }
 
@@ -103,19 +198,20 @@ pub struct BudgetRequest {
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UpdateRequest {
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "present_whole_number")]
+    #[schema(value_type = Option<u64>, minimum = 1, maximum = 2_592_000)]
     pub deadline_seconds: Option<Option<u64>>,
     #[serde(default)]
+    #[schema(schema_with = labels_schema)]
     pub labels: Option<BTreeMap<String, String>>,
 }
 
 /// Tells "present but null" (`Some(None)`) from "absent" (`None`).
-fn present<'de, D, T>(deserializer: D) -> Result<Option<Option<T>>, D::Error>
+fn present_whole_number<'de, D>(deserializer: D) -> Result<Option<Option<u64>>, D::Error>
 where
     D: serde::Deserializer<'de>,
-    T: Deserialize<'de>,
 {
-    Option::<T>::deserialize(deserializer).map(Some)
+    whole_number(deserializer).map(Some)
 }
 
 #[derive(Debug, Default, Deserialize, utoipa::ToSchema)]

@@ -20,6 +20,7 @@ use crate::AppState;
 use crate::http::auth::Caller;
 use crate::http::error::{ApiError, Problem};
 use crate::http::extract::JsonBody;
+use crate::http::wire::{object, required_object};
 
 pub const MAX_TASKS_PER_CLAIM: u32 = 100;
 pub const MAX_CLAIM_WAIT_SECONDS: u64 = 60;
@@ -178,12 +179,16 @@ async fn claim(
 #[serde(deny_unknown_fields)]
 pub struct ProgressRequest {
     #[serde(default)]
+    #[schema(minimum = 0)]
     pub completed_units: Option<f64>,
     #[serde(default)]
+    #[schema(minimum = 0)]
     pub total_units: Option<f64>,
     #[serde(default)]
+    #[schema(min_length = 1, max_length = 32)]
     pub unit: Option<String>,
     #[serde(default)]
+    #[schema(min_length = 1, max_length = 64)]
     pub phase: Option<String>,
     #[serde(default)]
     pub details: Option<Value>,
@@ -193,9 +198,10 @@ pub struct ProgressRequest {
 #[serde(deny_unknown_fields)]
 pub struct HeartbeatRequest {
     pub lease_token: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "object")]
     pub progress: Option<ProgressRequest>,
     #[serde(default)]
+    #[schema(minimum = 0)]
     pub cost_units: Option<f64>,
     #[serde(default)]
     pub cancellable: Option<bool>,
@@ -289,7 +295,7 @@ pub struct CompleteRequest {
     #[serde(default)]
     pub result: Option<Value>,
     /// The last progress report, stored with the outcome.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "object")]
     pub progress: Option<ProgressRequest>,
 }
 
@@ -297,17 +303,20 @@ pub struct CompleteRequest {
 #[serde(deny_unknown_fields)]
 pub struct FailRequest {
     pub lease_token: String,
+    #[serde(deserialize_with = "required_object")]
     pub error: ErrorRequest,
     /// The last progress report, stored with the outcome.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "object")]
     pub progress: Option<ProgressRequest>,
 }
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ErrorRequest {
+    #[schema(pattern = "^[a-z0-9][a-z0-9_.-]{0,63}$")]
     pub code: String,
     #[serde(default)]
+    #[schema(max_length = 4096)]
     pub message: String,
     #[serde(default)]
     pub retryable: bool,
@@ -318,7 +327,7 @@ pub struct ErrorRequest {
 pub struct CancelledRequest {
     pub lease_token: String,
     /// The last progress report, stored with the outcome.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "object")]
     pub progress: Option<ProgressRequest>,
 }
 
@@ -503,8 +512,11 @@ pub enum OutcomeKind {
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct OutcomesRequest {
-    /// At most 1,000 items, each fenced by its own lease token.
-    pub outcomes: Vec<OutcomeItem>,
+    /// 1–1,000 items, each an `OutcomeItem` fenced by its own lease token,
+    /// each read, checked and answered alone (a malformed item, or one
+    /// breaking an item rule, refuses only itself).
+    #[schema(min_items = 1, max_items = 1000, value_type = Vec<Object>)]
+    pub outcomes: Vec<serde_json::Map<String, Value>>,
 }
 
 /// One report: the fields of the single endpoint its `outcome` names.
@@ -518,12 +530,13 @@ pub struct OutcomeItem {
     #[serde(default)]
     pub result: Option<Value>,
     /// `fail`: the error.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "object")]
     pub error: Option<ErrorRequest>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "object")]
     pub progress: Option<ProgressRequest>,
     /// `heartbeat`: total cost so far.
     #[serde(default)]
+    #[schema(minimum = 0)]
     pub cost_units: Option<f64>,
     /// `heartbeat`: `false` marks the commit point.
     #[serde(default)]
@@ -638,8 +651,15 @@ async fn outcomes(
     let mut results: Vec<OutcomeItemResult> = Vec::with_capacity(request.outcomes.len());
     let (mut heartbeats, mut finishes) = (Vec::new(), Vec::new());
     for (slot, item) in request.outcomes.into_iter().enumerate() {
-        let operation_id = item.operation_id.clone();
-        results.push(match check_item(&app, item) {
+        let operation_id = item
+            .get("operation_id")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        // Each item is read alone, so a malformed one refuses only itself.
+        let item = serde_json::from_value::<OutcomeItem>(Value::Object(item))
+            .map_err(|e| ApiError::InvalidRequest(format!("invalid outcome: {e}")));
+        results.push(match item.and_then(|item| check_item(&app, item)) {
             Ok(Checked::Heartbeat(p)) => {
                 heartbeats.push((slot, p));
                 OutcomeItemResult::default()

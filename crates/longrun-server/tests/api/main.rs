@@ -13,6 +13,7 @@ mod observe;
 mod operating;
 mod results;
 mod s3;
+mod schema;
 mod submit;
 mod webhooks;
 mod workers;
