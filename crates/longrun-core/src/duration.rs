@@ -39,3 +39,27 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        /// Any text: a duration or a refusal naming it, never a panic.
+        #[test]
+        fn any_text_parses_or_is_refused(text in any::<String>()) {
+            if let Err(e) = parse_duration(&text) {
+                prop_assert_eq!(e.0, text);
+            }
+        }
+
+        #[test]
+        fn every_spelled_duration_round_trips(n in 0u64..10_000_000, unit in prop::sample::select(vec!["ms", "s", "m", "h", "d"])) {
+            let factor = match unit { "s" => 1, "m" => 60, "h" => 3600, "d" => 86_400, _ => 0 };
+            let expected = if unit == "ms" { Duration::from_millis(n) } else { Duration::from_secs(n * factor) };
+            prop_assert_eq!(parse_duration(&format!(" {n}{unit} ")).unwrap(), expected);
+        }
+    }
+}

@@ -68,3 +68,25 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        /// Any bytes: accepted exactly when 1–255 visible ASCII characters.
+        #[test]
+        fn any_bytes_are_a_key_exactly_when_visible_ascii(raw in prop::collection::vec(any::<u8>(), 0..300)) {
+            let visible = !raw.is_empty() && raw.len() <= MAX_KEY_LEN && raw.iter().all(|b| (0x21..=0x7e).contains(b));
+            match IdempotencyKey::parse(&raw) {
+                Ok(key) => {
+                    prop_assert!(visible);
+                    prop_assert_eq!(key.as_str().as_bytes(), &raw[..]);
+                }
+                Err(_) => prop_assert!(!visible),
+            }
+        }
+    }
+}

@@ -72,3 +72,32 @@ mod tests {
         assert_eq!(verify(key, "res_a", 1000, "!!", 999), Err(LinkError::Tampered));
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        /// Whatever a client puts in the query, only the signature minted
+        /// for that result and expiry verifies.
+        #[test]
+        fn only_the_minted_signature_verifies(
+            expires in any::<i64>(),
+            other_expires in any::<i64>(),
+            signature in any::<String>(),
+            id in "[a-z0-9_]{0,30}",
+        ) {
+            let key = b"fuzz";
+            let minted = sign(key, &id, expires);
+            prop_assert_eq!(verify(key, &id, expires, &minted, i64::MIN), Ok(()));
+            if signature != minted {
+                prop_assert_eq!(verify(key, &id, expires, &signature, i64::MIN), Err(LinkError::Tampered));
+            }
+            if other_expires != expires {
+                prop_assert_eq!(verify(key, &id, other_expires, &minted, i64::MIN), Err(LinkError::Tampered));
+            }
+        }
+    }
+}

@@ -111,3 +111,56 @@ mod tests {
         assert!(check_url("http://127.0.0.1:9000/hook", &policy).is_ok());
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// Ways the WHATWG parser accepts to write one IPv4 address.
+    fn spellings(ip: Ipv4Addr) -> Vec<String> {
+        let [a, b, c, d] = ip.octets();
+        let n = u32::from(ip);
+        vec![
+            ip.to_string(),
+            n.to_string(),
+            format!("0x{n:x}"),
+            format!("0x{a:x}.0x{b:x}.0x{c:x}.0x{d:x}"),
+            format!("0{a:o}.0{b:o}.0{c:o}.0{d:o}"),
+            format!("{a}.{}", u32::from_be_bytes([0, b, c, d])),
+            format!("{a}.{b}.{}", u16::from_be_bytes([c, d])),
+            format!("[::ffff:{ip}]"),
+            format!("{ip}."),
+        ]
+    }
+
+    proptest! {
+        /// No IP address gets through the default policy, however it is written.
+        #[test]
+        fn no_ip_address_passes_in_any_spelling(v4 in any::<u32>(), v6 in any::<u128>(), path in "[a-z/]{0,10}") {
+            let policy = CallbackPolicy::default();
+            for host in spellings(Ipv4Addr::from(v4)) {
+                let url = format!("https://{host}/{path}");
+                prop_assert!(check_url(&url, &policy).is_err(), "{url}");
+            }
+            let url = format!("https://[{}]/{path}", Ipv6Addr::from(v6));
+            prop_assert!(check_url(&url, &policy).is_err(), "{url}");
+        }
+
+        /// Any text: a normalised public https URL, or `invalid_callback_url`.
+        #[test]
+        fn any_text_is_a_public_https_url_or_refused_with_one_code(raw in any::<String>()) {
+            match check_url(&raw, &CallbackPolicy::default()) {
+                Ok(url) => {
+                    let parsed = Url::parse(&url).unwrap();
+                    prop_assert_eq!(parsed.scheme(), "https");
+                    prop_assert!(matches!(parsed.host(), Some(Host::Domain(_))));
+                }
+                Err(e) => prop_assert_eq!(e.code(), "invalid_callback_url"),
+            }
+        }
+    }
+}

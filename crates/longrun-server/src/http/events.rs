@@ -41,6 +41,23 @@ struct Cursor {
     finished: bool,
 }
 
+/// `Last-Event-ID`: the version to resume after; absent or empty is 0.
+fn last_event_id(headers: &HeaderMap) -> Result<i64, ApiError> {
+    match headers
+        .get("last-event-id")
+        .filter(|v| !v.as_bytes().trim_ascii().is_empty())
+    {
+        None => Ok(0),
+        Some(v) => v
+            .to_str()
+            .ok()
+            .map(str::trim)
+            .filter(|s| s.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|s| s.parse::<i64>().ok())
+            .ok_or_else(|| ApiError::InvalidRequest("Last-Event-ID must be a version number".into())),
+    }
+}
+
 #[utoipa::path(get, path = "/v1/operations/{id}/events", tag = "operations", security(("bearer" = [])),
     params(("id" = String, Path, description = "The operation id (op_…)"), ("Last-Event-ID" = Option<String>, Header, description = "Resume after this version (empty: from the start)", pattern = "^([0-9]{1,18})?$")),
     responses((status = 200, description = "text/event-stream: one `operation.updated` event per version", content_type = "text/event-stream", body = String),
@@ -53,20 +70,7 @@ async fn events(
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     caller.require_client()?;
     let id = Id::parse(IdKind::Operation, &id).ok_or(ApiError::NotFound)?;
-    let last = match headers
-        .get("last-event-id")
-        .filter(|v| !v.as_bytes().trim_ascii().is_empty())
-    {
-        None => 0,
-        Some(v) => v
-            .to_str()
-            .ok()
-            .map(str::trim)
-            .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
-            .and_then(|s| s.parse::<i64>().ok())
-            .filter(|v| *v >= 0)
-            .ok_or_else(|| ApiError::InvalidRequest("Last-Event-ID must be a version number".into()))?,
-    };
+    let last = last_event_id(&headers)?;
     let waiter = app
         .changes
         .watch(&caller.tenant, &id)
@@ -129,4 +133,31 @@ async fn events(
         }
     });
     Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(KEEP_ALIVE)))
+}
+
+#[cfg(test)]
+mod fuzz {
+    use axum::http::HeaderValue;
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        /// Any Last-Event-ID: a version to resume after, or `400
+        /// invalid_request`; every version reads back.
+        #[test]
+        fn any_last_event_id_is_a_version_or_invalid_request(raw in any::<String>(), version in 0i64..i64::MAX) {
+            if let Ok(value) = HeaderValue::from_str(&raw) {
+                let mut headers = HeaderMap::new();
+                headers.insert("last-event-id", value);
+                match last_event_id(&headers) {
+                    Ok(v) => prop_assert!(v >= 0),
+                    Err(e) => prop_assert_eq!(e.code(), "invalid_request"),
+                }
+            }
+            let mut headers = HeaderMap::new();
+            headers.insert("last-event-id", HeaderValue::from(version));
+            prop_assert_eq!(last_event_id(&headers).unwrap(), version);
+        }
+    }
 }

@@ -856,3 +856,65 @@ mod tests {
         assert!(if_match(&headers).is_err());
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn with(name: header::HeaderName, value: &str) -> Option<HeaderMap> {
+        let value = HeaderValue::from_str(value).ok()?;
+        let mut headers = HeaderMap::new();
+        headers.insert(name, value);
+        Some(headers)
+    }
+
+    proptest! {
+        /// Any If-Match / If-None-Match value: a condition or `400
+        /// invalid_request`, never a panic.
+        #[test]
+        fn any_entity_tag_field_is_a_condition_or_invalid_request(raw in any::<String>()) {
+            for name in [header::IF_MATCH, header::IF_NONE_MATCH] {
+                let Some(headers) = with(name.clone(), &raw) else { continue };
+                if let Err(e) = entity_tags(&headers, name) {
+                    prop_assert_eq!(e.code(), "invalid_request");
+                }
+            }
+        }
+
+        /// Every list of tags a client may write means those versions.
+        #[test]
+        fn written_tag_lists_mean_their_versions(versions in prop::collection::vec((0i64..i64::MAX, any::<bool>()), 1..5)) {
+            let text = versions
+                .iter()
+                .map(|(v, weak)| format!("{}\"{v}\"", if *weak { "W/" } else { "" }))
+                .collect::<Vec<_>>()
+                .join(" , ");
+            let headers = with(header::IF_NONE_MATCH, &text).unwrap();
+            for (v, _) in &versions {
+                prop_assert!(not_modified(&headers, *v).unwrap());
+            }
+        }
+
+        /// Any Prefer header: a wait of at most 60 s or none.
+        #[test]
+        fn any_prefer_header_waits_at_most_the_cap(raw in any::<String>(), n in any::<u64>()) {
+            if let Some(headers) = with(header::HeaderName::from_static("prefer"), &raw) {
+                prop_assert!(prefer_wait(&headers).is_none_or(|w| w <= MAX_WAIT_SECONDS));
+            }
+            let headers = with(header::HeaderName::from_static("prefer"), &format!("respond-async, wait={n}")).unwrap();
+            prop_assert_eq!(prefer_wait(&headers), Some(n.min(MAX_WAIT_SECONDS)));
+        }
+
+        /// Any page token: a position or `400 invalid_request`; every
+        /// position the server writes reads back.
+        #[test]
+        fn page_tokens_round_trip_and_anything_else_is_refused(raw in any::<String>(), seq in 0i64..4_000_000_000_000_000_000) {
+            if let Err(e) = decode_page_token(&raw) {
+                prop_assert_eq!(e.code(), "invalid_request");
+            }
+            prop_assert_eq!(decode_page_token(&encode_page_token(seq)).unwrap(), seq);
+        }
+    }
+}

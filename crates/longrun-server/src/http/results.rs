@@ -345,3 +345,23 @@ mod tests {
         assert_eq!(parse_range("bytes=9-3", 100), RangeSpec::Ignore);
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        /// Any Range value and size: one range inside the body, the whole
+        /// body, or unsatisfiable; never a panic or a range past the end.
+        #[test]
+        fn any_range_is_inside_the_body_or_not_served_as_one(raw in any::<String>(), a in any::<u64>(), b in any::<u64>(), size in 0u64..1 << 40) {
+            for spec in [raw, format!("bytes={a}-{b}"), format!("bytes=-{a}"), format!("bytes={a}-")] {
+                if let RangeSpec::One(first, last) = parse_range(&spec, size) {
+                    prop_assert!(first <= last && last < size, "{spec} of {size}: {first}-{last}");
+                }
+            }
+        }
+    }
+}
