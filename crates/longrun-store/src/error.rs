@@ -28,17 +28,31 @@ pub enum StoreError {
     /// The schema refused a state change (a bug in the caller if ever seen).
     #[error("illegal state transition: {0}")]
     IllegalTransition(String),
+    /// The database cannot take this now but may soon: unreachable, shutting
+    /// down, out of space or read-only. Nothing was applied; retry later.
+    #[error("the database is unavailable: {0}")]
+    Unavailable(String),
     #[error("database error: {0}")]
     Backend(String),
 }
 
 impl From<rusqlite::Error> for StoreError {
     fn from(e: rusqlite::Error) -> Self {
+        use rusqlite::ErrorCode;
         let text = e.to_string();
         if text.contains("illegal state transition") || text.contains("terminal operation") {
-            StoreError::IllegalTransition(text)
-        } else {
-            StoreError::Backend(text)
+            return StoreError::IllegalTransition(text);
+        }
+        match e.sqlite_error_code() {
+            Some(
+                ErrorCode::DiskFull
+                | ErrorCode::ReadOnly
+                | ErrorCode::DatabaseBusy
+                | ErrorCode::DatabaseLocked
+                | ErrorCode::SystemIoFailure
+                | ErrorCode::CannotOpen,
+            ) => StoreError::Unavailable(text),
+            _ => StoreError::Backend(text),
         }
     }
 }

@@ -12,6 +12,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 pub struct Cluster {
     pub port: u16,
     base: PathBuf,
+    pg_ctl: PathBuf,
+    options: String,
 }
 
 fn peers_required() -> bool {
@@ -58,21 +60,36 @@ fn run_pg(bin: &Path, args: &[&str]) -> std::io::Result<std::process::Output> {
 /// A cluster that commits durably (fsync on), for benchmarks; the test
 /// cluster trades durability for speed.
 pub fn start_durable() -> Result<Cluster, String> {
-    start_with(true)
+    start_with(true, "d")
 }
 
 fn start() -> Result<Cluster, String> {
-    start_with(false)
+    start_with(false, "t")
 }
 
-fn start_with(durable: bool) -> Result<Cluster, String> {
+/// A durable cluster of the calling test's own, for a test that stops it
+/// hard and starts it again (an outage drill: with the shared cluster's
+/// `synchronous_commit=off`, an immediate stop would lose acknowledged
+/// commits by design); `None` (said loudly) when it cannot run here.
+pub fn private_cluster() -> Option<Cluster> {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    match start_with(true, &format!("p{}", NEXT.fetch_add(1, Ordering::SeqCst))) {
+        Ok(c) => Some(c),
+        Err(why) => {
+            assert!(
+                !peers_required(),
+                "LONGRUN_REQUIRE_PEERS is set but PostgreSQL cannot run: {why}"
+            );
+            eprintln!("SKIPPED: a PostgreSQL outage test ({why})");
+            None
+        }
+    }
+}
+
+fn start_with(durable: bool, name: &str) -> Result<Cluster, String> {
     let initdb = find_bin("initdb").ok_or("initdb not found")?;
     let pg_ctl = find_bin("pg_ctl").ok_or("pg_ctl not found")?;
-    let base = std::env::temp_dir().join(format!(
-        "longrun-pg-{}-{}",
-        std::process::id(),
-        if durable { "d" } else { "t" }
-    ));
+    let base = std::env::temp_dir().join(format!("longrun-pg-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&base);
     std::fs::create_dir_all(&base).map_err(|e| e.to_string())?;
     if is_root() {
@@ -117,24 +134,13 @@ fn start_with(durable: bool) -> Result<Cluster, String> {
         "-p {port} -k {} -c listen_addresses=127.0.0.1 -c max_connections=400{speed}",
         base.display()
     );
-    let log = base.join("log");
-    let out = run_pg(
-        &pg_ctl,
-        &[
-            "-D",
-            data.to_str().unwrap(),
-            "-o",
-            &options,
-            "-l",
-            log.to_str().unwrap(),
-            "-w",
-            "start",
-        ],
-    )
-    .map_err(|e| e.to_string())?;
-    if !out.status.success() {
-        return Err(format!("pg_ctl start failed: {}", String::from_utf8_lossy(&out.stderr)));
-    }
+    let cluster = Cluster {
+        port,
+        base: base.clone(),
+        pg_ctl: pg_ctl.clone(),
+        options,
+    };
+    cluster.start_again()?;
     // Stop the cluster when this test process ends, however it ends.
     let stop = format!(
         "while kill -0 {pid} 2>/dev/null; do sleep 1; done; {runas}{pg_ctl} -D {data} -m immediate stop >/dev/null 2>&1; rm -rf {base}",
@@ -149,7 +155,7 @@ fn start_with(durable: bool) -> Result<Cluster, String> {
         .arg(stop)
         .spawn()
         .map_err(|e| e.to_string())?;
-    Ok(Cluster { port, base })
+    Ok(cluster)
 }
 
 /// The process's cluster, started on first use; `None` (said loudly) when it
@@ -172,6 +178,49 @@ pub fn cluster() -> Option<&'static Cluster> {
 }
 
 impl Cluster {
+    fn data(&self) -> PathBuf {
+        self.base.join("data")
+    }
+
+    /// Starts the (stopped) cluster and waits until it accepts connections.
+    pub fn start_again(&self) -> Result<(), String> {
+        let (data, log) = (self.data(), self.base.join("log"));
+        let out = run_pg(
+            &self.pg_ctl,
+            &[
+                "-D",
+                data.to_str().unwrap(),
+                "-o",
+                &self.options,
+                "-l",
+                log.to_str().unwrap(),
+                "-w",
+                "start",
+            ],
+        )
+        .map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(format!("pg_ctl start failed: {}", String::from_utf8_lossy(&out.stderr)));
+        }
+        Ok(())
+    }
+
+    /// Stops the cluster hard (`pg_ctl stop -m immediate`): no checkpoint,
+    /// connections cut, crash recovery on the next start.
+    pub fn stop_immediately(&self) {
+        let data = self.data();
+        let out = run_pg(
+            &self.pg_ctl,
+            &["-D", data.to_str().unwrap(), "-m", "immediate", "-w", "stop"],
+        )
+        .expect("pg_ctl runs");
+        assert!(
+            out.status.success(),
+            "pg_ctl stop: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     /// A fresh, empty database; returns its URL.
     pub async fn database(&self) -> String {
         static NEXT: AtomicU32 = AtomicU32::new(0);

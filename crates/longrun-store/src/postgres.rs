@@ -71,11 +71,34 @@ pub struct PostgresStore {
 fn db(e: sqlx::Error) -> StoreError {
     let text = e.to_string();
     if text.contains("illegal state transition") || text.contains("terminal operation") {
-        StoreError::IllegalTransition(text)
+        return StoreError::IllegalTransition(text);
+    }
+    if is_unavailable(&e) {
+        StoreError::Unavailable(text)
     } else {
         StoreError::Backend(text)
     }
 }
+
+/// The database is unreachable, shutting down, out of space or read-only:
+/// the statement was not applied and may succeed later.
+fn is_unavailable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(d) => d.code().is_some_and(|code| {
+            // 08: connection exceptions; 57P01-57P03: shutting down or not
+            // yet accepting; 53: insufficient resources (disk full, out of
+            // memory, too many connections); 25006: read-only transaction.
+            code.starts_with("08") || code.starts_with("53") || matches!(&*code, "57P01" | "57P02" | "57P03" | "25006")
+        }),
+        _ => false,
+    }
+}
+
+/// How long a call waits for a pool connection before it is refused as
+/// unavailable (sqlx's default of 30 s would hold every request through an
+/// outage).
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
 
 async fn listen(pool: &PgPool) -> std::result::Result<sqlx::postgres::PgListener, sqlx::Error> {
     let mut listener = sqlx::postgres::PgListener::connect_with(pool).await?;
@@ -133,6 +156,7 @@ impl PostgresStore {
         let options: PgConnectOptions = config.url.parse().map_err(db)?;
         let pool = PgPoolOptions::new()
             .max_connections(config.max_connections)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
             .connect_with(options)
             .await
             .map_err(db)?;

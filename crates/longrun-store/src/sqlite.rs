@@ -42,6 +42,10 @@ pub struct SqliteConfig {
     pub keep_inputs: bool,
     /// Most jobs one group commit takes.
     pub max_batch: usize,
+    /// A cap on the database's size in pages (SQLite's `max_page_count`):
+    /// past it, writes are refused as unavailable while reads go on, as on a
+    /// full disk. For drills and tests; `None` (no cap) by default.
+    pub max_page_count: Option<u32>,
 }
 
 impl SqliteConfig {
@@ -52,6 +56,7 @@ impl SqliteConfig {
             result_retention: Duration::from_secs(24 * 3600),
             keep_inputs: false,
             max_batch: 256,
+            max_page_count: None,
         }
     }
 }
@@ -89,6 +94,9 @@ impl SqliteStore {
         // default (2 MiB) a batch of submissions spilled dirty pages into the
         // WAL mid-transaction and read index pages back from the file.
         conn.execute_batch(&format!("PRAGMA cache_size = -{WRITER_CACHE_KIB}"))?;
+        if let Some(pages) = config.max_page_count {
+            conn.execute_batch(&format!("PRAGMA max_page_count = {pages}"))?;
+        }
         let checkpoints = open_connection(&config.path, false)?;
         checkpoints.busy_timeout(RESTART_WAIT)?;
         let (changes, _) = tokio::sync::broadcast::channel(4096);

@@ -138,3 +138,73 @@ async fn an_item_the_database_refuses_fails_alone_in_its_batch() {
         assert_eq!(store.operation_get("t1", &op.id).await.unwrap().as_ref(), Some(op));
     }
 }
+
+/// PostgreSQL stopped hard under a running store: calls are refused as
+/// `Unavailable` within seconds (not after sqlx's 30 s pool wait, and not as
+/// internal errors), nothing acknowledged is lost, and the same store works
+/// again once the database is back, without being reopened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_is_refused_as_unavailable_and_recovers_without_reopening() {
+    use std::time::{Duration, Instant};
+
+    use longrun_store::conformance::accept_params;
+    use longrun_store::{AcceptOutcome, StoreError};
+    use serde_json::json;
+
+    let Some(cluster) = longrun_store::pgtest::private_cluster() else {
+        return;
+    };
+    let store = PostgresStore::open(PostgresConfig::new(cluster.database().await))
+        .await
+        .unwrap();
+    let Ok(AcceptOutcome::Created(before)) = store
+        .operation_accept(accept_params("t1", "k", Some("before"), json!({})))
+        .await
+    else {
+        panic!("accepted before the outage");
+    };
+
+    cluster.stop_immediately();
+    let asked = Instant::now();
+    let refused = store
+        .operation_accept(accept_params("t1", "k", Some("during"), json!({})))
+        .await;
+    assert!(matches!(refused, Err(StoreError::Unavailable(_))), "{refused:?}");
+    assert!(matches!(store.ping().await, Err(StoreError::Unavailable(_))));
+    assert!(
+        matches!(
+            store.operation_get("t1", &before.id).await,
+            Err(StoreError::Unavailable(_))
+        ),
+        "reads are refused the same way"
+    );
+    assert!(
+        asked.elapsed() < Duration::from_secs(15),
+        "refused in {:?}",
+        asked.elapsed()
+    );
+
+    cluster.start_again().unwrap();
+    // Connections the outage broke are dropped as they fail; a bounded
+    // number of calls may still meet one.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let during = loop {
+        match store
+            .operation_accept(accept_params("t1", "k", Some("during"), json!({})))
+            .await
+        {
+            Ok(AcceptOutcome::Created(op)) => break op,
+            Err(StoreError::Unavailable(_)) if Instant::now() < deadline => continue,
+            other => panic!("after the restart: {other:?}"),
+        }
+    };
+    assert_eq!(
+        store.operation_get("t1", &before.id).await.unwrap().as_ref(),
+        Some(&before)
+    );
+    assert_eq!(
+        store.operation_get("t1", &during.id).await.unwrap().as_ref(),
+        Some(&during)
+    );
+    cluster.stop_immediately();
+}

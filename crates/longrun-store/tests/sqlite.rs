@@ -57,3 +57,57 @@ fn the_schema_refuses_every_transition_the_core_table_refuses() {
             .is_err()
     );
 }
+
+/// A full disk mid-batch: SQLite rolls the whole group commit back itself.
+/// Every caller must then be told its write failed, and no later job may run
+/// outside a transaction (where it would commit while its caller hears
+/// "failed"): what was answered `Ok` is stored, what was refused is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_mid_batch_refuses_exactly_what_it_does_not_store() {
+    use longrun_store::conformance::accept_params;
+    use longrun_store::{AcceptOutcome, ListParams, Store, StoreError};
+    use serde_json::json;
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = SqliteConfig::new(dir.path().join("longrun.db"));
+    config.max_page_count = Some(512);
+    let store = Arc::new(SqliteStore::open(config).unwrap());
+    let pad = "x".repeat(100 * 1024);
+    let mut accepted = 0;
+    let mut refused = 0;
+    // Rounds of concurrent submissions share group commits until the disk is full.
+    for round in 0..10 {
+        let calls = (0..8).map(|i| {
+            let store = store.clone();
+            let params = accept_params("t1", "k", Some(&format!("r{round}-{i}")), json!({"pad": pad}));
+            tokio::spawn(async move { store.operation_accept(params).await })
+        });
+        for answer in futures_util::future::join_all(calls).await {
+            match answer.unwrap() {
+                Ok(AcceptOutcome::Created(_)) => accepted += 1,
+                Err(StoreError::Unavailable(_)) => refused += 1,
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+    assert!(refused > 0, "the disk filled");
+    let mut stored = 0;
+    let mut before_seq = None;
+    loop {
+        let page = store
+            .operation_list(ListParams {
+                tenant: "t1".into(),
+                page_size: 100,
+                before_seq,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        stored += page.operations.len();
+        match page.next_before_seq {
+            Some(next) => before_seq = Some(next),
+            None => break,
+        }
+    }
+    assert_eq!(stored, accepted, "{accepted} accepted, {refused} refused, {stored} stored");
+}

@@ -408,6 +408,8 @@ fn exec_worker(base: &str, token: &str) -> Child {
         .args(["--exec", r#"sleep 0.01; echo '{"result": {"ok": true}}'"#])
         .env("LONGRUN_LOG", "error")
         .stdout(std::process::Stdio::null())
+        // Its start-up line; errors still reach the drill through the history.
+        .stderr(std::process::Stdio::null())
         .kill_on_drop(true)
         .spawn()
         .expect("longrun worker starts")

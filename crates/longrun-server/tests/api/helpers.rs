@@ -47,6 +47,8 @@ pub struct Options {
     pub limits: longrun_server::listen::Limits,
     /// How long verified keys are trusted; zero (revocation bites at once) by default.
     pub key_cache_ttl: Duration,
+    /// Cap the SQLite file at this many pages (a full disk, for drills).
+    pub max_page_count: Option<u32>,
 }
 
 impl Default for Options {
@@ -66,6 +68,7 @@ impl Default for Options {
             retention_interval: Duration::from_millis(20),
             limits: longrun_server::listen::Limits::default(),
             key_cache_ttl: Duration::ZERO,
+            max_page_count: None,
         }
     }
 }
@@ -97,6 +100,7 @@ pub async fn spawn_app_with(options: Options) -> TestApp {
         SqliteConfig::new(dir.path().join("longrun.db")),
     );
     serve.builtin_workers = options.builtin_workers;
+    serve.sqlite.max_page_count = options.max_page_count;
     serve.http.max_body_bytes = options.max_body_bytes;
     serve.http.require_idempotency_key = options.require_idempotency_key;
     serve.http.max_waiters_per_tenant = options.max_waiters_per_tenant;

@@ -11,6 +11,7 @@ mod idempotency;
 mod longpoll;
 mod observe;
 mod operating;
+mod outage;
 mod results;
 mod s3;
 mod schema;

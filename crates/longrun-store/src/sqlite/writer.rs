@@ -64,8 +64,14 @@ impl Writer {
 
 fn run(conn: Connection, mut rx: mpsc::Receiver<Job>, max_batch: usize, changes: broadcast::Sender<Change>) {
     let mut batch: Vec<Job> = Vec::with_capacity(max_batch);
-    while let Some(first) = rx.blocking_recv() {
-        batch.push(first);
+    loop {
+        // Jobs a rolled-back batch did not reach are still here; otherwise wait.
+        if batch.is_empty() {
+            match rx.blocking_recv() {
+                Some(first) => batch.push(first),
+                None => return,
+            }
+        }
         while batch.len() < max_batch {
             match rx.try_recv() {
                 Ok(job) => batch.push(job),
@@ -76,6 +82,12 @@ fn run(conn: Connection, mut rx: mpsc::Receiver<Job>, max_batch: usize, changes:
     }
 }
 
+/// Runs the jobs of `batch` in one transaction and answers them once it
+/// commits. If SQLite rolls the transaction back itself mid-batch (it does on
+/// a full disk or an I/O error), what ran is gone: those jobs are answered
+/// `Unavailable`, and the jobs not yet run stay in `batch` for a new
+/// transaction — never run outside one, where each statement would commit
+/// on its own while its caller is told it failed.
 fn commit_batch(conn: &Connection, batch: &mut Vec<Job>, change_feed: &broadcast::Sender<Change>) {
     if let Err(e) = control(conn, "BEGIN IMMEDIATE") {
         // Dropping a job that never ran drops its reply channel: the caller
@@ -85,8 +97,26 @@ fn commit_batch(conn: &Connection, batch: &mut Vec<Job>, change_feed: &broadcast
         return;
     }
     let mut replies: Vec<Reply> = Vec::with_capacity(batch.len());
-    for job in batch.drain(..) {
+    let mut jobs = std::mem::take(batch).into_iter();
+    let mut rolled_back = false;
+    for job in jobs.by_ref() {
         replies.push(run_job_isolated(conn, job));
+        if conn.is_autocommit() {
+            rolled_back = true;
+            break;
+        }
+    }
+    batch.extend(jobs);
+    if rolled_back {
+        changes::discard();
+        tracing::warn!(jobs = replies.len(), "the database rolled back a write transaction");
+        let refused = Err(StoreError::Unavailable(
+            "the database rolled the transaction back (full or failing storage)".into(),
+        ));
+        for reply in replies {
+            reply(refused.clone());
+        }
+        return;
     }
     let committed = control(conn, "COMMIT").map_err(StoreError::from);
     if committed.is_err() {
