@@ -109,5 +109,8 @@ async fn a_full_disk_mid_batch_refuses_exactly_what_it_does_not_store() {
             None => break,
         }
     }
-    assert_eq!(stored, accepted, "{accepted} accepted, {refused} refused, {stored} stored");
+    assert_eq!(
+        stored, accepted,
+        "{accepted} accepted, {refused} refused, {stored} stored"
+    );
 }

@@ -320,41 +320,96 @@ async fn check(
     (report, settled_at)
 }
 
+/// A server on a fresh data directory with clients submitting to it: what
+/// both scenarios start from.
+struct Stage {
+    token: String,
+    worker_token: String,
+    port: u16,
+    base: String,
+    serve_args: Vec<String>,
+    server: Child,
+    acknowledged: Acknowledged,
+    interrupted: Arc<AtomicUsize>,
+    clients: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Stage {
+    async fn start(seed: u64, plan: &Plan, data_dir: &Path, prefix: &str) -> Self {
+        let store = vec!["--data-dir".to_owned(), data_dir.display().to_string()];
+        let (token, worker_token) = processes::prepare(&store);
+        let port = processes::free_port();
+        let base = format!("http://127.0.0.1:{port}");
+        let mut serve_args = store;
+        serve_args.push("--builtin-workers=false".into());
+        let server = processes::serve(port, &serve_args).await;
+        let acknowledged: Acknowledged = Arc::default();
+        let interrupted = Arc::new(AtomicUsize::new(0));
+        let clients = (0..plan.clients)
+            .map(|c| {
+                let keys = (0..plan.submissions_per_client)
+                    .map(|i| format!("{prefix}{seed}-c{c}-{i}"))
+                    .collect();
+                tokio::spawn(client(
+                    base.clone(),
+                    token.clone(),
+                    keys,
+                    acknowledged.clone(),
+                    interrupted.clone(),
+                ))
+            })
+            .collect();
+        Self {
+            token,
+            worker_token,
+            port,
+            base,
+            serve_args,
+            server,
+            acknowledged,
+            interrupted,
+            clients,
+        }
+    }
+
+    /// Waits for every client to be acknowledged, then checks the history.
+    async fn finish(&mut self, completions: &Completions, terminal_by: Instant) -> (Report, Instant) {
+        for c in self.clients.drain(..) {
+            tokio::time::timeout(Duration::from_secs(120), c)
+                .await
+                .expect("every submission is acknowledged")
+                .unwrap();
+        }
+        let (mut report, settled_at) =
+            check(&self.base, &self.token, &self.acknowledged, completions, terminal_by).await;
+        report.interrupted = self.interrupted.load(Ordering::Relaxed);
+        (report, settled_at)
+    }
+
+    async fn stop(mut self) {
+        let _ = self.server.start_kill();
+        let _ = self.server.wait().await;
+    }
+}
+
+/// Waits the random moment of the fault within the plan's window.
+async fn fault_moment(rng: &mut Rng, plan: &Plan) -> Instant {
+    tokio::time::sleep(Duration::from_millis(rng.below(plan.fault_within.as_millis() as u64))).await;
+    Instant::now()
+}
+
 /// Scenario 1: `kill -9` of the single SQLite server at a random moment under
 /// submit, claim, heartbeat and complete load, then a restart on the same
 /// data directory and port.
 pub async fn kill_the_sqlite_server(seed: u64, plan: &Plan, data_dir: &Path) -> Report {
-    let store = vec!["--data-dir".to_owned(), data_dir.display().to_string()];
-    let (token, worker_token) = processes::prepare(&store);
-    let port = processes::free_port();
-    let base = format!("http://127.0.0.1:{port}");
-    let mut serve_args = store.clone();
-    serve_args.push("--builtin-workers=false".into());
-    let mut server: Child = processes::serve(port, &serve_args).await;
-
-    let acknowledged: Acknowledged = Arc::default();
-    let interrupted = Arc::new(AtomicUsize::new(0));
+    let mut stage = Stage::start(seed, plan, data_dir, "d").await;
     let completions: Completions = Arc::default();
     let stop = CancellationToken::new();
-    let clients: Vec<_> = (0..plan.clients)
-        .map(|c| {
-            let keys = (0..plan.submissions_per_client)
-                .map(|i| format!("d{seed}-c{c}-{i}"))
-                .collect();
-            tokio::spawn(client(
-                base.clone(),
-                token.clone(),
-                keys,
-                acknowledged.clone(),
-                interrupted.clone(),
-            ))
-        })
-        .collect();
     let workers: Vec<_> = (0..plan.workers)
         .map(|w| {
             tokio::spawn(worker(
-                base.clone(),
-                worker_token.clone(),
+                stage.base.clone(),
+                stage.worker_token.clone(),
                 format!("drill-worker-{w}"),
                 completions.clone(),
                 stop.clone(),
@@ -362,30 +417,20 @@ pub async fn kill_the_sqlite_server(seed: u64, plan: &Plan, data_dir: &Path) -> 
         })
         .collect();
 
-    let mut rng = rng(seed);
-    tokio::time::sleep(Duration::from_millis(rng.below(plan.fault_within.as_millis() as u64))).await;
-    let killed_at = Instant::now();
-    server.start_kill().unwrap();
-    let _ = server.wait().await;
-    let mut server = processes::serve(port, &serve_args).await;
-    until_ready(&reqwest::Client::new(), &base).await;
+    let killed_at = fault_moment(&mut rng(seed), plan).await;
+    stage.server.start_kill().unwrap();
+    let _ = stage.server.wait().await;
+    stage.server = processes::serve(stage.port, &stage.serve_args).await;
+    until_ready(&reqwest::Client::new(), &stage.base).await;
     let recovery = killed_at.elapsed();
 
-    for c in clients {
-        tokio::time::timeout(Duration::from_secs(120), c)
-            .await
-            .expect("every submission is acknowledged")
-            .unwrap();
-    }
-    let (mut report, _) = check(&base, &token, &acknowledged, &completions, killed_at + plan.stuck_bound).await;
+    let (mut report, _) = stage.finish(&completions, killed_at + plan.stuck_bound).await;
     report.recovery = recovery;
-    report.interrupted = interrupted.load(Ordering::Relaxed);
     stop.cancel();
     for w in workers {
         let _ = w.await;
     }
-    let _ = server.start_kill();
-    let _ = server.wait().await;
+    stage.stop().await;
     report
 }
 
@@ -420,56 +465,27 @@ fn exec_worker(base: &str, token: &str) -> Child {
 /// it. Its leases lapse and the reaper hands the (re-run-safe) work on; the
 /// recovery is the time from the kill until every operation has ended.
 pub async fn kill_an_exec_worker(seed: u64, plan: &Plan, data_dir: &Path) -> Report {
-    let store = vec!["--data-dir".to_owned(), data_dir.display().to_string()];
-    let (token, worker_token) = processes::prepare(&store);
-    let port = processes::free_port();
-    let base = format!("http://127.0.0.1:{port}");
-    let mut serve_args = store.clone();
-    serve_args.push("--builtin-workers=false".into());
-    let mut server = processes::serve(port, &serve_args).await;
-
-    let acknowledged: Acknowledged = Arc::default();
-    let interrupted = Arc::new(AtomicUsize::new(0));
-    let clients: Vec<_> = (0..plan.clients)
-        .map(|c| {
-            let keys = (0..plan.submissions_per_client)
-                .map(|i| format!("w{seed}-c{c}-{i}"))
-                .collect();
-            tokio::spawn(client(
-                base.clone(),
-                token.clone(),
-                keys,
-                acknowledged.clone(),
-                interrupted.clone(),
-            ))
-        })
+    let mut stage = Stage::start(seed, plan, data_dir, "w").await;
+    let mut workers: Vec<Child> = (0..plan.workers)
+        .map(|_| exec_worker(&stage.base, &stage.worker_token))
         .collect();
-    let mut workers: Vec<Child> = (0..plan.workers).map(|_| exec_worker(&base, &worker_token)).collect();
 
     let mut rng = rng(seed);
-    tokio::time::sleep(Duration::from_millis(rng.below(plan.fault_within.as_millis() as u64))).await;
-    let killed_at = Instant::now();
+    let killed_at = fault_moment(&mut rng, plan).await;
     let victim = rng.below(plan.workers as u64) as usize;
     workers[victim].start_kill().unwrap();
     let _ = workers[victim].wait().await;
-    workers[victim] = exec_worker(&base, &worker_token);
+    workers[victim] = exec_worker(&stage.base, &stage.worker_token);
 
-    for c in clients {
-        tokio::time::timeout(Duration::from_secs(120), c)
-            .await
-            .expect("every submission is acknowledged")
-            .unwrap();
-    }
-    let completions: Completions = Arc::default();
-    let (mut report, settled_at) =
-        check(&base, &token, &acknowledged, &completions, killed_at + plan.stuck_bound).await;
+    // Exec workers' outcome answers are not seen here; the history is.
+    let (mut report, settled_at) = stage
+        .finish(&Completions::default(), killed_at + plan.stuck_bound)
+        .await;
     report.recovery = settled_at.saturating_duration_since(killed_at);
-    report.interrupted = interrupted.load(Ordering::Relaxed);
     for mut w in workers {
         let _ = w.start_kill();
         let _ = w.wait().await;
     }
-    let _ = server.start_kill();
-    let _ = server.wait().await;
+    stage.stop().await;
     report
 }
