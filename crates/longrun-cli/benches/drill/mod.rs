@@ -209,6 +209,11 @@ async fn worker(base: String, token: String, name: String, completions: Completi
     }
 }
 
+async fn get_json(http: &reqwest::Client, url: &str, token: &str) -> Value {
+    let response = http.get(url).bearer_auth(token).send().await.unwrap();
+    response.json().await.unwrap()
+}
+
 /// Every operation of the tenant, by its `drill_key` label.
 async fn operations_by_key(http: &reqwest::Client, base: &str, token: &str) -> HashMap<String, Vec<Value>> {
     let mut by_key: HashMap<String, Vec<Value>> = HashMap::new();
@@ -218,15 +223,7 @@ async fn operations_by_key(http: &reqwest::Client, base: &str, token: &str) -> H
         if let Some(t) = &page_token {
             url.push_str(&format!("&page_token={t}"));
         }
-        let page: Value = http
-            .get(url)
-            .bearer_auth(token)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let page = get_json(http, &url, token).await;
         for op in page["operations"].as_array().unwrap() {
             let key = op["labels"]["drill_key"].as_str().unwrap_or_default().to_owned();
             by_key.entry(key).or_default().push(op.clone());
@@ -294,15 +291,7 @@ async fn check(
     }
     for op in by_key.values().flatten() {
         let id = op["id"].as_str().unwrap();
-        let history: Value = http
-            .get(format!("{base}/v1/operations/{id}/history"))
-            .bearer_auth(token)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let history = get_json(&http, &format!("{base}/v1/operations/{id}/history"), token).await;
         // Entries into a terminal state (the schema makes a second one
         // impossible; the drill checks rather than trusts it).
         let terminal = |e: &Value| matches!(e["state"].as_str(), Some("succeeded" | "failed" | "cancelled"));

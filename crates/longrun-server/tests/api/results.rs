@@ -456,26 +456,16 @@ async fn results_and_operations_answer_410_from_their_expiry_without_a_sweep() {
     // At the operation's expiry every read and change of it is 410 gone.
     clock.advance(Duration::from_secs(29 * 24 * 3600));
     let path = format!("/v1/operations/{id}");
-    for sub in ["", "/history", "/cancellation", "/deliveries", "/result", "/events"] {
-        let response = app
-            .request(Method::GET, &format!("{path}{sub}"), &app.client_key)
-            .send()
-            .await
-            .unwrap();
+    let mut calls: Vec<(Method, String)> = ["", "/history", "/cancellation", "/deliveries", "/result", "/events"]
+        .iter()
+        .map(|sub| (Method::GET, format!("{path}{sub}")))
+        .collect();
+    calls.push((Method::PUT, format!("{path}/cancellation")));
+    calls.push((Method::DELETE, path.clone()));
+    for (method, url) in calls {
+        let response = app.request(method, &url, &app.client_key).send().await.unwrap();
         problem(response, StatusCode::GONE, "gone").await;
     }
-    let cancel = app
-        .request(Method::PUT, &format!("{path}/cancellation"), &app.client_key)
-        .send()
-        .await
-        .unwrap();
-    problem(cancel, StatusCode::GONE, "gone").await;
-    let delete = app
-        .request(Method::DELETE, &path, &app.client_key)
-        .send()
-        .await
-        .unwrap();
-    problem(delete, StatusCode::GONE, "gone").await;
     let patch = app
         .request(Method::PATCH, &path, &app.client_key)
         .header("if-match", format!("\"{version}\""))
