@@ -45,6 +45,19 @@ async fn main() {
         }
         workers.add(&report);
     }
+    let faults = drill::Faults {
+        lose_response: 10,
+        reset_mid_response: 5,
+    };
+    let mut proxied = Tally::default();
+    for seed in 0..drills {
+        let dir = tempfile::tempdir().unwrap();
+        let report = drill::through_a_faulty_proxy(seed, &plan, dir.path(), faults).await;
+        if report.lost + report.duplicated + report.double_completions + report.stuck > 0 {
+            println!("drill {seed}: {report:?}");
+        }
+        proxied.add(&report);
+    }
     println!("{}", Tally::HEADER);
     println!(
         "{}",
@@ -54,7 +67,11 @@ async fn main() {
         "{}",
         workers.row("kill -9 of a `longrun worker --exec` mid-task (recovery: until all ended)")
     );
-    if !(tally.clean() && workers.clean()) {
+    println!(
+        "{}",
+        proxied.row("a proxy losing 10 % of responses and resetting 5 % mid-response (recovery: until all ended)")
+    );
+    if !(tally.clean() && workers.clean() && proxied.clean()) {
         eprintln!("a drill found lost, duplicated, twice-completed or stuck work");
         std::process::exit(1);
     }

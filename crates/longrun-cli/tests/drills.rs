@@ -52,3 +52,28 @@ async fn five_kills_of_an_exec_worker_mid_task_lose_and_repeat_nothing() {
     assert!(tally.clean(), "{row}");
     assert_eq!(tally.acknowledged, 5 * 2 * 20);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_runs_through_a_proxy_that_loses_and_cuts_responses_lose_and_repeat_nothing() {
+    let plan = Plan {
+        clients: 2,
+        submissions_per_client: 20,
+        workers: 2,
+        fault_within: Duration::ZERO,
+        stuck_bound: Duration::from_secs(60),
+    };
+    let faults = drill::Faults {
+        lose_response: 10,
+        reset_mid_response: 5,
+    };
+    let mut tally = Tally::default();
+    for seed in 0..5 {
+        let dir = tempfile::tempdir().unwrap();
+        tally.add(&drill::through_a_faulty_proxy(seed, &plan, dir.path(), faults).await);
+    }
+    let row = tally.row("a proxy losing and cutting responses");
+    println!("{}\n{row}", Tally::HEADER);
+    assert!(tally.clean(), "{row}");
+    assert_eq!(tally.acknowledged, 5 * 2 * 20);
+    assert!(tally.interrupted > 0, "the proxy harmed some requests: {row}");
+}

@@ -12,8 +12,9 @@
 //! - stuck: acknowledged operations not terminal within `stuck_bound` after
 //!   the fault;
 //! - recovery: from the kill until the service answers again;
-//! - interrupted: submission attempts the fault cut (refused connections,
-//!   lost responses), each retried with its key: the fault hit live traffic.
+//! - interrupted: requests the fault cut, proof it hit live traffic
+//!   (submission attempts refused or unanswered and retried with their key;
+//!   for the proxy, the connections it broke).
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -80,7 +81,7 @@ impl Tally {
         self.lost + self.duplicated + self.double_completions + self.stuck == 0
     }
 
-    pub const HEADER: &'static str = "| scenario | drills | acknowledged | lost | duplicated | double completions | stuck | recovery p50 / max | submissions interrupted |\n|---|---|---|---|---|---|---|---|---|";
+    pub const HEADER: &'static str = "| scenario | drills | acknowledged | lost | duplicated | double completions | stuck | recovery p50 / max | requests interrupted |\n|---|---|---|---|---|---|---|---|---|";
 
     /// One table row.
     pub fn row(&self, scenario: &str) -> String {
@@ -124,6 +125,16 @@ type Acknowledged = Arc<Mutex<HashMap<String, HashSet<String>>>>;
 /// `200` answers to outcome reports, per operation.
 type Completions = Arc<Mutex<HashMap<String, usize>>>;
 
+/// A client that opens a connection per request, so a fault hits one
+/// request, not every request of a pooled connection.
+fn drill_http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap()
+}
+
 /// Submits `keys` in order, each until acknowledged (a lost response or a
 /// refused connection is retried with the same key, as the SDK does).
 async fn client(
@@ -133,10 +144,7 @@ async fn client(
     acknowledged: Acknowledged,
     interrupted: Arc<AtomicUsize>,
 ) {
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .unwrap();
+    let http = drill_http();
     for key in keys {
         loop {
             let sent = http
@@ -166,10 +174,7 @@ async fn client(
 
 /// Claims `noop` tasks, heartbeats each once and completes it, until `stop`.
 async fn worker(base: String, token: String, name: String, completions: Completions, stop: CancellationToken) {
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .unwrap();
+    let http = drill_http();
     while !stop.is_cancelled() {
         let claimed = http
             .post(format!("{base}/v1/worker/claims"))
@@ -315,7 +320,12 @@ struct Stage {
     token: String,
     worker_token: String,
     port: u16,
+    /// The server itself.
     base: String,
+    /// Where clients and workers send requests: the server, or a faulty
+    /// proxy in front of it.
+    front: String,
+    faults: Arc<AtomicUsize>,
     serve_args: Vec<String>,
     server: Child,
     acknowledged: Acknowledged,
@@ -324,7 +334,7 @@ struct Stage {
 }
 
 impl Stage {
-    async fn start(seed: u64, plan: &Plan, data_dir: &Path, prefix: &str) -> Self {
+    async fn start(seed: u64, plan: &Plan, data_dir: &Path, prefix: &str, proxy: Option<Faults>) -> Self {
         let store = vec!["--data-dir".to_owned(), data_dir.display().to_string()];
         let (token, worker_token) = processes::prepare(&store);
         let port = processes::free_port();
@@ -332,6 +342,11 @@ impl Stage {
         let mut serve_args = store;
         serve_args.push("--builtin-workers=false".into());
         let server = processes::serve(port, &serve_args).await;
+        let faults = Arc::new(AtomicUsize::new(0));
+        let front = match proxy {
+            Some(plan) => faulty_proxy(port, seed, plan, faults.clone()).await,
+            None => base.clone(),
+        };
         let acknowledged: Acknowledged = Arc::default();
         let interrupted = Arc::new(AtomicUsize::new(0));
         let clients = (0..plan.clients)
@@ -340,7 +355,7 @@ impl Stage {
                     .map(|i| format!("{prefix}{seed}-c{c}-{i}"))
                     .collect();
                 tokio::spawn(client(
-                    base.clone(),
+                    front.clone(),
                     token.clone(),
                     keys,
                     acknowledged.clone(),
@@ -353,6 +368,8 @@ impl Stage {
             worker_token,
             port,
             base,
+            front,
+            faults,
             serve_args,
             server,
             acknowledged,
@@ -391,7 +408,7 @@ async fn fault_moment(rng: &mut Rng, plan: &Plan) -> Instant {
 /// submit, claim, heartbeat and complete load, then a restart on the same
 /// data directory and port.
 pub async fn kill_the_sqlite_server(seed: u64, plan: &Plan, data_dir: &Path) -> Report {
-    let mut stage = Stage::start(seed, plan, data_dir, "d").await;
+    let mut stage = Stage::start(seed, plan, data_dir, "d", None).await;
     let completions: Completions = Arc::default();
     let stop = CancellationToken::new();
     let workers: Vec<_> = (0..plan.workers)
@@ -454,7 +471,7 @@ fn exec_worker(base: &str, token: &str) -> Child {
 /// it. Its leases lapse and the reaper hands the (re-run-safe) work on; the
 /// recovery is the time from the kill until every operation has ended.
 pub async fn kill_an_exec_worker(seed: u64, plan: &Plan, data_dir: &Path) -> Report {
-    let mut stage = Stage::start(seed, plan, data_dir, "w").await;
+    let mut stage = Stage::start(seed, plan, data_dir, "w", None).await;
     let mut workers: Vec<Child> = (0..plan.workers)
         .map(|_| exec_worker(&stage.base, &stage.worker_token))
         .collect();
@@ -474,6 +491,97 @@ pub async fn kill_an_exec_worker(seed: u64, plan: &Plan, data_dir: &Path) -> Rep
     for mut w in workers {
         let _ = w.start_kill();
         let _ = w.wait().await;
+    }
+    stage.stop().await;
+    report
+}
+
+/// What a faulty proxy does to the connections through it, in percent.
+#[derive(Debug, Clone, Copy)]
+pub struct Faults {
+    /// The request reaches the server; its response is dropped and the
+    /// connection closed.
+    pub lose_response: u64,
+    /// Half the response reaches the client, then the connection is reset.
+    pub reset_mid_response: u64,
+}
+
+/// A TCP proxy to the server on `port` that, connection by connection
+/// (seeded), passes it through, loses the response, or resets it midway.
+/// Returns its URL; `faults` counts the connections it harmed.
+async fn faulty_proxy(port: u16, seed: u64, plan: Faults, faults: Arc<AtomicUsize>) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let rng = Arc::new(Mutex::new(rng(seed ^ 0xFA17)));
+    tokio::spawn(async move {
+        while let Ok((mut downstream, _)) = listener.accept().await {
+            let roll = rng.lock().unwrap().below(100);
+            let faults = faults.clone();
+            tokio::spawn(async move {
+                let Ok(mut upstream) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+                    return;
+                };
+                if roll >= plan.lose_response + plan.reset_mid_response {
+                    let _ = tokio::io::copy_bidirectional(&mut downstream, &mut upstream).await;
+                    return;
+                }
+                // The request goes up whole; the response comes back broken.
+                let (mut down_read, mut down_write) = downstream.split();
+                let (mut up_read, mut up_write) = upstream.split();
+                let request = tokio::io::copy(&mut down_read, &mut up_write);
+                let mut response = vec![0u8; 64 * 1024];
+                let answered = async {
+                    let n = up_read.read(&mut response).await.unwrap_or(0);
+                    if n > 0 && roll >= plan.lose_response {
+                        let _ = down_write.write_all(&response[..n / 2]).await;
+                    }
+                    n
+                };
+                tokio::select! {
+                    _ = request => {}
+                    n = answered => {
+                        if n > 0 {
+                            faults.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+                // Dropping both ends now: with linger 0 the client sees a reset.
+                let _ = downstream.set_zero_linger();
+            });
+        }
+    });
+    url
+}
+
+/// Scenario 3: a faulty proxy between the clients and workers and the
+/// server: responses lost after the server answered, and connections reset
+/// mid-response. Clients retry with their keys; workers' lost claims and
+/// outcomes are settled by lease expiry and fencing. Recovery: from the end
+/// of the submissions until every operation has ended.
+pub async fn through_a_faulty_proxy(seed: u64, plan: &Plan, data_dir: &Path, faults: Faults) -> Report {
+    let mut stage = Stage::start(seed, plan, data_dir, "p", Some(faults)).await;
+    let completions: Completions = Arc::default();
+    let stop = CancellationToken::new();
+    let workers: Vec<_> = (0..plan.workers)
+        .map(|w| {
+            tokio::spawn(worker(
+                stage.front.clone(),
+                stage.worker_token.clone(),
+                format!("drill-worker-{w}"),
+                completions.clone(),
+                stop.clone(),
+            ))
+        })
+        .collect();
+    let started = Instant::now();
+    let (mut report, settled_at) = stage.finish(&completions, started + plan.stuck_bound).await;
+    report.recovery = settled_at.saturating_duration_since(started);
+    report.interrupted = stage.faults.load(Ordering::Relaxed);
+    stop.cancel();
+    for w in workers {
+        let _ = w.await;
     }
     stage.stop().await;
     report
