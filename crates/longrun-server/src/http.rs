@@ -83,7 +83,10 @@ pub async fn edge(mut req: Request, next: Next) -> Response {
     metrics::histogram!("longrun_http_request_duration_seconds").record(started.elapsed().as_secs_f64());
     let _entered = span.enter();
     let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
-    if status.is_server_error() {
+    // A 503 is a deliberate refusal (load shed, acceptance paused, database
+    // unavailable — the cause is logged where it is found): logging each as
+    // an error would make overload write a line per refused request.
+    if status.is_server_error() && status != axum::http::StatusCode::SERVICE_UNAVAILABLE {
         tracing::error!(status = status.as_u16(), elapsed_ms, "request failed");
     } else {
         tracing::debug!(status = status.as_u16(), elapsed_ms, "request handled");
