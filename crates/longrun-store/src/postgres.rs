@@ -982,7 +982,10 @@ async fn results_publish(
         return Ok(Vec::new());
     }
     let ids: Vec<&str> = ended.iter().map(|(id, _)| *id).collect();
-    let expiries: Vec<i64> = ended.iter().map(|(_, at)| at.plus(policy.result_retention).0).collect();
+    let expiries: Vec<i64> = ended
+        .iter()
+        .map(|(_, at)| result_expires_at(*at, policy.result_retention, policy.operation_retention).0)
+        .collect();
     let rows = sqlx::query(
         "UPDATE results SET state = 'published', expires_at = p.expires
            FROM unnest($1::TEXT[], $2::BIGINT[]) AS p(op_id, expires)

@@ -163,6 +163,18 @@ pub(crate) fn snapshot_from_json(v: &Value) -> Option<Operation> {
     })
 }
 
+/// When the result of an operation that ended at `ended` expires: after the
+/// result retention, but never after the operation itself (its record and
+/// everything reachable through it go at its own expiry). So a result's
+/// `expires_at` alone says whether it may still be served.
+pub(crate) fn result_expires_at(
+    ended: Timestamp,
+    result_retention: Duration,
+    operation_retention: Duration,
+) -> Timestamp {
+    ended.plus(result_retention.min(operation_retention))
+}
+
 pub(crate) fn lease_ms(lease: Duration) -> i64 {
     i64::try_from(lease.as_millis()).unwrap_or(i64::MAX)
 }
@@ -431,6 +443,18 @@ pub(crate) fn final_progress(current: &Fenced, update: Option<&ProgressUpdate>, 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_result_never_outlives_its_operation() {
+        let ended = Timestamp(1_000_000);
+        let (day, month) = (Duration::from_secs(86_400), Duration::from_secs(30 * 86_400));
+        assert_eq!(result_expires_at(ended, day, month), ended.plus(day));
+        assert_eq!(
+            result_expires_at(ended, month, day),
+            ended.plus(day),
+            "capped at the operation's own expiry"
+        );
+    }
 
     fn running(attempt: i64, max_attempts: i64) -> Fenced {
         Fenced {

@@ -1181,7 +1181,7 @@ pub(super) fn webhook_secret_rotate(
 
 /// Publishes the operation's uploaded artifact, if it has one, as its result.
 fn result_publish(c: &Connection, policy: WritePolicy, op: Operation, now: Timestamp) -> Result<Operation> {
-    let expires_at = now.plus(policy.result_retention);
+    let expires_at = result_expires_at(now, policy.result_retention, policy.operation_retention);
     let uploaded: Option<ArtifactRef> = c
         .prepare_cached(
             "UPDATE results SET state = 'published', expires_at = ?2
