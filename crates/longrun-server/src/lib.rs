@@ -168,17 +168,20 @@ impl AppState {
         }))
     }
 
-    /// The key record for `id`: cached, or read from the store (counted in
-    /// [`Self::key_lookups`]). Unknown ids are remembered as such for a few
-    /// seconds apart from the verified records, so a flood of them cannot
-    /// push the good ones out.
-    pub(crate) async fn api_key(&self, id: &Id) -> Result<Option<ApiKeyRecord>, StoreError> {
+    /// What this process knows of key `id` without reading the store:
+    /// `Some(Some(record))` read recently, `Some(None)` recently found not to
+    /// exist, `None` not known. Unknown ids are cached apart from records, so
+    /// a flood of them cannot push the good ones out.
+    pub(crate) fn cached_api_key(&self, id: &Id) -> Option<Option<ApiKeyRecord>> {
         if let Some(record) = self.keys.get(id) {
-            return Ok(Some(record));
+            return Some(Some(record));
         }
-        if self.unknown_keys.get(id).is_some() {
-            return Ok(None);
-        }
+        self.unknown_keys.get(id).map(|()| None)
+    }
+
+    /// Reads key `id` from the store (counted in [`Self::key_lookups`]) and
+    /// caches the answer, found or not.
+    pub(crate) async fn load_api_key(&self, id: &Id) -> Result<Option<ApiKeyRecord>, StoreError> {
         self.key_lookups.fetch_add(1, Ordering::Relaxed);
         ::metrics::counter!("longrun_api_key_lookups_total").increment(1);
         let record = self.store.api_key_get(id).await?;
@@ -187,11 +190,6 @@ impl AppState {
             None => self.unknown_keys.put(id.clone(), ()),
         }
         Ok(record)
-    }
-
-    /// Whether `id` is known without reading the store.
-    pub(crate) fn api_key_cached(&self, id: &Id) -> bool {
-        self.keys.get(id).is_some() || self.unknown_keys.get(id).is_some()
     }
 
     /// Key records read from the store by this process so far.

@@ -5,7 +5,6 @@
 //! and a source (peer IP) that keeps failing is refused with `429` before
 //! any store read.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::FromRequestParts;
@@ -23,12 +22,12 @@ pub const KEY_CACHE_TTL: Duration = Duration::from_secs(5);
 
 /// The authenticated caller of a request. While it lives, the request
 /// counts against its tenant's requests in flight.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Caller {
     pub key_id: Id,
     pub tenant: String,
     pub role: Role,
-    _in_flight: Arc<InFlightGuard>,
+    _in_flight: InFlightGuard,
 }
 
 impl Caller {
@@ -48,20 +47,21 @@ impl FromRequestParts<AppState> for Caller {
         let source = || crate::listen::peer(&parts.extensions).map(|p| p.ip().to_string());
         let presented = presented_key(parts);
         let record = match &presented {
-            Some(presented) => {
-                // A source that keeps failing gets no more store reads: only
-                // keys this process already knows are checked for it.
-                if !state.api_key_cached(&presented.id)
-                    && let Some(source) = source()
-                {
-                    let rate = state.config.limits.auth_failures_per_source;
-                    if let Err(wait) = state.auth_failures.check(&source, rate, Instant::now()) {
-                        return Err(too_many_failures(wait));
-                    }
-                }
-                state.api_key(&presented.id).await?
-            }
             None => None,
+            Some(presented) => match state.cached_api_key(&presented.id) {
+                Some(known) => known,
+                None => {
+                    // A source that keeps failing gets no more store reads:
+                    // only keys this process already knows are checked for it.
+                    if let Some(source) = source() {
+                        let rate = state.config.limits.auth_failures_per_source;
+                        if let Err(wait) = state.auth_failures.check(&source, rate, Instant::now()) {
+                            return Err(too_many_failures(wait));
+                        }
+                    }
+                    state.load_api_key(&presented.id).await?
+                }
+            },
         };
         let verified = match (&presented, record) {
             (Some(presented), Some(record)) if record.revoked_at.is_none() && presented.verify(&record.secret_hash) => {
@@ -88,7 +88,7 @@ impl FromRequestParts<AppState> for Caller {
             key_id: verified.id,
             tenant: verified.tenant,
             role: verified.role,
-            _in_flight: Arc::new(in_flight),
+            _in_flight: in_flight,
         };
         if caller.role != Role::Admin {
             state.check_rate(&caller.tenant).await?;
