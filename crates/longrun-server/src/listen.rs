@@ -118,16 +118,21 @@ pub async fn serve(
     Ok(())
 }
 
-/// The answer to a connection over the cap: a problem, then close.
+/// The answer to a connection over the cap: a problem, then close. Like
+/// every response it carries a request id (CONTRACT §6), though no request
+/// was read.
 async fn refuse(mut stream: TcpStream) {
-    let problem = crate::http::error::ApiError::TemporarilyUnavailable {
+    let mut problem = crate::http::error::ApiError::TemporarilyUnavailable {
         detail: "the server has as many connections open as it allows".into(),
         retry_after: Duration::from_secs(1),
     }
     .problem();
+    problem.request_id = longrun_core::Id::generate(longrun_core::IdKind::Request).into_string();
     let body = serde_json::to_string(&problem).expect("a problem serializes");
     let response = format!(
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/problem+json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/problem+json\r\nretry-after: 1\r\n\
+         x-request-id: {}\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        problem.request_id,
         body.len()
     );
     let _ = tokio::time::timeout(REFUSAL_WRITE_TIMEOUT, async {

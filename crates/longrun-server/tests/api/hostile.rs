@@ -94,6 +94,8 @@ async fn connections_past_the_cap_are_refused_with_503_and_the_rest_are_served()
     assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
     assert!(refused.to_ascii_lowercase().contains("retry-after: 1"), "{refused}");
     assert!(refused.contains("\"code\":\"temporarily_unavailable\""), "{refused}");
+    assert!(refused.to_ascii_lowercase().contains("x-request-id: req_"), "{refused}");
+    assert!(refused.contains("\"request_id\":\"req_"), "{refused}");
 
     // Once a held connection goes, its slot serves again.
     drop(held);
