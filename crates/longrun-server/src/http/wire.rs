@@ -70,26 +70,60 @@ where
 
 /// A nested body field that must be a JSON object (or `null`/absent): serde's
 /// derived structs would also take an array in field order, which the
-/// document does not allow.
+/// document does not allow. Read in one pass (no intermediate `Value`): the
+/// field's own struct is fed the map directly, and anything but a map is
+/// refused.
 pub(crate) fn object<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
 where
     D: serde::Deserializer<'de>,
-    T: serde::de::DeserializeOwned,
+    T: Deserialize<'de>,
 {
-    match Option::<Value>::deserialize(deserializer)? {
-        None => Ok(None),
-        Some(v @ Value::Object(_)) => serde_json::from_value(v).map(Some).map_err(serde::de::Error::custom),
-        Some(_) => Err(serde::de::Error::custom("expected an object")),
-    }
+    deserializer.deserialize_option(Nullable(std::marker::PhantomData))
 }
 
 /// [`object`] for a required field.
 pub(crate) fn required_object<'de, D, T>(deserializer: D) -> Result<T, D::Error>
 where
     D: serde::Deserializer<'de>,
-    T: serde::de::DeserializeOwned,
+    T: Deserialize<'de>,
 {
-    object(deserializer)?.ok_or_else(|| serde::de::Error::custom("expected an object"))
+    deserializer.deserialize_map(OnlyMap(std::marker::PhantomData))
+}
+
+struct OnlyMap<T>(std::marker::PhantomData<T>);
+
+impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for OnlyMap<T> {
+    type Value = T;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("an object")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+        T::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+    }
+}
+
+struct Nullable<T>(std::marker::PhantomData<T>);
+
+impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for Nullable<T> {
+    type Value = Option<T>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("an object or null")
+    }
+
+    fn visit_none<E>(self) -> Result<Option<T>, E> {
+        Ok(None)
+    }
+
+    fn visit_unit<E>(self) -> Result<Option<T>, E> {
+        Ok(None)
+    }
+
+    fn visit_some<D: serde::Deserializer<'de>>(self, deserializer: D) -> Result<Option<T>, D::Error> {
+        required_object(deserializer).map(Some)
+    }
 }
 
 /// Within int64, the format the document states.
@@ -436,5 +470,24 @@ impl From<&longrun_store::AttemptRecord> for DeliveryBody {
             at: a.at.to_rfc3339(),
             next_attempt_at: rfc3339(a.next_attempt_at),
         }
+    }
+}
+
+#[cfg(test)]
+mod nested_objects {
+    use super::*;
+
+    #[test]
+    fn a_nested_field_is_an_object_null_or_absent_never_an_array() {
+        let parse =
+            |json: &str| serde_json::from_str::<SubmitRequest>(json).map(|r| r.budget.map(|b| b.max_cost_units));
+        assert_eq!(parse(r#"{"kind":"k"}"#).unwrap(), None);
+        assert_eq!(parse(r#"{"kind":"k","budget":null}"#).unwrap(), None);
+        assert_eq!(
+            parse(r#"{"kind":"k","budget":{"max_cost_units":2.5}}"#).unwrap(),
+            Some(2.5)
+        );
+        assert!(parse(r#"{"kind":"k","budget":[2.5]}"#).is_err());
+        assert!(parse(r#"{"kind":"k","budget":{"max_cost_units":1,"extra":1}}"#).is_err());
     }
 }
