@@ -9,6 +9,12 @@
 //! server's resident memory at the end of the phase. What it shows: past
 //! its bound the server refuses at once instead of queueing, the latency of
 //! what it accepts stays bounded, and memory does not grow with the load.
+//!
+//! Then clients that never read: `READERS` connections each pipeline
+//! requests for `/openapi.json` and read nothing. It prints the server's
+//! memory while they hold their connections and after `--send-stall-timeout`
+//! (2 s here) has closed them: a client that stops reading pins at most one
+//! response, and only for that long.
 
 mod processes;
 
@@ -116,6 +122,8 @@ async fn main() {
         "--builtin-workers=false".to_owned(),
         "--max-in-flight".to_owned(),
         MAX_IN_FLIGHT.to_string(),
+        "--send-stall-timeout".to_owned(),
+        format!("{}s", SEND_STALL.as_secs()),
     ]);
     let server = processes::serve(port, &args).await;
     let pid = server.id().unwrap();
@@ -126,8 +134,9 @@ async fn main() {
          server RSS at start {:.0} MiB",
         rss_mib(pid)
     );
+    never_reading(port, pid).await;
     println!(
-        "| clients | accepted/s | accepted p50 / p99 ms | shed (503) | shed p99 ms | other | server RSS MiB |\n|---|---|---|---|---|---|---|"
+        "\n| clients | accepted/s | accepted p50 / p99 ms | shed (503) | shed p99 ms | other | server RSS MiB |\n|---|---|---|---|---|---|---|"
     );
     for clients in [32, 320, 960] {
         let phase = run_phase(&base, &token, clients, seconds, next_key.clone()).await;
@@ -143,4 +152,57 @@ async fn main() {
         );
     }
     drop(server);
+}
+
+const READERS: usize = 1000;
+const SEND_STALL: Duration = Duration::from_secs(2);
+
+/// `READERS` connections that send requests and never read an answer.
+async fn never_reading(port: u16, pid: u32) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let before = rss_mib(pid);
+    let pipelined = "GET /openapi.json HTTP/1.1\r\nHost: longrun\r\n\r\n".repeat(20);
+    let mut connections = Vec::new();
+    for _ in 0..READERS {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        let mut stream = socket.connect(([127, 0, 0, 1], port).into()).await.unwrap();
+        stream.write_all(pipelined.as_bytes()).await.unwrap();
+        connections.push(stream);
+    }
+    tokio::time::sleep(SEND_STALL / 2).await;
+    let held = rss_mib(pid);
+    tokio::time::sleep(SEND_STALL * 2).await;
+    let after = rss_mib(pid);
+    // Each connection was closed by the server: reading drains what was
+    // buffered, then ends.
+    let reads: Vec<_> = connections
+        .into_iter()
+        .map(|mut stream| {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                tokio::time::timeout(Duration::from_secs(5), async {
+                    loop {
+                        match stream.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(_) => {}
+                        }
+                    }
+                })
+                .await
+                .is_ok()
+            })
+        })
+        .collect();
+    let mut closed = 0;
+    for read in reads {
+        closed += usize::from(read.await.unwrap());
+    }
+    println!(
+        "{READERS} clients that never read, 20 pipelined GET /openapi.json each, --send-stall-timeout {}s",
+        SEND_STALL.as_secs()
+    );
+    println!("| server RSS before | while held | after the timeout | closed by the server |\n|---|---|---|---|");
+    println!("| {before:.0} MiB | {held:.0} MiB | {after:.0} MiB | {closed} of {READERS} |");
 }

@@ -237,6 +237,9 @@ struct ServeArgs {
     /// Longest pause between two chunks of a request body.
     #[arg(long, env = "LONGRUN_BODY_STALL_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     body_stall_timeout: Duration,
+    /// Longest a response may wait for a client that stopped reading; then the connection is closed.
+    #[arg(long, env = "LONGRUN_SEND_STALL_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    send_stall_timeout: Duration,
     /// Allow http:// callback URLs (development only).
     #[arg(long, env = "LONGRUN_WEBHOOK_ALLOW_HTTP")]
     webhook_allow_http: bool,
@@ -441,6 +444,7 @@ async fn serve(global: &Global, args: ServeArgs) -> anyhow::Result<()> {
             max_in_flight_per_tenant: args.max_in_flight_per_tenant,
             header_read_timeout: args.header_read_timeout,
             body_stall_timeout: args.body_stall_timeout,
+            send_stall_timeout: args.send_stall_timeout,
             ..Default::default()
         },
         ..Config::default()

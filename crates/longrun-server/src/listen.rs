@@ -5,6 +5,9 @@
 //!   idle keep-alive connection is closed after the same time (slow-loris).
 //! - A request body that stalls for `body_stall_timeout` between chunks ends
 //!   with `400 invalid_request` (see [`crate::app`]).
+//! - A response the client stops reading for `send_stall_timeout` ends the
+//!   connection, so a client that never reads holds its connection, its
+//!   response and its buffers for that long at most.
 //! - At most `max_connections` are open at once; one more is answered `503
 //!   temporarily_unavailable` with `Retry-After` and closed, never queued.
 //! - Every request carries its peer address ([`ConnectInfo`]), which the
@@ -25,6 +28,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
+use tokio_io_timeout::TimeoutStream;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
@@ -38,6 +42,9 @@ pub struct Limits {
     pub header_read_timeout: Duration,
     /// Between two chunks of a request body.
     pub body_stall_timeout: Duration,
+    /// A write to the client making no progress (it stopped reading); then
+    /// the connection is closed.
+    pub send_stall_timeout: Duration,
     /// Requests being handled at once; more are shed with `503` and
     /// `Retry-After` at once instead of queueing.
     pub max_in_flight: usize,
@@ -56,6 +63,7 @@ impl Default for Limits {
             max_connections: 10_000,
             header_read_timeout: Duration::from_secs(10),
             body_stall_timeout: Duration::from_secs(30),
+            send_stall_timeout: Duration::from_secs(30),
             max_in_flight: 4096,
             max_in_flight_per_tenant: 1024,
             auth_failures_per_source: 2.0,
@@ -101,13 +109,18 @@ pub async fn serve(
                 req.extensions_mut().insert(ConnectInfo(peer));
                 req.map(axum::body::Body::new)
             });
+        let mut stream = TimeoutStream::new(stream);
+        stream.set_write_timeout(Some(limits.send_stall_timeout));
         let connection = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(limits.header_read_timeout)
-            .serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));
+            .serve_connection(TokioIo::new(Box::pin(stream)), TowerToHyperService::new(service));
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
             if let Err(e) = connection.await {
+                if stalled(&e) {
+                    metrics::counter!("longrun_http_send_stalls_total").increment(1);
+                }
                 tracing::trace!(error = %e, %peer, "connection ended with an error");
             }
             drop(slot);
@@ -116,6 +129,20 @@ pub async fn serve(
     drop(listener);
     graceful.shutdown().await;
     Ok(())
+}
+
+/// Whether a connection ended because its client stopped reading.
+fn stalled(error: &hyper::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(error);
+    while let Some(e) = source {
+        if e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
+        {
+            return true;
+        }
+        source = e.source();
+    }
+    false
 }
 
 /// The answer to a connection over the cap: a problem, then close. Like

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use longrun_core::apikey::NewApiKey;
+use longrun_core::apikey::{NewApiKey, Role};
 use longrun_server::listen::Limits;
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
@@ -12,7 +12,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use crate::helpers::{Options, TestApp, problem, sleep_body, spawn_app_with};
+use crate::helpers::{Options, TestApp, create_key, problem, sleep_body, spawn_app_with};
 
 /// How long a test waits for the server to act on its own timeouts.
 const BOUND: Duration = Duration::from_secs(10);
@@ -82,6 +82,64 @@ async fn a_stalled_body_ends_with_a_problem_and_creates_nothing() {
     assert!(response.starts_with("HTTP/1.1 400"), "{response}");
     assert!(response.contains("\"code\":\"invalid_request\""), "{response}");
     assert_eq!(app.operation_count("acme").await, 0);
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_client_that_stops_reading_its_responses_is_disconnected() {
+    let app = spawn_app_with(limits(|l| l.send_stall_timeout = Duration::from_millis(200))).await;
+    let admin = create_key(app.store.as_ref(), "acme", Role::Admin).await;
+    // A small receive window, and far more pipelined responses than any
+    // buffer holds: the server's writes stop making progress.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stream = socket
+        .connect(app.base.trim_start_matches("http://").parse().unwrap())
+        .await
+        .unwrap();
+    const REQUESTS: usize = 2000;
+    let pipelined = "GET /openapi.json HTTP/1.1\r\nHost: longrun\r\n\r\n".repeat(REQUESTS);
+    stream.write_all(pipelined.as_bytes()).await.unwrap();
+
+    // The server gives up on the connection on its own (it counts it)…
+    let deadline = Instant::now() + BOUND;
+    loop {
+        let metrics = app
+            .request(Method::GET, "/metrics", &admin)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if metrics.contains("longrun_http_send_stalls_total") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the server kept writing to a client that never reads"
+        );
+        tokio::task::yield_now().await;
+    }
+    // …so what the client finds when it finally reads ends early.
+    let mut received = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    let read = tokio::time::timeout(BOUND, async {
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => received.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    assert!(read.is_ok(), "the connection stayed open");
+    let answered = String::from_utf8_lossy(&received).matches("HTTP/1.1 200").count();
+    println!("{answered} of {REQUESTS} responses were sent before the server gave up");
+    assert!(
+        answered < REQUESTS,
+        "every response was delivered: the writes never stalled"
+    );
     app.shutdown().await;
 }
 
