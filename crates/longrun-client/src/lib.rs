@@ -319,16 +319,25 @@ impl Client {
             .unwrap_or_else(|| format!("lrc-{}", longrun_core::id::random_base32::<16>()))
     }
 
-    /// Sends the request `build` makes until it gets a 2xx answer, a refusal
-    /// not worth retrying, or runs out of attempts. Only for requests whose
-    /// idempotency keys make every retry safe: an attempt with no answer may
-    /// or may not have been applied, and the same keys settle it either way.
-    /// Waits `Retry-After` when the server says, else the jittered backoff.
-    async fn send_with_retries(&self, build: impl Fn() -> RequestBuilder) -> Result<Response> {
+    /// Sends the request `build` makes until `read` has the body of a 2xx
+    /// answer, a refusal is not worth retrying, or the attempts run out. Only
+    /// for requests whose idempotency keys make every retry safe: an attempt
+    /// with no answer (or an answer cut off mid-body) may or may not have been
+    /// applied, and the same keys settle it either way. Waits `Retry-After`
+    /// when the server says, else the jittered backoff.
+    async fn send_with_retries<T>(
+        &self,
+        build: impl Fn() -> RequestBuilder,
+        read: impl AsyncFn(Response) -> reqwest::Result<T>,
+    ) -> Result<T> {
         let mut attempt = 0;
         loop {
             let retry_in = match build().send().await {
-                Ok(response) if response.status().is_success() => return Ok(response),
+                Ok(response) if response.status().is_success() => match read(response).await {
+                    Ok(answer) => return Ok(answer),
+                    Err(e) if attempt + 1 >= self.retry.max_attempts => return Err(e.into()),
+                    Err(_) => self.retry.delay(attempt),
+                },
                 Ok(response) => {
                     let status = response.status();
                     let error = problem(response).await;
@@ -362,18 +371,22 @@ impl Client {
     /// Submits once, logically: one idempotency key for every attempt.
     pub async fn submit(&self, submission: &Submission) -> Result<Submitted> {
         let key = Self::key_for(submission);
-        let response = self
-            .send_with_retries(|| {
-                self.request(Method::POST, "/v1/operations")
-                    .header("Idempotency-Key", &key)
-                    .json(submission)
-            })
+        let (replayed, operation) = self
+            .send_with_retries(
+                || {
+                    self.request(Method::POST, "/v1/operations")
+                        .header("Idempotency-Key", &key)
+                        .json(submission)
+                },
+                async |response| {
+                    let replayed = response
+                        .headers()
+                        .get("idempotent-replayed")
+                        .is_some_and(|v| v == "true");
+                    Ok((replayed, response.json::<Operation>().await?))
+                },
+            )
             .await?;
-        let replayed = response
-            .headers()
-            .get("idempotent-replayed")
-            .is_some_and(|v| v == "true");
-        let operation = response.json::<Operation>().await?;
         Ok(Submitted {
             operation,
             replayed,
@@ -401,9 +414,10 @@ impl Client {
             .collect();
         let body = serde_json::json!({ "operations": items });
         let answer: BatchAnswer = self
-            .send_with_retries(|| self.request(Method::POST, "/v1/operations/batch").json(&body))
-            .await?
-            .json()
+            .send_with_retries(
+                || self.request(Method::POST, "/v1/operations/batch").json(&body),
+                async |response| response.json().await,
+            )
             .await?;
         if answer.results.len() != keys.len() {
             return Err(Error::Unexpected("the batch answer does not match the request".into()));
