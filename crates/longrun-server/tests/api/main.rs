@@ -5,6 +5,7 @@ mod auth;
 mod batches;
 mod cancel;
 mod errors;
+mod fuzz;
 mod helpers;
 mod hostile;
 mod idempotency;
