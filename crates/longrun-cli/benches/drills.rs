@@ -31,6 +31,12 @@ async fn run(drills: u64, drill: impl AsyncFn(u64) -> Report) -> Tally {
     tally
 }
 
+/// Prints a scenario's row as soon as it is done, and keeps it for the table.
+fn report(rows: &mut Vec<String>, row: String) {
+    println!("{row}");
+    rows.push(row);
+}
+
 fn peers_required() -> bool {
     std::env::var_os("LONGRUN_REQUIRE_PEERS").is_some_and(|v| v != "0")
 }
@@ -98,7 +104,7 @@ async fn main() {
                 drill::kill_a_worker(seed, &plan, dir.path(), kind).await
             })
             .await;
-            rows.push(tally.row(label));
+            report(&mut rows, tally.row(label));
             clean &= tally.clean();
         }
     }
@@ -110,12 +116,15 @@ async fn main() {
                         drill::kill_a_postgres_node(seed, &plan, cluster.database().await, 3).await
                     })
                     .await;
-                    rows.push(tally.row("`postgres-node`: kill -9 of one of three `serve` nodes on PostgreSQL"));
+                    report(
+                        &mut rows,
+                        tally.row("`postgres-node`: kill -9 of one of three `serve` nodes on PostgreSQL"),
+                    );
                     clean &= tally.clean();
                 }
                 if wanted("postgres-stop") {
                     let tally = run(drills, async |seed| drill::stop_postgres(seed, &plan, &cluster).await).await;
-                    rows.push(tally.row(
+                    report(&mut rows, tally.row(
                         "`postgres-stop`: PostgreSQL stopped hard (`-m immediate`) under load on two nodes, then started",
                     ));
                     clean &= tally.clean();
@@ -150,7 +159,7 @@ async fn main() {
                 drill::through_a_faulty_proxy(seed, &proxied, dir.path(), faults, submitter).await
             })
             .await;
-            rows.push(tally.row(label));
+            report(&mut rows, tally.row(label));
             clean &= tally.clean();
         }
     }
@@ -176,14 +185,17 @@ async fn main() {
                     drill::fill_the_disk(seed, &plan, &fs).await
                 })
                 .await;
-                rows.push(tally.row("`disk-full`: the SQLite server's file system filled up under load, then freed"));
+                report(
+                    &mut rows,
+                    tally.row("`disk-full`: the SQLite server's file system filled up under load, then freed"),
+                );
                 clean &= tally.clean();
             }
             Err(why) => skipped.push(format!("the disk-full drill: {why}")),
         }
     }
 
-    println!("{}", Tally::HEADER);
+    println!("\n{}", Tally::HEADER);
     for row in &rows {
         println!("{row}");
     }

@@ -129,6 +129,8 @@ struct ProxyPlan {
     /// Percent of connections whose request reaches the upstream but whose
     /// answer is dropped (the connection closes with no response).
     lose_response: u64,
+    /// Percent of connections that get half of the answer, then a reset.
+    reset_mid_response: u64,
 }
 
 /// A TCP reverse proxy in front of `upstream`; returns its URL and a gauge of
@@ -141,7 +143,9 @@ async fn proxy(upstream: SocketAddr, plan: ProxyPlan, seed: u64) -> (String, Arc
     let gauge = held.clone();
     tokio::spawn(async move {
         while let Ok((mut down, _)) = listener.accept().await {
-            let lose = rng.lock().unwrap().percent() < plan.lose_response;
+            let roll = rng.lock().unwrap().percent();
+            let lose = roll < plan.lose_response;
+            let reset = !lose && roll < plan.lose_response + plan.reset_mid_response;
             let gauge = gauge.clone();
             tokio::spawn(async move {
                 let Ok(mut up) = tokio::net::TcpStream::connect(upstream).await else {
@@ -170,6 +174,10 @@ async fn proxy(upstream: SocketAddr, plan: ProxyPlan, seed: u64) -> (String, Arc
                     if n == 0 || lose {
                         return;
                     }
+                    if reset {
+                        let _ = down_write.write_all(&first[..n / 2]).await;
+                        return;
+                    }
                     if down_write.write_all(&first[..n]).await.is_ok() {
                         let _ = tokio::io::copy(&mut up_read, &mut down_write).await;
                     }
@@ -178,7 +186,11 @@ async fn proxy(upstream: SocketAddr, plan: ProxyPlan, seed: u64) -> (String, Arc
                     _ = request => {}
                     () = response => {}
                 }
-                // Both sides close here: a cut request is gone upstream too.
+                // Both sides close here (a reset one with linger 0): a cut
+                // request is gone upstream too.
+                if reset {
+                    let _ = down.set_zero_linger();
+                }
             });
         }
     });
@@ -281,6 +293,7 @@ async fn synchronous(seed: u64, retries: usize) -> SyncResult {
     let plan = ProxyPlan {
         timeout: Some(sim(PROXY_TIMEOUT_MINUTES)),
         lose_response: 0,
+        reset_mid_response: 0,
     };
     let (front, _) = proxy(endpoint, plan, seed).await;
     let http = lab_http();
@@ -496,13 +509,14 @@ struct SubmitResult {
 /// `RUNS` logical submissions of `agent` work through a proxy that loses 5 %
 /// of responses; every lost answer is retried (how depends on `submitter`).
 /// Then every operation runs; the bill is the sum of their costs.
-async fn submissions(longrun: &Longrun, seed: u64, submitter: Submitter) -> SubmitResult {
+async fn submissions(longrun: &Longrun, seed: u64, submitter: Submitter, reset_mid_response: u64) -> SubmitResult {
     let plan = ProxyPlan {
         timeout: Some(sim(PROXY_TIMEOUT_MINUTES)),
         lose_response: 5,
+        reset_mid_response,
     };
     let (front, held) = proxy(longrun.addr, plan, seed).await;
-    let tag = format!("{submitter:?}-{seed}").to_lowercase();
+    let tag = format!("{submitter:?}-{seed}-{reset_mid_response}").to_lowercase();
     let http = lab_http();
     let token = longrun.client.clone();
     // A few at a time, as a producer would; the CLI's processes fewer.
@@ -562,14 +576,18 @@ async fn submit_until_answered(
         };
         attempt += 1;
         let answered = match submitter {
-            Submitter::NoKey | Submitter::Key => http
+            // An answer counts once its body is read: a cut one is retried.
+            Submitter::NoKey | Submitter::Key => match http
                 .post(format!("{front}/v1/operations"))
                 .bearer_auth(token)
                 .header("Idempotency-Key", &key)
                 .json(&body)
                 .send()
                 .await
-                .is_ok_and(|r| r.status().is_success()),
+            {
+                Ok(r) if r.status().is_success() => r.json::<Value>().await.is_ok(),
+                _ => false,
+            },
             Submitter::Sdk => {
                 let sdk = longrun_client::Client::with_http(lab_http(), front, token);
                 let submission = longrun_client::Submission {
@@ -756,6 +774,9 @@ async fn learning(longrun: &Longrun, seed: u64) -> Vec<(String, usize)> {
     for w in warm_up {
         w.await.unwrap();
     }
+    // The server remembers a kind's typical duration for 5 s (real time),
+    // "unknown" included: let the answer it read before the warm-up ended go.
+    tokio::time::sleep(Duration::from_millis(5500)).await;
     let hooks = Arc::new(Mutex::new(Receiver::default()));
     let hook_url = format!("http://{}/hook", receiver(hooks.clone()).await);
     let mut tasks = Vec::new();
@@ -805,6 +826,7 @@ async fn lossy_webhooks(longrun: &Longrun, seed: u64) -> WebhookResult {
     let plan = ProxyPlan {
         timeout: None,
         lose_response: 30,
+        reset_mid_response: 0,
     };
     let (front, _) = proxy(receiver, plan, seed ^ 0x400C).await;
     let hook_url = format!("{front}/hook");
@@ -948,21 +970,35 @@ async fn lab() {
         let longrun = Longrun::start(dir.path()).await;
         let bill = Arc::new(WorkerBill::default());
         spawn_workers(&longrun, Draw::new(seed ^ 0x10B), bill.clone());
-        for (name, simulated, submitter) in [
+        for (name, simulated, submitter, resets) in [
             (
                 "Longrun, 5 % of responses lost, no key (a new key per attempt)",
                 "47 duplicate jobs",
                 Submitter::NoKey,
+                0,
             ),
             (
                 "Longrun, same, with an `Idempotency-Key`",
                 "0 duplicates",
                 Submitter::Key,
+                0,
             ),
-            ("Longrun, same, through the SDK", "–", Submitter::Sdk),
-            ("Longrun, same, through `longrun submit`", "–", Submitter::Cli),
+            ("Longrun, same, through the SDK", "–", Submitter::Sdk, 0),
+            ("Longrun, same, through `longrun submit`", "–", Submitter::Cli, 0),
+            (
+                "Longrun, 5 % lost and 5 % reset mid-answer, no key",
+                "–",
+                Submitter::NoKey,
+                5,
+            ),
+            (
+                "Longrun, 5 % lost and 5 % reset mid-answer, through the SDK",
+                "–",
+                Submitter::Sdk,
+                5,
+            ),
         ] {
-            let r = submissions(&longrun, seed, submitter).await;
+            let r = submissions(&longrun, seed, submitter, resets).await;
             submit_rows.add(
                 name,
                 simulated,
