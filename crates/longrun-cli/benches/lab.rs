@@ -29,7 +29,7 @@ use common::key;
 use longrun_core::apikey::Role;
 use longrun_core::{Clock, ScaledClock, SystemClock};
 use longrun_server::ServeOptions;
-use longrun_store::{KindSpec, SqliteConfig};
+use longrun_store::SqliteConfig;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -363,18 +363,7 @@ impl Longrun {
         options.webhooks.reuse_connections = false;
         let server = longrun_server::start(options).await.unwrap();
         for name in ["agent", "ping", "fixed"] {
-            server
-                .store
-                .kind_upsert(KindSpec {
-                    name: name.into(),
-                    builtin: false,
-                    rerun_safe: true,
-                    max_attempts: 3,
-                    default_deadline_seconds: None,
-                    max_deadline_seconds: None,
-                })
-                .await
-                .unwrap();
+            common::rerun_safe_kind(server.store.as_ref(), name).await;
         }
         let client = key(server.store.as_ref(), Role::Client).await;
         let worker = key(server.store.as_ref(), Role::Worker).await;
@@ -898,6 +887,17 @@ fn figure(values: &[f64], decimals: usize) -> String {
 struct Rows(Vec<(String, String, Vec<Vec<f64>>)>);
 
 impl Rows {
+    /// The table: `title` heads the scenario column, `columns` the figures;
+    /// `decimals` says how many each column shows.
+    fn print(&self, title: &str, columns: &[&str], decimals: impl Fn(usize) -> usize) {
+        println!("\n| {title} | simulated | {} |", columns.join(" | "));
+        println!("|---|---|{}", "---|".repeat(columns.len()));
+        for (name, simulated, values) in &self.0 {
+            let figures: Vec<String> = values.iter().enumerate().map(|(i, v)| figure(v, decimals(i))).collect();
+            println!("| {name} | {simulated} | {} |", figures.join(" | "));
+        }
+    }
+
     /// Adds the measurements of one seed to row `name`.
     fn add(&mut self, name: &str, simulated: &str, values: &[f64]) {
         if let Some(row) = self.0.iter_mut().find(|r| r.0 == name) {
@@ -1035,39 +1035,45 @@ async fn lab() {
         );
     }
 
-    println!(
-        "\n| synchronous | simulated | answered of {RUNS} | runs | duplicate runs | work billed (min) | runs finished after their client gave up | their minutes | connections held at once |"
+    let whole = |_| 0;
+    sync_rows.print(
+        "synchronous",
+        &[
+            &format!("answered of {RUNS}"),
+            "runs",
+            "duplicate runs",
+            "work billed (min)",
+            "runs finished after their client gave up",
+            "their minutes",
+            "connections held at once",
+        ],
+        whole,
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
-    for (name, simulated, columns) in &sync_rows.0 {
-        let c: Vec<String> = columns.iter().map(|v| figure(v, 0)).collect();
-        println!("| {name} | {simulated} | {} |", c.join(" | "));
-    }
-    println!(
-        "\n| operations | simulated | logical submissions | operations created | duplicates | work billed (sum of costs, min) | connections held at once |"
+    submit_rows.print(
+        "operations",
+        &[
+            "logical submissions",
+            "operations created",
+            "duplicates",
+            "work billed (sum of costs, min)",
+            "connections held at once",
+        ],
+        whole,
     );
-    println!("|---|---|---|---|---|---|---|");
-    for (name, simulated, columns) in &submit_rows.0 {
-        let c: Vec<String> = columns.iter().map(|v| figure(v, 0)).collect();
-        println!("| {name} | {simulated} | {} |", c.join(" | "));
-    }
-    println!(
-        "\n| learning that {OBSERVED} ten-minute operations ended | simulated | requests (deliveries for the webhook) |"
+    learn_rows.print(
+        &format!("learning that {OBSERVED} ten-minute operations ended"),
+        &["requests (deliveries for the webhook)"],
+        whole,
     );
-    println!("|---|---|---|");
-    for (name, simulated, columns) in &learn_rows.0 {
-        println!("| {name} | {simulated} | {} |", figure(&columns[0], 0));
-    }
-    println!(
-        "\n| webhooks | simulated | events | acknowledged | mean attempts | applied once by the deduping receiver | deliveries received |"
+    hook_rows.print(
+        "webhooks",
+        &[
+            "events",
+            "acknowledged",
+            "mean attempts",
+            "applied once by the deduping receiver",
+            "deliveries received",
+        ],
+        |i| if i == 2 { 2 } else { 0 },
     );
-    println!("|---|---|---|---|---|---|---|");
-    for (name, simulated, columns) in &hook_rows.0 {
-        let c: Vec<String> = columns
-            .iter()
-            .enumerate()
-            .map(|(i, v)| figure(v, if i == 2 { 2 } else { 0 }))
-            .collect();
-        println!("| {name} | {simulated} | {} |", c.join(" | "));
-    }
 }

@@ -7,13 +7,17 @@
 //! long-poll, the event stream, webhooks) is measured by the lab
 //! (`cargo bench -p longrun-cli --bench lab`), against the same server.
 
+#[path = "common/mod.rs"]
+#[allow(dead_code)]
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use longrun_core::{Clock, Id, IdKind, SystemClock};
 use longrun_server::ServeOptions;
-use longrun_store::{AcceptOutcome, AcceptParams, CancelParams, KindSpec, SqliteConfig};
+use longrun_store::{AcceptOutcome, AcceptParams, CancelParams, SqliteConfig};
 use serde_json::Value;
 
 /// A loopback receiver counting deliveries.
@@ -49,17 +53,7 @@ fn main() {
         options.webhooks.interval = Duration::from_millis(20);
         let server = longrun_server::start(options).await.unwrap();
         let store = server.store.clone();
-        store
-            .kind_upsert(KindSpec {
-                name: "fixed".into(),
-                builtin: false,
-                rerun_safe: true,
-                max_attempts: 3,
-                default_deadline_seconds: None,
-                max_deadline_seconds: None,
-            })
-            .await
-            .unwrap();
+        common::rerun_safe_kind(store.as_ref(), "fixed").await;
         // Delivery throughput: events written straight to the store, delivered to loopback.
         let (url, deliveries) = receiver().await;
         let events = 5000;

@@ -15,7 +15,7 @@ use common::key;
 use longrun_core::apikey::Role;
 use longrun_core::{Clock, Id, IdKind, State, SystemClock};
 use longrun_server::{RunningServer, ServeOptions};
-use longrun_store::{AcceptParams, KindSpec, ListParams, SqliteConfig, Store};
+use longrun_store::{AcceptParams, ListParams, SqliteConfig, Store};
 use serde_json::{Value, json};
 
 async fn server(builtin_workers: bool) -> (RunningServer, tempfile::TempDir) {
@@ -27,18 +27,7 @@ async fn server(builtin_workers: bool) -> (RunningServer, tempfile::TempDir) {
     options.builtin_workers = builtin_workers;
     options.dispatcher.poll_interval = Duration::from_millis(10);
     let server = longrun_server::start(options).await.unwrap();
-    server
-        .store
-        .kind_upsert(KindSpec {
-            name: "noop".into(),
-            builtin: false,
-            rerun_safe: true,
-            max_attempts: 3,
-            default_deadline_seconds: None,
-            max_deadline_seconds: None,
-        })
-        .await
-        .unwrap();
+    common::rerun_safe_kind(server.store.as_ref(), "noop").await;
     (server, dir)
 }
 

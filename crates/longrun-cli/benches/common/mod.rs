@@ -2,7 +2,7 @@
 
 use longrun_core::apikey::{NewApiKey, Role};
 use longrun_core::{Clock, SystemClock};
-use longrun_store::{ApiKeyCreateParams, Store};
+use longrun_store::{ApiKeyCreateParams, KindSpec, Store};
 
 /// A new key of `role` for tenant `bench`.
 pub async fn key(store: &dyn Store, role: Role) -> String {
@@ -18,4 +18,19 @@ pub async fn key(store: &dyn Store, role: Role) -> String {
         .await
         .unwrap();
     key.token
+}
+
+/// Declares `name` a re-run-safe kind of three attempts, the benches' usual.
+pub async fn rerun_safe_kind(store: &dyn Store, name: &str) {
+    store
+        .kind_upsert(KindSpec {
+            name: name.into(),
+            builtin: false,
+            rerun_safe: true,
+            max_attempts: 3,
+            default_deadline_seconds: None,
+            max_deadline_seconds: None,
+        })
+        .await
+        .unwrap();
 }
