@@ -81,7 +81,8 @@ async fn main() {
             drill::kill_the_sqlite_server(seed, &plan, dir.path()).await
         })
         .await;
-        rows.push(
+        report(
+            &mut rows,
             tally.row("`sqlite-server`: kill -9 of the SQLite server under submit/claim/heartbeat/complete load"),
         );
         clean &= tally.clean();
@@ -169,7 +170,8 @@ async fn main() {
             drill::webhooks_through_a_faulty_proxy(seed, &proxied, dir.path(), slow_faults).await
         })
         .await;
-        rows.push(
+        report(
+            &mut rows,
             tally.row("`proxy-webhooks`: the proxy (with latency) between the server and a deduping webhook receiver"),
         );
         clean &= tally.clean();
