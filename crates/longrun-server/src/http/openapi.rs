@@ -3,8 +3,8 @@
 
 use std::sync::OnceLock;
 
+use axum::Router;
 use axum::routing::get;
-use axum::{Json, Router};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
@@ -149,6 +149,23 @@ fn link_operations(doc: &mut serde_json::Value) {
     }
 }
 
+/// The document as served: serialized once, like the document itself, so a
+/// public endpoint costs a copy of a reference per request.
+fn document_bytes() -> axum::body::Bytes {
+    static BYTES: OnceLock<axum::body::Bytes> = OnceLock::new();
+    BYTES
+        .get_or_init(|| serde_json::to_vec(document()).expect("the document serializes").into())
+        .clone()
+}
+
 pub fn router() -> Router<AppState> {
-    Router::new().route("/openapi.json", get(|| async { Json(document()) }))
+    Router::new().route(
+        "/openapi.json",
+        get(|| async {
+            (
+                [(axum::http::header::CONTENT_TYPE, "application/json")],
+                document_bytes(),
+            )
+        }),
+    )
 }
