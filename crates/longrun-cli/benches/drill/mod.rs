@@ -676,30 +676,22 @@ async fn stop_workers(stop: CancellationToken, workers: Vec<tokio::task::JoinHan
 /// submit, claim, heartbeat and complete load, then a restart on the same
 /// data directory and port.
 pub async fn kill_the_sqlite_server(seed: u64, plan: &Plan, data_dir: &Path) -> Report {
-    let mut stage = Stage::start(seed, plan, Store::sqlite(data_dir), "d", Traffic::default()).await;
-    let completions: Completions = Arc::default();
-    let stop = CancellationToken::new();
-    let workers = stage.http_workers(plan, &stage.bases(), &completions, &stop);
-
-    let killed_at = fault_moment(&mut rng(seed), plan).await;
-    stage.kill(0).await;
-    stage.restart(0).await;
-    until_ready(&reqwest::Client::new(), &stage.base()).await;
-    let recovery = killed_at.elapsed();
-
-    let (mut report, _) = stage.finish(&completions, killed_at + plan.stuck_bound).await;
-    report.recovery = recovery;
-    stop_workers(stop, workers).await;
-    stage.stop().await;
-    report
+    kill_a_node(seed, plan, Store::sqlite(data_dir)).await
 }
 
 /// Scenario 2a: `kill -9` of one of several `serve` nodes on one PostgreSQL
-/// database at a random moment, clients and workers spread over the nodes
-/// (moving to the next node when theirs does not answer), then a restart of
-/// it. Recovery: from the kill until the restarted node is ready.
+/// database, clients and workers spread over the nodes (moving to the next
+/// node when theirs does not answer), then a restart of it.
 pub async fn kill_a_postgres_node(seed: u64, plan: &Plan, database: String, nodes: usize) -> Report {
-    let mut stage = Stage::start(seed, plan, Store::postgres(database, nodes), "n", Traffic::default()).await;
+    kill_a_node(seed, plan, Store::postgres(database, nodes)).await
+}
+
+/// `kill -9` of one of `store`'s nodes at a random moment under load, then a
+/// restart on the same port. Recovery: from the kill until the restarted
+/// node is ready.
+async fn kill_a_node(seed: u64, plan: &Plan, store: Store) -> Report {
+    let nodes = store.nodes;
+    let mut stage = Stage::start(seed, plan, store, "n", Traffic::default()).await;
     let completions: Completions = Arc::default();
     let stop = CancellationToken::new();
     let workers = stage.http_workers(plan, &stage.bases(), &completions, &stop);
