@@ -334,16 +334,18 @@ impl Deliverer {
     /// changes (new events are written with the changes) or every interval.
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         let mut changes = self.store.subscribe_changes();
+        let mut failures = crate::service::Failures::default();
         loop {
             let found = match self.run_once().await {
                 Ok((counts, found)) => {
+                    failures.succeeded("reading due webhooks");
                     if counts != DeliveryCounts::default() {
                         tracing::debug!(?counts, "webhook deliveries");
                     }
                     found
                 }
                 Err(e) => {
-                    tracing::error!(error = %e, "reading due webhooks failed");
+                    failures.failed("reading due webhooks", &e);
                     0
                 }
             };
