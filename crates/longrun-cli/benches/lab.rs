@@ -340,7 +340,6 @@ async fn synchronous(seed: u64, retries: usize) -> SyncResult {
 /// with the `agent` and `ping` kinds, and its keys.
 struct Longrun {
     server: longrun_server::RunningServer,
-    addr: SocketAddr,
     client: String,
     worker: String,
 }
@@ -367,17 +366,20 @@ impl Longrun {
         }
         let client = key(server.store.as_ref(), Role::Client).await;
         let worker = key(server.store.as_ref(), Role::Worker).await;
-        let addr = server.addr;
-        Self {
-            server,
-            addr,
-            client,
-            worker,
-        }
+        Self { server, client, worker }
     }
 
     fn base(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("http://{}", self.server.addr)
+    }
+
+    /// `GET path` with the client key, as JSON.
+    async fn get(&self, http: &reqwest::Client, path: &str) -> Value {
+        let response = http
+            .get(format!("{}{path}", self.base()))
+            .bearer_auth(&self.client)
+            .send();
+        response.await.unwrap().json().await.unwrap()
     }
 }
 
@@ -467,19 +469,11 @@ async fn operations_tagged(http: &reqwest::Client, longrun: &Longrun, tag: &str)
     let mut all = Vec::new();
     let mut page: Option<String> = None;
     loop {
-        let mut url = format!("{}/v1/operations?page_size=100&label=lab:{tag}", longrun.base());
+        let mut url = format!("/v1/operations?page_size=100&label=lab:{tag}");
         if let Some(p) = &page {
             url.push_str(&format!("&page_token={p}"));
         }
-        let body: Value = http
-            .get(url)
-            .bearer_auth(&longrun.client)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let body = longrun.get(http, &url).await;
         all.extend(body["operations"].as_array().cloned().unwrap_or_default());
         match body["next_page_token"].as_str() {
             Some(p) => page = Some(p.to_owned()),
@@ -504,7 +498,7 @@ async fn submissions(longrun: &Longrun, seed: u64, submitter: Submitter, reset_m
         lose_response: 5,
         reset_mid_response,
     };
-    let (front, held) = proxy(longrun.addr, plan, seed).await;
+    let (front, held) = proxy(longrun.server.addr, plan, seed).await;
     let tag = format!("{submitter:?}-{seed}-{reset_mid_response}").to_lowercase();
     let http = lab_http();
     let token = longrun.client.clone();
@@ -829,15 +823,7 @@ async fn lossy_webhooks(longrun: &Longrun, seed: u64) -> WebhookResult {
     let mut attempts = 0;
     for id in &ids {
         loop {
-            let log: Value = http
-                .get(format!("{}/v1/operations/{id}/deliveries", longrun.base()))
-                .bearer_auth(&longrun.client)
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
+            let log = longrun.get(&http, &format!("/v1/operations/{id}/deliveries")).await;
             let terminal: Vec<&Value> = log["deliveries"]
                 .as_array()
                 .unwrap()
