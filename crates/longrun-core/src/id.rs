@@ -29,6 +29,7 @@ pub enum IdKind {
     Event,
     ApiKey,
     Request,
+    Upload,
 }
 
 impl IdKind {
@@ -39,6 +40,7 @@ impl IdKind {
             IdKind::Event => "evt",
             IdKind::ApiKey => "key",
             IdKind::Request => "req",
+            IdKind::Upload => "upl",
         }
     }
 }

@@ -19,6 +19,10 @@ pub enum StoreError {
     /// An upload was larger than allowed.
     #[error("larger than {max_bytes} bytes")]
     TooLarge { max_bytes: u64 },
+    /// An upload's append named another offset than the current one, or the
+    /// upload is already complete.
+    #[error("the upload's offset is {offset}")]
+    UploadOffsetMismatch { offset: i64, complete: bool },
     /// The operation was removed by retention; its tombstone still answers.
     #[error("the operation was removed")]
     Gone,

@@ -169,8 +169,8 @@ pub trait Store: Send + Sync + 'static {
     /// publishes it, any other end discards it.
     async fn result_upload(&self, params: ResultUploadParams) -> Result<()>;
 
-    /// The published (or expired) result of the tenant's operation.
-    async fn result_for_operation(&self, tenant: &str, id: &Id) -> Result<Option<ResultRecord>>;
+    /// The published (or expired) artifacts of the tenant's operation, by name.
+    async fn result_for_operation(&self, tenant: &str, id: &Id) -> Result<Vec<ResultRecord>>;
 
     /// A result by its own id (download links are the authorisation).
     async fn result_get(&self, id: &Id) -> Result<Option<ResultRecord>>;
@@ -190,6 +190,33 @@ pub trait Store: Send + Sync + 'static {
     /// Removes every operation, record, result, event, delivery, secret and
     /// key of the tenant (result objects become garbage).
     async fn tenant_delete(&self, tenant: &str, now: longrun_core::Timestamp) -> Result<TenantDeleteCounts>;
+
+    /// Starts an upload (no bytes yet).
+    async fn upload_create(&self, params: UploadCreateParams) -> Result<UploadRecord>;
+
+    /// The tenant's upload `id`; `None` for an unknown or foreign id.
+    async fn upload_get(&self, tenant: &str, id: &Id) -> Result<Option<UploadRecord>>;
+
+    /// Records a stored piece at the upload's current offset (see
+    /// [`UploadAppendParams`]); a refused piece is the caller's to delete.
+    async fn upload_append(&self, params: UploadAppendParams) -> Result<UploadRecord>;
+
+    /// Completes an upload whose pieces the caller joined into one object.
+    async fn upload_complete(&self, params: UploadCompleteParams) -> Result<UploadRecord>;
+
+    /// Removes an upload no operation names (its objects become garbage);
+    /// `false` if there was none to remove.
+    async fn upload_remove(&self, tenant: &str, id: &Id, now: longrun_core::Timestamp) -> Result<bool>;
+
+    /// The upload `upload_id` as the worker holding `lease_token` on
+    /// `operation_id` may read it: the operation names it and the lease is
+    /// current (else `LeaseLost`); `None` when the operation does not name it.
+    async fn upload_for_task(
+        &self,
+        operation_id: &Id,
+        lease_token: &str,
+        upload_id: &Id,
+    ) -> Result<Option<UploadRecord>>;
 
     /// Server secrets whose names start with `prefix`, oldest first.
     async fn server_secret_list(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>>;

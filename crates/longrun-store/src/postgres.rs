@@ -30,6 +30,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("postgres/schema.sql")),
     (2, include_str!("postgres/0002_guard_when.sql")),
     (3, include_str!("postgres/0003_fewer_indexes.sql")),
+    (4, include_str!("postgres/0004_uploads.sql")),
 ];
 
 #[derive(Debug, Clone)]
@@ -479,9 +480,12 @@ fn operation_from_row(r: &PgRow) -> Result<Operation> {
         completed_at: ts(r.try_get(24).map_err(get)?),
         updated_at: Timestamp(r.try_get(25).map_err(get)?),
         expires_at: ts(r.try_get(26).map_err(get)?),
-        artifact: json_text(r.try_get(27).map_err(get)?)?
-            .as_ref()
-            .and_then(artifact_from_json),
+        artifact: None,
+        artifacts: std::collections::BTreeMap::new(),
+    })
+    .and_then(|mut op| {
+        (op.artifact, op.artifacts) = artifacts_from_json(json_text(r.try_get(27).map_err(get)?)?.as_ref());
+        Ok(op)
     })
 }
 
@@ -638,9 +642,10 @@ async fn insert_submissions(
         "WITH q AS (
              SELECT i.*, NOT $13 AND EXISTS (SELECT 1 FROM tenants WHERE name = i.tenant AND max_active IS NOT NULL) AS capped
                FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], $5::TEXT[], $6::BIGINT[],
-                           $7::FLOAT8[], $8::TEXT[], $9::TEXT[], $10::BYTEA[], $11::BIGINT[], $12::TEXT[])
+                           $7::FLOAT8[], $8::TEXT[], $9::TEXT[], $10::BYTEA[], $11::BIGINT[], $12::TEXT[],
+                           $14::TEXT[])
                     WITH ORDINALITY AS i(id, tenant, kind, input, callback_url, deadline_at, budget_max_cost,
-                                         labels, key, fingerprint, now, snapshot, ord)
+                                         labels, key, fingerprint, now, snapshot, uploads, ord)
          ), k AS (
              INSERT INTO idempotency_keys (tenant, kind, key, fingerprint, operation_id, created_at)
              SELECT tenant, kind, key, fingerprint, id, now FROM q WHERE key IS NOT NULL AND NOT capped ORDER BY ord
@@ -659,6 +664,10 @@ async fn insert_submissions(
          ), e AS (
              INSERT INTO operation_events (operation_id, version, type, state, at, data, snapshot)
              SELECT o.id, 1, 'created', 'queued', q.now, '{}', q.snapshot FROM o JOIN q USING (id)
+         ), u AS (
+             INSERT INTO operation_uploads (operation_id, upload_id)
+             SELECT o.id, unnest(string_to_array(q.uploads, ',')) FROM o JOIN q USING (id) WHERE q.uploads <> ''
+             ON CONFLICT DO NOTHING
          )
          SELECT q.capped, o.id IS NOT NULL FROM q LEFT JOIN o USING (id) ORDER BY q.ord",
     )
@@ -680,6 +689,12 @@ async fn insert_submissions(
     .bind(batch.iter().map(|p| p.now.0).collect::<Vec<_>>())
     .bind(created.iter().map(|op| snapshot_to_json(op).to_string()).collect::<Vec<_>>())
     .bind(quota_checked)
+    .bind(
+        batch
+            .iter()
+            .map(|p| p.uploads.iter().map(Id::as_str).collect::<Vec<_>>().join(","))
+            .collect::<Vec<_>>(),
+    )
     .fetch_all(&mut *c)
     .await
     .map_err(db)?;
@@ -944,16 +959,19 @@ async fn operations_end(
         .execute(&mut *c)
         .await
         .map_err(db)?;
-    let (succeeded, other): (Vec<&str>, Vec<&str>) = ended_ids
+    let publishes: std::collections::HashSet<&str> = endings
         .iter()
-        .partition(|id| ended.get(**id).is_some_and(|op| op.state == State::Succeeded));
+        .filter(|(_, e, _)| e.publishes)
+        .map(|(id, _, _)| *id)
+        .collect();
+    let (succeeded, other): (Vec<&str>, Vec<&str>) = ended_ids.iter().partition(|id| publishes.contains(**id));
     // Results are kept from the moment the operation ended.
     let ended_at = |id: &str| ended.get(id).map_or(Timestamp(0), |op| op.updated_at);
     let publish: Vec<(&str, Timestamp)> = succeeded.iter().map(|id| (*id, ended_at(id))).collect();
     let discard_at = other.iter().map(|id| ended_at(id)).max().unwrap_or(Timestamp(0));
-    for (id, artifact) in results_publish(c, policy, &publish).await? {
-        if let Some(op) = ended.get_mut(&id) {
-            op.artifact = Some(artifact);
+    for (id, published) in results_publish(c, policy, &publish).await? {
+        if let Some(op) = ended.remove(&id) {
+            ended.insert(id, with_published(op, published));
         }
     }
     results_discard(c, &other, discard_at).await?;
@@ -970,14 +988,14 @@ async fn operations_end(
     Ok(ended)
 }
 
-/// Publishes the uploaded results of operations that succeeded (each with
-/// the time it ended); returns each published artifact by operation id
-/// (usually none).
+/// Publishes the uploaded results of operations that publish them (each
+/// with the time it ended); returns the published artifacts, by name, of
+/// each operation that had any (usually none).
 async fn results_publish(
     c: &mut PgConnection,
     policy: Policy,
     ended: &[(&str, Timestamp)],
-) -> Result<Vec<(String, ArtifactRef)>> {
+) -> Result<Vec<(String, Vec<(String, ArtifactRef)>)>> {
     if ended.is_empty() {
         return Ok(Vec::new());
     }
@@ -991,14 +1009,14 @@ async fn results_publish(
            FROM unnest($1::TEXT[], $2::BIGINT[]) AS p(op_id, expires)
           WHERE results.operation_id = p.op_id AND results.state = 'uploaded'
       RETURNING results.operation_id, results.id, results.content_type, results.size_bytes, results.sha256,
-                results.expires_at",
+                results.expires_at, results.name",
     )
     .bind(&ids)
     .bind(&expiries)
     .fetch_all(&mut *c)
     .await
     .map_err(db)?;
-    let mut published = Vec::with_capacity(rows.len());
+    let mut published: std::collections::BTreeMap<String, Vec<(String, ArtifactRef)>> = Default::default();
     for row in &rows {
         let operation_id: String = row.try_get(0).map_err(db)?;
         let artifact = ArtifactRef {
@@ -1008,15 +1026,28 @@ async fn results_publish(
             sha256: row.try_get(4).map_err(db)?,
             expires_at: Timestamp(row.try_get(5).map_err(db)?),
         };
+        published
+            .entry(operation_id)
+            .or_default()
+            .push((row.try_get(6).map_err(db)?, artifact));
+    }
+    for (operation_id, artifacts) in &published {
+        let (mut default, mut named) = (None, std::collections::BTreeMap::new());
+        for (name, artifact) in artifacts {
+            if name == DEFAULT_ARTIFACT {
+                default = Some(artifact.clone());
+            } else {
+                named.insert(name.clone(), artifact.clone());
+            }
+        }
         sqlx::query("UPDATE operations SET artifact = $2 WHERE id = $1")
-            .bind(&operation_id)
-            .bind(artifact_to_json(&artifact).to_string())
+            .bind(operation_id)
+            .bind(artifacts_to_json(default.as_ref(), &named).map(|v| v.to_string()))
             .execute(&mut *c)
             .await
             .map_err(db)?;
-        published.push((operation_id, artifact));
     }
-    Ok(published)
+    Ok(published.into_iter().collect())
 }
 
 /// Moves uploaded but unpublished results of `ids` to the garbage list.
@@ -1765,7 +1796,7 @@ fn kind_from_row(r: &PgRow) -> Result<KindSpec> {
 
 const KIND_COLUMNS: &str = "name, builtin, rerun_safe, max_attempts, default_deadline_seconds, max_deadline_seconds";
 const RESULT_COLUMNS: &str =
-    "id, operation_id, tenant, storage_key, content_type, size_bytes, sha256, state, created_at, expires_at";
+    "id, operation_id, tenant, storage_key, content_type, size_bytes, sha256, state, created_at, expires_at, name";
 
 fn result_from_row(r: &PgRow) -> Result<ResultRecord> {
     Ok(ResultRecord {
@@ -1779,6 +1810,7 @@ fn result_from_row(r: &PgRow) -> Result<ResultRecord> {
         state: r.try_get(7).map_err(db)?,
         created_at: Timestamp(r.try_get(8).map_err(db)?),
         expires_at: ts(r.try_get(9).map_err(db)?),
+        name: r.try_get(10).map_err(db)?,
     })
 }
 
@@ -1840,6 +1872,7 @@ async fn operation_remove(c: &mut PgConnection, id: &str, now: Timestamp) -> Res
     .map_err(db)?;
     for sql in [
         "DELETE FROM results WHERE operation_id = $1",
+        "DELETE FROM operation_uploads WHERE operation_id = $1",
         "DELETE FROM operation_events WHERE operation_id = $1",
         "DELETE FROM webhook_attempts WHERE operation_id = $1",
         "DELETE FROM webhook_deliveries WHERE operation_id = $1",
@@ -1945,7 +1978,100 @@ async fn retention_sweep(c: &mut PgConnection, p: &RetentionParams) -> Result<Re
             .map_err(db)?;
         counts.deliveries_removed += 1;
     }
+    let unused = ids(
+        c,
+        "SELECT id FROM uploads WHERE expires_at <= $1
+            AND NOT EXISTS (SELECT 1 FROM operation_uploads WHERE upload_id = uploads.id)
+          ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED",
+        now,
+        limit,
+    )
+    .await?;
+    for id in unused {
+        upload_drop(c, &id, p.now).await?;
+        counts.uploads_removed += 1;
+    }
     Ok(counts)
+}
+
+/// Deletes an upload's row; its objects become garbage.
+async fn upload_drop(c: &mut PgConnection, id: &str, now: Timestamp) -> Result<()> {
+    let chunks: Option<String> = sqlx::query_scalar("DELETE FROM uploads WHERE id = $1 RETURNING chunks")
+        .bind(id)
+        .fetch_optional(&mut *c)
+        .await
+        .map_err(db)?;
+    let keys: Vec<String> = chunks_from_json(chunks.as_deref().unwrap_or("[]"))
+        .into_iter()
+        .map(|chunk| chunk.storage_key)
+        .collect();
+    garbage_insert(c, &keys, now).await
+}
+
+async fn garbage_insert(c: &mut PgConnection, keys: &[String], now: Timestamp) -> Result<()> {
+    if keys.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(
+        "INSERT INTO artifact_garbage (storage_key, created_at) SELECT unnest($1::TEXT[]), $2 ON CONFLICT DO NOTHING",
+    )
+    .bind(keys)
+    .bind(now.0)
+    .execute(&mut *c)
+    .await
+    .map_err(db)?;
+    Ok(())
+}
+
+const UPLOAD_COLUMNS: &str = "id, tenant, content_type, upload_offset, complete, sha256, expected_sha256, chunks,
+    created_at, expires_at, EXISTS (SELECT 1 FROM operation_uploads WHERE upload_id = uploads.id)";
+
+fn upload_from_row(r: &PgRow) -> Result<UploadRecord> {
+    let chunks: String = r.try_get(7).map_err(db)?;
+    Ok(UploadRecord {
+        id: Id::from_trusted(r.try_get(0).map_err(db)?),
+        tenant: r.try_get(1).map_err(db)?,
+        content_type: r.try_get(2).map_err(db)?,
+        offset: r.try_get(3).map_err(db)?,
+        complete: r.try_get(4).map_err(db)?,
+        sha256: r.try_get(5).map_err(db)?,
+        expected_sha256: r.try_get(6).map_err(db)?,
+        chunks: chunks_from_json(&chunks),
+        created_at: Timestamp(r.try_get(8).map_err(db)?),
+        expires_at: Timestamp(r.try_get(9).map_err(db)?),
+        referenced: r.try_get(10).map_err(db)?,
+    })
+}
+
+/// The tenant's upload, locked for an update when `lock`.
+async fn upload_row(c: &mut PgConnection, tenant: &str, id: &Id, lock: bool) -> Result<Option<UploadRecord>> {
+    let lock = if lock { "FOR UPDATE" } else { "" };
+    let row = sqlx::query(&format!(
+        "SELECT {UPLOAD_COLUMNS} FROM uploads WHERE id = $1 AND tenant = $2 {lock}"
+    ))
+    .bind(id.as_str())
+    .bind(tenant)
+    .fetch_optional(&mut *c)
+    .await
+    .map_err(db)?;
+    row.as_ref().map(upload_from_row).transpose()
+}
+
+async fn upload_store(c: &mut PgConnection, u: &UploadRecord) -> Result<()> {
+    sqlx::query(
+        "UPDATE uploads SET upload_offset = $2, complete = $3, sha256 = $4, expected_sha256 = $5, chunks = $6
+          WHERE id = $1",
+    )
+    .bind(u.id.as_str())
+    .bind(u.offset)
+    .bind(u.complete)
+    .bind(&u.sha256)
+    .bind(&u.expected_sha256)
+    .bind(chunks_to_json(&u.chunks))
+    .execute(&mut *c)
+    .await
+    .map_err(db)?;
+    Ok(())
 }
 
 async fn tenant_delete(c: &mut PgConnection, tenant: &str, now: Timestamp) -> Result<TenantDeleteCounts> {
@@ -1975,6 +2101,15 @@ async fn tenant_delete(c: &mut PgConnection, tenant: &str, now: Timestamp) -> Re
         operation_remove(c, id, now).await?;
     }
     counts.operations = op_ids.len() as u64;
+    let uploads: Vec<String> = sqlx::query_scalar("SELECT id FROM uploads WHERE tenant = $1")
+        .bind(tenant)
+        .fetch_all(&mut *c)
+        .await
+        .map_err(db)?;
+    for id in &uploads {
+        upload_drop(c, id, now).await?;
+    }
+    counts.uploads = uploads.len() as u64;
     sqlx::query(
         "INSERT INTO artifact_garbage (storage_key, created_at)
          SELECT storage_key, $2 FROM results WHERE tenant = $1 AND state <> 'expired' ON CONFLICT DO NOTHING",
@@ -2396,7 +2531,21 @@ impl Store for PostgresStore {
     async fn result_upload(&self, params: ResultUploadParams) -> Result<()> {
         in_tx!(self, |c, _ch| {
             fenced(c, &params.operation_id, &params.lease_token).await?;
-            results_discard(c, &[params.operation_id.as_str()], params.now).await?;
+            // One upload per name: a new one replaces this attempt's earlier
+            // one of the name, and whatever earlier attempts left.
+            sqlx::query(
+                "WITH gone AS (DELETE FROM results WHERE operation_id = $1 AND state = 'uploaded'
+                                  AND (name = $2 OR lease_token IS DISTINCT FROM $3) RETURNING storage_key)
+                 INSERT INTO artifact_garbage (storage_key, created_at) SELECT storage_key, $4 FROM gone
+                 ON CONFLICT DO NOTHING",
+            )
+            .bind(params.operation_id.as_str())
+            .bind(&params.name)
+            .bind(&params.lease_token)
+            .bind(params.now.0)
+            .execute(&mut *c)
+            .await
+            .map_err(db)?;
             let tenant: String = sqlx::query_scalar("SELECT tenant FROM operations WHERE id = $1")
                 .bind(params.operation_id.as_str())
                 .fetch_one(&mut *c)
@@ -2404,8 +2553,8 @@ impl Store for PostgresStore {
                 .map_err(db)?;
             sqlx::query(
                 "INSERT INTO results (id, operation_id, tenant, storage_key, content_type, size_bytes, sha256, state,
-                                      lease_token, created_at)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, 'uploaded', $8, $9)",
+                                      lease_token, created_at, name)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, 'uploaded', $8, $9, $10)",
             )
             .bind(params.result_id.as_str())
             .bind(params.operation_id.as_str())
@@ -2416,6 +2565,7 @@ impl Store for PostgresStore {
             .bind(&params.sha256)
             .bind(&params.lease_token)
             .bind(params.now.0)
+            .bind(&params.name)
             .execute(&mut *c)
             .await
             .map_err(db)?;
@@ -2423,16 +2573,17 @@ impl Store for PostgresStore {
         })
     }
 
-    async fn result_for_operation(&self, tenant: &str, id: &Id) -> Result<Option<ResultRecord>> {
-        let row = sqlx::query(&format!(
-            "SELECT {RESULT_COLUMNS} FROM results WHERE operation_id = $1 AND tenant = $2 AND state <> 'uploaded'"
+    async fn result_for_operation(&self, tenant: &str, id: &Id) -> Result<Vec<ResultRecord>> {
+        let rows = sqlx::query(&format!(
+            "SELECT {RESULT_COLUMNS} FROM results WHERE operation_id = $1 AND tenant = $2 AND state <> 'uploaded'
+              ORDER BY name"
         ))
         .bind(id.as_str())
         .bind(tenant)
-        .fetch_optional(&self.pool)
+        .fetch_all(&self.pool)
         .await
         .map_err(db)?;
-        row.as_ref().map(result_from_row).transpose()
+        rows.iter().map(result_from_row).collect()
     }
 
     async fn result_get(&self, id: &Id) -> Result<Option<ResultRecord>> {
@@ -2547,6 +2698,89 @@ impl Store for PostgresStore {
             .await
             .map_err(db)?;
         Ok(scopes.into_iter().map(|s| (s != "*").then_some(s)).collect())
+    }
+
+    async fn upload_create(&self, params: UploadCreateParams) -> Result<UploadRecord> {
+        in_tx!(self, |c, _ch| {
+            sqlx::query(
+                "INSERT INTO uploads (id, tenant, content_type, upload_offset, complete, expected_sha256, chunks,
+                                      created_at, expires_at)
+                 VALUES ($1, $2, $3, 0, FALSE, $4, '[]', $5, $6)",
+            )
+            .bind(params.id.as_str())
+            .bind(&params.tenant)
+            .bind(&params.content_type)
+            .bind(&params.expected_sha256)
+            .bind(params.now.0)
+            .bind(params.expires_at.0)
+            .execute(&mut *c)
+            .await
+            .map_err(db)?;
+            upload_row(c, &params.tenant, &params.id, false)
+                .await?
+                .ok_or(StoreError::NotFound)
+        })
+    }
+
+    async fn upload_get(&self, tenant: &str, id: &Id) -> Result<Option<UploadRecord>> {
+        let mut c = self.pool.acquire().await.map_err(db)?;
+        upload_row(&mut c, tenant, id, false).await
+    }
+
+    async fn upload_append(&self, params: UploadAppendParams) -> Result<UploadRecord> {
+        in_tx!(self, |c, _ch| {
+            let current = upload_row(c, &params.tenant, &params.id, true)
+                .await?
+                .ok_or(StoreError::NotFound)?;
+            let appended = upload_appended(&current, &params)?;
+            upload_store(c, &appended).await?;
+            Ok(appended)
+        })
+    }
+
+    async fn upload_complete(&self, params: UploadCompleteParams) -> Result<UploadRecord> {
+        in_tx!(self, |c, _ch| {
+            let current = upload_row(c, &params.tenant, &params.id, true)
+                .await?
+                .ok_or(StoreError::NotFound)?;
+            let (completed, garbage) = upload_completed(&current, &params)?;
+            upload_store(c, &completed).await?;
+            garbage_insert(c, &garbage, params.now).await?;
+            Ok(completed)
+        })
+    }
+
+    async fn upload_remove(&self, tenant: &str, id: &Id, now: Timestamp) -> Result<bool> {
+        let (tenant, id) = (tenant.to_owned(), id.clone());
+        in_tx!(self, |c, _ch| {
+            match upload_row(c, &tenant, &id, true).await? {
+                Some(upload) if !upload.referenced => {
+                    upload_drop(c, id.as_str(), now).await?;
+                    Ok(true)
+                }
+                _ => Ok(false),
+            }
+        })
+    }
+
+    async fn upload_for_task(
+        &self,
+        operation_id: &Id,
+        lease_token: &str,
+        upload_id: &Id,
+    ) -> Result<Option<UploadRecord>> {
+        let mut c = self.pool.acquire().await.map_err(db)?;
+        fenced(&mut c, operation_id, lease_token).await?;
+        let row = sqlx::query(&format!(
+            "SELECT {UPLOAD_COLUMNS} FROM uploads WHERE id = $1
+                AND EXISTS (SELECT 1 FROM operation_uploads WHERE operation_id = $2 AND upload_id = $1)"
+        ))
+        .bind(upload_id.as_str())
+        .bind(operation_id.as_str())
+        .fetch_optional(&mut *c)
+        .await
+        .map_err(db)?;
+        row.as_ref().map(upload_from_row).transpose()
     }
 
     async fn ping(&self) -> Result<()> {

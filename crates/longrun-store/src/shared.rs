@@ -2,6 +2,7 @@
 //! and snapshots kept in the database, and the rules for merging progress and
 //! for how a stop the server asked for ends.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use longrun_core::{Id, State, Timestamp};
@@ -32,6 +33,51 @@ pub(crate) fn artifact_from_json(v: &Value) -> Option<ArtifactRef> {
         sha256: v.get("sha256")?.as_str()?.to_owned(),
         expires_at: Timestamp(v.get("expires_at")?.as_i64()?),
     })
+}
+
+/// The published artifacts of an operation as its `artifact` column keeps
+/// them: the default one alone in its own form (as before named artifacts
+/// existed), or `{"artifacts": {name: artifact}}` when any is named; `None`
+/// when there are none.
+pub(crate) fn artifacts_to_json(default: Option<&ArtifactRef>, named: &BTreeMap<String, ArtifactRef>) -> Option<Value> {
+    if named.is_empty() {
+        return default.map(artifact_to_json);
+    }
+    let mut all: serde_json::Map<String, Value> = named
+        .iter()
+        .map(|(name, a)| (name.clone(), artifact_to_json(a)))
+        .collect();
+    if let Some(a) = default {
+        all.insert(DEFAULT_ARTIFACT.to_owned(), artifact_to_json(a));
+    }
+    Some(json!({ "artifacts": all }))
+}
+
+/// The inverse of [`artifacts_to_json`]: the default artifact and the named ones.
+pub(crate) fn artifacts_from_json(v: Option<&Value>) -> (Option<ArtifactRef>, BTreeMap<String, ArtifactRef>) {
+    let Some(v) = v.filter(|v| !v.is_null()) else {
+        return (None, BTreeMap::new());
+    };
+    let Some(all) = v.get("artifacts").and_then(Value::as_object) else {
+        return (artifact_from_json(v), BTreeMap::new());
+    };
+    let mut named: BTreeMap<String, ArtifactRef> = all
+        .iter()
+        .filter_map(|(name, a)| Some((name.clone(), artifact_from_json(a)?)))
+        .collect();
+    (named.remove(DEFAULT_ARTIFACT), named)
+}
+
+/// Adds `published` (name, artifact) to an operation's artifacts.
+pub(crate) fn with_published(mut op: Operation, published: Vec<(String, ArtifactRef)>) -> Operation {
+    for (name, artifact) in published {
+        if name == DEFAULT_ARTIFACT {
+            op.artifact = Some(artifact);
+        } else {
+            op.artifacts.insert(name, artifact);
+        }
+    }
+    op
 }
 
 pub(crate) fn progress_to_json(p: &Progress) -> Value {
@@ -116,7 +162,7 @@ pub(crate) fn snapshot_to_json(op: &Operation) -> Value {
         "completed_at": op.completed_at.map(|t| t.0),
         "updated_at": op.updated_at.0,
         "expires_at": op.expires_at.map(|t| t.0),
-        "artifact": op.artifact.as_ref().map(artifact_to_json),
+        "artifact": artifacts_to_json(op.artifact.as_ref(), &op.artifacts),
     })
 }
 
@@ -159,7 +205,12 @@ pub(crate) fn snapshot_from_json(v: &Value) -> Option<Operation> {
         completed_at: time("completed_at"),
         updated_at: time("updated_at")?,
         expires_at: time("expires_at"),
-        artifact: v.get("artifact").and_then(artifact_from_json),
+        artifact: None,
+        artifacts: BTreeMap::new(),
+    })
+    .map(|mut op| {
+        (op.artifact, op.artifacts) = artifacts_from_json(v.get("artifact"));
+        op
     })
 }
 
@@ -253,6 +304,10 @@ pub(crate) struct Ending {
     pub error: Option<OperationError>,
     /// The worker's last progress, stored with the change (same version).
     pub progress: Option<Progress>,
+    /// Publish what the worker uploaded (a success, or a failure the worker
+    /// reported itself: partial outputs and error reports); any other end
+    /// discards it.
+    pub publishes: bool,
 }
 
 impl Ending {
@@ -262,6 +317,7 @@ impl Ending {
             result: Some(result.unwrap_or(Value::Null)),
             error: None,
             progress: None,
+            publishes: true,
         }
     }
 
@@ -271,6 +327,15 @@ impl Ending {
             result: None,
             error: Some(error),
             progress: None,
+            publishes: false,
+        }
+    }
+
+    /// A failure the worker reported: what it uploaded is published.
+    pub fn failed_by_worker(error: OperationError) -> Self {
+        Self {
+            publishes: true,
+            ..Self::failed(error)
         }
     }
 
@@ -280,6 +345,7 @@ impl Ending {
             result: None,
             error: None,
             progress: None,
+            publishes: false,
         }
     }
 
@@ -339,7 +405,7 @@ pub(crate) fn decide_finish(current: &Fenced, outcome: &Outcome) -> Decision {
                 }),
             }
         }
-        Outcome::Failed { error } => Decision::End(Ending::failed(error.clone())),
+        Outcome::Failed { error } => Decision::End(Ending::failed_by_worker(error.clone())),
         Outcome::Cancelled => Decision::End(Ending::after_cancel(
             current.cancel_requested_by.as_deref(),
             current.cancel_reason.as_deref(),
@@ -394,6 +460,68 @@ impl ReapCounts {
     }
 }
 
+pub(crate) fn chunks_to_json(chunks: &[UploadChunk]) -> String {
+    serde_json::to_string(chunks).unwrap_or_else(|_| "[]".into())
+}
+
+pub(crate) fn chunks_from_json(text: &str) -> Vec<UploadChunk> {
+    serde_json::from_str(text).unwrap_or_default()
+}
+
+/// An upload with a piece appended (see [`UploadAppendParams`]), or the
+/// refusal: another offset than the current one, or a complete upload.
+pub(crate) fn upload_appended(current: &UploadRecord, p: &UploadAppendParams) -> Result<UploadRecord> {
+    if current.complete || p.offset != current.offset {
+        return Err(StoreError::UploadOffsetMismatch {
+            offset: current.offset,
+            complete: current.complete,
+        });
+    }
+    let mut next = current.clone();
+    if p.chunk.size_bytes > 0 || p.sha256.is_some() {
+        next.chunks.push(p.chunk.clone());
+    }
+    next.offset += p.chunk.size_bytes;
+    next.expected_sha256 = current.expected_sha256.clone().or_else(|| p.expected_sha256.clone());
+    if let Some(sha256) = &p.sha256 {
+        if current.offset != 0 {
+            return Err(StoreError::Backend(
+                "only a whole upload completes with its append".into(),
+            ));
+        }
+        next.complete = true;
+        next.sha256 = Some(sha256.clone());
+    }
+    Ok(next)
+}
+
+/// An upload completed into one object, with the storage keys of the pieces
+/// that became garbage; refused if it moved on or is complete already.
+pub(crate) fn upload_completed(
+    current: &UploadRecord,
+    p: &UploadCompleteParams,
+) -> Result<(UploadRecord, Vec<String>)> {
+    if current.complete || p.size_bytes != current.offset || p.object.size_bytes != current.offset {
+        return Err(StoreError::UploadOffsetMismatch {
+            offset: current.offset,
+            complete: current.complete,
+        });
+    }
+    let garbage = current
+        .chunks
+        .iter()
+        .map(|c| c.storage_key.clone())
+        .filter(|key| *key != p.object.storage_key)
+        .collect();
+    let completed = UploadRecord {
+        complete: true,
+        sha256: Some(p.sha256.clone()),
+        chunks: vec![p.object.clone()],
+        ..current.clone()
+    };
+    Ok((completed, garbage))
+}
+
 /// The operation an accepted submission creates, as the store returns it.
 pub(crate) fn created_operation(p: &AcceptParams) -> Operation {
     Operation {
@@ -421,6 +549,7 @@ pub(crate) fn created_operation(p: &AcceptParams) -> Operation {
         updated_at: p.now,
         expires_at: None,
         artifact: None,
+        artifacts: BTreeMap::new(),
     }
 }
 
@@ -489,17 +618,17 @@ mod tests {
         ));
         assert_eq!(
             decide_finish(&running(3, 3), &failed),
-            Decision::End(Ending::failed(error(true)))
+            Decision::End(Ending::failed_by_worker(error(true)))
         );
         let mut stopping = running(1, 3);
         stopping.cancel_requested = true;
         assert_eq!(
             decide_finish(&stopping, &failed),
-            Decision::End(Ending::failed(error(true)))
+            Decision::End(Ending::failed_by_worker(error(true)))
         );
         assert_eq!(
             decide_finish(&running(1, 3), &Outcome::Failed { error: error(false) }),
-            Decision::End(Ending::failed(error(false)))
+            Decision::End(Ending::failed_by_worker(error(false)))
         );
     }
 

@@ -29,6 +29,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (5, include_str!("sqlite/migrations/0005_results_retention.sql")),
     (6, include_str!("sqlite/migrations/0006_operating.sql")),
     (7, include_str!("sqlite/migrations/0007_fewer_indexes.sql")),
+    (8, include_str!("sqlite/migrations/0008_uploads.sql")),
 ];
 
 #[derive(Debug, Clone)]
@@ -475,7 +476,7 @@ impl Store for SqliteStore {
         self.writer.write(move |c| sql::result_upload(c, &params)).await
     }
 
-    async fn result_for_operation(&self, tenant: &str, id: &Id) -> Result<Option<ResultRecord>> {
+    async fn result_for_operation(&self, tenant: &str, id: &Id) -> Result<Vec<ResultRecord>> {
         let (tenant, id) = (tenant.to_owned(), id.clone());
         self.read(move |c| sql::result_for_operation(c, &tenant, &id)).await
     }
@@ -524,6 +525,41 @@ impl Store for SqliteStore {
 
     async fn accepting_pauses(&self) -> Result<Vec<Option<String>>> {
         self.read(sql::accepting_pauses).await
+    }
+
+    async fn upload_create(&self, params: UploadCreateParams) -> Result<UploadRecord> {
+        self.writer.write(move |c| sql::upload_create(c, &params)).await
+    }
+
+    async fn upload_get(&self, tenant: &str, id: &Id) -> Result<Option<UploadRecord>> {
+        let (tenant, id) = (tenant.to_owned(), id.clone());
+        self.read(move |c| sql::upload_get(c, &tenant, &id)).await
+    }
+
+    async fn upload_append(&self, params: UploadAppendParams) -> Result<UploadRecord> {
+        self.writer.write(move |c| sql::upload_append(c, &params)).await
+    }
+
+    async fn upload_complete(&self, params: UploadCompleteParams) -> Result<UploadRecord> {
+        self.writer.write(move |c| sql::upload_complete(c, &params)).await
+    }
+
+    async fn upload_remove(&self, tenant: &str, id: &Id, now: Timestamp) -> Result<bool> {
+        let (tenant, id) = (tenant.to_owned(), id.clone());
+        self.writer
+            .write(move |c| sql::upload_remove(c, &tenant, &id, now))
+            .await
+    }
+
+    async fn upload_for_task(
+        &self,
+        operation_id: &Id,
+        lease_token: &str,
+        upload_id: &Id,
+    ) -> Result<Option<UploadRecord>> {
+        let (operation_id, lease_token, upload_id) = (operation_id.clone(), lease_token.to_owned(), upload_id.clone());
+        self.read(move |c| sql::upload_for_task(c, &operation_id, &lease_token, &upload_id))
+            .await
     }
 
     async fn ping(&self) -> Result<()> {

@@ -39,8 +39,10 @@ pub struct Operation {
     /// The `Idempotency-Key` it was submitted with, if any; its record lives
     /// exactly as long as the operation's.
     pub idempotency_key: Option<String>,
-    /// The published artifact, when the result is one.
+    /// The published default artifact, when the result is one.
     pub artifact: Option<ArtifactRef>,
+    /// Published artifacts with a name other than [`DEFAULT_ARTIFACT`].
+    pub artifacts: BTreeMap<String, ArtifactRef>,
 }
 
 impl Operation {
@@ -157,6 +159,8 @@ pub struct AcceptParams {
     pub labels: BTreeMap<String, String>,
     /// `None` only when the server's policy makes keys optional.
     pub idempotency: Option<(IdempotencyKey, Fingerprint)>,
+    /// Uploads the input names: each lives at least as long as the operation.
+    pub uploads: Vec<Id>,
     pub now: Timestamp,
 }
 
@@ -436,12 +440,17 @@ pub struct ArtifactRef {
     pub expires_at: Timestamp,
 }
 
+/// The name of an operation's default artifact (`result.artifact`).
+pub const DEFAULT_ARTIFACT: &str = "default";
+
 /// A stored result artifact.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ResultRecord {
     pub id: Id,
     pub operation_id: Id,
     pub tenant: String,
+    /// [`DEFAULT_ARTIFACT`] or the name of a named artifact.
+    pub name: String,
     pub storage_key: String,
     pub content_type: String,
     pub size_bytes: i64,
@@ -464,6 +473,9 @@ impl ResultRecord {
 pub struct ResultUploadParams {
     pub operation_id: Id,
     pub lease_token: String,
+    /// [`DEFAULT_ARTIFACT`] or a name; an upload replaces the current
+    /// attempt's earlier one of the same name and every earlier attempt's.
+    pub name: String,
     pub result_id: Id,
     pub storage_key: String,
     pub content_type: String,
@@ -489,11 +501,17 @@ pub struct RetentionCounts {
     pub operations_removed: u64,
     pub tombstones_removed: u64,
     pub deliveries_removed: u64,
+    /// Uploads past their expiry that no operation names any more.
+    pub uploads_removed: u64,
 }
 
 impl RetentionCounts {
     pub fn total(&self) -> u64 {
-        self.results_expired + self.operations_removed + self.tombstones_removed + self.deliveries_removed
+        self.results_expired
+            + self.operations_removed
+            + self.tombstones_removed
+            + self.deliveries_removed
+            + self.uploads_removed
     }
 }
 
@@ -504,4 +522,81 @@ pub struct TenantDeleteCounts {
     pub results: u64,
     pub keys: u64,
     pub deliveries: u64,
+    pub uploads: u64,
+}
+
+/// One stored piece of an upload, in order.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct UploadChunk {
+    pub storage_key: String,
+    pub size_bytes: i64,
+}
+
+/// An upload: an input artifact a client streams (and may resume) before
+/// naming it in a submission.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UploadRecord {
+    pub id: Id,
+    pub tenant: String,
+    pub content_type: String,
+    /// Bytes received so far; the size once complete.
+    pub offset: i64,
+    pub complete: bool,
+    /// Lowercase hex SHA-256 of the whole upload, once complete.
+    pub sha256: Option<String>,
+    /// The digest the client declared for the whole upload, checked when it completes.
+    pub expected_sha256: Option<String>,
+    /// The stored pieces in order; exactly one once complete.
+    pub chunks: Vec<UploadChunk>,
+    pub created_at: Timestamp,
+    /// When an upload no operation names is removed.
+    pub expires_at: Timestamp,
+    /// Named by an operation that still exists (it then lives as long as they do).
+    pub referenced: bool,
+}
+
+impl UploadRecord {
+    /// Complete, and either named by an operation or not yet expired.
+    pub fn is_usable(&self, now: Timestamp) -> bool {
+        self.complete && self.sha256.is_some() && (self.referenced || self.expires_at > now)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct UploadCreateParams {
+    pub id: Id,
+    pub tenant: String,
+    pub content_type: String,
+    pub expected_sha256: Option<String>,
+    pub now: Timestamp,
+    pub expires_at: Timestamp,
+}
+
+/// Appends a stored piece at `offset`, which must be the upload's current
+/// offset (else `UploadOffsetMismatch`, and nothing changes). `sha256` set
+/// completes the upload: pass it only when `chunk` is the whole upload
+/// (offset 0), else complete with [`UploadCompleteParams`].
+#[derive(Debug, Clone)]
+pub struct UploadAppendParams {
+    pub tenant: String,
+    pub id: Id,
+    pub offset: i64,
+    pub chunk: UploadChunk,
+    pub sha256: Option<String>,
+    /// A `Repr-Digest` sent with this request, if the upload had none yet.
+    pub expected_sha256: Option<String>,
+    pub now: Timestamp,
+}
+
+/// Completes an upload of `size_bytes` whose pieces were joined into
+/// `object` (the old pieces become garbage). Refused with
+/// `UploadOffsetMismatch` if the offset moved or it is already complete.
+#[derive(Debug, Clone)]
+pub struct UploadCompleteParams {
+    pub tenant: String,
+    pub id: Id,
+    pub size_bytes: i64,
+    pub object: UploadChunk,
+    pub sha256: String,
+    pub now: Timestamp,
 }

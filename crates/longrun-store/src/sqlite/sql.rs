@@ -89,7 +89,12 @@ fn operation_from_row(r: &Row) -> rusqlite::Result<Operation> {
         completed_at: ts(r.get(24)?),
         updated_at: Timestamp(r.get(25)?),
         expires_at: ts(r.get(26)?),
-        artifact: json_column(r, 27)?.as_ref().and_then(artifact_from_json),
+        artifact: None,
+        artifacts: BTreeMap::new(),
+    })
+    .and_then(|mut op| {
+        (op.artifact, op.artifacts) = artifacts_from_json(json_column(r, 27)?.as_ref());
+        Ok(op)
     })
 }
 
@@ -219,6 +224,10 @@ pub(super) fn operation_accept(c: &Connection, p: &AcceptParams) -> Result<Accep
         "INSERT INTO tasks (operation_id, seq, tenant, kind, status, available_at) VALUES (?1, ?2, ?3, ?4, 'ready', ?5)",
     )?
     .execute(params![p.id.as_str(), seq, p.tenant, p.kind, p.now.0])?;
+    for upload in &p.uploads {
+        c.prepare_cached("INSERT OR IGNORE INTO operation_uploads (operation_id, upload_id) VALUES (?1, ?2)")?
+            .execute(params![p.id.as_str(), upload.as_str()])?;
+    }
 
     let created = created_operation(p);
     event_insert(c, &created, "created", &json!({}))?;
@@ -344,7 +353,7 @@ fn operation_end(c: &Connection, policy: WritePolicy, id: &str, ending: &Ending,
     .ok_or(StoreError::LeaseLost)?;
     c.prepare_cached("DELETE FROM tasks WHERE operation_id = ?1")?
         .execute(params![id])?;
-    let ended = if ending.to == State::Succeeded {
+    let ended = if ending.publishes {
         result_publish(c, policy, ended, now)?
     } else {
         result_discard(c, id, now)?;
@@ -1179,32 +1188,38 @@ pub(super) fn webhook_secret_rotate(
     Ok(())
 }
 
-/// Publishes the operation's uploaded artifact, if it has one, as its result.
+/// Publishes the operation's uploaded artifacts, if it has any, as its result.
 fn result_publish(c: &Connection, policy: WritePolicy, op: Operation, now: Timestamp) -> Result<Operation> {
     let expires_at = result_expires_at(now, policy.result_retention, policy.operation_retention);
-    let uploaded: Option<ArtifactRef> = c
+    let published: Vec<(String, ArtifactRef)> = c
         .prepare_cached(
             "UPDATE results SET state = 'published', expires_at = ?2
               WHERE operation_id = ?1 AND state = 'uploaded'
-          RETURNING id, content_type, size_bytes, sha256",
+          RETURNING name, id, content_type, size_bytes, sha256",
         )?
-        .query_row(params![op.id.as_str(), expires_at.0], |r| {
-            Ok(ArtifactRef {
-                id: Id::from_trusted(r.get(0)?),
-                content_type: r.get(1)?,
-                size_bytes: r.get(2)?,
-                sha256: r.get(3)?,
-                expires_at,
-            })
-        })
-        .optional()?;
-    let Some(artifact) = uploaded else { return Ok(op) };
+        .query_map(params![op.id.as_str(), expires_at.0], |r| {
+            Ok((
+                r.get(0)?,
+                ArtifactRef {
+                    id: Id::from_trusted(r.get(1)?),
+                    content_type: r.get(2)?,
+                    size_bytes: r.get(3)?,
+                    sha256: r.get(4)?,
+                    expires_at,
+                },
+            ))
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    if published.is_empty() {
+        return Ok(op);
+    }
+    let op = with_published(op, published);
     c.prepare_cached("UPDATE operations SET artifact = ?2 WHERE id = ?1")?
-        .execute(params![op.id.as_str(), artifact_to_json(&artifact).to_string()])?;
-    Ok(Operation {
-        artifact: Some(artifact),
-        ..op
-    })
+        .execute(params![
+            op.id.as_str(),
+            artifacts_to_json(op.artifact.as_ref(), &op.artifacts).map(|v| v.to_string())
+        ])?;
+    Ok(op)
 }
 
 /// Drops uploads of an operation that did not succeed: nothing is published
@@ -1222,15 +1237,26 @@ fn result_discard(c: &Connection, operation_id: &str, now: Timestamp) -> Result<
 
 pub(super) fn result_upload(c: &Connection, p: &ResultUploadParams) -> Result<()> {
     fenced(c, &p.operation_id, &p.lease_token)?;
-    // One upload per operation: a new one replaces an earlier attempt's.
-    result_discard(c, p.operation_id.as_str(), p.now)?;
+    // One upload per name: a new one replaces this attempt's earlier one of
+    // the name, and whatever earlier attempts left.
+    let replaced =
+        "FROM results WHERE operation_id = ?1 AND state = 'uploaded' AND (name = ?2 OR lease_token IS NOT ?3)";
+    c.prepare_cached(&format!(
+        "INSERT OR IGNORE INTO artifact_garbage (storage_key, created_at) SELECT storage_key, ?4 {replaced}"
+    ))?
+    .execute(params![p.operation_id.as_str(), p.name, p.lease_token, p.now.0])?;
+    c.prepare_cached(&format!("DELETE {replaced}"))?.execute(params![
+        p.operation_id.as_str(),
+        p.name,
+        p.lease_token
+    ])?;
     let tenant: String = c
         .prepare_cached("SELECT tenant FROM operations WHERE id = ?1")?
         .query_row(params![p.operation_id.as_str()], |r| r.get(0))?;
     c.prepare_cached(
         "INSERT INTO results (id, operation_id, tenant, storage_key, content_type, size_bytes, sha256, state,
-                              lease_token, created_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'uploaded', ?8, ?9)",
+                              lease_token, created_at, name)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'uploaded', ?8, ?9, ?10)",
     )?
     .execute(params![
         p.result_id.as_str(),
@@ -1241,13 +1267,14 @@ pub(super) fn result_upload(c: &Connection, p: &ResultUploadParams) -> Result<()
         p.size_bytes,
         p.sha256,
         p.lease_token,
-        p.now.0
+        p.now.0,
+        p.name
     ])?;
     Ok(())
 }
 
 const RESULT_COLUMNS: &str =
-    "id, operation_id, tenant, storage_key, content_type, size_bytes, sha256, state, created_at, expires_at";
+    "id, operation_id, tenant, storage_key, content_type, size_bytes, sha256, state, created_at, expires_at, name";
 
 fn result_from_row(r: &Row) -> rusqlite::Result<ResultRecord> {
     Ok(ResultRecord {
@@ -1261,15 +1288,17 @@ fn result_from_row(r: &Row) -> rusqlite::Result<ResultRecord> {
         state: r.get(7)?,
         created_at: Timestamp(r.get(8)?),
         expires_at: ts(r.get(9)?),
+        name: r.get(10)?,
     })
 }
 
-pub(super) fn result_for_operation(c: &Connection, tenant: &str, id: &Id) -> Result<Option<ResultRecord>> {
-    let sql =
-        format!("SELECT {RESULT_COLUMNS} FROM results WHERE operation_id = ?1 AND tenant = ?2 AND state <> 'uploaded'");
+pub(super) fn result_for_operation(c: &Connection, tenant: &str, id: &Id) -> Result<Vec<ResultRecord>> {
+    let sql = format!(
+        "SELECT {RESULT_COLUMNS} FROM results WHERE operation_id = ?1 AND tenant = ?2 AND state <> 'uploaded' ORDER BY name"
+    );
     Ok(c.prepare_cached(&sql)?
-        .query_row(params![id.as_str(), tenant], result_from_row)
-        .optional()?)
+        .query_map(params![id.as_str(), tenant], result_from_row)?
+        .collect::<rusqlite::Result<_>>()?)
 }
 
 pub(super) fn result_get(c: &Connection, id: &Id) -> Result<Option<ResultRecord>> {
@@ -1297,6 +1326,7 @@ fn operation_remove(c: &Connection, id: &str, now: Timestamp) -> Result<()> {
     .execute(params![id, now.0])?;
     for sql in [
         "DELETE FROM results WHERE operation_id = ?1",
+        "DELETE FROM operation_uploads WHERE operation_id = ?1",
         "DELETE FROM operation_events WHERE operation_id = ?1",
         "DELETE FROM webhook_attempts WHERE operation_id = ?1",
         "DELETE FROM webhook_deliveries WHERE operation_id = ?1",
@@ -1377,6 +1407,20 @@ pub(super) fn retention_sweep(c: &Connection, p: &RetentionParams) -> Result<Ret
             .execute(params![event_id])?;
         counts.deliveries_removed += 1;
     }
+
+    // Uploads past their expiry that no operation names.
+    let unused: Vec<String> = c
+        .prepare_cached(
+            "SELECT id FROM uploads WHERE expires_at <= ?1
+                AND NOT EXISTS (SELECT 1 FROM operation_uploads WHERE upload_id = uploads.id)
+              ORDER BY expires_at LIMIT ?2",
+        )?
+        .query_map(params![now, p.limit], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    for id in unused {
+        upload_drop(c, &id, p.now)?;
+        counts.uploads_removed += 1;
+    }
     Ok(counts)
 }
 
@@ -1421,6 +1465,14 @@ pub(super) fn tenant_delete(c: &Connection, tenant: &str, now: Timestamp) -> Res
     counts.keys = c
         .prepare_cached("DELETE FROM api_keys WHERE tenant = ?1")?
         .execute(params![tenant])? as u64;
+    let uploads: Vec<String> = c
+        .prepare_cached("SELECT id FROM uploads WHERE tenant = ?1")?
+        .query_map(params![tenant], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    for id in &uploads {
+        upload_drop(c, id, now)?;
+    }
+    counts.uploads = uploads.len() as u64;
     for sql in [
         "DELETE FROM results WHERE tenant = ?1",
         "DELETE FROM idempotency_keys WHERE tenant = ?1",
@@ -1527,6 +1579,7 @@ mod tests {
                     budget_max_cost: None,
                     labels: Default::default(),
                     idempotency: None,
+                    uploads: Vec::new(),
                     now,
                 },
             )
@@ -1583,4 +1636,121 @@ mod tests {
         let ready_heads = READY_HEADS.split_whitespace().collect::<Vec<_>>().join(" ");
         assert_eq!(reprepared, vec![ready_heads]);
     }
+}
+
+const UPLOAD_COLUMNS: &str = "id, tenant, content_type, upload_offset, complete, sha256, expected_sha256, chunks,
+    created_at, expires_at, EXISTS (SELECT 1 FROM operation_uploads WHERE upload_id = uploads.id)";
+
+fn upload_from_row(r: &Row) -> rusqlite::Result<UploadRecord> {
+    let chunks: String = r.get(7)?;
+    Ok(UploadRecord {
+        id: Id::from_trusted(r.get(0)?),
+        tenant: r.get(1)?,
+        content_type: r.get(2)?,
+        offset: r.get(3)?,
+        complete: r.get(4)?,
+        sha256: r.get(5)?,
+        expected_sha256: r.get(6)?,
+        chunks: chunks_from_json(&chunks),
+        created_at: Timestamp(r.get(8)?),
+        expires_at: Timestamp(r.get(9)?),
+        referenced: r.get(10)?,
+    })
+}
+
+pub(super) fn upload_create(c: &Connection, p: &UploadCreateParams) -> Result<UploadRecord> {
+    c.prepare_cached(
+        "INSERT INTO uploads (id, tenant, content_type, upload_offset, complete, expected_sha256, chunks, created_at,
+                              expires_at)
+         VALUES (?1, ?2, ?3, 0, 0, ?4, '[]', ?5, ?6)",
+    )?
+    .execute(params![
+        p.id.as_str(),
+        p.tenant,
+        p.content_type,
+        p.expected_sha256,
+        p.now.0,
+        p.expires_at.0
+    ])?;
+    upload_get(c, &p.tenant, &p.id)?.ok_or(StoreError::NotFound)
+}
+
+pub(super) fn upload_get(c: &Connection, tenant: &str, id: &Id) -> Result<Option<UploadRecord>> {
+    let sql = format!("SELECT {UPLOAD_COLUMNS} FROM uploads WHERE id = ?1 AND tenant = ?2");
+    Ok(c.prepare_cached(&sql)?
+        .query_row(params![id.as_str(), tenant], upload_from_row)
+        .optional()?)
+}
+
+pub(super) fn upload_append(c: &Connection, p: &UploadAppendParams) -> Result<UploadRecord> {
+    let current = upload_get(c, &p.tenant, &p.id)?.ok_or(StoreError::NotFound)?;
+    let appended = upload_appended(&current, p)?;
+    c.prepare_cached(
+        "UPDATE uploads SET upload_offset = ?2, complete = ?3, sha256 = ?4, expected_sha256 = ?5, chunks = ?6
+          WHERE id = ?1",
+    )?
+    .execute(params![
+        p.id.as_str(),
+        appended.offset,
+        appended.complete,
+        appended.sha256,
+        appended.expected_sha256,
+        chunks_to_json(&appended.chunks)
+    ])?;
+    Ok(appended)
+}
+
+pub(super) fn upload_complete(c: &Connection, p: &UploadCompleteParams) -> Result<UploadRecord> {
+    let current = upload_get(c, &p.tenant, &p.id)?.ok_or(StoreError::NotFound)?;
+    let (completed, garbage) = upload_completed(&current, p)?;
+    c.prepare_cached("UPDATE uploads SET complete = 1, sha256 = ?2, chunks = ?3 WHERE id = ?1")?
+        .execute(params![
+            p.id.as_str(),
+            completed.sha256,
+            chunks_to_json(&completed.chunks)
+        ])?;
+    for key in garbage {
+        c.prepare_cached("INSERT OR IGNORE INTO artifact_garbage (storage_key, created_at) VALUES (?1, ?2)")?
+            .execute(params![key, p.now.0])?;
+    }
+    Ok(completed)
+}
+
+pub(super) fn upload_remove(c: &Connection, tenant: &str, id: &Id, now: Timestamp) -> Result<bool> {
+    match upload_get(c, tenant, id)? {
+        Some(upload) if !upload.referenced => {
+            upload_drop(c, id.as_str(), now)?;
+            Ok(true)
+        }
+        _ => Ok(false),
+    }
+}
+
+/// Deletes an upload's row; its objects become garbage.
+fn upload_drop(c: &Connection, id: &str, now: Timestamp) -> Result<()> {
+    let chunks: Option<String> = c
+        .prepare_cached("DELETE FROM uploads WHERE id = ?1 RETURNING chunks")?
+        .query_row(params![id], |r| r.get(0))
+        .optional()?;
+    for chunk in chunks_from_json(chunks.as_deref().unwrap_or("[]")) {
+        c.prepare_cached("INSERT OR IGNORE INTO artifact_garbage (storage_key, created_at) VALUES (?1, ?2)")?
+            .execute(params![chunk.storage_key, now.0])?;
+    }
+    Ok(())
+}
+
+pub(super) fn upload_for_task(
+    c: &Connection,
+    operation_id: &Id,
+    lease_token: &str,
+    upload_id: &Id,
+) -> Result<Option<UploadRecord>> {
+    fenced(c, operation_id, lease_token)?;
+    let sql = format!(
+        "SELECT {UPLOAD_COLUMNS} FROM uploads WHERE id = ?1
+            AND EXISTS (SELECT 1 FROM operation_uploads WHERE operation_id = ?2 AND upload_id = ?1)"
+    );
+    Ok(c.prepare_cached(&sql)?
+        .query_row(params![upload_id.as_str(), operation_id.as_str()], upload_from_row)
+        .optional()?)
 }
