@@ -244,30 +244,50 @@ impl TaskLink for StoreLink {
             .map(|_| ())
     }
 
-    async fn upload(&self, content_type: &str, body: ByteReader) -> Result<UploadedArtifact, StoreError> {
+    async fn upload(&self, name: &str, content_type: &str, body: ByteReader) -> Result<UploadedArtifact, StoreError> {
         store_upload(
             self.store.as_ref(),
             self.artifacts.as_ref(),
-            &self.operation_id,
-            &self.lease_token,
-            content_type,
+            TaskArtifact {
+                operation_id: &self.operation_id,
+                lease_token: &self.lease_token,
+                name,
+                content_type,
+            },
             body,
             self.max_artifact_bytes,
             self.clock.now(),
         )
         .await
     }
+
+    async fn open_upload(&self, upload_id: &Id) -> Result<ByteReader, StoreError> {
+        crate::uploads::open_for_task(
+            self.store.as_ref(),
+            self.artifacts.as_ref(),
+            &self.operation_id,
+            &self.lease_token,
+            upload_id,
+        )
+        .await
+    }
+}
+
+/// Which artifact of which task an upload is.
+pub struct TaskArtifact<'a> {
+    pub operation_id: &'a Id,
+    pub lease_token: &'a str,
+    /// `default` or the artifact's name.
+    pub name: &'a str,
+    pub content_type: &'a str,
 }
 
 /// Streams an artifact into the artifact store and records it for the task,
 /// fenced by its lease. Used in process and by the HTTP upload endpoint.
-#[allow(clippy::too_many_arguments)]
 pub async fn store_upload(
     store: &dyn Store,
     artifacts: &dyn ArtifactStore,
-    operation_id: &Id,
-    lease_token: &str,
-    content_type: &str,
+    target: TaskArtifact<'_>,
     body: ByteReader,
     max_bytes: u64,
     now: longrun_core::Timestamp,
@@ -280,11 +300,12 @@ pub async fn store_upload(
     })?;
     let recorded = store
         .result_upload(ResultUploadParams {
-            operation_id: operation_id.clone(),
-            lease_token: lease_token.to_owned(),
+            operation_id: target.operation_id.clone(),
+            lease_token: target.lease_token.to_owned(),
+            name: target.name.to_owned(),
             result_id: result_id.clone(),
             storage_key: key.clone(),
-            content_type: content_type.to_owned(),
+            content_type: target.content_type.to_owned(),
             size_bytes: i64::try_from(stored.size_bytes).unwrap_or(i64::MAX),
             sha256: stored.sha256.clone(),
             now,

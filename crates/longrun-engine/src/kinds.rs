@@ -1,6 +1,7 @@
 //! Built-in kinds and the registry that knows them.
 
 pub mod export;
+pub mod import;
 pub mod sleep;
 
 use std::collections::BTreeMap;
@@ -22,6 +23,7 @@ impl Registry {
         let mut registry = Self::default();
         registry.register(Arc::new(sleep::Sleep));
         registry.register(Arc::new(export::Export));
+        registry.register(Arc::new(import::Import));
         registry
     }
 

@@ -22,6 +22,7 @@ pub mod remote;
 pub mod retention;
 pub mod service;
 pub mod signals;
+pub mod uploads;
 pub mod webhooks;
 pub mod worker;
 

@@ -257,8 +257,12 @@ impl TaskLink for HttpLink {
         })
     }
 
-    async fn upload(&self, content_type: &str, body: ByteReader) -> Result<UploadedArtifact, StoreError> {
-        let url = format!("{}/v1/worker/tasks/{}/artifact", self.base, self.operation_id);
+    async fn upload(&self, name: &str, content_type: &str, body: ByteReader) -> Result<UploadedArtifact, StoreError> {
+        let url = if name == longrun_store::DEFAULT_ARTIFACT {
+            format!("{}/v1/worker/tasks/{}/artifact", self.base, self.operation_id)
+        } else {
+            format!("{}/v1/worker/tasks/{}/artifacts/{name}", self.base, self.operation_id)
+        };
         let stream = tokio_util::io::ReaderStream::with_capacity(body, 256 * 1024);
         let response = self
             .http
@@ -279,6 +283,30 @@ impl TaskLink for HttpLink {
             size_bytes: uploaded["size_bytes"].as_u64().unwrap_or(0),
             sha256: uploaded["sha256"].as_str().unwrap_or_default().to_owned(),
         })
+    }
+
+    async fn open_upload(&self, upload_id: &Id) -> Result<ByteReader, StoreError> {
+        use futures_util::TryStreamExt;
+        let url = format!(
+            "{}/v1/worker/tasks/{}/uploads/{upload_id}",
+            self.base, self.operation_id
+        );
+        let response = self
+            .http
+            .get(url)
+            .bearer_auth(&self.token)
+            .header("lease-token", &self.lease_token)
+            .send()
+            .await
+            .map_err(|e| StoreError::Backend(format!("reading the upload failed: {e}")))?;
+        if response.status() == reqwest::StatusCode::NOT_FOUND {
+            return Err(StoreError::NotFound);
+        }
+        if !response.status().is_success() {
+            return Err(refusal("upload read", response).await);
+        }
+        let stream = response.bytes_stream().map_err(std::io::Error::other);
+        Ok(Box::pin(tokio_util::io::StreamReader::new(stream)))
     }
 
     async fn finish(&self, outcome: Outcome, progress: Option<ProgressUpdate>) -> Result<(), StoreError> {

@@ -94,8 +94,13 @@ pub trait TaskLink: Send + Sync + 'static {
     /// (stored with the outcome, in the same transaction).
     async fn finish(&self, outcome: Outcome, progress: Option<ProgressUpdate>) -> Result<(), StoreError>;
 
-    /// Streams the task's result artifact; `complete` publishes it.
-    async fn upload(&self, content_type: &str, body: ByteReader) -> Result<UploadedArtifact, StoreError>;
+    /// Streams the task's result artifact `name` (`default` for
+    /// `result.artifact`); `complete` (or the worker's own `fail`) publishes it.
+    async fn upload(&self, name: &str, content_type: &str, body: ByteReader) -> Result<UploadedArtifact, StoreError>;
+
+    /// Streams an upload the operation's input names (fenced by the lease);
+    /// `NotFound` when the input does not name it.
+    async fn open_upload(&self, upload_id: &Id) -> Result<ByteReader, StoreError>;
 }
 
 /// An artifact uploaded for the current task.
@@ -248,9 +253,39 @@ impl TaskContext {
     /// handler writes into); `complete` publishes it. Dropping the returned
     /// future mid-way leaves nothing behind.
     pub async fn upload(&self, content_type: &str, body: ByteReader) -> Result<UploadedArtifact, TaskError> {
-        self.link.upload(content_type, body).await.map_err(|e| match e {
+        self.upload_named(longrun_store::DEFAULT_ARTIFACT, content_type, body)
+            .await
+    }
+
+    /// Streams the named artifact `name` (`result.artifacts.{name}`) from
+    /// `body`, as [`TaskContext::upload`] does the default one. A failure the
+    /// handler returns publishes its artifacts too (error reports, partial
+    /// outputs); a cancellation discards them.
+    pub async fn upload_named(
+        &self,
+        name: &str,
+        content_type: &str,
+        body: ByteReader,
+    ) -> Result<UploadedArtifact, TaskError> {
+        self.link.upload(name, content_type, body).await.map_err(|e| match e {
             StoreError::LeaseLost => TaskError::fatal("lease_lost", "the lease was lost"),
+            StoreError::TooLarge { max_bytes } => TaskError::fatal(
+                "artifact_too_large",
+                format!("artifacts are limited to {max_bytes} bytes"),
+            ),
             other => TaskError::Retryable(format!("the upload failed: {other}")),
+        })
+    }
+
+    /// Streams the upload `upload_id` that the operation's input names.
+    pub async fn open_upload(&self, upload_id: &Id) -> Result<ByteReader, TaskError> {
+        self.link.open_upload(upload_id).await.map_err(|e| match e {
+            StoreError::LeaseLost => TaskError::fatal("lease_lost", "the lease was lost"),
+            StoreError::NotFound => TaskError::fatal(
+                "upload_not_found",
+                format!("the upload {upload_id} is not one this operation's input names, or it was removed"),
+            ),
+            other => TaskError::Retryable(format!("reading the upload failed: {other}")),
         })
     }
 
@@ -417,8 +452,12 @@ mod tests {
             Ok(())
         }
 
-        async fn upload(&self, _: &str, _: ByteReader) -> Result<UploadedArtifact, StoreError> {
+        async fn upload(&self, _: &str, _: &str, _: ByteReader) -> Result<UploadedArtifact, StoreError> {
             Err(StoreError::LeaseLost)
+        }
+
+        async fn open_upload(&self, _: &Id) -> Result<ByteReader, StoreError> {
+            Err(StoreError::NotFound)
         }
     }
 
