@@ -73,6 +73,7 @@ fn main() {
                         budget_max_cost: None,
                         labels: Default::default(),
                         idempotency: None,
+                        uploads: Vec::new(),
                         now,
                     })
                     .await

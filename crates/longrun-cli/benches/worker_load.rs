@@ -49,6 +49,7 @@ async fn enqueue(store: &Arc<dyn Store>, kind: &str, input: Value, n: usize) {
                         budget_max_cost: None,
                         labels: Default::default(),
                         idempotency: None,
+                        uploads: Vec::new(),
                         now: SystemClock.now(),
                     })
                     .await

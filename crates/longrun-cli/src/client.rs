@@ -105,6 +105,18 @@ pub enum ClientCommand {
         /// Where to write it; `-` for standard output. Default: <id>.<ext>.
         #[arg(long)]
         output_file: Option<String>,
+        /// A named artifact (`result.artifacts.NAME`, e.g. an import's
+        /// `errors`) instead of the default one.
+        #[arg(long)]
+        artifact: Option<String>,
+    },
+    /// Upload a file as an input (resumable: a broken connection resumes
+    /// where the server stopped); prints the upload id to name in a submission.
+    Upload {
+        file: std::path::PathBuf,
+        /// The upload's media type (e.g. text/csv). Default: from the file's extension.
+        #[arg(long)]
+        content_type: Option<String>,
     },
 }
 
@@ -394,7 +406,58 @@ async fn execute(client: &Client, output: Output, command: ClientCommand) -> Res
             }
             Ok(EXIT_OK)
         }
-        ClientCommand::Result { id, output_file } => {
+        ClientCommand::Upload { file, content_type } => {
+            let content_type = content_type.unwrap_or_else(|| {
+                match file.extension().and_then(|e| e.to_str()).unwrap_or("") {
+                    "csv" => "text/csv",
+                    "jsonl" | "ndjson" => "application/jsonl",
+                    "json" => "application/json",
+                    _ => "application/octet-stream",
+                }
+                .to_owned()
+            });
+            let bar = if output == Output::Text {
+                ProgressBar::new(0)
+            } else {
+                ProgressBar::hidden()
+            };
+            bar.set_style(
+                ProgressStyle::with_template("{bytes}/{total_bytes} [{bar:30}] {bytes_per_sec} ETA {eta}")
+                    .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            );
+            let on_bytes = {
+                let bar = bar.clone();
+                move |done: u64, total: u64| {
+                    bar.set_length(total);
+                    bar.set_position(done);
+                }
+            };
+            let uploaded = client.upload_file(&file, &content_type, on_bytes).await?;
+            bar.finish_and_clear();
+            let upload = &uploaded.upload;
+            if output == Output::Json {
+                println!(
+                    "{}",
+                    serde_json::json!({"id": upload.id, "size_bytes": upload.size_bytes, "sha256": upload.sha256,
+                                       "content_type": upload.content_type, "expires_at": upload.expires_at,
+                                       "resumed": uploaded.resumed})
+                );
+            } else {
+                println!("{}", upload.id);
+                eprintln!(
+                    "{} bytes, sha256 {} (verified by the server), kept until {} unless an operation names it",
+                    upload.size_bytes,
+                    upload.sha256.as_deref().unwrap_or("-"),
+                    upload.expires_at
+                );
+            }
+            Ok(EXIT_OK)
+        }
+        ClientCommand::Result {
+            id,
+            output_file,
+            artifact,
+        } => {
             let bar = if output == Output::Text && output_file.as_deref() != Some("-") {
                 ProgressBar::new(0)
             } else {
@@ -409,11 +472,20 @@ async fn execute(client: &Client, output: Output, command: ClientCommand) -> Res
                 bar.set_position(done);
             };
             let downloaded = match output_file.as_deref() {
-                Some("-") => client.download_result(&id, &mut tokio::io::stdout(), on_bytes).await?,
+                Some("-") => {
+                    client
+                        .download_artifact(&id, artifact.as_deref(), &mut tokio::io::stdout(), on_bytes)
+                        .await?
+                }
                 other => {
-                    let path = other.map(str::to_owned).unwrap_or_else(|| format!("{id}.out"));
+                    let path = other.map(str::to_owned).unwrap_or_else(|| match &artifact {
+                        Some(name) => format!("{id}.{name}.out"),
+                        None => format!("{id}.out"),
+                    });
                     let mut file = tokio::fs::File::create(&path).await?;
-                    let downloaded = client.download_result(&id, &mut file, on_bytes).await?;
+                    let downloaded = client
+                        .download_artifact(&id, artifact.as_deref(), &mut file, on_bytes)
+                        .await?;
                     if output == Output::Text {
                         eprintln!("wrote {path}");
                     }

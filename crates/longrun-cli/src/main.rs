@@ -222,6 +222,12 @@ struct ServeArgs {
     /// Largest result artifact a worker may upload, in bytes.
     #[arg(long, env = "LONGRUN_MAX_ARTIFACT_BYTES", default_value_t = 64 * 1024 * 1024 * 1024)]
     max_artifact_bytes: u64,
+    /// Largest upload (`POST /v1/uploads`, resumed or not) a client may stream, in bytes.
+    #[arg(long, env = "LONGRUN_MAX_UPLOAD_BYTES", default_value_t = 64 * 1024 * 1024 * 1024)]
+    max_upload_bytes: u64,
+    /// How long an upload no operation names is kept (one an operation names lives as long as it).
+    #[arg(long, env = "LONGRUN_UPLOAD_RETENTION", default_value = "24h", value_parser = parse_duration)]
+    upload_retention: Duration,
     /// Connections open at once; one more is answered 503 and closed.
     #[arg(long, env = "LONGRUN_MAX_CONNECTIONS", default_value_t = 10_000)]
     max_connections: usize,
@@ -438,6 +444,8 @@ async fn serve(global: &Global, args: ServeArgs) -> anyhow::Result<()> {
         },
         link_ttl: args.link_ttl,
         max_artifact_bytes: args.max_artifact_bytes,
+        max_upload_bytes: args.max_upload_bytes,
+        upload_retention: args.upload_retention,
         limits: longrun_server::listen::Limits {
             max_connections: args.max_connections,
             max_in_flight: args.max_in_flight,

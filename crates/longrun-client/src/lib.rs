@@ -232,11 +232,57 @@ pub struct Downloaded {
     pub resumed: u32,
 }
 
+/// One artifact of the result resource.
 #[derive(Debug, Clone, Deserialize)]
-struct ResultResource {
+struct ArtifactResource {
     sha256: String,
     size_bytes: u64,
     download: DownloadLink,
+}
+
+/// The result resource: the default artifact's fields at the top, named
+/// ones under `artifacts`.
+#[derive(Debug, Clone, Deserialize)]
+struct ResultResource {
+    #[serde(flatten)]
+    default: Option<ArtifactResource>,
+    #[serde(default)]
+    artifacts: BTreeMap<String, ArtifactResource>,
+}
+
+impl ResultResource {
+    fn artifact(&self, name: Option<&str>) -> Result<ArtifactResource, String> {
+        match name {
+            None => self.default.clone(),
+            Some(name) => self.artifacts.get(name).cloned(),
+        }
+        .ok_or_else(|| {
+            let names: Vec<&str> = self.artifacts.keys().map(String::as_str).collect();
+            format!(
+                "the result has no artifact {}; its named artifacts: {names:?}",
+                name.unwrap_or("(default)")
+            )
+        })
+    }
+}
+
+/// An upload, as the server answers it.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct Upload {
+    pub id: String,
+    pub size_bytes: u64,
+    pub complete: bool,
+    pub sha256: Option<String>,
+    pub content_type: String,
+    pub expires_at: String,
+}
+
+/// How [`Client::upload_file`] went.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Uploaded {
+    pub upload: Upload,
+    /// How many times it resumed after a broken connection.
+    pub resumed: u32,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -511,19 +557,34 @@ impl Client {
         &self,
         id: &str,
         out: &mut W,
+        on_bytes: impl FnMut(u64, u64),
+    ) -> Result<Downloaded> {
+        self.download_artifact(id, None, out, on_bytes).await
+    }
+
+    /// As [`Client::download_result`], for the named artifact `name`
+    /// (`result.artifacts.{name}`), or the default one for `None`.
+    pub async fn download_artifact<W: AsyncWrite + Unpin>(
+        &self,
+        id: &str,
+        name: Option<&str>,
+        out: &mut W,
         mut on_bytes: impl FnMut(u64, u64),
     ) -> Result<Downloaded> {
         let mut hasher = Sha256::new();
         let mut written: u64 = 0;
         let mut resumed = 0;
-        let mut expected: Option<ResultResource> = None;
+        let mut expected: Option<ArtifactResource> = None;
         loop {
             // A fresh link each time: links are short-lived.
             let response = self
                 .request(Method::GET, &format!("/v1/operations/{id}/result"))
                 .send()
                 .await?;
-            let resource: ResultResource = ok_json(response).await?;
+            let resource = ok_json::<ResultResource>(response)
+                .await?
+                .artifact(name)
+                .map_err(Error::Unexpected)?;
             let total = resource.size_bytes;
             if expected.as_ref().is_some_and(|e| e.sha256 != resource.sha256) {
                 return Err(Error::Unexpected("the result changed during the download".into()));
@@ -577,6 +638,124 @@ impl Client {
             resumed,
         })
     }
+}
+
+impl Client {
+    /// Uploads the file at `path` as an input (`POST /v1/uploads`), resuming
+    /// after a broken connection from the offset the server kept (the IETF
+    /// resumable-uploads draft: `HEAD` for `Upload-Offset`, `PATCH` from
+    /// there), up to the retry policy's attempts. The file's SHA-256 is sent
+    /// as `Repr-Digest`, so the server refuses a file that changed while it
+    /// was sent. `on_bytes(sent, total)` reports progress.
+    pub async fn upload_file(
+        &self,
+        path: &std::path::Path,
+        content_type: &str,
+        on_bytes: impl FnMut(u64, u64) + Send + 'static,
+    ) -> Result<Uploaded> {
+        let total = tokio::fs::metadata(path).await?.len();
+        let digest = file_sha256(path).await?;
+        let repr_digest = format!("sha-256=:{}:", data_encoding::BASE64.encode(&digest));
+        // An empty creation first: the upload's URL is known before any byte
+        // is sent, so a cut connection can resume.
+        let created: Upload = self
+            .send_with_retries(
+                || {
+                    self.request(Method::POST, "/v1/uploads")
+                        .header("upload-complete", "?0")
+                        .header("content-type", content_type)
+                        .header("repr-digest", &repr_digest)
+                        .body(Vec::new())
+                },
+                async |response| response.json::<Upload>().await,
+            )
+            .await?;
+        let url = format!("/v1/uploads/{}", created.id);
+        let progress = Arc::new(std::sync::Mutex::new(on_bytes));
+        let mut offset = 0u64;
+        let mut resumed = 0u32;
+        loop {
+            let mut file = tokio::fs::File::open(path).await?;
+            tokio::io::AsyncSeekExt::seek(&mut file, std::io::SeekFrom::Start(offset)).await?;
+            let sent = Arc::new(AtomicU64::new(offset));
+            let counted = {
+                let (sent, progress) = (sent.clone(), progress.clone());
+                futures_util::StreamExt::map(
+                    tokio_util::io::ReaderStream::with_capacity(file, 256 * 1024),
+                    move |chunk| {
+                        if let Ok(bytes) = &chunk {
+                            let now = sent.fetch_add(bytes.len() as u64, Ordering::Relaxed) + bytes.len() as u64;
+                            (progress.lock().expect("progress"))(now, total);
+                        }
+                        chunk
+                    },
+                )
+            };
+            let attempt = self
+                .request(Method::PATCH, &url)
+                .timeout(Duration::from_secs(24 * 3600))
+                .header("upload-offset", offset)
+                .header("upload-complete", "?1")
+                .header("content-type", "application/partial-upload")
+                .header("content-length", total - offset)
+                .body(reqwest::Body::wrap_stream(counted))
+                .send()
+                .await;
+            match attempt {
+                Ok(response) if response.status().is_success() => {
+                    let upload: Upload = response.json().await?;
+                    return Ok(Uploaded { upload, resumed });
+                }
+                Ok(response)
+                    if response.status() != StatusCode::CONFLICT
+                        && !response.status().is_server_error()
+                        && response.status() != StatusCode::TOO_MANY_REQUESTS =>
+                {
+                    return Err(problem(response).await);
+                }
+                Ok(_) | Err(_) => {}
+            }
+            resumed += 1;
+            if resumed >= self.retry.max_attempts {
+                return Err(Error::Unexpected(format!("the upload broke {resumed} times")));
+            }
+            tokio::time::sleep(self.retry.delay(resumed)).await;
+            // Where the server stands now.
+            let head = self.request(Method::HEAD, &url).send().await?;
+            if !head.status().is_success() {
+                return Err(Error::Unexpected(format!(
+                    "HEAD of the upload answered {}",
+                    head.status()
+                )));
+            }
+            offset = header_u64(&head, "upload-offset")
+                .ok_or_else(|| Error::Unexpected("HEAD of the upload has no Upload-Offset".into()))?;
+            if head.headers().get("upload-complete").is_some_and(|v| v == "?1") {
+                let upload: Upload = ok_json(self.request(Method::GET, &url).send().await?).await?;
+                return Ok(Uploaded { upload, resumed });
+            }
+            tracing::debug!(offset, resumed, "resuming the upload");
+        }
+    }
+}
+
+fn header_u64(response: &Response, name: &str) -> Option<u64> {
+    response.headers().get(name)?.to_str().ok()?.parse().ok()
+}
+
+async fn file_sha256(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
+    use tokio::io::AsyncReadExt;
+    let mut file = tokio::fs::File::open(path).await?;
+    let mut hasher = Sha256::new();
+    let mut buffer = vec![0u8; 256 * 1024];
+    loop {
+        let n = file.read(&mut buffer).await?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buffer[..n]);
+    }
+    Ok(hasher.finalize().to_vec())
 }
 
 /// Pages of [`Client::list`].

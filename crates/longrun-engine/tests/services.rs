@@ -187,6 +187,7 @@ async fn retention_expires_results_removes_operations_and_deletes_their_objects_
         .result_upload(ResultUploadParams {
             operation_id: task.operation_id.clone(),
             lease_token: task.lease_token.clone(),
+            name: longrun_store::DEFAULT_ARTIFACT.into(),
             result_id: Id::generate(IdKind::Result),
             storage_key: "results/one".into(),
             content_type: "text/csv".into(),

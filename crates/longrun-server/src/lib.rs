@@ -52,6 +52,10 @@ pub struct Config {
     pub link_ttl: Duration,
     /// Largest artifact a worker may upload.
     pub max_artifact_bytes: u64,
+    /// Largest upload a client may stream (`--max-upload-bytes`).
+    pub max_upload_bytes: u64,
+    /// How long an upload no operation names is kept (`--upload-retention`).
+    pub upload_retention: Duration,
     /// Connections, timeouts and requests in flight.
     pub limits: listen::Limits,
 }
@@ -67,6 +71,8 @@ impl Default for Config {
             max_waiters_per_tenant: 1000,
             link_ttl: Duration::from_secs(300),
             max_artifact_bytes: 64 * 1024 * 1024 * 1024,
+            max_upload_bytes: 64 * 1024 * 1024 * 1024,
+            upload_retention: Duration::from_secs(24 * 3600),
             limits: listen::Limits::default(),
         }
     }
@@ -319,6 +325,7 @@ pub fn app(state: AppState) -> Router {
         .merge(http::workers::router())
         .merge(http::events::router())
         .merge(http::results::router())
+        .merge(http::uploads::router())
         .merge(http::openapi::router())
         .merge(http::admin::router())
         .merge(http::health::router())

@@ -64,6 +64,10 @@ pub enum ApiError {
     RateLimited { detail: String, retry_after: Duration },
     #[error("{detail}")]
     TemporarilyUnavailable { detail: String, retry_after: Duration },
+    #[error("{0}")]
+    DigestMismatch(String),
+    #[error("the upload's offset is {offset}{}", if *complete { " and it is complete" } else { "" })]
+    UploadOffsetMismatch { offset: i64, complete: bool },
     /// The message is logged, never shown.
     #[error("internal error")]
     Internal(String),
@@ -93,20 +97,25 @@ impl ApiError {
             ApiError::QuotaExceeded { .. } => "quota_exceeded",
             ApiError::RateLimited { .. } => "rate_limited",
             ApiError::TemporarilyUnavailable { .. } => "temporarily_unavailable",
+            ApiError::DigestMismatch(_) => "digest_mismatch",
+            ApiError::UploadOffsetMismatch { .. } => "upload_offset_mismatch",
             ApiError::Internal(_) => "internal",
         }
     }
 
     pub fn status(&self) -> StatusCode {
         match self {
-            ApiError::InvalidRequest(_) | ApiError::IdempotencyKeyRequired => StatusCode::BAD_REQUEST,
+            ApiError::InvalidRequest(_) | ApiError::IdempotencyKeyRequired | ApiError::DigestMismatch(_) => {
+                StatusCode::BAD_REQUEST
+            }
             ApiError::Unauthenticated => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden | ApiError::LinkRefused(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::IdempotencyKeyReused { .. }
             | ApiError::OperationNotCancellable { .. }
-            | ApiError::LeaseLost { .. } => StatusCode::CONFLICT,
+            | ApiError::LeaseLost { .. }
+            | ApiError::UploadOffsetMismatch { .. } => StatusCode::CONFLICT,
             ApiError::Gone | ApiError::ResultExpired { .. } => StatusCode::GONE,
             ApiError::PreconditionFailed { .. } | ApiError::TerminalIntentWins { .. } => {
                 StatusCode::PRECONDITION_FAILED
@@ -146,6 +155,8 @@ impl ApiError {
             ApiError::QuotaExceeded { .. } => "Quota exceeded",
             ApiError::RateLimited { .. } => "Rate limited",
             ApiError::TemporarilyUnavailable { .. } => "Temporarily unavailable",
+            ApiError::DigestMismatch(_) => "Digest mismatch",
+            ApiError::UploadOffsetMismatch { .. } => "Upload offset mismatch",
             ApiError::Internal(_) => "Internal error",
         }
     }
@@ -240,6 +251,8 @@ pub enum ProblemCode {
     rate_limited,
     internal,
     temporarily_unavailable,
+    digest_mismatch,
+    upload_offset_mismatch,
 }
 
 /// The problem+json body (RFC 9457 plus our `code`, `request_id`, `retryable`).
@@ -270,6 +283,14 @@ impl IntoResponse for ApiError {
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
         }
+        if let ApiError::UploadOffsetMismatch { offset, complete } = &self {
+            let h = response.headers_mut();
+            h.insert("upload-offset", HeaderValue::from(*offset));
+            h.insert(
+                "upload-complete",
+                HeaderValue::from_static(if *complete { "?1" } else { "?0" }),
+            );
+        }
         if matches!(self, ApiError::Unauthenticated) {
             response
                 .headers_mut()
@@ -288,6 +309,9 @@ impl From<StoreError> for ApiError {
         match e {
             StoreError::NotFound => ApiError::NotFound,
             StoreError::Gone => ApiError::Gone,
+            StoreError::UploadOffsetMismatch { offset, complete } => {
+                ApiError::UploadOffsetMismatch { offset, complete }
+            }
             StoreError::Unavailable(why) => {
                 tracing::warn!(error = %why, "the database is unavailable");
                 ApiError::TemporarilyUnavailable {

@@ -9,7 +9,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use crate::AppState;
-use crate::http::{admin, error, events, health, operations, results, wire, workers};
+use crate::http::{admin, error, events, health, operations, results, uploads, wire, workers};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -21,7 +21,8 @@ use crate::http::{admin, error, events, health, operations, results, wire, worke
     paths(
         operations::submit, operations::list, operations::read, operations::update, operations::cancel_alias,
         operations::history, operations::cancel, operations::cancellation, operations::deliveries, events::events,
-        results::result, results::content, results::upload, workers::claim, workers::heartbeat, workers::complete,
+        results::result, results::content, results::upload, results::upload_named, results::read_upload,
+        uploads::create, uploads::append, uploads::offset, uploads::show, workers::claim, workers::heartbeat, workers::complete,
         workers::fail, workers::cancelled, workers::outcomes, operations::submit_batch, health::healthz, health::readyz, admin::metrics,
     ),
     components(schemas(error::Problem, error::ProblemCode, wire::OperationBody, wire::SubmitRequest, workers::OutcomeItem)),
@@ -29,6 +30,7 @@ use crate::http::{admin, error, events, health, operations, results, wire, worke
     tags(
         (name = "operations", description = "Submit, observe and cancel operations (role client)"),
         (name = "results", description = "Result artifacts and their download links"),
+        (name = "uploads", description = "Inputs streamed (and resumed) before a submission names them"),
         (name = "webhooks", description = "Webhook delivery logs"),
         (name = "workers", description = "The worker protocol (role worker)"),
         (name = "operating", description = "Health and readiness"),

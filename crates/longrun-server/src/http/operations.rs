@@ -348,6 +348,7 @@ async fn prepare_submission(
         Some(callback) => Some(crate::callback::check_url(&callback.url, &app.config.callback_policy)?),
         None => None,
     };
+    let uploads = crate::http::uploads::named_in(app, tenant, &input, now).await?;
 
     // The semantic request: every field that changes what the work is, and
     // nothing volatile. Omitted optional fields and their defaults agree.
@@ -370,6 +371,7 @@ async fn prepare_submission(
         budget_max_cost: budget,
         labels,
         idempotency: key.map(|k| (k, app.fingerprinter.fingerprint(&semantic))),
+        uploads,
         now,
     })
 }

@@ -3,6 +3,10 @@
 //! - `PUT /v1/worker/tasks/{id}/artifact` (worker, `Lease-Token` header):
 //!   the body is streamed into the artifact store — never held whole in
 //!   memory — size-limited and hashed on the way; `complete` publishes it.
+//!   `PUT /v1/worker/tasks/{id}/artifacts/{name}` does the same for a named
+//!   artifact (`result.artifacts.{name}`).
+//! - `GET /v1/worker/tasks/{id}/uploads/{upload_id}` (worker, `Lease-Token`):
+//!   the bytes of an upload the operation's input names.
 //! - `GET /v1/operations/{id}/result`: the result resource with a download
 //!   link minted for this request (HMAC-signed, short-lived, never stored).
 //! - `GET /v1/results/{res_id}/content?expires=…&kid=…&signature=…`: the
@@ -19,8 +23,8 @@ use axum::routing::{get, put};
 use futures_util::TryStreamExt;
 use longrun_core::{Id, IdKind, links};
 use longrun_engine::artifacts::ArtifactError;
-use longrun_engine::dispatcher::store_upload;
-use longrun_store::{ResultRecord, StoreError};
+use longrun_engine::dispatcher::{TaskArtifact, store_upload};
+use longrun_store::{DEFAULT_ARTIFACT, ResultRecord, StoreError};
 use serde::{Deserialize, Serialize};
 
 use crate::AppState;
@@ -34,12 +38,17 @@ pub fn router() -> Router<AppState> {
             "/v1/worker/tasks/{id}/artifact",
             put(upload).layer(DefaultBodyLimit::disable()),
         )
+        .route(
+            "/v1/worker/tasks/{id}/artifacts/{name}",
+            put(upload_named).layer(DefaultBodyLimit::disable()),
+        )
+        .route("/v1/worker/tasks/{id}/uploads/{upload_id}", get(read_upload))
         .route("/v1/operations/{id}/result", get(result))
         .route("/v1/results/{id}/content", get(content))
 }
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
-struct UploadBody {
+struct ArtifactUploadBody {
     id: String,
     content_type: String,
     size_bytes: u64,
@@ -49,7 +58,7 @@ struct UploadBody {
 #[utoipa::path(put, path = "/v1/worker/tasks/{id}/artifact", tag = "workers", security(("bearer" = [])),
     params(("id" = String, Path, description = "The operation id (op_…)"), ("Lease-Token" = String, Header, description = "The task's lease token", pattern = "^[\\x21-\\x7e]+$")),
     request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The artifact, streamed; its Content-Type is kept"),
-    responses((status = 201, description = "Stored; `complete` publishes it", body = UploadBody), (status = "default", description = "A problem (RFC 9457) with a stable `code`", body = Problem, content_type = "application/problem+json")))]
+    responses((status = 201, description = "Stored; `complete` publishes it", body = ArtifactUploadBody), (status = "default", description = "A problem (RFC 9457) with a stable `code`", body = Problem, content_type = "application/problem+json")))]
 async fn upload(
     State(app): State<AppState>,
     caller: Caller,
@@ -57,10 +66,41 @@ async fn upload(
     headers: HeaderMap,
     request: Request,
 ) -> Result<Response, ApiError> {
+    store_artifact(app, caller, id, DEFAULT_ARTIFACT, headers, request).await
+}
+
+#[utoipa::path(put, path = "/v1/worker/tasks/{id}/artifacts/{name}", tag = "workers", security(("bearer" = [])),
+    params(("id" = String, Path, description = "The operation id (op_…)"),
+        ("name" = String, Path, description = "The artifact's name (`result.artifacts.{name}`)", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$"),
+        ("Lease-Token" = String, Header, description = "The task's lease token", pattern = "^[\\x21-\\x7e]+$")),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The artifact, streamed; its Content-Type is kept"),
+    responses((status = 201, description = "Stored; `complete` (or the worker's `fail`) publishes it", body = ArtifactUploadBody), (status = "default", description = "A problem (RFC 9457) with a stable `code`", body = Problem, content_type = "application/problem+json")))]
+async fn upload_named(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path((id, name)): Path<(String, String)>,
+    headers: HeaderMap,
+    request: Request,
+) -> Result<Response, ApiError> {
+    let valid = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+        && name.as_bytes()[0].is_ascii_alphanumeric();
+    if !valid {
+        return Err(ApiError::InvalidRequest(
+            "an artifact name is 1 to 64 of a-z, 0-9, _ and -, starting with a letter or digit".into(),
+        ));
+    }
+    store_artifact(app, caller, id, &name, headers, request).await
+}
+
+fn worker_task(caller: &Caller, id: &str, headers: &HeaderMap) -> Result<(Id, String), ApiError> {
     if caller.role == longrun_core::apikey::Role::Client {
         return Err(ApiError::Forbidden);
     }
-    let id = Id::parse(IdKind::Operation, &id)
+    let id = Id::parse(IdKind::Operation, id)
         .ok_or_else(|| ApiError::InvalidRequest("the path must name an operation id (op_…)".into()))?;
     let lease_token = headers
         .get("lease-token")
@@ -68,6 +108,18 @@ async fn upload(
         .filter(|t| !t.is_empty())
         .ok_or_else(|| ApiError::InvalidRequest("the Lease-Token header is required".into()))?
         .to_owned();
+    Ok((id, lease_token))
+}
+
+async fn store_artifact(
+    app: AppState,
+    caller: Caller,
+    id: String,
+    name: &str,
+    headers: HeaderMap,
+    request: Request,
+) -> Result<Response, ApiError> {
+    let (id, lease_token) = worker_task(&caller, &id, &headers)?;
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -88,9 +140,12 @@ async fn upload(
     let uploaded = store_upload(
         app.store.as_ref(),
         app.artifacts.as_ref(),
-        &id,
-        &lease_token,
-        &content_type,
+        TaskArtifact {
+            operation_id: &id,
+            lease_token: &lease_token,
+            name,
+            content_type: &content_type,
+        },
         body,
         app.config.max_artifact_bytes,
         app.clock.now(),
@@ -103,7 +158,7 @@ async fn upload(
         StoreError::TooLarge { max_bytes } => too_large(max_bytes),
         other => other.into(),
     })?;
-    let body = UploadBody {
+    let body = ArtifactUploadBody {
         id: uploaded.id,
         content_type,
         size_bytes: uploaded.size_bytes,
@@ -112,14 +167,62 @@ async fn upload(
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }
 
+#[utoipa::path(get, path = "/v1/worker/tasks/{id}/uploads/{upload_id}", tag = "workers", security(("bearer" = [])),
+    params(("id" = String, Path, description = "The operation id (op_…)"),
+        ("upload_id" = String, Path, description = "An upload the operation's input names (upl_…)"),
+        ("Lease-Token" = String, Header, description = "The task's lease token", pattern = "^[\\x21-\\x7e]+$")),
+    responses((status = 200, description = "The upload's bytes", content_type = "application/octet-stream", body = Vec<u8>),
+        (status = "default", description = "A problem (RFC 9457) with a stable `code`", body = Problem, content_type = "application/problem+json")))]
+async fn read_upload(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path((id, upload_id)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let (id, lease_token) = worker_task(&caller, &id, &headers)?;
+    let upload_id = Id::parse(IdKind::Upload, &upload_id).ok_or(ApiError::NotFound)?;
+    let reader = longrun_engine::uploads::open_for_task(
+        app.store.as_ref(),
+        app.artifacts.as_ref(),
+        &id,
+        &lease_token,
+        &upload_id,
+    )
+    .await
+    .map_err(|e| match e {
+        StoreError::LeaseLost => ApiError::LeaseLost {
+            operation_id: id.clone(),
+        },
+        other => other.into(),
+    })?;
+    let body = Body::from_stream(tokio_util::io::ReaderStream::with_capacity(reader, 256 * 1024));
+    let mut response = (StatusCode::OK, body).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    Ok(response)
+}
+
 fn too_large(max: u64) -> ApiError {
     ApiError::PayloadTooLarge(format!("artifacts are limited to {max} bytes"))
 }
 
+/// The result resource: the default artifact's fields at the top (when the
+/// result has one, as before named artifacts existed), and every named one
+/// under `artifacts`, each with a download link.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ResultBody {
-    pub id: String,
     pub operation_id: String,
+    #[serde(flatten)]
+    pub artifact: Option<ArtifactBody>,
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub artifacts: std::collections::BTreeMap<String, ArtifactBody>,
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ArtifactBody {
+    pub id: String,
     pub content_type: String,
     pub size_bytes: i64,
     pub sha256: String,
@@ -143,36 +246,50 @@ async fn result(
 ) -> Result<Json<ResultBody>, ApiError> {
     caller.require_client()?;
     let id = Id::parse(IdKind::Operation, &id).ok_or(ApiError::NotFound)?;
-    let Some(record) = app.store.result_for_operation(&caller.tenant, &id).await? else {
+    let records = app.store.result_for_operation(&caller.tenant, &id).await?;
+    if records.is_empty() {
         // No artifact: unknown, removed, not finished, or an inline result.
         return Err(app.missing(&caller.tenant, &id).await);
-    };
+    }
     app.operation(&caller.tenant, &id).await?;
     let now = app.clock.now();
-    if record.is_expired(now) {
+    let live: Vec<ResultRecord> = records.into_iter().filter(|r| !r.is_expired(now)).collect();
+    if live.is_empty() {
         return Err(ApiError::ResultExpired { operation_id: id });
     }
     let expires = now.plus(app.config.link_ttl);
     let expires_secs = expires.as_millis() / 1000;
     let (kid, key) = app.link_key_current().await?;
-    let signature = links::sign(&key, record.id.as_str(), expires_secs);
-    let url = format!(
-        "/v1/results/{}/content?expires={expires_secs}&kid={kid}&signature={signature}",
-        record.id
-    );
-    Ok(Json(ResultBody {
-        id: record.id.to_string(),
-        operation_id: record.operation_id.to_string(),
-        content_type: record.content_type,
-        size_bytes: record.size_bytes,
-        sha256: record.sha256,
-        created_at: record.created_at.to_rfc3339(),
-        expires_at: record.expires_at.map(|t| t.to_rfc3339()),
-        download: Download {
-            url,
-            expires_at: longrun_core::Timestamp(expires_secs * 1000).to_rfc3339(),
-        },
-    }))
+    let mut body = ResultBody {
+        operation_id: id.to_string(),
+        artifact: None,
+        artifacts: Default::default(),
+    };
+    for record in live {
+        let signature = links::sign(&key, record.id.as_str(), expires_secs);
+        let url = format!(
+            "/v1/results/{}/content?expires={expires_secs}&kid={kid}&signature={signature}",
+            record.id
+        );
+        let artifact = ArtifactBody {
+            id: record.id.to_string(),
+            content_type: record.content_type,
+            size_bytes: record.size_bytes,
+            sha256: record.sha256,
+            created_at: record.created_at.to_rfc3339(),
+            expires_at: record.expires_at.map(|t| t.to_rfc3339()),
+            download: Download {
+                url,
+                expires_at: longrun_core::Timestamp(expires_secs * 1000).to_rfc3339(),
+            },
+        };
+        if record.name == DEFAULT_ARTIFACT {
+            body.artifact = Some(artifact);
+        } else {
+            body.artifacts.insert(record.name, artifact);
+        }
+    }
+    Ok(Json(body))
 }
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]

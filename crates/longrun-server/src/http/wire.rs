@@ -342,17 +342,7 @@ impl From<&Operation> for OperationBody {
                 units: op.cost_units,
                 max_units: op.budget_max_cost,
             },
-            result: match (&op.artifact, &op.result) {
-                (Some(a), _) => Some(serde_json::json!({"artifact": {
-                    "id": a.id.as_str(),
-                    "content_type": a.content_type,
-                    "size_bytes": a.size_bytes,
-                    "sha256": a.sha256,
-                    "expires_at": a.expires_at.to_rfc3339(),
-                }})),
-                (None, Some(value)) => Some(serde_json::json!({ "value": value })),
-                (None, None) => None,
-            },
+            result: result_body(op),
             error: op.error.as_ref().map(|e| ErrorBody {
                 code: e.code.clone(),
                 message: e.message.clone(),
@@ -363,11 +353,50 @@ impl From<&Operation> for OperationBody {
             links: Links {
                 cancel: format!("{base}/cancellation"),
                 events: format!("{base}/events"),
-                result: op.artifact.as_ref().map(|_| format!("{base}/result")),
+                result: (op.artifact.is_some() || !op.artifacts.is_empty()).then(|| format!("{base}/result")),
                 self_: base,
             },
         }
     }
+}
+
+fn artifact_json(a: &longrun_store::ArtifactRef) -> Value {
+    serde_json::json!({
+        "id": a.id.as_str(),
+        "content_type": a.content_type,
+        "size_bytes": a.size_bytes,
+        "sha256": a.sha256,
+        "expires_at": a.expires_at.to_rfc3339(),
+    })
+}
+
+/// `result`: an inline value as `{"value": …}`; a result with artifacts as
+/// `{"artifact"?, "artifacts"?}` beside the members of the worker's object
+/// value, if any (the import's `summary`). A failed operation shows the
+/// artifacts its worker published (error reports, partial outputs).
+fn result_body(op: &Operation) -> Option<Value> {
+    if op.artifact.is_none() && op.artifacts.is_empty() {
+        return op.result.as_ref().map(|value| serde_json::json!({ "value": value }));
+    }
+    let mut body = match &op.result {
+        Some(Value::Object(members)) => members.clone(),
+        Some(Value::Null) | None => serde_json::Map::new(),
+        Some(other) => serde_json::Map::from_iter([("value".to_owned(), other.clone())]),
+    };
+    body.remove("artifacts");
+    body.remove("artifact");
+    if let Some(a) = &op.artifact {
+        body.insert("artifact".into(), artifact_json(a));
+    }
+    if !op.artifacts.is_empty() {
+        let named = op
+            .artifacts
+            .iter()
+            .map(|(name, a)| (name.clone(), artifact_json(a)))
+            .collect();
+        body.insert("artifacts".into(), Value::Object(named));
+    }
+    Some(Value::Object(body))
 }
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]

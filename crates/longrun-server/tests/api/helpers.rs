@@ -49,6 +49,7 @@ pub struct Options {
     pub key_cache_ttl: Duration,
     /// Cap the SQLite file at this many pages (a full disk, for drills).
     pub max_page_count: Option<u32>,
+    pub max_upload_bytes: u64,
 }
 
 impl Default for Options {
@@ -69,6 +70,7 @@ impl Default for Options {
             limits: longrun_server::listen::Limits::default(),
             key_cache_ttl: Duration::ZERO,
             max_page_count: None,
+            max_upload_bytes: 1 << 30,
         }
     }
 }
@@ -117,6 +119,7 @@ pub async fn spawn_app_with(options: Options) -> TestApp {
     serve.deliver_webhooks = options.deliver_webhooks;
     serve.retention.interval = options.retention_interval;
     serve.http.max_artifact_bytes = options.max_artifact_bytes;
+    serve.http.max_upload_bytes = options.max_upload_bytes;
     serve.artifact_store = options.artifact_store.clone();
     serve.webhooks.interval = Duration::from_millis(20);
     serve.webhooks.secret_cache = Duration::ZERO;

@@ -9,6 +9,7 @@ mod fuzz;
 mod helpers;
 mod hostile;
 mod idempotency;
+mod imports;
 mod longpoll;
 mod observe;
 mod operating;

@@ -11,7 +11,7 @@ use sha2::{Digest, Sha256};
 
 use crate::helpers::{Options, manual_clock, peers_required, spawn_app_with};
 
-struct Moto {
+pub(crate) struct Moto {
     child: std::process::Child,
     endpoint: String,
 }
@@ -24,7 +24,7 @@ impl Drop for Moto {
 }
 
 /// Starts `python3 -m moto.server` on a free port; `None` (loudly) if moto is missing.
-async fn start_moto() -> Option<Moto> {
+pub(crate) async fn start_moto() -> Option<Moto> {
     let probe = std::process::Command::new("python3")
         .args(["-c", "import moto.server"])
         .output();
@@ -66,7 +66,7 @@ async fn start_moto() -> Option<Moto> {
     Some(moto)
 }
 
-fn s3_store(moto: &Moto) -> Arc<dyn ArtifactStore> {
+pub(crate) fn s3_store(moto: &Moto) -> Arc<dyn ArtifactStore> {
     Arc::new(
         S3Artifacts::new(S3Settings {
             bucket: "longrun-test".into(),

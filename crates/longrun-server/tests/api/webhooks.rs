@@ -328,6 +328,7 @@ async fn with_30_percent_of_acks_dropped_every_event_is_applied_exactly_once() {
                     budget_max_cost: None,
                     labels: Default::default(),
                     idempotency: None,
+                    uploads: Vec::new(),
                     now,
                 })
                 .await

@@ -670,6 +670,7 @@ async fn a_big_backlog_does_not_starve_a_small_tenant() {
                     budget_max_cost: None,
                     labels: Default::default(),
                     idempotency: None,
+                    uploads: Vec::new(),
                     now: longrun_core::Timestamp(1),
                 })
                 .await

@@ -1544,100 +1544,6 @@ pub(super) fn accepting_pauses(c: &Connection) -> Result<Vec<Option<String>>> {
         .collect::<rusqlite::Result<_>>()?)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::{AcceptParams, ClaimParams, FinishParams, Outcome};
-    use longrun_core::IdKind;
-    use rusqlite::StatementStatus;
-
-    /// The statements of the job path stay prepared: none is re-prepared
-    /// from one task to the next (a profile once found the writer re-parsing
-    /// `FENCED` for every outcome).
-    #[test]
-    fn the_job_path_never_re_prepares_its_statements() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("longrun.db");
-        crate::sqlite::migrate(&path).unwrap();
-        let c = Connection::open(&path).unwrap();
-        let policy = WritePolicy {
-            operation_retention: Duration::from_secs(3600),
-            result_retention: Duration::from_secs(3600),
-            keep_inputs: false,
-        };
-        for i in 0..5 {
-            let now = Timestamp(1_800_000_000_000 + i);
-            operation_accept(
-                &c,
-                &AcceptParams {
-                    id: Id::generate(IdKind::Operation),
-                    tenant: "t".into(),
-                    kind: "k".into(),
-                    input: serde_json::json!({}),
-                    callback_url: None,
-                    deadline_at: None,
-                    budget_max_cost: None,
-                    labels: Default::default(),
-                    idempotency: None,
-                    uploads: Vec::new(),
-                    now,
-                },
-            )
-            .unwrap();
-            let claimed = task_claim(
-                &c,
-                policy,
-                &ClaimParams {
-                    kinds: vec!["k".into()],
-                    max_tasks: 4,
-                    lease: Duration::from_secs(30),
-                    worker_id: "w".into(),
-                    now,
-                },
-            )
-            .unwrap();
-            for task in claimed {
-                task_finish(
-                    &c,
-                    policy,
-                    &FinishParams {
-                        operation_id: task.operation_id,
-                        lease_token: task.lease_token,
-                        outcome: Outcome::Succeeded { result: None },
-                        progress: None,
-                        now,
-                    },
-                )
-                .unwrap();
-            }
-        }
-        let fenced = c.prepare_cached(FENCED).unwrap();
-        assert_eq!(fenced.get_status(StatementStatus::Run), 5);
-        drop(fenced);
-        // Every statement the connection holds, with how often it was re-prepared.
-        let mut reprepared = Vec::new();
-        // SAFETY: the handle is this live connection's; sqlite3_next_stmt
-        // walks its statements, which stay alive while nothing prepares or
-        // finalizes, and neither happens in this loop.
-        unsafe {
-            let db = c.handle();
-            let mut stmt = rusqlite::ffi::sqlite3_next_stmt(db, std::ptr::null_mut());
-            while !stmt.is_null() {
-                let n = rusqlite::ffi::sqlite3_stmt_status(stmt, rusqlite::ffi::SQLITE_STMTSTATUS_REPREPARE, 0);
-                if n > 0 {
-                    let sql = std::ffi::CStr::from_ptr(rusqlite::ffi::sqlite3_sql(stmt));
-                    reprepared.push(sql.to_string_lossy().split_whitespace().collect::<Vec<_>>().join(" "));
-                }
-                stmt = rusqlite::ffi::sqlite3_next_stmt(db, stmt);
-            }
-        }
-        // Only READY_HEADS, once per claim (its ORDER BY on a column held
-        // equal to a parameter makes SQLite plan for the value).
-        let ready_heads = READY_HEADS.split_whitespace().collect::<Vec<_>>().join(" ");
-        assert_eq!(reprepared, vec![ready_heads]);
-    }
-}
-
 const UPLOAD_COLUMNS: &str = "id, tenant, content_type, upload_offset, complete, sha256, expected_sha256, chunks,
     created_at, expires_at, EXISTS (SELECT 1 FROM operation_uploads WHERE upload_id = uploads.id)";
 
@@ -1753,4 +1659,98 @@ pub(super) fn upload_for_task(
     Ok(c.prepare_cached(&sql)?
         .query_row(params![upload_id.as_str(), operation_id.as_str()], upload_from_row)
         .optional()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{AcceptParams, ClaimParams, FinishParams, Outcome};
+    use longrun_core::IdKind;
+    use rusqlite::StatementStatus;
+
+    /// The statements of the job path stay prepared: none is re-prepared
+    /// from one task to the next (a profile once found the writer re-parsing
+    /// `FENCED` for every outcome).
+    #[test]
+    fn the_job_path_never_re_prepares_its_statements() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("longrun.db");
+        crate::sqlite::migrate(&path).unwrap();
+        let c = Connection::open(&path).unwrap();
+        let policy = WritePolicy {
+            operation_retention: Duration::from_secs(3600),
+            result_retention: Duration::from_secs(3600),
+            keep_inputs: false,
+        };
+        for i in 0..5 {
+            let now = Timestamp(1_800_000_000_000 + i);
+            operation_accept(
+                &c,
+                &AcceptParams {
+                    id: Id::generate(IdKind::Operation),
+                    tenant: "t".into(),
+                    kind: "k".into(),
+                    input: serde_json::json!({}),
+                    callback_url: None,
+                    deadline_at: None,
+                    budget_max_cost: None,
+                    labels: Default::default(),
+                    idempotency: None,
+                    uploads: Vec::new(),
+                    now,
+                },
+            )
+            .unwrap();
+            let claimed = task_claim(
+                &c,
+                policy,
+                &ClaimParams {
+                    kinds: vec!["k".into()],
+                    max_tasks: 4,
+                    lease: Duration::from_secs(30),
+                    worker_id: "w".into(),
+                    now,
+                },
+            )
+            .unwrap();
+            for task in claimed {
+                task_finish(
+                    &c,
+                    policy,
+                    &FinishParams {
+                        operation_id: task.operation_id,
+                        lease_token: task.lease_token,
+                        outcome: Outcome::Succeeded { result: None },
+                        progress: None,
+                        now,
+                    },
+                )
+                .unwrap();
+            }
+        }
+        let fenced = c.prepare_cached(FENCED).unwrap();
+        assert_eq!(fenced.get_status(StatementStatus::Run), 5);
+        drop(fenced);
+        // Every statement the connection holds, with how often it was re-prepared.
+        let mut reprepared = Vec::new();
+        // SAFETY: the handle is this live connection's; sqlite3_next_stmt
+        // walks its statements, which stay alive while nothing prepares or
+        // finalizes, and neither happens in this loop.
+        unsafe {
+            let db = c.handle();
+            let mut stmt = rusqlite::ffi::sqlite3_next_stmt(db, std::ptr::null_mut());
+            while !stmt.is_null() {
+                let n = rusqlite::ffi::sqlite3_stmt_status(stmt, rusqlite::ffi::SQLITE_STMTSTATUS_REPREPARE, 0);
+                if n > 0 {
+                    let sql = std::ffi::CStr::from_ptr(rusqlite::ffi::sqlite3_sql(stmt));
+                    reprepared.push(sql.to_string_lossy().split_whitespace().collect::<Vec<_>>().join(" "));
+                }
+                stmt = rusqlite::ffi::sqlite3_next_stmt(db, stmt);
+            }
+        }
+        // Only READY_HEADS, once per claim (its ORDER BY on a column held
+        // equal to a parameter makes SQLite plan for the value).
+        let ready_heads = READY_HEADS.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert_eq!(reprepared, vec![ready_heads]);
+    }
 }

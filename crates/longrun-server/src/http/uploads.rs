@@ -1,0 +1,486 @@
+//! Uploads: inputs streamed before a submission names them (CONTRACT §9
+//! "Uploads and artifacts"), resumable as the IETF resumable-uploads draft
+//! describes.
+//!
+//! - `POST /v1/uploads` creates an upload and streams its body into it.
+//!   `Upload-Complete: ?1` (or no such header) says the body is all of it;
+//!   `?0` says more follows. The answer is `201` with `Location`,
+//!   `Upload-Offset` and `Upload-Complete`. A client that wants to survive a
+//!   cut connection sends an empty `POST` with `Upload-Complete: ?0` first,
+//!   so it knows the upload's URL before it sends any bytes.
+//! - `HEAD /v1/uploads/{id}` answers `Upload-Offset`: the bytes kept so far.
+//!   A body cut mid-way keeps what arrived.
+//! - `PATCH /v1/uploads/{id}` with `Upload-Offset` (which must be the
+//!   current offset, else `409 upload_offset_mismatch` with the right one)
+//!   and `Upload-Complete` appends.
+//! - `GET /v1/uploads/{id}`: the representation (JSON).
+//!
+//! `Content-Digest: sha-256=:…:` checks one request's bytes (a mismatch
+//! keeps none of them); `Repr-Digest` declares the whole upload's digest,
+//! checked when it completes (a mismatch removes the upload). Both are
+//! `400 digest_mismatch`. Other tenants' ids are `404`.
+
+use axum::Json;
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Path, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use futures_util::TryStreamExt;
+use longrun_core::{Id, IdKind, Timestamp};
+use longrun_engine::artifacts::ArtifactError;
+use longrun_engine::uploads::{self, Piece};
+use longrun_store::{StoreError, UploadAppendParams, UploadCompleteParams, UploadCreateParams, UploadRecord};
+use serde::Serialize;
+
+use crate::AppState;
+use crate::http::auth::Caller;
+use crate::http::error::{ApiError, Problem};
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/v1/uploads", post(create).layer(DefaultBodyLimit::disable()))
+        .route(
+            "/v1/uploads/{id}",
+            axum::routing::get(show)
+                .head(offset)
+                .patch(append)
+                .layer(DefaultBodyLimit::disable()),
+        )
+}
+
+/// An upload, as clients see it.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct UploadBody {
+    /// `upl_…`
+    pub id: String,
+    /// Bytes received so far; the size once complete.
+    pub size_bytes: i64,
+    /// Whether every byte was received (`Upload-Complete: ?1`).
+    pub complete: bool,
+    /// Lowercase hex SHA-256 of the whole upload, once complete.
+    pub sha256: Option<String>,
+    pub content_type: String,
+    pub created_at: String,
+    /// When the upload goes if no operation names it (one an operation names
+    /// lives as long as the operation).
+    pub expires_at: String,
+}
+
+impl From<&UploadRecord> for UploadBody {
+    fn from(u: &UploadRecord) -> Self {
+        Self {
+            id: u.id.to_string(),
+            size_bytes: u.offset,
+            complete: u.complete,
+            sha256: u.sha256.clone(),
+            content_type: u.content_type.clone(),
+            created_at: u.created_at.to_rfc3339(),
+            expires_at: u.expires_at.to_rfc3339(),
+        }
+    }
+}
+
+/// The upload headers of the resumable-uploads draft, and `Location`.
+fn upload_response(status: StatusCode, upload: &UploadRecord) -> Response {
+    let mut response = (status, Json(UploadBody::from(upload))).into_response();
+    let h = response.headers_mut();
+    h.insert("upload-offset", HeaderValue::from(upload.offset));
+    h.insert(
+        "upload-complete",
+        HeaderValue::from_static(if upload.complete { "?1" } else { "?0" }),
+    );
+    h.insert(
+        header::LOCATION,
+        HeaderValue::from_str(&format!("/v1/uploads/{}", upload.id)).expect("ids are header-safe"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+/// `Upload-Complete` as a structured-field boolean; `None` when absent.
+fn upload_complete(headers: &HeaderMap) -> Result<Option<bool>, ApiError> {
+    match headers.get("upload-complete").map(HeaderValue::as_bytes) {
+        None => Ok(None),
+        Some(b"?1") => Ok(Some(true)),
+        Some(b"?0") => Ok(Some(false)),
+        Some(_) => Err(ApiError::InvalidRequest("Upload-Complete must be ?0 or ?1".into())),
+    }
+}
+
+/// The sha-256 member of a `Content-Digest` or `Repr-Digest` header (RFC
+/// 9530), as lowercase hex; `None` when absent or naming only other algorithms.
+fn digest(headers: &HeaderMap, name: &str) -> Result<Option<String>, ApiError> {
+    let Some(value) = headers.get(name) else {
+        return Ok(None);
+    };
+    let bad = || ApiError::InvalidRequest(format!("{name} must be a dictionary like sha-256=:<base64>:"));
+    let text = value.to_str().map_err(|_| bad())?;
+    for member in text.split(',') {
+        let Some((algorithm, encoded)) = member.trim().split_once('=') else {
+            return Err(bad());
+        };
+        if !algorithm.trim().eq_ignore_ascii_case("sha-256") {
+            continue;
+        }
+        let encoded = encoded
+            .trim()
+            .strip_prefix(':')
+            .and_then(|e| e.strip_suffix(':'))
+            .ok_or_else(bad)?;
+        let bytes = data_encoding::BASE64.decode(encoded.as_bytes()).map_err(|_| bad())?;
+        if bytes.len() != 32 {
+            return Err(bad());
+        }
+        return Ok(Some(data_encoding::HEXLOWER.encode(&bytes)));
+    }
+    Ok(None)
+}
+
+fn content_type(headers: &HeaderMap) -> Result<String, ApiError> {
+    let value = headers
+        .get(header::CONTENT_TYPE)
+        .map(|v| {
+            v.to_str()
+                .map_err(|_| ApiError::InvalidRequest("Content-Type must be ASCII".into()))
+        })
+        .transpose()?
+        .unwrap_or("application/octet-stream");
+    if value.len() > 255 {
+        return Err(ApiError::InvalidRequest("Content-Type is too long".into()));
+    }
+    Ok(value.to_owned())
+}
+
+fn too_large(max: u64) -> ApiError {
+    ApiError::PayloadTooLarge(format!("uploads are limited to {max} bytes"))
+}
+
+/// Refuses a body whose declared length would pass the limit before reading it.
+fn check_length(app: &AppState, headers: &HeaderMap, offset: i64) -> Result<u64, ApiError> {
+    let max = app.config.max_upload_bytes;
+    let room = max.saturating_sub(u64::try_from(offset).unwrap_or(u64::MAX));
+    if let Some(length) = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+        && length > room
+    {
+        return Err(too_large(max));
+    }
+    Ok(room)
+}
+
+fn body_reader(request: Request) -> longrun_engine::artifacts::ByteReader {
+    let stream = request.into_body().into_data_stream().map_err(std::io::Error::other);
+    Box::pin(tokio_util::io::StreamReader::new(stream))
+}
+
+fn artifact_error(e: ArtifactError) -> ApiError {
+    match e {
+        ArtifactError::TooLarge { max_bytes } => too_large(max_bytes),
+        other => ApiError::Internal(other.to_string()),
+    }
+}
+
+#[utoipa::path(post, path = "/v1/uploads", tag = "uploads", security(("bearer" = [])),
+    params(
+        ("Upload-Complete" = Option<String>, Header, description = "`?1` (the default): the body is the whole upload; `?0`: more follows with PATCH"),
+        ("Content-Digest" = Option<String>, Header, description = "`sha-256=:<base64>:` of this request's body"),
+        ("Repr-Digest" = Option<String>, Header, description = "`sha-256=:<base64>:` of the whole upload, checked when it completes"),
+    ),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The bytes, streamed; the Content-Type is kept"),
+    responses((status = 201, description = "The upload, with `Location`, `Upload-Offset` and `Upload-Complete`", body = UploadBody),
+        (status = "default", description = "A problem (RFC 9457) with a stable `code`", body = Problem, content_type = "application/problem+json")))]
+async fn create(
+    State(app): State<AppState>,
+    caller: Caller,
+    headers: HeaderMap,
+    request: Request,
+) -> Result<Response, ApiError> {
+    caller.require_client()?;
+    let complete = upload_complete(&headers)?.unwrap_or(true);
+    let (request_digest, whole_digest) = (digest(&headers, "content-digest")?, digest(&headers, "repr-digest")?);
+    let content_type = content_type(&headers)?;
+    let room = check_length(&app, &headers, 0)?;
+    let now = app.clock.now();
+    let created = app
+        .store
+        .upload_create(UploadCreateParams {
+            id: Id::generate(IdKind::Upload),
+            tenant: caller.tenant.clone(),
+            content_type,
+            expected_sha256: whole_digest,
+            now,
+            expires_at: now.plus(app.config.upload_retention),
+        })
+        .await?;
+    let written = receive(&app, &caller, &created, request, room, complete, request_digest).await;
+    if written.is_err() && complete {
+        // A whole upload that failed leaves nothing behind to resume.
+        let _ = app.store.upload_remove(&caller.tenant, &created.id, now).await;
+    }
+    Ok(upload_response(StatusCode::CREATED, &written?))
+}
+
+#[utoipa::path(patch, path = "/v1/uploads/{id}", tag = "uploads", security(("bearer" = [])),
+    params(("id" = String, Path, description = "The upload id (upl_…)"),
+        ("Upload-Offset" = i64, Header, description = "Where this body starts: the upload's current offset"),
+        ("Upload-Complete" = String, Header, description = "`?1`: this body ends the upload; `?0`: more follows"),
+        ("Content-Digest" = Option<String>, Header, description = "`sha-256=:<base64>:` of this request's body"),
+        ("Repr-Digest" = Option<String>, Header, description = "`sha-256=:<base64>:` of the whole upload")),
+    request_body(content = Vec<u8>, content_type = "application/partial-upload", description = "The next bytes, streamed"),
+    responses((status = 200, description = "The upload after the append", body = UploadBody),
+        (status = "default", description = "A problem (RFC 9457) with a stable `code`; `upload_offset_mismatch` carries the current `Upload-Offset`", body = Problem, content_type = "application/problem+json")))]
+async fn append(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    request: Request,
+) -> Result<Response, ApiError> {
+    caller.require_client()?;
+    let id = Id::parse(IdKind::Upload, &id).ok_or(ApiError::NotFound)?;
+    let at: i64 = headers
+        .get("upload-offset")
+        .and_then(|v| v.to_str().ok()?.parse().ok())
+        .filter(|o: &i64| *o >= 0)
+        .ok_or_else(|| ApiError::InvalidRequest("Upload-Offset must be a non-negative integer".into()))?;
+    let complete = upload_complete(&headers)?
+        .ok_or_else(|| ApiError::InvalidRequest("Upload-Complete (?0 or ?1) is required".into()))?;
+    let request_digest = digest(&headers, "content-digest")?;
+    let whole_digest = digest(&headers, "repr-digest")?;
+    let mut upload = app
+        .store
+        .upload_get(&caller.tenant, &id)
+        .await?
+        .ok_or(ApiError::NotFound)?;
+    // Refused before a byte of the body is read.
+    if upload.complete || upload.offset != at {
+        return Err(ApiError::UploadOffsetMismatch {
+            offset: upload.offset,
+            complete: upload.complete,
+        });
+    }
+    let room = check_length(&app, &headers, at)?;
+    if upload.expected_sha256.is_none() {
+        upload.expected_sha256 = whole_digest;
+    }
+    let written = receive(&app, &caller, &upload, request, room, complete, request_digest).await?;
+    Ok(upload_response(StatusCode::OK, &written))
+}
+
+/// Stores the body as the upload's next piece, appends it at the upload's
+/// offset, and completes the upload when asked and the body was whole.
+async fn receive(
+    app: &AppState,
+    caller: &Caller,
+    upload: &UploadRecord,
+    request: Request,
+    room: u64,
+    complete: bool,
+    request_digest: Option<String>,
+) -> Result<UploadRecord, ApiError> {
+    let artifacts = app.artifacts.as_ref();
+    let piece = uploads::store_piece(artifacts, &upload.id, upload.offset, body_reader(request), room)
+        .await
+        .map_err(artifact_error)?;
+    let forget = |piece: &Piece| {
+        let key = piece.chunk.storage_key.clone();
+        async move {
+            let _ = artifacts.delete(&key).await;
+        }
+    };
+    if let Some(expected) = &request_digest
+        && (piece.cut || *expected != piece.sha256)
+    {
+        forget(&piece).await;
+        return Err(ApiError::DigestMismatch(
+            "the body's SHA-256 is not the one Content-Digest names; none of it was kept".into(),
+        ));
+    }
+    let whole = complete && !piece.cut && upload.offset == 0;
+    if whole
+        && let Some(expected) = &upload.expected_sha256
+        && *expected != piece.sha256
+    {
+        forget(&piece).await;
+        let _ = app
+            .store
+            .upload_remove(&caller.tenant, &upload.id, app.clock.now())
+            .await;
+        return Err(digest_mismatch_of_whole());
+    }
+    let appended = app
+        .store
+        .upload_append(UploadAppendParams {
+            tenant: caller.tenant.clone(),
+            id: upload.id.clone(),
+            offset: upload.offset,
+            chunk: piece.chunk.clone(),
+            sha256: whole.then(|| piece.sha256.clone()),
+            expected_sha256: upload.expected_sha256.clone(),
+            now: app.clock.now(),
+        })
+        .await;
+    let appended = match appended {
+        Ok(appended) => appended,
+        Err(e) => {
+            // Another request appended first (or the upload is gone): this
+            // piece is no one's.
+            forget(&piece).await;
+            return Err(e.into());
+        }
+    };
+    if piece.chunk.size_bytes == 0 && !whole {
+        forget(&piece).await;
+    }
+    if !complete || piece.cut || appended.complete {
+        return Ok(appended);
+    }
+    finish(app, caller, appended).await
+}
+
+fn digest_mismatch_of_whole() -> ApiError {
+    ApiError::DigestMismatch("the upload's SHA-256 is not the one Repr-Digest named; the upload was removed".into())
+}
+
+/// Joins the pieces of an upload that received its last byte into one
+/// object and completes it.
+async fn finish(app: &AppState, caller: &Caller, upload: UploadRecord) -> Result<UploadRecord, ApiError> {
+    let (object, sha256) = uploads::join(app.artifacts.as_ref(), &upload)
+        .await
+        .map_err(artifact_error)?;
+    let now = app.clock.now();
+    if let Some(expected) = &upload.expected_sha256
+        && *expected != sha256
+    {
+        if !upload.chunks.contains(&object) {
+            let _ = app.artifacts.delete(&object.storage_key).await;
+        }
+        let _ = app.store.upload_remove(&caller.tenant, &upload.id, now).await;
+        return Err(digest_mismatch_of_whole());
+    }
+    let completed = app
+        .store
+        .upload_complete(UploadCompleteParams {
+            tenant: caller.tenant.clone(),
+            id: upload.id.clone(),
+            size_bytes: upload.offset,
+            object: object.clone(),
+            sha256,
+            now,
+        })
+        .await;
+    if completed.is_err() && !upload.chunks.contains(&object) {
+        let _ = app.artifacts.delete(&object.storage_key).await;
+    }
+    Ok(completed?)
+}
+
+#[utoipa::path(head, path = "/v1/uploads/{id}", tag = "uploads", security(("bearer" = [])),
+    params(("id" = String, Path, description = "The upload id (upl_…)")),
+    responses((status = 204, description = "`Upload-Offset`: the bytes kept so far; `Upload-Complete`",
+        headers(("Upload-Offset" = i64), ("Upload-Complete" = String))),
+        (status = 404, description = "No such upload of this tenant")))]
+async fn offset(State(app): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let upload = find(&app, &caller, &id).await?;
+    let mut response = upload_response(StatusCode::NO_CONTENT, &upload);
+    *response.body_mut() = axum::body::Body::empty();
+    response.headers_mut().remove(header::CONTENT_TYPE);
+    Ok(response)
+}
+
+#[utoipa::path(get, path = "/v1/uploads/{id}", tag = "uploads", security(("bearer" = [])),
+    params(("id" = String, Path, description = "The upload id (upl_…)")),
+    responses((status = 200, description = "The upload", body = UploadBody),
+        (status = "default", description = "A problem (RFC 9457) with a stable `code`", body = Problem, content_type = "application/problem+json")))]
+async fn show(State(app): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let upload = find(&app, &caller, &id).await?;
+    Ok(upload_response(StatusCode::OK, &upload))
+}
+
+/// The tenant's upload: unknown, malformed, foreign and removed ids are the
+/// same `404`.
+async fn find(app: &AppState, caller: &Caller, id: &str) -> Result<UploadRecord, ApiError> {
+    caller.require_client()?;
+    let id = Id::parse(IdKind::Upload, id).ok_or(ApiError::NotFound)?;
+    app.store
+        .upload_get(&caller.tenant, &id)
+        .await?
+        .ok_or(ApiError::NotFound)
+}
+
+/// The uploads a submission's input names (any string in it that is an
+/// upload id), each checked to be a complete upload of the tenant that is
+/// still kept: the submission's transaction then keeps it alive with the
+/// operation.
+pub async fn named_in(
+    app: &AppState,
+    tenant: &str,
+    input: &serde_json::Value,
+    now: Timestamp,
+) -> Result<Vec<Id>, ApiError> {
+    let mut ids = Vec::new();
+    collect(input, &mut ids);
+    ids.sort();
+    ids.dedup();
+    if ids.len() > MAX_NAMED {
+        return Err(ApiError::InvalidInput(format!(
+            "the input names {} uploads; at most {MAX_NAMED}",
+            ids.len()
+        )));
+    }
+    for id in &ids {
+        let usable = match app.store.upload_get(tenant, id).await {
+            Ok(upload) => upload.is_some_and(|u| u.is_usable(now)),
+            Err(StoreError::NotFound) => false,
+            Err(e) => return Err(e.into()),
+        };
+        if !usable {
+            return Err(ApiError::InvalidInput(format!(
+                "the input names {id}, which is not a complete upload of this tenant"
+            )));
+        }
+    }
+    Ok(ids)
+}
+
+/// Uploads one submission may name.
+const MAX_NAMED: usize = 16;
+
+fn collect(value: &serde_json::Value, ids: &mut Vec<Id>) {
+    match value {
+        serde_json::Value::String(s) => {
+            if let Some(id) = Id::parse(IdKind::Upload, s) {
+                ids.push(id);
+            }
+        }
+        serde_json::Value::Array(items) => items.iter().for_each(|v| collect(v, ids)),
+        serde_json::Value::Object(members) => members.values().for_each(|v| collect(v, ids)),
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn digests_are_read_from_structured_fields() {
+        let mut headers = HeaderMap::new();
+        // sha-256 of "hello world".
+        headers.insert(
+            "content-digest",
+            HeaderValue::from_static("sha-512=:AAAA:, sha-256=:uU0nuZNNPgilLlLX2n2r+sSE7+N6U4DukIj3rOLvzek=:"),
+        );
+        assert_eq!(
+            digest(&headers, "content-digest").unwrap().as_deref(),
+            Some("b94d27b9934d3e08a52e52d7da7dabfac484efe37a5380ee9088f7ace2efcde9")
+        );
+        assert_eq!(digest(&headers, "repr-digest").unwrap(), None);
+        for bad in ["sha-256=abc", "sha-256=:AAAA:", "nonsense"] {
+            headers.insert("repr-digest", HeaderValue::from_static(bad));
+            assert!(digest(&headers, "repr-digest").is_err(), "{bad}");
+        }
+    }
+}
