@@ -542,6 +542,56 @@ async fn submit_batch_sends_a_file_of_json_lines_and_a_resend_creates_nothing_tw
     assert!(out.contains("unsupported_kind"), "{out}");
 }
 
+/// `longrun upload FILE` prints the upload id; an import naming it runs,
+/// and `longrun result ID --artifact errors` downloads its row errors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upload_then_import_then_download_the_errors_artifact() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_server(dir.path(), &[]).await;
+    let token = server.bootstrap_client_key.clone().unwrap();
+    let base = server.base.clone();
+    let file = dir.path().join("people.csv");
+    std::fs::write(&file, "name,age\nAda,36\nAlan,forty\nGrace,85\n").unwrap();
+    let (code, out) = client(&base, &token, &["upload", &file.display().to_string()]).await;
+    assert_eq!(code, 0, "{out}");
+    let upload = out.trim().to_owned();
+    assert!(upload.starts_with("upl_"), "{out}");
+    let input = serde_json::json!({
+        "upload": upload, "format": "csv",
+        "schema": {"fields": {"name": {"type": "string", "required": true}, "age": {"type": "integer", "min": 0}}},
+    })
+    .to_string();
+    let (code, out) = client(
+        &base,
+        &token,
+        &["submit", "import", "--input", &input, "--wait", "--output", "json"],
+    )
+    .await;
+    assert_eq!(code, 0, "{out}");
+    let op: Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(op["result"]["summary"]["rows_rejected"], 1, "{op}");
+    let id = op["id"].as_str().unwrap();
+    let (code, errors) = client(
+        &base,
+        &token,
+        &["result", id, "--artifact", "errors", "--output-file", "-"],
+    )
+    .await;
+    assert_eq!(code, 0);
+    let error: Value = serde_json::from_str(errors.trim()).unwrap();
+    assert_eq!(
+        (error["line"].as_u64(), error["code"].as_str()),
+        (Some(3), Some("invalid_type"))
+    );
+    let (code, _) = client(
+        &base,
+        &token,
+        &["result", id, "--artifact", "nope", "--output-file", "-"],
+    )
+    .await;
+    assert_ne!(code, 0, "an artifact the result does not have is an error");
+}
+
 /// Sends `batch` as one `POST /v1/operations/batch`; key → id for every
 /// item answered 202, or nothing if the request got no answer.
 async fn submit_batch_raw(http: &reqwest::Client, base: &str, token: &str, keys: &[String]) -> HashMap<String, String> {

@@ -283,3 +283,119 @@ async fn a_batch_submitted_twice_creates_each_operation_once() {
     }
     assert_eq!(count(&server).await, 20);
 }
+
+/// A proxy that, once, cuts the first connection whose request bytes pass
+/// `cut_after` (an upload's body broken midway); answers flow unchanged.
+async fn request_cutting_proxy(upstream: SocketAddr, cut_after: usize) -> (String, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let cuts = Arc::new(AtomicUsize::new(0));
+    let c = cuts.clone();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let cuts = c.clone();
+            tokio::spawn(async move {
+                let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
+                    return;
+                };
+                let (mut client_read, mut client_write) = client.into_split();
+                let (mut server_read, mut server_write) = server.into_split();
+                let answers = tokio::spawn(async move { tokio::io::copy(&mut server_read, &mut client_write).await });
+                let mut buffer = vec![0u8; 64 * 1024];
+                let mut relayed = 0;
+                while let Ok(n) = client_read.read(&mut buffer).await {
+                    if n == 0 {
+                        break;
+                    }
+                    if relayed + n > cut_after
+                        && cuts.compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst).is_ok()
+                    {
+                        // Half of this read goes through, then both ways die.
+                        let _ = server_write.write_all(&buffer[..n / 2]).await;
+                        answers.abort();
+                        return;
+                    }
+                    if server_write.write_all(&buffer[..n]).await.is_err() {
+                        break;
+                    }
+                    relayed += n;
+                }
+                let _ = answers.await;
+            });
+        }
+    });
+    (format!("http://{addr}"), cuts)
+}
+
+/// `upload_file` resumes a body cut midway from the offset the server kept,
+/// and the import it feeds reads the whole file: its errors artifact, read
+/// with `download_artifact`, points at the right rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_cut_midway_resumes_and_feeds_an_import() {
+    let (server, token, dir) = server(true, true).await;
+    let mut csv = String::from("id,email\n");
+    for i in 1..=300_000 {
+        if i % 50_000 == 0 {
+            csv.push_str(&format!("{i},broken\n"));
+        } else {
+            csv.push_str(&format!("{i},user{i}@example.com\n"));
+        }
+    }
+    let path = dir.path().join("customers.csv");
+    std::fs::write(&path, &csv).unwrap();
+    let (url, cuts) = request_cutting_proxy(server.addr, 2 * 1024 * 1024).await;
+    let client = Client::with_http(unpooled(), url, token);
+    let progress = Arc::new(AtomicUsize::new(0));
+    let seen = progress.clone();
+    let uploaded = client
+        .upload_file(&path, "text/csv", move |sent, _| {
+            seen.store(sent as usize, Ordering::SeqCst)
+        })
+        .await
+        .unwrap();
+    assert_eq!(cuts.load(Ordering::SeqCst), 1, "the upload was cut once");
+    assert!(uploaded.resumed >= 1, "and resumed");
+    assert!(uploaded.upload.complete);
+    assert_eq!(uploaded.upload.size_bytes as usize, csv.len());
+    assert_eq!(progress.load(Ordering::SeqCst), csv.len(), "progress reached the end");
+    use sha2::Digest;
+    assert_eq!(
+        uploaded.upload.sha256.as_deref(),
+        Some(
+            data_encoding::HEXLOWER
+                .encode(&sha2::Sha256::digest(csv.as_bytes()))
+                .as_str()
+        )
+    );
+
+    let input = json!({
+        "upload": uploaded.upload.id,
+        "format": "csv",
+        "schema": {"fields": {
+            "id": {"type": "integer", "required": true},
+            "email": {"type": "string", "required": true, "pattern": "@"},
+        }},
+        "max_error_rate": 0.01,
+    });
+    let submitted = client.submit(&Submission::new("import", input)).await.unwrap();
+    let done = client.wait(&submitted.operation.id, |_| {}).await.unwrap();
+    assert_eq!(done.state, "succeeded", "{done:?}");
+    let summary = &done.result.as_ref().unwrap()["summary"];
+    assert_eq!(summary["rows_accepted"], 299_994);
+    let mut errors = Vec::new();
+    client
+        .download_artifact(&done.id, Some("errors"), &mut errors, |_, _| {})
+        .await
+        .unwrap();
+    let lines: Vec<serde_json::Value> = String::from_utf8(errors)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let rows: Vec<u64> = lines.iter().map(|l| l["line"].as_u64().unwrap()).collect();
+    assert_eq!(rows, vec![50_001, 100_001, 150_001, 200_001, 250_001, 300_001]);
+    let missing = client
+        .download_artifact(&done.id, Some("nope"), &mut Vec::new(), |_, _| {})
+        .await;
+    assert!(missing.is_err());
+}

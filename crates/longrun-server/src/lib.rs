@@ -126,6 +126,8 @@ pub struct Inner {
     link_keys: TtlCache<(), Vec<(String, Vec<u8>)>>,
     rates: RateLimiter,
     pub changes: Arc<ChangeHub>,
+    /// Uploads this process is appending to (see `http::uploads`).
+    pub(crate) appending: http::uploads::Appending,
     pub scrape: metrics::Scrape,
     pauses: TtlCache<(), Vec<Option<String>>>,
     pub config: Config,
@@ -168,6 +170,7 @@ impl AppState {
             link_keys: TtlCache::new(RECORD_CACHE_TTL),
             rates: RateLimiter::default(),
             changes: ChangeHub::new(config.max_waiters_per_tenant),
+            appending: http::uploads::Appending::default(),
             scrape: metrics::Scrape::new(store.clone(), clock.clone()),
             pauses: TtlCache::new(config.key_cache_ttl.min(PAUSE_CACHE_TTL)),
             config,

@@ -15,6 +15,14 @@
 //!   and `Upload-Complete` appends.
 //! - `GET /v1/uploads/{id}`: the representation (JSON).
 //!
+//! A body cut short is stored and appended only once the server has read
+//! to the cut (and, on the file system, flushed it): a `HEAD` or `PATCH`
+//! that arrives meanwhile waits for that append in this process (up to
+//! [`SETTLE_WAIT`]), as the draft asks, so it learns the offset that
+//! includes it instead of resending bytes that are about to be kept. (On
+//! several nodes one may answer an older offset; the store's offset compare
+//! still refuses the stale append.)
+//!
 //! `Content-Digest: sha-256=:…:` checks one request's bytes (a mismatch
 //! keeps none of them); `Repr-Digest` declares the whole upload's digest,
 //! checked when it completes (a mismatch removes the upload). Both are
@@ -32,6 +40,7 @@ use longrun_engine::artifacts::ArtifactError;
 use longrun_engine::uploads::{self, Piece};
 use longrun_store::{StoreError, UploadAppendParams, UploadCompleteParams, UploadCreateParams, UploadRecord};
 use serde::Serialize;
+use std::sync::Arc;
 
 use crate::AppState;
 use crate::http::auth::Caller;
@@ -41,7 +50,7 @@ pub fn router() -> Router<AppState> {
     Router::new()
         .route("/v1/uploads", post(create).layer(DefaultBodyLimit::disable()))
         .route(
-            "/v1/uploads/{id}",
+            "/v1/uploads/{upload_id}",
             axum::routing::get(show)
                 .head(offset)
                 .patch(append)
@@ -82,6 +91,48 @@ impl From<&UploadRecord> for UploadBody {
 }
 
 /// The upload headers of the resumable-uploads draft, and `Location`.
+/// Longest a `HEAD` or `PATCH` waits for an append in flight.
+pub const SETTLE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The uploads this process is appending to, each with a lock its appends
+/// hold; an entry goes when its last holder does.
+#[derive(Default)]
+pub struct Appending(std::sync::Mutex<std::collections::HashMap<Id, Arc<tokio::sync::Mutex<()>>>>);
+
+/// Held while a request appends to (or reads the offset of) one upload.
+pub struct Settled<'a> {
+    appending: &'a Appending,
+    id: Id,
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl Appending {
+    /// Waits (up to [`SETTLE_WAIT`]) for appends in flight to `id` to end.
+    async fn settle(&self, id: &Id) -> Settled<'_> {
+        let lock = {
+            let mut map = self.0.lock().expect("appending lock");
+            map.entry(id.clone()).or_default().clone()
+        };
+        let guard = tokio::time::timeout(SETTLE_WAIT, lock.lock_owned()).await.ok();
+        Settled {
+            appending: self,
+            id: id.clone(),
+            guard,
+        }
+    }
+}
+
+impl Drop for Settled<'_> {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        let mut map = self.appending.0.lock().expect("appending lock");
+        // Ours and the map's: no one else waits.
+        if map.get(&self.id).is_some_and(|lock| Arc::strong_count(lock) == 1) {
+            map.remove(&self.id);
+        }
+    }
+}
+
 fn upload_response(status: StatusCode, upload: &UploadRecord) -> Response {
     let mut response = (status, Json(UploadBody::from(upload))).into_response();
     let h = response.headers_mut();
@@ -116,25 +167,34 @@ fn digest(headers: &HeaderMap, name: &str) -> Result<Option<String>, ApiError> {
     };
     let bad = || ApiError::InvalidRequest(format!("{name} must be a dictionary like sha-256=:<base64>:"));
     let text = value.to_str().map_err(|_| bad())?;
+    let mut sha256 = None;
+    // Every member is `algorithm=:base64:`; only sha-256 is read.
     for member in text.split(',') {
-        let Some((algorithm, encoded)) = member.trim().split_once('=') else {
-            return Err(bad());
-        };
-        if !algorithm.trim().eq_ignore_ascii_case("sha-256") {
-            continue;
-        }
+        let (algorithm, encoded) = member.trim().split_once('=').ok_or_else(bad)?;
         let encoded = encoded
-            .trim()
             .strip_prefix(':')
             .and_then(|e| e.strip_suffix(':'))
+            .filter(|e| {
+                e.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'='))
+            })
             .ok_or_else(bad)?;
-        let bytes = data_encoding::BASE64.decode(encoded.as_bytes()).map_err(|_| bad())?;
-        if bytes.len() != 32 {
+        let algorithm_ok = algorithm.starts_with(|c: char| c.is_ascii_lowercase())
+            && algorithm
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+        if !algorithm_ok {
             return Err(bad());
         }
-        return Ok(Some(data_encoding::HEXLOWER.encode(&bytes)));
+        if algorithm == "sha-256" {
+            let bytes = data_encoding::BASE64.decode(encoded.as_bytes()).map_err(|_| bad())?;
+            if bytes.len() != 32 {
+                return Err(bad());
+            }
+            sha256 = Some(data_encoding::HEXLOWER.encode(&bytes));
+        }
     }
-    Ok(None)
+    Ok(sha256)
 }
 
 fn content_type(headers: &HeaderMap) -> Result<String, ApiError> {
@@ -184,9 +244,9 @@ fn artifact_error(e: ArtifactError) -> ApiError {
 
 #[utoipa::path(post, path = "/v1/uploads", tag = "uploads", security(("bearer" = [])),
     params(
-        ("Upload-Complete" = Option<String>, Header, description = "`?1` (the default): the body is the whole upload; `?0`: more follows with PATCH"),
-        ("Content-Digest" = Option<String>, Header, description = "`sha-256=:<base64>:` of this request's body"),
-        ("Repr-Digest" = Option<String>, Header, description = "`sha-256=:<base64>:` of the whole upload, checked when it completes"),
+        ("Upload-Complete" = Option<String>, Header, description = "`?1` (the default): the body is the whole upload; `?0`: more follows with PATCH", pattern = "^\\?[01]$"),
+        ("Content-Digest" = Option<String>, Header, description = "`sha-256=:<base64>:` of this request's body (a dictionary; members of other algorithms are ignored)", pattern = "^[a-z][a-z0-9-]*=:[A-Za-z0-9+/=]*:( *, *[a-z][a-z0-9-]*=:[A-Za-z0-9+/=]*:)*$"),
+        ("Repr-Digest" = Option<String>, Header, description = "`sha-256=:<base64>:` of the whole upload, checked when it completes", pattern = "^[a-z][a-z0-9-]*=:[A-Za-z0-9+/=]*:( *, *[a-z][a-z0-9-]*=:[A-Za-z0-9+/=]*:)*$"),
     ),
     request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The bytes, streamed; the Content-Type is kept"),
     responses((status = 201, description = "The upload, with `Location`, `Upload-Offset` and `Upload-Complete`", body = UploadBody),
@@ -214,7 +274,9 @@ async fn create(
             expires_at: now.plus(app.config.upload_retention),
         })
         .await?;
+    let settled = app.appending.settle(&created.id).await;
     let written = receive(&app, &caller, &created, request, room, complete, request_digest).await;
+    drop(settled);
     if written.is_err() && complete {
         // A whole upload that failed leaves nothing behind to resume.
         let _ = app.store.upload_remove(&caller.tenant, &created.id, now).await;
@@ -222,24 +284,24 @@ async fn create(
     Ok(upload_response(StatusCode::CREATED, &written?))
 }
 
-#[utoipa::path(patch, path = "/v1/uploads/{id}", tag = "uploads", security(("bearer" = [])),
-    params(("id" = String, Path, description = "The upload id (upl_…)"),
-        ("Upload-Offset" = i64, Header, description = "Where this body starts: the upload's current offset"),
-        ("Upload-Complete" = String, Header, description = "`?1`: this body ends the upload; `?0`: more follows"),
-        ("Content-Digest" = Option<String>, Header, description = "`sha-256=:<base64>:` of this request's body"),
-        ("Repr-Digest" = Option<String>, Header, description = "`sha-256=:<base64>:` of the whole upload")),
-    request_body(content = Vec<u8>, content_type = "application/partial-upload", description = "The next bytes, streamed"),
+#[utoipa::path(patch, path = "/v1/uploads/{upload_id}", tag = "uploads", security(("bearer" = [])),
+    params(("upload_id" = String, Path, description = "The upload id (upl_…)"),
+        ("Upload-Offset" = i64, Header, description = "Where this body starts: the upload's current offset", minimum = 0),
+        ("Upload-Complete" = String, Header, description = "`?1`: this body ends the upload; `?0`: more follows", pattern = "^\\?[01]$"),
+        ("Content-Digest" = Option<String>, Header, description = "`sha-256=:<base64>:` of this request's body (a dictionary; members of other algorithms are ignored)", pattern = "^[a-z][a-z0-9-]*=:[A-Za-z0-9+/=]*:( *, *[a-z][a-z0-9-]*=:[A-Za-z0-9+/=]*:)*$"),
+        ("Repr-Digest" = Option<String>, Header, description = "`sha-256=:<base64>:` of the whole upload, checked when it completes", pattern = "^[a-z][a-z0-9-]*=:[A-Za-z0-9+/=]*:( *, *[a-z][a-z0-9-]*=:[A-Za-z0-9+/=]*:)*$")),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The next bytes, streamed (the draft's `application/partial-upload` is accepted too, as is any type)"),
     responses((status = 200, description = "The upload after the append", body = UploadBody),
         (status = "default", description = "A problem (RFC 9457) with a stable `code`; `upload_offset_mismatch` carries the current `Upload-Offset`", body = Problem, content_type = "application/problem+json")))]
 async fn append(
     State(app): State<AppState>,
     caller: Caller,
-    Path(id): Path<String>,
+    Path(upload_id): Path<String>,
     headers: HeaderMap,
     request: Request,
 ) -> Result<Response, ApiError> {
     caller.require_client()?;
-    let id = Id::parse(IdKind::Upload, &id).ok_or(ApiError::NotFound)?;
+    let id = Id::parse(IdKind::Upload, &upload_id).ok_or(ApiError::NotFound)?;
     let at: i64 = headers
         .get("upload-offset")
         .and_then(|v| v.to_str().ok()?.parse().ok())
@@ -249,6 +311,9 @@ async fn append(
         .ok_or_else(|| ApiError::InvalidRequest("Upload-Complete (?0 or ?1) is required".into()))?;
     let request_digest = digest(&headers, "content-digest")?;
     let whole_digest = digest(&headers, "repr-digest")?;
+    // Another tenant's id is a 404 at once, never a wait on its appends.
+    find(&app, &caller, &upload_id).await?;
+    let _settled = app.appending.settle(&id).await;
     let mut upload = app
         .store
         .upload_get(&caller.tenant, &id)
@@ -377,25 +442,35 @@ async fn finish(app: &AppState, caller: &Caller, upload: UploadRecord) -> Result
     Ok(completed?)
 }
 
-#[utoipa::path(head, path = "/v1/uploads/{id}", tag = "uploads", security(("bearer" = [])),
-    params(("id" = String, Path, description = "The upload id (upl_…)")),
+#[utoipa::path(head, path = "/v1/uploads/{upload_id}", tag = "uploads", security(("bearer" = [])),
+    params(("upload_id" = String, Path, description = "The upload id (upl_…)")),
     responses((status = 204, description = "`Upload-Offset`: the bytes kept so far; `Upload-Complete`",
         headers(("Upload-Offset" = i64), ("Upload-Complete" = String))),
-        (status = 404, description = "No such upload of this tenant")))]
-async fn offset(State(app): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<Response, ApiError> {
-    let upload = find(&app, &caller, &id).await?;
+        (status = "default", description = "A refusal (401, 403, 404 for an unknown or foreign id …); HEAD answers have no body")))]
+async fn offset(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(upload_id): Path<String>,
+) -> Result<Response, ApiError> {
+    let id = find(&app, &caller, &upload_id).await?.id;
+    let _settled = app.appending.settle(&id).await;
+    let upload = find(&app, &caller, &upload_id).await?;
     let mut response = upload_response(StatusCode::NO_CONTENT, &upload);
     *response.body_mut() = axum::body::Body::empty();
     response.headers_mut().remove(header::CONTENT_TYPE);
     Ok(response)
 }
 
-#[utoipa::path(get, path = "/v1/uploads/{id}", tag = "uploads", security(("bearer" = [])),
-    params(("id" = String, Path, description = "The upload id (upl_…)")),
+#[utoipa::path(get, path = "/v1/uploads/{upload_id}", tag = "uploads", security(("bearer" = [])),
+    params(("upload_id" = String, Path, description = "The upload id (upl_…)")),
     responses((status = 200, description = "The upload", body = UploadBody),
         (status = "default", description = "A problem (RFC 9457) with a stable `code`", body = Problem, content_type = "application/problem+json")))]
-async fn show(State(app): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<Response, ApiError> {
-    let upload = find(&app, &caller, &id).await?;
+async fn show(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(upload_id): Path<String>,
+) -> Result<Response, ApiError> {
+    let upload = find(&app, &caller, &upload_id).await?;
     Ok(upload_response(StatusCode::OK, &upload))
 }
 
@@ -478,7 +553,7 @@ mod tests {
             Some("b94d27b9934d3e08a52e52d7da7dabfac484efe37a5380ee9088f7ace2efcde9")
         );
         assert_eq!(digest(&headers, "repr-digest").unwrap(), None);
-        for bad in ["sha-256=abc", "sha-256=:AAAA:", "nonsense"] {
+        for bad in ["sha-256=abc", "sha-256=:AAAA:", "nonsense", "x=y", "", "Sha=:AA==:"] {
             headers.insert("repr-digest", HeaderValue::from_static(bad));
             assert!(digest(&headers, "repr-digest").is_err(), "{bad}");
         }

@@ -271,6 +271,10 @@ pub struct OperationBody {
     pub deadline_at: Option<String>,
     pub progress: Option<ProgressBody>,
     pub cost: CostBody,
+    /// `{"value": …}` for an inline result; `{"artifact"?, "artifacts"?: {name: …}}`
+    /// for one with artifacts, beside the members of the worker's object
+    /// result (the import's `summary`). A failed operation may carry the
+    /// artifacts its worker published (error reports, partial outputs).
     pub result: Option<Value>,
     pub error: Option<ErrorBody>,
     pub labels: BTreeMap<String, String>,

@@ -192,6 +192,47 @@ async fn uploads_resume_check_digests_limits_and_tenancy(app: &TestApp, store: &
     })
     .await;
 
+    // Two appends racing at one offset: one is kept, the other refused.
+    let created: Value = app
+        .request(Method::POST, "/v1/uploads", &app.client_key)
+        .header("upload-complete", "?0")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let raced = format!("/v1/uploads/{}", created["id"].as_str().unwrap());
+    let bodies = [vec![b'a'; 1 << 20], vec![b'b'; 1 << 20]];
+    let send = |body: Vec<u8>| {
+        app.request(Method::PATCH, &raced, &app.client_key)
+            .header("upload-offset", "0")
+            .header("upload-complete", "?1")
+            .body(body)
+            .send()
+    };
+    let (first, second) = tokio::join!(send(bodies[0].clone()), send(bodies[1].clone()));
+    let (first, second) = (first.unwrap(), second.unwrap());
+    let statuses = [first.status(), second.status()];
+    assert!(
+        statuses.contains(&StatusCode::OK) && statuses.contains(&StatusCode::CONFLICT),
+        "{statuses:?}"
+    );
+    let winner = if first.status() == StatusCode::OK { 0 } else { 1 };
+    let kept: Value = app
+        .request(Method::GET, &raced, &app.client_key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(kept["sha256"], sha256_hex(&bodies[winner]), "the winner's bytes, whole");
+    wait_until_objects(store, "the loser's piece is deleted", |o| {
+        o.iter().filter(|k| k.contains(created["id"].as_str().unwrap())).count() == 1
+    })
+    .await;
+
     // Digests: a request's body that is not what Content-Digest says is not kept…
     let wrong = app
         .request(Method::POST, "/v1/uploads", &app.client_key)
