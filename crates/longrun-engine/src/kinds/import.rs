@@ -41,6 +41,69 @@ const MAX_PATTERN: usize = 1000;
 const OUT_BUFFER: usize = 256 * 1024;
 /// Rows between two looks at the cancellation flag.
 const CHECK_EVERY: u64 = 4096;
+/// Longest row (a line of JSON Lines, a CSV record): memory stays bounded
+/// whatever the file holds, an unclosed CSV quote included.
+pub const MAX_ROW_BYTES: u64 = 16 * 1024 * 1024;
+/// What of a too-long row the errors artifact keeps.
+const RAW_KEPT: usize = 1024;
+
+/// Counts the bytes read past the start of the record being parsed, and
+/// fails the read when a record grows past [`MAX_ROW_BYTES`].
+struct RowBound<R> {
+    inner: R,
+    read: u64,
+    record_start: std::rc::Rc<std::cell::Cell<u64>>,
+}
+
+impl<R: Read> Read for RowBound<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.read.saturating_sub(self.record_start.get()) > MAX_ROW_BYTES + READ_BUFFER as u64 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("a row is longer than {MAX_ROW_BYTES} bytes (an unclosed quote?)"),
+            ));
+        }
+        let n = self.inner.read(buf)?;
+        self.read += n as u64;
+        Ok(n)
+    }
+}
+
+/// The reading buffer of both formats.
+const READ_BUFFER: usize = 256 * 1024;
+
+/// Reads one line of at most [`MAX_ROW_BYTES`] into `line` (without its
+/// newline); a longer one is consumed to its end and reported `true`, with
+/// only its first bytes kept. `None` at the end of the file.
+fn read_line(reader: &mut impl BufRead, line: &mut Vec<u8>) -> std::io::Result<Option<bool>> {
+    line.clear();
+    let mut too_long = false;
+    let mut any = false;
+    loop {
+        let chunk = reader.fill_buf()?;
+        if chunk.is_empty() {
+            return Ok(any.then_some(too_long));
+        }
+        any = true;
+        let (part, done) = match chunk.iter().position(|b| *b == b'\n') {
+            Some(i) => (&chunk[..i], Some(i + 1)),
+            None => (chunk, None),
+        };
+        if !too_long {
+            if (line.len() + part.len()) as u64 > MAX_ROW_BYTES {
+                too_long = true;
+                line.truncate(RAW_KEPT);
+            } else {
+                line.extend_from_slice(part);
+            }
+        }
+        let consumed = done.unwrap_or(chunk.len());
+        reader.consume(consumed);
+        if done.is_some() {
+            return Ok(Some(too_long));
+        }
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
@@ -485,11 +548,17 @@ pub fn process(
     };
     match input.format {
         Format::Csv => {
+            let record_start = std::rc::Rc::new(std::cell::Cell::new(0));
+            let bounded = RowBound {
+                inner: source,
+                read: 0,
+                record_start: record_start.clone(),
+            };
             let mut reader = csv::ReaderBuilder::new()
                 .has_headers(true)
                 .flexible(true)
-                .buffer_capacity(256 * 1024)
-                .from_reader(source);
+                .buffer_capacity(READ_BUFFER)
+                .from_reader(bounded);
             let header = reader
                 .byte_headers()
                 .map_err(|e| Stop::Unreadable(format!("the CSV header cannot be read: {e}")))?
@@ -520,6 +589,9 @@ pub fn process(
                     Ok(false) => break,
                     Ok(true) => {}
                     Err(e) => match e.kind() {
+                        csv::ErrorKind::Io(io) if io.kind() == std::io::ErrorKind::InvalidData => {
+                            return Err(Stop::Unreadable(format!("the CSV cannot be read: {io}")));
+                        }
                         csv::ErrorKind::Io(_) => {
                             return Err(Stop::Io(std::io::Error::other(e.to_string())));
                         }
@@ -527,6 +599,7 @@ pub fn process(
                     },
                 }
                 let line = record.position().map_or(0, |p| p.line());
+                record_start.set(reader.position().byte());
                 let outcome = if record.len() != header.len() {
                     Err(RowError::row(
                         "malformed_row",
@@ -546,28 +619,30 @@ pub fn process(
             }
         }
         Format::JsonLines => {
-            let mut reader = std::io::BufReader::with_capacity(256 * 1024, source);
+            let mut reader = std::io::BufReader::with_capacity(READ_BUFFER, source);
             let mut line = Vec::new();
             let mut number = 0u64;
-            loop {
-                line.clear();
-                if reader.read_until(b'\n', &mut line)? == 0 {
-                    break;
-                }
+            while let Some(too_long) = read_line(&mut reader, &mut line)? {
                 number += 1;
-                let text = line.strip_suffix(b"\n").unwrap_or(&line);
-                let text = text.strip_suffix(b"\r").unwrap_or(text);
-                if text.iter().all(u8::is_ascii_whitespace) {
+                let text = line.strip_suffix(b"\r").unwrap_or(&line);
+                if !too_long && text.iter().all(u8::is_ascii_whitespace) {
                     continue;
                 }
-                let outcome = match serde_json::from_slice::<Value>(text) {
-                    Ok(Value::Object(object)) => normalise(
-                        &input.fields,
-                        |i| object.get(&input.fields[i].name).map(Raw::Json),
-                        &mut good,
-                    ),
-                    Ok(_) => Err(RowError::row("malformed_row", "the line is not a JSON object")),
-                    Err(e) => Err(RowError::row("malformed_row", format!("the line is not JSON: {e}"))),
+                let outcome = if too_long {
+                    Err(RowError::row(
+                        "malformed_row",
+                        format!("the line is longer than {MAX_ROW_BYTES} bytes"),
+                    ))
+                } else {
+                    match serde_json::from_slice::<Value>(text) {
+                        Ok(Value::Object(object)) => normalise(
+                            &input.fields,
+                            |i| object.get(&input.fields[i].name).map(Raw::Json),
+                            &mut good,
+                        ),
+                        Ok(_) => Err(RowError::row("malformed_row", "the line is not a JSON object")),
+                        Err(e) => Err(RowError::row("malformed_row", format!("the line is not JSON: {e}"))),
+                    }
                 };
                 if let Err(error) = &outcome {
                     error_line(&mut bad, number, error, &String::from_utf8_lossy(text));
@@ -827,6 +902,31 @@ mod tests {
                 (6, "above_max")
             ]
         );
+    }
+
+    #[test]
+    fn rows_past_the_bound_do_not_grow_memory() {
+        let huge = "x".repeat(MAX_ROW_BYTES as usize + 10);
+        let file = format!("{{\"id\": 1, \"email\": \"a@b\"}}\n\"{huge}\"\n{{\"id\": 2, \"email\": \"c@d\"}}\n");
+        let (summary, good, bad) = run(&input("jsonl"), &file);
+        assert_eq!((summary.rows_total, good.len()), (3, 2));
+        assert_eq!(
+            (bad[0]["line"].as_u64(), bad[0]["code"].as_str()),
+            (Some(2), Some("malformed_row"))
+        );
+        assert!(bad[0]["raw"].as_str().unwrap().len() <= RAW_KEPT);
+        // An unclosed quote would swallow the file into one record: refused.
+        let huge = "x".repeat(MAX_ROW_BYTES as usize + 2 * READ_BUFFER);
+        let file = format!("id,email\n1,\"{huge}\n2,a@b\n");
+        let stopped = process(
+            &input("csv"),
+            file.as_bytes(),
+            &mut Vec::new(),
+            &mut Vec::new(),
+            &AtomicU64::new(0),
+            &AtomicBool::new(false),
+        );
+        assert!(matches!(stopped, Err(Stop::Unreadable(why)) if why.contains("longer than")));
     }
 
     #[test]

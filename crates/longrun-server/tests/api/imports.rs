@@ -633,14 +633,19 @@ async fn remote_workers_read_named_uploads_and_store_named_artifacts() {
     let named = upload(&app, &app.client_key, file.as_bytes()).await;
     let unnamed = upload(&app, &app.client_key, b"id\n1\n").await;
     let op = app
-        .submit_ok("remote-import", &json!({"kind": "import", "input": import_input(&named, 5)}))
+        .submit_ok(
+            "remote-import",
+            &json!({"kind": "import", "input": import_input(&named, 5)}),
+        )
         .await;
     let id = op["id"].as_str().unwrap().to_owned();
     let task = app.claim("import", 1).await.remove(0);
     let token = task["lease_token"].as_str().unwrap();
     let read = |upload: String, key: String, token: String| {
         let path = format!("/v1/worker/tasks/{id}/uploads/{upload}");
-        app.request(Method::GET, &path, &key).header("lease-token", token).send()
+        app.request(Method::GET, &path, &key)
+            .header("lease-token", token)
+            .send()
     };
     let bytes = read(named.clone(), app.worker_key.clone(), token.to_owned())
         .await
@@ -649,7 +654,9 @@ async fn remote_workers_read_named_uploads_and_store_named_artifacts() {
         .await
         .unwrap();
     assert_eq!(bytes, file.as_bytes(), "the upload's bytes, streamed");
-    let forged = read(named.clone(), app.worker_key.clone(), "forged".into()).await.unwrap();
+    let forged = read(named.clone(), app.worker_key.clone(), "forged".into())
+        .await
+        .unwrap();
     problem(forged, StatusCode::CONFLICT, "lease_lost").await;
     let not_named = read(unnamed, app.worker_key.clone(), token.to_owned()).await.unwrap();
     problem(not_named, StatusCode::NOT_FOUND, "not_found").await;
@@ -657,14 +664,26 @@ async fn remote_workers_read_named_uploads_and_store_named_artifacts() {
     problem(as_client, StatusCode::FORBIDDEN, "forbidden").await;
 
     let put = |name: &str, body: &'static str| {
-        app.request(Method::PUT, &format!("/v1/worker/tasks/{id}/artifacts/{name}"), &app.worker_key)
-            .header("lease-token", token)
-            .header("content-type", "application/jsonl")
-            .body(body)
-            .send()
+        app.request(
+            Method::PUT,
+            &format!("/v1/worker/tasks/{id}/artifacts/{name}"),
+            &app.worker_key,
+        )
+        .header("lease-token", token)
+        .header("content-type", "application/jsonl")
+        .body(body)
+        .send()
     };
-    problem(put("Bad Name", "x").await.unwrap(), StatusCode::BAD_REQUEST, "invalid_request").await;
-    assert_eq!(put("errors", "{\"line\": 2}\n").await.unwrap().status(), StatusCode::CREATED);
+    problem(
+        put("Bad Name", "x").await.unwrap(),
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+    )
+    .await;
+    assert_eq!(
+        put("errors", "{\"line\": 2}\n").await.unwrap().status(),
+        StatusCode::CREATED
+    );
     let failed = app
         .worker_post(
             &format!("/v1/worker/tasks/{id}/fail"),
@@ -680,7 +699,10 @@ async fn remote_workers_read_named_uploads_and_store_named_artifacts() {
     // The remote worker of the SDK runs the import kind over HTTP.
     let again = upload(&app, &app.client_key, file.as_bytes()).await;
     let op = app
-        .submit_ok("remote-import-2", &json!({"kind": "import", "input": import_input(&again, 5)}))
+        .submit_ok(
+            "remote-import-2",
+            &json!({"kind": "import", "input": import_input(&again, 5)}),
+        )
         .await;
     let mut registry = longrun_engine::kinds::Registry::default();
     registry.register(Arc::new(longrun_engine::kinds::import::Import));
@@ -690,9 +712,18 @@ async fn remote_workers_read_named_uploads_and_store_named_artifacts() {
     let shutdown = tokio_util::sync::CancellationToken::new();
     let worker = tokio::spawn(longrun_engine::remote::RemoteWorker::new(config, registry).run(shutdown.clone()));
     let done = app.wait_for_state(op["id"].as_str().unwrap(), "succeeded").await;
-    assert_eq!(done["result"]["summary"], json!({"rows_total": 20, "rows_accepted": 18, "rows_rejected": 2}));
+    assert_eq!(
+        done["result"]["summary"],
+        json!({"rows_total": 20, "rows_accepted": 18, "rows_rejected": 2})
+    );
     let (_, errors) = result_artifact(&app, op["id"].as_str().unwrap(), "errors").await;
-    assert_eq!(lines(&errors).iter().map(|e| e["line"].as_u64().unwrap()).collect::<Vec<_>>(), vec![11, 21]);
+    assert_eq!(
+        lines(&errors)
+            .iter()
+            .map(|e| e["line"].as_u64().unwrap())
+            .collect::<Vec<_>>(),
+        vec![11, 21]
+    );
     shutdown.cancel();
     worker.await.unwrap();
     app.shutdown().await;
