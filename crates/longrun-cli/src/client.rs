@@ -24,16 +24,25 @@ pub const EXIT_CODES_HELP: &str = "Exit codes of the client commands:
   4  the server refused the request (the problem code is printed)
   5  the server could not be reached";
 
+/// Where the server is and the key to call it with (client commands and
+/// `longrun worker`; not `serve`).
 #[derive(Args, Clone)]
-pub struct ClientArgs {
+pub struct ServerArgs {
     /// The Longrun server.
-    #[arg(long, env = "LONGRUN_SERVER", default_value = "http://127.0.0.1:8080", global = true)]
+    #[arg(long, env = "LONGRUN_SERVER", default_value = "http://127.0.0.1:8080")]
     pub server: String,
     /// An API key (role client; role worker for `longrun worker`).
-    #[arg(long, env = "LONGRUN_TOKEN", hide_env_values = true, global = true)]
+    #[arg(long, env = "LONGRUN_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+}
+
+/// The flags every client command takes.
+#[derive(Args, Clone)]
+pub struct ClientArgs {
+    #[command(flatten)]
+    pub server: ServerArgs,
     /// Output format.
-    #[arg(long, value_enum, default_value = "text", global = true)]
+    #[arg(long, value_enum, default_value = "text")]
     output: Output,
 }
 
@@ -73,16 +82,28 @@ pub enum ClientCommand {
         /// A webhook URL for its state transitions.
         #[arg(long)]
         callback: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
     },
     /// Show an operation.
-    Get { id: String },
+    Get {
+        id: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// Wait until an operation ends, showing its progress.
-    Wait { id: String },
+    Wait {
+        id: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// Request cancellation.
     Cancel {
         id: String,
         #[arg(long)]
         reason: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
     },
     /// List operations, newest first.
     List {
@@ -98,6 +119,8 @@ pub enum ClientCommand {
         /// Every page, not just the first.
         #[arg(long)]
         all: bool,
+        #[command(flatten)]
+        client: ClientArgs,
     },
     /// Download an operation's result artifact (resumable, SHA-256 checked).
     Result {
@@ -109,6 +132,8 @@ pub enum ClientCommand {
         /// `errors`) instead of the default one.
         #[arg(long)]
         artifact: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
     },
     /// Upload a file as an input (resumable: a broken connection resumes
     /// where the server stopped); prints the upload id to name in a submission.
@@ -117,16 +142,33 @@ pub enum ClientCommand {
         /// The upload's media type (e.g. text/csv). Default: from the file's extension.
         #[arg(long)]
         content_type: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
     },
 }
 
+impl ClientCommand {
+    fn args(&self) -> &ClientArgs {
+        match self {
+            ClientCommand::Submit { client, .. }
+            | ClientCommand::Get { client, .. }
+            | ClientCommand::Wait { client, .. }
+            | ClientCommand::Cancel { client, .. }
+            | ClientCommand::List { client, .. }
+            | ClientCommand::Result { client, .. }
+            | ClientCommand::Upload { client, .. } => client,
+        }
+    }
+}
+
 /// Runs a client command; returns the exit code.
-pub async fn run(args: ClientArgs, command: ClientCommand) -> i32 {
-    let Some(token) = args.token.clone() else {
+pub async fn run(command: ClientCommand) -> i32 {
+    let args = command.args().clone();
+    let Some(token) = args.server.token.clone() else {
         eprintln!("error: no API key: pass --token or set LONGRUN_TOKEN");
         return EXIT_USAGE;
     };
-    let client = Client::new(args.server.clone(), token);
+    let client = Client::new(args.server.server.clone(), token);
     match execute(&client, args.output, command).await {
         Ok(code) => code,
         Err(e) => report(&e, args.output),
@@ -310,6 +352,7 @@ async fn execute(client: &Client, output: Output, command: ClientCommand) -> Res
             labels,
             deadline_seconds,
             callback,
+            ..
         } => {
             let input = match input.as_deref().map(read_input).transpose() {
                 Ok(input) => input,
@@ -359,16 +402,16 @@ async fn execute(client: &Client, output: Output, command: ClientCommand) -> Res
             }
             Ok(EXIT_OK)
         }
-        ClientCommand::Get { id } => {
+        ClientCommand::Get { id, .. } => {
             print_operation(&client.get(&id).await?, output);
             Ok(EXIT_OK)
         }
-        ClientCommand::Wait { id } => {
+        ClientCommand::Wait { id, .. } => {
             let operation = wait_with_bar(client, &id, output).await?;
             print_operation(&operation, output);
             Ok(exit_for(&operation))
         }
-        ClientCommand::Cancel { id, reason } => {
+        ClientCommand::Cancel { id, reason, .. } => {
             let operation = client.cancel(&id, reason.as_deref()).await?;
             print_operation(&operation, output);
             Ok(EXIT_OK)
@@ -379,6 +422,7 @@ async fn execute(client: &Client, output: Output, command: ClientCommand) -> Res
             label,
             page_size,
             all,
+            ..
         } => {
             let mut pager = client.list(ListFilter {
                 state,
@@ -406,7 +450,7 @@ async fn execute(client: &Client, output: Output, command: ClientCommand) -> Res
             }
             Ok(EXIT_OK)
         }
-        ClientCommand::Upload { file, content_type } => {
+        ClientCommand::Upload { file, content_type, .. } => {
             let content_type = content_type.unwrap_or_else(|| {
                 match file.extension().and_then(|e| e.to_str()).unwrap_or("") {
                     "csv" => "text/csv",
@@ -457,6 +501,7 @@ async fn execute(client: &Client, output: Output, command: ClientCommand) -> Res
             id,
             output_file,
             artifact,
+            ..
         } => {
             let bar = if output == Output::Text && output_file.as_deref() != Some("-") {
                 ProgressBar::new(0)

@@ -38,8 +38,6 @@ struct Cli {
 
 #[derive(Args, Clone)]
 struct Global {
-    #[command(flatten)]
-    client: client::ClientArgs,
     /// Where the embedded database (longrun.db) and artifacts live.
     #[arg(long, env = "LONGRUN_DATA_DIR", default_value = "./longrun-data", global = true)]
     data_dir: PathBuf,
@@ -100,6 +98,8 @@ enum Command {
 
 #[derive(Args)]
 struct WorkerArgs {
+    #[command(flatten)]
+    connection: client::ServerArgs,
     /// The kind to serve (declare it first with `longrun kinds set`).
     #[arg(long)]
     kind: String,
@@ -352,15 +352,50 @@ async fn open_store(global: &Global) -> anyhow::Result<Arc<dyn Store>> {
     Ok(Arc::new(store))
 }
 
-fn main() -> anyhow::Result<()> {
+/// A failed command prints one line, `error: ` and its causes, and exits 1:
+/// never a backtrace, whatever `RUST_BACKTRACE` says (a bug is reported the
+/// same way, as `error: internal: …`). `serve` keeps the default panic
+/// report for its logs.
+fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     init_logging(&cli.global);
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    if let Command::Client(command) = cli.command {
-        let code = runtime.block_on(client::run(cli.global.client.clone(), command));
-        std::process::exit(code);
+    if !matches!(cli.command, Command::Serve(_)) {
+        std::panic::set_hook(Box::new(|info| {
+            let message = info
+                .payload()
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| info.payload().downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            eprintln!("error: internal: {message}");
+        }));
     }
-    runtime.block_on(run(cli))
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => return fail(&e.into()),
+    };
+    if let Command::Client(command) = cli.command {
+        let code = runtime.block_on(client::run(command));
+        return std::process::ExitCode::from(u8::try_from(code).unwrap_or(1));
+    }
+    match runtime.block_on(run(cli)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => fail(&e),
+    }
+}
+
+/// One line: the error and its causes, joined by `: `, and for a store's
+/// refusal the problem code the API would answer with it.
+fn fail(e: &anyhow::Error) -> std::process::ExitCode {
+    let line = format!("{e:#}").replace('\n', " ");
+    match e.downcast_ref::<longrun_store::StoreError>() {
+        Some(store) => {
+            let code = longrun_server::http::error::ApiError::of_store(store.clone()).code();
+            eprintln!("error: {line} [{code}]");
+        }
+        None => eprintln!("error: {line}"),
+    }
+    std::process::ExitCode::FAILURE
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -403,7 +438,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             println!("new download-link key {kid}; servers use it within a few seconds");
             Ok(())
         }
-        Command::Worker(args) => worker(&global, args).await,
+        Command::Worker(args) => worker(args).await,
         Command::Client(_) => unreachable!("client commands run in main"),
     }
 }
@@ -673,8 +708,8 @@ async fn tenants(global: &Global, command: TenantsCommand) -> anyhow::Result<()>
     Ok(())
 }
 
-async fn worker(global: &Global, args: WorkerArgs) -> anyhow::Result<()> {
-    let Some(token) = global.client.token.clone() else {
+async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
+    let Some(token) = args.connection.token.clone() else {
         bail!("no API key: pass --token (a key of role worker) or set LONGRUN_TOKEN");
     };
     longrun_core::validate::kind_name(&args.kind)?;
@@ -684,7 +719,7 @@ async fn worker(global: &Global, args: WorkerArgs) -> anyhow::Result<()> {
         command: args.exec,
         grace: args.grace,
     }));
-    let mut config = RemoteConfig::new(global.client.server.clone(), token);
+    let mut config = RemoteConfig::new(args.connection.server.clone(), token);
     config.concurrency = args.concurrency.max(1);
     config.lease = args.lease;
     config.shutdown_grace = args.shutdown_grace;

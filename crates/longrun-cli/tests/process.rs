@@ -689,3 +689,45 @@ async fn sigkill_during_batches_loses_no_accepted_item() {
         "one operation per key"
     );
 }
+
+/// A failed command says so in one line with its cause and code — never a
+/// backtrace, whatever RUST_BACKTRACE says — and exits 1; `serve --help`
+/// shows server flags only, the client commands their own.
+#[test]
+fn failures_are_one_line_and_each_command_shows_its_own_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    // A database that cannot be reached (port 1 refuses at once).
+    let output = std::process::Command::new(BIN)
+        .args(["migrate", "--database", "postgres://nobody@127.0.0.1:1/none"])
+        .arg("--data-dir")
+        .arg(dir.path())
+        .env("RUST_BACKTRACE", "full")
+        .env("LONGRUN_LOG", "off")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+    assert!(
+        stderr.starts_with("error: the database is unavailable")
+            && stderr.trim_end().ends_with("[temporarily_unavailable]"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("backtrace") && !stderr.contains("at src/"), "{stderr}");
+
+    let help = |command: &str| {
+        let output = std::process::Command::new(BIN)
+            .args([command, "--help"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let serve = help("serve");
+    for client_flag in ["--token", "--output", "--server "] {
+        assert!(!serve.contains(client_flag), "serve --help shows {client_flag}");
+    }
+    assert!(serve.contains("--listen") && serve.contains("--max-upload-bytes"));
+    let submit = help("submit");
+    assert!(submit.contains("--token") && submit.contains("--output") && !submit.contains("--listen"));
+    assert!(help("worker").contains("--token"));
+}

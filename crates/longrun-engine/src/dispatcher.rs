@@ -296,7 +296,7 @@ pub async fn store_upload(
     let key = format!("results/{result_id}");
     let stored = artifacts.put(&key, body, max_bytes).await.map_err(|e| match e {
         ArtifactError::TooLarge { max_bytes } => StoreError::TooLarge { max_bytes },
-        other => StoreError::Backend(other.to_string()),
+        other => StoreError::Artifacts(other.to_string()),
     })?;
     let recorded = store
         .result_upload(ResultUploadParams {

@@ -135,10 +135,10 @@ impl OutcomeBatcher {
         self.queue
             .send((item, reply))
             .await
-            .map_err(|_| StoreError::Backend("the outcome sender has stopped".into()))?;
+            .map_err(|_| StoreError::Remote("the outcome sender has stopped".into()))?;
         answer
             .await
-            .map_err(|_| StoreError::Backend("the outcome sender dropped an outcome".into()))?
+            .map_err(|_| StoreError::Remote("the outcome sender dropped an outcome".into()))?
     }
 }
 
@@ -161,7 +161,7 @@ async fn post_outcomes(
     items: Vec<Value>,
 ) -> Vec<Result<(), StoreError>> {
     let count = items.len();
-    let all_failed = |why: String| (0..count).map(|_| Err(StoreError::Backend(why.clone()))).collect();
+    let all_failed = |why: String| (0..count).map(|_| Err(StoreError::Remote(why.clone()))).collect();
     let response = match http
         .post(format!("{base}/v1/worker/outcomes"))
         .bearer_auth(token)
@@ -183,7 +183,7 @@ async fn post_outcomes(
             .map(|r| match (r.status, r.problem) {
                 (200, _) => Ok(()),
                 (_, Some(p)) if p.code == "lease_lost" => Err(StoreError::LeaseLost),
-                (status, p) => Err(StoreError::Backend(format!(
+                (status, p) => Err(StoreError::Remote(format!(
                     "outcome answered {status} {}",
                     p.map(|p| p.code).unwrap_or_default()
                 ))),
@@ -201,7 +201,7 @@ async fn refusal(what: &str, response: reqwest::Response) -> StoreError {
     let code = response.json::<ProblemCode>().await.map(|p| p.code).unwrap_or_default();
     match code.as_str() {
         "lease_lost" => StoreError::LeaseLost,
-        _ => StoreError::Backend(format!("{what} answered {status} {code}")),
+        _ => StoreError::Remote(format!("{what} answered {status} {code}")),
     }
 }
 
@@ -215,7 +215,7 @@ impl HttpLink {
             .json(&body)
             .send()
             .await
-            .map_err(|e| StoreError::Backend(format!("{action} request failed: {e}")))?;
+            .map_err(|e| StoreError::Remote(format!("{action} request failed: {e}")))?;
         if response.status().is_success() {
             return Ok(response);
         }
@@ -246,7 +246,7 @@ impl TaskLink for HttpLink {
             .await?
             .json()
             .await
-            .map_err(|e| StoreError::Backend(format!("bad heartbeat response: {e}")))?;
+            .map_err(|e| StoreError::Remote(format!("bad heartbeat response: {e}")))?;
         Ok(HeartbeatAck {
             // The server's clock decides when the lease ends; a worker only
             // needs to know whether to stop.
@@ -273,11 +273,11 @@ impl TaskLink for HttpLink {
             .body(reqwest::Body::wrap_stream(stream))
             .send()
             .await
-            .map_err(|e| StoreError::Backend(format!("upload failed: {e}")))?;
+            .map_err(|e| StoreError::Remote(format!("upload failed: {e}")))?;
         if !response.status().is_success() {
             return Err(refusal("upload", response).await);
         }
-        let uploaded: Value = response.json().await.map_err(|e| StoreError::Backend(e.to_string()))?;
+        let uploaded: Value = response.json().await.map_err(|e| StoreError::Remote(e.to_string()))?;
         Ok(UploadedArtifact {
             id: uploaded["id"].as_str().unwrap_or_default().to_owned(),
             size_bytes: uploaded["size_bytes"].as_u64().unwrap_or(0),
@@ -298,7 +298,7 @@ impl TaskLink for HttpLink {
             .header("lease-token", &self.lease_token)
             .send()
             .await
-            .map_err(|e| StoreError::Backend(format!("reading the upload failed: {e}")))?;
+            .map_err(|e| StoreError::Remote(format!("reading the upload failed: {e}")))?;
         if response.status() == reqwest::StatusCode::NOT_FOUND {
             return Err(StoreError::NotFound);
         }

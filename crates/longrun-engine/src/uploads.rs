@@ -146,7 +146,7 @@ pub async fn open_for_task(
         .ok_or(StoreError::NotFound)?;
     open_pieces(artifacts, &upload.chunks).await.map_err(|e| match e {
         ArtifactError::NotFound => StoreError::NotFound,
-        other => StoreError::Backend(other.to_string()),
+        other => StoreError::Artifacts(other.to_string()),
     })
 }
 

@@ -279,7 +279,7 @@ impl AppState {
             .await?;
         keys.last()
             .map(|(name, key)| (name.trim_start_matches(LINK_KEY_PREFIX).to_owned(), key.clone()))
-            .ok_or_else(|| StoreError::Backend("no download-link key".into()))
+            .ok_or_else(|| StoreError::Corrupt("no download-link key is stored".into()))
     }
 
     /// The download-link key `kid`, if it exists (re-read once on a miss, so a

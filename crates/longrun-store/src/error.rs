@@ -1,5 +1,7 @@
 //! What a store call can refuse, besides failing on IO.
 
+use std::sync::Arc;
+
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     #[error("not found")]
@@ -29,22 +31,48 @@ pub enum StoreError {
     /// The operation is terminal: its intent can no longer change.
     #[error("the operation is terminal")]
     Terminal { current_version: i64 },
-    /// The schema refused a state change (a bug in the caller if ever seen).
-    #[error("illegal state transition: {0}")]
+    /// The schema's guard refused a change (a state change outside the
+    /// transition table, a change to a terminal operation, a version that
+    /// does not move by one): a bug in the caller if ever seen.
+    #[error("the schema refused the change: {0}")]
     IllegalTransition(String),
     /// The database cannot take this now but may soon: unreachable, shutting
     /// down, out of space or read-only. Nothing was applied; retry later.
     #[error("the database is unavailable: {0}")]
     Unavailable(String),
-    #[error("database error: {0}")]
-    Backend(String),
+    /// SQLite failed (not a refusal, not an outage).
+    #[error("SQLite: {0}")]
+    Sqlite(#[source] Arc<rusqlite::Error>),
+    /// PostgreSQL failed (not a refusal, not an outage).
+    #[error("PostgreSQL: {0}")]
+    Postgres(#[source] Arc<sqlx::Error>),
+    /// Stored data this version cannot read, or a statement that broke its
+    /// own promise: a bug or a schema from another version.
+    #[error("unreadable stored data: {0}")]
+    Corrupt(String),
+    /// A background part the call depends on stopped (the SQLite writer, a
+    /// transaction task): the process is shutting down or broken.
+    #[error("{0} stopped")]
+    Stopped(&'static str),
+    /// A worker's link to the server failed: no answer, or an answer it
+    /// cannot use (remote workers speak the store's errors).
+    #[error("the server: {0}")]
+    Remote(String),
+    /// The artifact store failed.
+    #[error("artifact storage: {0}")]
+    Artifacts(String),
 }
+
+/// `RAISE(ABORT, …)` of the schema's guard triggers.
+const SQLITE_GUARD: std::ffi::c_int = rusqlite::ffi::SQLITE_CONSTRAINT_TRIGGER;
+/// `RAISE EXCEPTION` of the PostgreSQL guard (`raise_exception`).
+pub(crate) const POSTGRES_GUARD: &str = "P0001";
 
 impl From<rusqlite::Error> for StoreError {
     fn from(e: rusqlite::Error) -> Self {
         use rusqlite::ErrorCode;
         let text = e.to_string();
-        if text.contains("illegal state transition") || text.contains("terminal operation") {
+        if e.sqlite_error().is_some_and(|f| f.extended_code == SQLITE_GUARD) {
             return StoreError::IllegalTransition(text);
         }
         match e.sqlite_error_code() {
@@ -56,7 +84,7 @@ impl From<rusqlite::Error> for StoreError {
                 | ErrorCode::SystemIoFailure
                 | ErrorCode::CannotOpen,
             ) => StoreError::Unavailable(text),
-            _ => StoreError::Backend(text),
+            _ => StoreError::Sqlite(Arc::new(e)),
         }
     }
 }

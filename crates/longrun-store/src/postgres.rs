@@ -70,14 +70,15 @@ pub struct PostgresStore {
 }
 
 fn db(e: sqlx::Error) -> StoreError {
-    let text = e.to_string();
-    if text.contains("illegal state transition") || text.contains("terminal operation") {
-        return StoreError::IllegalTransition(text);
+    if let sqlx::Error::Database(d) = &e
+        && d.code().as_deref() == Some(crate::error::POSTGRES_GUARD)
+    {
+        return StoreError::IllegalTransition(d.message().to_owned());
     }
     if is_unavailable(&e) {
-        StoreError::Unavailable(text)
+        StoreError::Unavailable(e.to_string())
     } else {
-        StoreError::Backend(text)
+        StoreError::Postgres(std::sync::Arc::new(e))
     }
 }
 
@@ -217,7 +218,7 @@ impl PostgresStore {
         };
         tokio::spawn(run)
             .await
-            .map_err(|e| StoreError::Backend(format!("a transaction task failed: {e}")))?
+            .map_err(|_| StoreError::Stopped("a transaction task"))?
     }
 }
 
@@ -306,7 +307,7 @@ impl<P: Send + Sync + 'static, R: Send + 'static> GroupCommit<P, R> {
         if n == 0 {
             return Vec::new();
         }
-        let failed = |why: &str| (0..n).map(|_| Err(StoreError::Backend(why.into()))).collect();
+        let failed = |why: &'static str| (0..n).map(|_| Err(StoreError::Stopped(why))).collect();
         let (reply, answer) = oneshot::channel();
         if self.queue.send(Job { params, reply }).await.is_err() {
             return failed("the group commit has stopped");
@@ -378,7 +379,12 @@ async fn commit_batch<P, R>(pool: &PgPool, policy: Policy, apply: Apply<P, R>, b
 
 /// Applies the schema once (an advisory lock keeps concurrent starts apart).
 pub async fn migrate(url: &str) -> Result<usize> {
-    let pool = PgPoolOptions::new().max_connections(1).connect(url).await.map_err(db)?;
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(ACQUIRE_TIMEOUT)
+        .connect(url)
+        .await
+        .map_err(db)?;
     migrate_pool(&pool).await
 }
 
@@ -421,7 +427,7 @@ const OP_COLUMNS: &str = "id, tenant, kind, state, version, attempt, input, call
     started_at, completed_at, updated_at, expires_at, artifact";
 
 fn json_text(text: Option<String>) -> Result<Option<Value>> {
-    text.map(|t| serde_json::from_str(&t).map_err(|e| StoreError::Backend(e.to_string())))
+    text.map(|t| serde_json::from_str(&t).map_err(|e| StoreError::Corrupt(e.to_string())))
         .transpose()
 }
 
@@ -431,13 +437,13 @@ fn ts(ms: Option<i64>) -> Option<Timestamp> {
 
 fn state_of(text: &str) -> Result<State> {
     text.parse()
-        .map_err(|e: longrun_core::state::UnknownState| StoreError::Backend(e.to_string()))
+        .map_err(|e: longrun_core::state::UnknownState| StoreError::Corrupt(e.to_string()))
 }
 
 fn operation_from_row(r: &PgRow) -> Result<Operation> {
     let get = |e: sqlx::Error| db(e);
     let labels: BTreeMap<String, String> = match json_text(r.try_get(11).map_err(get)?)? {
-        Some(v) => serde_json::from_value(v).map_err(|e| StoreError::Backend(e.to_string()))?,
+        Some(v) => serde_json::from_value(v).map_err(|e| StoreError::Corrupt(e.to_string()))?,
         None => BTreeMap::new(),
     };
     let error_code: Option<String> = r.try_get(14).map_err(get)?;
@@ -607,7 +613,7 @@ async fn operation_accept_batch(
         };
         match outcome {
             // A database error leaves the transaction aborted.
-            Err(e @ (StoreError::Backend(_) | StoreError::IllegalTransition(_))) => return Err(e),
+            Err(e @ (StoreError::Postgres(_) | StoreError::IllegalTransition(_))) => return Err(e),
             answered => results.push(answered),
         }
     }
@@ -635,7 +641,7 @@ async fn insert_submissions(
     let created: Vec<Operation> = batch.iter().map(|p| created_operation(p)).collect();
     let mut labels = Vec::with_capacity(batch.len());
     for p in batch {
-        labels.push(serde_json::to_string(&p.labels).map_err(|e| StoreError::Backend(e.to_string()))?);
+        labels.push(serde_json::to_string(&p.labels).map_err(|e| StoreError::Corrupt(e.to_string()))?);
     }
     let column = |f: fn(&AcceptParams) -> Option<&str>| batch.iter().map(|p| f(p)).collect::<Vec<_>>();
     let rows = sqlx::query(
@@ -699,7 +705,7 @@ async fn insert_submissions(
     .await
     .map_err(db)?;
     if rows.len() != batch.len() {
-        return Err(StoreError::Backend("the submission statement lost an item".into()));
+        return Err(StoreError::Corrupt("the submission statement lost an item".into()));
     }
     rows.iter()
         .zip(created)
@@ -721,7 +727,7 @@ async fn insert_submissions(
 async fn taken_key(c: &mut PgConnection, p: &AcceptParams) -> Result<AcceptOutcome> {
     known_key(c, p)
         .await?
-        .ok_or_else(|| StoreError::Backend("an idempotency key that was taken is gone".into()))
+        .ok_or_else(|| StoreError::Corrupt("an idempotency key that was taken is gone".into()))
 }
 
 /// The operation an earlier submission with the same key created, or the
@@ -745,7 +751,7 @@ async fn known_key(c: &mut PgConnection, p: &AcceptParams) -> Result<Option<Acce
     let stored = longrun_core::fingerprint::Fingerprint(
         stored
             .try_into()
-            .map_err(|_| StoreError::Backend("bad fingerprint".into()))?,
+            .map_err(|_| StoreError::Corrupt("a stored fingerprint is not 32 bytes".into()))?,
     );
     if !fingerprint.matches(&stored) {
         return Ok(Some(AcceptOutcome::KeyReused { operation_id }));
@@ -1677,7 +1683,7 @@ async fn operation_update(c: &mut PgConnection, ch: &mut Vec<Change>, p: &Update
     if deadline_at == op.deadline_at && labels == &op.labels {
         return Ok(op);
     }
-    let labels_json = serde_json::to_string(labels).map_err(|e| StoreError::Backend(e.to_string()))?;
+    let labels_json = serde_json::to_string(labels).map_err(|e| StoreError::Corrupt(e.to_string()))?;
     let sql = format!(
         "UPDATE operations SET deadline_at = $2, labels = $3, version = version + 1, updated_at = $4
           WHERE id = $1 AND state IN ('queued', 'running') RETURNING {OP_COLUMNS}"
@@ -1776,7 +1782,7 @@ fn api_key_from_row(r: &PgRow) -> Result<ApiKeyRecord> {
         id: Id::from_trusted(r.try_get(0).map_err(db)?),
         tenant: r.try_get(1).map_err(db)?,
         role: longrun_core::apikey::Role::parse(&role)
-            .ok_or_else(|| StoreError::Backend(format!("unknown role {role}")))?,
+            .ok_or_else(|| StoreError::Corrupt(format!("unknown role {role}")))?,
         secret_hash: r.try_get(3).map_err(db)?,
         created_at: Timestamp(r.try_get(4).map_err(db)?),
         revoked_at: ts(r.try_get(5).map_err(db)?),

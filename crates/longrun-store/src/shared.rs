@@ -485,7 +485,7 @@ pub(crate) fn upload_appended(current: &UploadRecord, p: &UploadAppendParams) ->
     next.expected_sha256 = current.expected_sha256.clone().or_else(|| p.expected_sha256.clone());
     if let Some(sha256) = &p.sha256 {
         if current.offset != 0 {
-            return Err(StoreError::Backend(
+            return Err(StoreError::Corrupt(
                 "only a whole upload completes with its append".into(),
             ));
         }

@@ -84,7 +84,7 @@ impl SqliteStore {
     pub fn open(config: SqliteConfig) -> Result<Self> {
         if let Some(dir) = config.path.parent() {
             std::fs::create_dir_all(dir)
-                .map_err(|e| StoreError::Backend(format!("cannot create {}: {e}", dir.display())))?;
+                .map_err(|e| StoreError::Unavailable(format!("cannot create {}: {e}", dir.display())))?;
         }
         let mut conn = open_connection(&config.path, false)?;
         migrate_connection(&mut conn)?;
@@ -145,7 +145,7 @@ impl SqliteStore {
             out
         })
         .await
-        .map_err(|e| StoreError::Backend(format!("read task failed: {e}")))?
+        .map_err(|_| StoreError::Stopped("a SQLite read task"))?
     }
 }
 

@@ -81,6 +81,10 @@ async fn the_schema_refuses_exactly_the_transitions_the_core_refuses() {
                 .await;
             let allowed = longrun_store::conformance::schema_allows(from, to);
             assert_eq!(result.is_ok(), allowed, "{from} → {to}: {result:?}");
+            if let Err(sqlx::Error::Database(e)) = &result {
+                // The store recognises the guard by this code, never by its message.
+                assert_eq!(e.code().as_deref(), Some("P0001"), "{from} → {to}");
+            }
         }
     }
     // Versions move one step at a time, and a terminal operation's outcome is final.
@@ -127,7 +131,7 @@ async fn an_item_the_database_refuses_fails_alone_in_its_batch() {
     ];
     let answers = store.operation_accept_many(batch).await;
     assert!(
-        matches!(answers[1], Err(longrun_store::StoreError::Backend(_))),
+        matches!(answers[1], Err(longrun_store::StoreError::Postgres(_))),
         "{:?}",
         answers[1]
     );

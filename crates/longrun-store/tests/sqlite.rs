@@ -40,6 +40,16 @@ fn the_schema_refuses_every_transition_the_core_table_refuses() {
             );
             let allowed = longrun_store::conformance::schema_allows(from, to);
             assert_eq!(result.is_ok(), allowed, "{from} → {to}: {result:?}");
+            if let Err(e) = result {
+                // Recognised by its error code, never by its message.
+                assert!(
+                    matches!(
+                        longrun_store::StoreError::from(e),
+                        longrun_store::StoreError::IllegalTransition(_)
+                    ),
+                    "{from} → {to}"
+                );
+            }
         }
     }
     // Versions move one step at a time.

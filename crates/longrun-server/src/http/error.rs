@@ -304,22 +304,29 @@ impl IntoResponse for ApiError {
 /// What a request refused for an unavailable database is told to wait.
 const DATABASE_RETRY_AFTER: Duration = Duration::from_secs(2);
 
-impl From<StoreError> for ApiError {
-    fn from(e: StoreError) -> Self {
+impl ApiError {
+    /// What a store error means to a caller (no logging: see `From`).
+    pub fn of_store(e: StoreError) -> Self {
         match e {
             StoreError::NotFound => ApiError::NotFound,
             StoreError::Gone => ApiError::Gone,
             StoreError::UploadOffsetMismatch { offset, complete } => {
                 ApiError::UploadOffsetMismatch { offset, complete }
             }
-            StoreError::Unavailable(why) => {
-                tracing::warn!(error = %why, "the database is unavailable");
-                ApiError::TemporarilyUnavailable {
-                    detail: "the database is unavailable; nothing was applied, retry shortly".into(),
-                    retry_after: DATABASE_RETRY_AFTER,
-                }
-            }
+            StoreError::Unavailable(_) => ApiError::TemporarilyUnavailable {
+                detail: "the database is unavailable; nothing was applied, retry shortly".into(),
+                retry_after: DATABASE_RETRY_AFTER,
+            },
             other => ApiError::Internal(other.to_string()),
         }
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        if let StoreError::Unavailable(why) = &e {
+            tracing::warn!(error = %why, "the database is unavailable");
+        }
+        ApiError::of_store(e)
     }
 }

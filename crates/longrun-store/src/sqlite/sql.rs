@@ -166,7 +166,7 @@ pub(super) fn operation_accept(c: &Connection, p: &AcceptParams) -> Result<Accep
             let stored = Fingerprint(
                 stored
                     .try_into()
-                    .map_err(|_| StoreError::Backend("bad fingerprint".into()))?,
+                    .map_err(|_| StoreError::Corrupt("a stored fingerprint is not 32 bytes".into()))?,
             );
             let operation_id = Id::from_trusted(operation_id);
             if !fingerprint.matches(&stored) {
@@ -200,7 +200,7 @@ pub(super) fn operation_accept(c: &Connection, p: &AcceptParams) -> Result<Accep
         }
     }
 
-    let labels = serde_json::to_string(&p.labels).map_err(|e| StoreError::Backend(e.to_string()))?;
+    let labels = serde_json::to_string(&p.labels).map_err(|e| StoreError::Corrupt(e.to_string()))?;
     let idempotency_key = p.idempotency.as_ref().map(|(k, _)| k.as_str());
     c.prepare_cached(
         "INSERT INTO operations (id, tenant, kind, state, version, attempt, input, callback_url, deadline_at,
@@ -868,7 +868,7 @@ pub(super) fn operation_update(c: &Connection, p: &UpdateParams) -> Result<Opera
     if deadline_at == op.deadline_at && labels == &op.labels {
         return Ok(op);
     }
-    let labels_json = serde_json::to_string(labels).map_err(|e| StoreError::Backend(e.to_string()))?;
+    let labels_json = serde_json::to_string(labels).map_err(|e| StoreError::Corrupt(e.to_string()))?;
     let updated = update_returning(
         c,
         "UPDATE operations SET deadline_at = ?2, labels = ?3, version = version + 1, updated_at = ?4

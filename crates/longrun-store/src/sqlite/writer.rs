@@ -56,9 +56,8 @@ impl Writer {
         self.jobs
             .send(job)
             .await
-            .map_err(|_| StoreError::Backend("the SQLite writer has stopped".into()))?;
-        rx.await
-            .map_err(|_| StoreError::Backend("the SQLite writer dropped a job".into()))?
+            .map_err(|_| StoreError::Stopped("the SQLite writer"))?;
+        rx.await.map_err(|_| StoreError::Stopped("the SQLite writer"))?
     }
 }
 
