@@ -1,5 +1,6 @@
 //! What a store call can refuse, besides failing on IO.
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 use std::sync::Arc;
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -41,9 +42,11 @@ pub enum StoreError {
     #[error("the database is unavailable: {0}")]
     Unavailable(String),
     /// SQLite failed (not a refusal, not an outage).
+    #[cfg(feature = "sqlite")]
     #[error("SQLite: {0}")]
     Sqlite(#[source] Arc<rusqlite::Error>),
     /// PostgreSQL failed (not a refusal, not an outage).
+    #[cfg(feature = "postgres")]
     #[error("PostgreSQL: {0}")]
     Postgres(#[source] Arc<sqlx::Error>),
     /// Stored data this version cannot read, or a statement that broke its
@@ -64,10 +67,13 @@ pub enum StoreError {
 }
 
 /// `RAISE(ABORT, …)` of the schema's guard triggers.
+#[cfg(feature = "sqlite")]
 const SQLITE_GUARD: std::ffi::c_int = rusqlite::ffi::SQLITE_CONSTRAINT_TRIGGER;
 /// `RAISE EXCEPTION` of the PostgreSQL guard (`raise_exception`).
+#[cfg(feature = "postgres")]
 pub(crate) const POSTGRES_GUARD: &str = "P0001";
 
+#[cfg(feature = "sqlite")]
 impl From<rusqlite::Error> for StoreError {
     fn from(e: rusqlite::Error) -> Self {
         use rusqlite::ErrorCode;

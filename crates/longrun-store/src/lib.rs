@@ -10,15 +10,21 @@
 //! Callers pass `now` in every params struct: the store never reads a clock,
 //! so tests drive lease expiry and retention with an injected one.
 
+#[cfg(feature = "test-support")]
 pub mod conformance;
 mod error;
+#[cfg(feature = "test-support")]
 pub mod pgtest;
+#[cfg(feature = "postgres")]
 pub mod postgres;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod shared;
+#[cfg(feature = "sqlite")]
 pub mod sqlite;
 mod types;
 
 pub use error::StoreError;
+#[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteConfig, SqliteStore};
 pub use types::*;
 
