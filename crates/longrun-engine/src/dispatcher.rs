@@ -151,7 +151,14 @@ impl Dispatcher {
         });
         let heartbeat_every = self.config.lease / 3;
         let progress_interval = self.config.progress_interval;
-        self.tracker.spawn(async move {
+        let span = tracing::info_span!(
+            "task",
+            op.id = %task.operation_id,
+            kind = %task.kind,
+            attempt = task.attempt,
+            worker = "in-process",
+        );
+        let run = async move {
             let _in_flight = in_flight;
             let flag = signals.track(&task.operation_id);
             let ctx = TaskContext::new(task.operation_id.clone(), task.attempt, task.input, link, flag)
@@ -163,7 +170,8 @@ impl Dispatcher {
             signals.work_available();
             send_and_log(&task.operation_id, report).await;
             signals.untrack(&task.operation_id);
-        });
+        };
+        self.tracker.spawn(tracing::Instrument::instrument(run, span));
     }
 
     /// Claims and runs tasks until `shutdown`; then stops claiming and waits

@@ -39,6 +39,7 @@ impl Enforcer {
         Self { store, clock, config }
     }
 
+    #[tracing::instrument(name = "enforce", skip_all)]
     pub async fn run_once(&self) -> Result<EnforceCounts, StoreError> {
         let counts = self
             .store

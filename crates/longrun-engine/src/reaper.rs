@@ -45,6 +45,7 @@ impl Reaper {
     }
 
     /// One round: every expired lease up to the batch size.
+    #[tracing::instrument(name = "reap", skip_all)]
     pub async fn run_once(&self) -> Result<ReapCounts, StoreError> {
         let counts = self
             .store

@@ -466,7 +466,14 @@ impl RemoteWorker {
         };
         let heartbeat_every = self.config.lease / 3;
         let progress_interval = self.config.progress_interval;
-        tracker.spawn(async move {
+        let span = tracing::info_span!(
+            "task",
+            op.id = %link.operation_id,
+            kind = %task.kind,
+            attempt = task.attempt,
+            worker = %self.config.worker_id,
+        );
+        let run = async move {
             let _in_flight = in_flight;
             let flag = Arc::new(tokio::sync::watch::channel(false).0);
             let id = link.operation_id.clone();
@@ -483,7 +490,8 @@ impl RemoteWorker {
             // the outcome is sent.
             drop(running);
             send_and_log(&id, report).await;
-        });
+        };
+        tracker.spawn(tracing::Instrument::instrument(run, span));
     }
 }
 

@@ -64,6 +64,7 @@ impl Retention {
     }
 
     /// Works until nothing is due now.
+    #[tracing::instrument(name = "retention", skip_all)]
     pub async fn run_once(&self) -> Result<Report, StoreError> {
         let mut report = Report::default();
         loop {

@@ -262,6 +262,9 @@ impl Deliverer {
         Ok((counts, found))
     }
 
+    #[tracing::instrument(name = "deliver", skip_all, fields(
+        op.id = %delivery.operation_id, event.id = %delivery.event_id, attempt = delivery.attempts + 1,
+    ))]
     async fn deliver(&self, delivery: Delivery) -> Result<AttemptOutcome, StoreError> {
         let attempt = delivery.attempts + 1;
         let sent = self.send(&delivery).await;

@@ -46,6 +46,11 @@ pub async fn edge(mut req: Request, next: Next) -> Response {
         tenant = tracing::field::Empty,
         op.id = tracing::field::Empty,
     );
+    // Requests about one operation carry its id from the start; submissions
+    // record it once the id is known.
+    if let Some(id) = operation_in_path(req.uri().path()) {
+        span.record("op.id", id);
+    }
     let started = Instant::now();
     let mut response = next.run(req).instrument(span.clone()).await;
 
@@ -93,6 +98,16 @@ pub async fn edge(mut req: Request, next: Next) -> Response {
         tracing::debug!(status = status.as_u16(), elapsed_ms, "request handled");
     }
     response
+}
+
+/// The operation a path names: `/v1/operations/{id}…` or
+/// `/v1/worker/tasks/{id}…`.
+fn operation_in_path(path: &str) -> Option<&str> {
+    let rest = path
+        .strip_prefix("/v1/operations/")
+        .or_else(|| path.strip_prefix("/v1/worker/tasks/"))?;
+    let id = rest.split('/').next()?;
+    Id::parse(IdKind::Operation, id).map(|_| id)
 }
 
 /// Sheds load: past `max_in_flight` requests being handled, one more is

@@ -216,7 +216,7 @@ impl PostgresStore {
                 }
             }
         };
-        tokio::spawn(run)
+        tokio::spawn(tracing::Instrument::instrument(run, tracing::Span::current()))
             .await
             .map_err(|_| StoreError::Stopped("a transaction task"))?
     }

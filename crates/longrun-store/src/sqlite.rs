@@ -138,9 +138,10 @@ impl SqliteStore {
         F: FnOnce(&Connection) -> Result<T> + Send + 'static,
     {
         let pool = self.readers.clone();
+        let span = tracing::Span::current();
         tokio::task::spawn_blocking(move || {
             let conn = pool.take()?;
-            let out = f(&conn);
+            let out = span.in_scope(|| f(&conn));
             pool.give_back(conn);
             out
         })

@@ -45,8 +45,11 @@ impl Writer {
         F: FnOnce(&Connection) -> Result<T> + Send + 'static,
     {
         let (tx, rx) = oneshot::channel();
+        // The job runs on the writer thread inside the caller's span, so
+        // what it logs carries the caller's request and operation ids.
+        let span = tracing::Span::current();
         let job: Job = Box::new(move |conn| {
-            let out = f(conn);
+            let out = span.in_scope(|| f(conn));
             let keep = out.is_ok();
             let reply: Reply = Box::new(move |committed| {
                 let _ = tx.send(committed.and(out));
