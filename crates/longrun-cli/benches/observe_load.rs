@@ -74,6 +74,7 @@ fn main() {
                         labels: Default::default(),
                         idempotency: None,
                         uploads: Vec::new(),
+                        rerun_of: None,
                         now,
                     })
                     .await

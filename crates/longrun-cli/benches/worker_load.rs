@@ -50,6 +50,7 @@ async fn enqueue(store: &Arc<dyn Store>, kind: &str, input: Value, n: usize) {
                         labels: Default::default(),
                         idempotency: None,
                         uploads: Vec::new(),
+                        rerun_of: None,
                         now: SystemClock.now(),
                     })
                     .await

@@ -47,7 +47,7 @@ macro_rules! store_conformance {
             cancel_honours_if_match,
             reaper_requeues_rerun_safe_kinds_and_fails_the_others,
             queued_work_past_its_deadline_is_never_started,
-            failed_outcome_carries_the_error_and_drops_the_input,
+            failed_outcome_carries_the_error_and_keeps_the_input,
             api_keys_are_created_listed_and_revoked,
             kinds_are_declared_and_updated,
             server_secrets_are_created_once,
@@ -71,6 +71,7 @@ macro_rules! store_conformance {
             an_uploaded_artifact_is_published_by_complete_and_discarded_otherwise,
             named_artifacts_are_published_together_and_an_earlier_attempts_are_replaced,
             uploads_append_at_their_offset_complete_once_and_live_while_named,
+            reruns_link_both_ways_and_leave_the_original_unchanged,
             retention_expires_results_removes_operations_and_buries_tombstones,
             deleting_a_tenant_leaves_nothing_of_it,
             state_machine_matches_the_reference_model,
@@ -119,6 +120,7 @@ pub fn accept_params(tenant: &str, kind: &str, key: Option<&str>, input: Value) 
         labels: BTreeMap::new(),
         idempotency,
         uploads: Vec::new(),
+        rerun_of: None,
         now: T0,
     }
 }
@@ -198,12 +200,16 @@ fn cancel(tenant: &str, id: &Id, now: Timestamp) -> CancelParams {
     }
 }
 
+/// The operation as stored, for comparing with what a write returned: its
+/// re-runs (which only a read fills in) are checked to be none and cleared.
 async fn get(store: &dyn Store, op: &Operation) -> Operation {
-    store
+    let mut read = store
         .operation_get(&op.tenant, &op.id)
         .await
         .unwrap()
-        .expect("operation exists")
+        .expect("operation exists");
+    assert_eq!(read.reruns.take(), Some(Vec::new()), "a read lists re-runs");
+    read
 }
 
 fn at(seconds: u64) -> Timestamp {
@@ -770,7 +776,7 @@ pub async fn queued_work_past_its_deadline_is_never_started(store: &dyn Store) {
     assert_eq!(failed.error.unwrap().code, "deadline_exceeded");
 }
 
-pub async fn failed_outcome_carries_the_error_and_drops_the_input(store: &dyn Store) {
+pub async fn failed_outcome_carries_the_error_and_keeps_the_input(store: &dyn Store) {
     let op = create(store, "t1", "fail").await;
     let task = claim_one(store, "fail", at(1)).await;
     let error = OperationError {
@@ -782,9 +788,10 @@ pub async fn failed_outcome_carries_the_error_and_drops_the_input(store: &dyn St
         .task_finish(finish(&task, Outcome::Failed { error: error.clone() }, at(2)))
         .await
         .unwrap();
+    // The input is kept (for re-runs) while the operation is; only a success drops it.
     assert_eq!(
         (done.state, done.error.clone(), done.result.clone(), done.input.clone()),
-        (State::Failed, Some(error), None, None)
+        (State::Failed, Some(error), None, Some(json!({"n": 1})))
     );
     assert_eq!(get(store, &op).await, done);
 }
@@ -1647,6 +1654,58 @@ pub async fn named_artifacts_are_published_together_and_an_earlier_attempts_are_
     assert_eq!(records[0].storage_key, "k-accepted");
 }
 
+pub async fn reruns_link_both_ways_and_leave_the_original_unchanged(store: &dyn Store) {
+    let first = create(store, "t1", "chain").await;
+    let task = claim_one(store, "chain", at(1)).await;
+    let error = OperationError {
+        code: "boom".into(),
+        message: "".into(),
+        retryable: false,
+    };
+    let failed = store
+        .task_finish(finish(&task, Outcome::Failed { error }, at(2)))
+        .await
+        .unwrap();
+    assert_eq!(
+        failed.input,
+        Some(json!({"n": 1})),
+        "a failed operation keeps its input"
+    );
+    let mut chain = vec![first.clone()];
+    for _ in 0..2 {
+        let mut params = accept_params("t1", "chain", None, json!({"n": 1}));
+        params.rerun_of = Some(chain.last().unwrap().id.clone());
+        let AcceptOutcome::Created(op) = store.operation_accept(params).await.unwrap() else {
+            panic!("created")
+        };
+        assert_eq!(op.rerun_of.as_ref(), Some(&chain.last().unwrap().id));
+        chain.push(op);
+    }
+    let read = |id: &Id| {
+        let id = id.clone();
+        async move { store.operation_get("t1", &id).await.unwrap().unwrap() }
+    };
+    let original = read(&chain[0].id).await;
+    assert_eq!(original.reruns, Some(vec![chain[1].id.clone()]));
+    assert_eq!(
+        (original.version, original.state),
+        (failed.version, State::Failed),
+        "unchanged"
+    );
+    let middle = read(&chain[1].id).await;
+    assert_eq!(middle.rerun_of.as_ref(), Some(&chain[0].id));
+    assert_eq!(middle.reruns, Some(vec![chain[2].id.clone()]));
+    let last = read(&chain[2].id).await;
+    assert_eq!(
+        (last.rerun_of.as_ref(), last.reruns),
+        (Some(&chain[1].id), Some(Vec::new()))
+    );
+    assert!(store.operation_get("t2", &chain[1].id).await.unwrap().is_none());
+    // A cancelled operation keeps its input too.
+    let cancelled = store.operation_cancel(cancel("t1", &chain[2].id, at(3))).await.unwrap();
+    assert!(matches!(cancelled, CancelOutcome::CancelledNow(op) if op.input == Some(json!({"n": 1}))));
+}
+
 fn chunk(key: &str, size: i64) -> UploadChunk {
     UploadChunk {
         storage_key: key.into(),
@@ -2279,8 +2338,7 @@ pub async fn a_batch_of_submissions_answers_each_alone(store: &dyn Store) {
     assert_eq!(created(5).id, ids[5]);
     // Each created item is a whole operation: readable, with its first event, claimable.
     for op in [created(0), b, created(5)] {
-        let stored = store.operation_get("t1", &op.id).await.unwrap().unwrap();
-        assert_eq!(stored, op);
+        assert_eq!(get(store, &op).await, op);
         let history = store.operation_history("t1", &op.id).await.unwrap().unwrap();
         assert_eq!(history.len(), 1);
     }

@@ -31,6 +31,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (2, include_str!("postgres/0002_guard_when.sql")),
     (3, include_str!("postgres/0003_fewer_indexes.sql")),
     (4, include_str!("postgres/0004_uploads.sql")),
+    (5, include_str!("postgres/0005_reruns.sql")),
 ];
 
 #[derive(Debug, Clone)]
@@ -424,7 +425,10 @@ async fn migrate_pool(pool: &PgPool) -> Result<usize> {
 const OP_COLUMNS: &str = "id, tenant, kind, state, version, attempt, input, callback_url, deadline_at, \
     budget_max_cost, cost_units, labels, progress, result, error_code, error_message, error_retryable, \
     cancel_requested_at, cancel_requested_by, cancel_reason, cancellable, idempotency_key, created_at, \
-    started_at, completed_at, updated_at, expires_at, artifact";
+    started_at, completed_at, updated_at, expires_at, artifact, rerun_of";
+
+/// How many columns `OP_COLUMNS` names: what a query selects after them starts here.
+const OP_COLUMN_COUNT: usize = 29;
 
 fn json_text(text: Option<String>) -> Result<Option<Value>> {
     text.map(|t| serde_json::from_str(&t).map_err(|e| StoreError::Corrupt(e.to_string())))
@@ -488,6 +492,8 @@ fn operation_from_row(r: &PgRow) -> Result<Operation> {
         expires_at: ts(r.try_get(26).map_err(get)?),
         artifact: None,
         artifacts: std::collections::BTreeMap::new(),
+        rerun_of: r.try_get::<Option<String>, _>(28).map_err(get)?.map(Id::from_trusted),
+        reruns: None,
     })
     .and_then(|mut op| {
         (op.artifact, op.artifacts) = artifacts_from_json(json_text(r.try_get(27).map_err(get)?)?.as_ref());
@@ -553,18 +559,6 @@ async fn operation_by_id(c: &mut PgConnection, id: &str) -> Result<Option<Operat
         .fetch_optional(&mut *c)
         .await
         .map_err(db)?;
-    row.as_ref().map(operation_from_row).transpose()
-}
-
-async fn operation_owned(c: &mut PgConnection, tenant: &str, id: &str) -> Result<Option<Operation>> {
-    let row = sqlx::query(&format!(
-        "SELECT {OP_COLUMNS} FROM operations WHERE id = $1 AND tenant = $2"
-    ))
-    .bind(id)
-    .bind(tenant)
-    .fetch_optional(&mut *c)
-    .await
-    .map_err(db)?;
     row.as_ref().map(operation_from_row).transpose()
 }
 
@@ -649,18 +643,18 @@ async fn insert_submissions(
              SELECT i.*, NOT $13 AND EXISTS (SELECT 1 FROM tenants WHERE name = i.tenant AND max_active IS NOT NULL) AS capped
                FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], $5::TEXT[], $6::BIGINT[],
                            $7::FLOAT8[], $8::TEXT[], $9::TEXT[], $10::BYTEA[], $11::BIGINT[], $12::TEXT[],
-                           $14::TEXT[])
+                           $14::TEXT[], $15::TEXT[])
                     WITH ORDINALITY AS i(id, tenant, kind, input, callback_url, deadline_at, budget_max_cost,
-                                         labels, key, fingerprint, now, snapshot, uploads, ord)
+                                         labels, key, fingerprint, now, snapshot, uploads, rerun_of, ord)
          ), k AS (
              INSERT INTO idempotency_keys (tenant, kind, key, fingerprint, operation_id, created_at)
              SELECT tenant, kind, key, fingerprint, id, now FROM q WHERE key IS NOT NULL AND NOT capped ORDER BY ord
              ON CONFLICT DO NOTHING RETURNING operation_id
          ), o AS (
              INSERT INTO operations (id, tenant, kind, state, version, attempt, input, callback_url, deadline_at,
-                                     budget_max_cost, labels, idempotency_key, created_at, updated_at)
+                                     budget_max_cost, labels, idempotency_key, created_at, updated_at, rerun_of)
              SELECT id, tenant, kind, 'queued', 1, 0, input, callback_url, deadline_at, budget_max_cost, labels,
-                    key, now, now FROM q
+                    key, now, now, rerun_of FROM q
               WHERE NOT capped AND (key IS NULL OR id IN (SELECT operation_id FROM k))
               ORDER BY ord
              RETURNING id, seq
@@ -701,6 +695,7 @@ async fn insert_submissions(
             .map(|p| p.uploads.iter().map(Id::as_str).collect::<Vec<_>>().join(","))
             .collect::<Vec<_>>(),
     )
+    .bind(column(|p| p.rerun_of.as_ref().map(Id::as_str)))
     .fetch_all(&mut *c)
     .await
     .map_err(db)?;
@@ -826,7 +821,7 @@ async fn operation_list(c: &mut PgConnection, p: &ListParams) -> Result<Operatio
     let mut seqs = Vec::with_capacity(rows.len());
     for row in &rows {
         operations.push(operation_from_row(row)?);
-        seqs.push(row.try_get::<i64, _>(28).map_err(db)?);
+        seqs.push(row.try_get::<i64, _>(OP_COLUMN_COUNT).map_err(db)?);
     }
     let next_before_seq = if operations.len() as i64 > page_size {
         operations.truncate(page_size as usize);
@@ -933,7 +928,8 @@ async fn operations_end(
         "UPDATE operations
             SET state = e.e_state, version = version + 1, result = e.e_result, error_code = e.e_code,
                 error_message = e.e_message, error_retryable = e.e_retryable, completed_at = e.e_now,
-                updated_at = e.e_now, expires_at = e.e_expires, input = CASE WHEN $10 THEN input ELSE NULL END,
+                updated_at = e.e_now, expires_at = e.e_expires,
+                input = CASE WHEN $10 OR e.e_state <> 'succeeded' THEN input ELSE NULL END,
                 progress = COALESCE(e.e_progress, progress)
            FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], $5::TEXT[], $6::BOOL[], $7::TEXT[],
                        $8::BIGINT[], $9::BIGINT[])
@@ -1372,7 +1368,7 @@ async fn lease_tasks(
     let mut started: std::collections::HashMap<String, (Operation, String)> = std::collections::HashMap::new();
     for row in &rows {
         let op = operation_from_row(row)?;
-        let token: String = row.try_get(28).map_err(db)?;
+        let token: String = row.try_get(OP_COLUMN_COUNT).map_err(db)?;
         started.insert(op.id.as_str().to_owned(), (op, token));
     }
     // In pick order (fair across tenants), as the claimer gets them.
@@ -2163,8 +2159,21 @@ impl Store for PostgresStore {
     }
 
     async fn operation_get(&self, tenant: &str, id: &Id) -> Result<Option<Operation>> {
-        let mut c = self.pool.acquire().await.map_err(db)?;
-        operation_owned(&mut c, tenant, id.as_str()).await
+        // Its re-runs come from the partial index of `rerun_of`, in one statement.
+        let row = sqlx::query(&format!(
+            "SELECT {OP_COLUMNS}, ARRAY(SELECT r.id FROM operations r WHERE r.rerun_of = operations.id ORDER BY r.seq)
+               FROM operations WHERE id = $1 AND tenant = $2"
+        ))
+        .bind(id.as_str())
+        .bind(tenant)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(db)?;
+        let Some(row) = row else { return Ok(None) };
+        let mut op = operation_from_row(&row)?;
+        let reruns: Vec<String> = row.try_get(OP_COLUMN_COUNT).map_err(db)?;
+        op.reruns = Some(reruns.into_iter().map(Id::from_trusted).collect());
+        Ok(Some(op))
     }
 
     async fn operation_list(&self, params: ListParams) -> Result<OperationPage> {

@@ -163,6 +163,7 @@ pub(crate) fn snapshot_to_json(op: &Operation) -> Value {
         "updated_at": op.updated_at.0,
         "expires_at": op.expires_at.map(|t| t.0),
         "artifact": artifacts_to_json(op.artifact.as_ref(), &op.artifacts),
+        "rerun_of": op.rerun_of.as_ref().map(Id::as_str),
     })
 }
 
@@ -207,6 +208,8 @@ pub(crate) fn snapshot_from_json(v: &Value) -> Option<Operation> {
         expires_at: time("expires_at"),
         artifact: None,
         artifacts: BTreeMap::new(),
+        rerun_of: text("rerun_of").map(Id::from_trusted),
+        reruns: None,
     })
     .map(|mut op| {
         (op.artifact, op.artifacts) = artifacts_from_json(v.get("artifact"));
@@ -550,6 +553,8 @@ pub(crate) fn created_operation(p: &AcceptParams) -> Operation {
         expires_at: None,
         artifact: None,
         artifacts: BTreeMap::new(),
+        rerun_of: p.rerun_of.clone(),
+        reruns: None,
     }
 }
 

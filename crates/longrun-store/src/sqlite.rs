@@ -30,6 +30,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (6, include_str!("sqlite/migrations/0006_operating.sql")),
     (7, include_str!("sqlite/migrations/0007_fewer_indexes.sql")),
     (8, include_str!("sqlite/migrations/0008_uploads.sql")),
+    (9, include_str!("sqlite/migrations/0009_reruns.sql")),
 ];
 
 #[derive(Debug, Clone)]
@@ -302,7 +303,7 @@ impl Store for SqliteStore {
 
     async fn operation_get(&self, tenant: &str, id: &Id) -> Result<Option<Operation>> {
         let (tenant, id) = (tenant.to_owned(), id.clone());
-        self.read(move |c| sql::operation_get(c, &tenant, &id)).await
+        self.read(move |c| sql::operation_read(c, &tenant, &id)).await
     }
 
     async fn operation_list(&self, params: ListParams) -> Result<OperationPage> {

@@ -43,6 +43,11 @@ pub struct Operation {
     pub artifact: Option<ArtifactRef>,
     /// Published artifacts with a name other than [`DEFAULT_ARTIFACT`].
     pub artifacts: BTreeMap<String, ArtifactRef>,
+    /// The operation this one re-runs (`POST /v1/operations/{id}/reruns`).
+    pub rerun_of: Option<Id>,
+    /// Its re-runs, oldest first: read by `operation_get` only (`None`
+    /// elsewhere: not read, not "none").
+    pub reruns: Option<Vec<Id>>,
 }
 
 impl Operation {
@@ -161,6 +166,8 @@ pub struct AcceptParams {
     pub idempotency: Option<(IdempotencyKey, Fingerprint)>,
     /// Uploads the input names: each lives at least as long as the operation.
     pub uploads: Vec<Id>,
+    /// The operation this submission re-runs.
+    pub rerun_of: Option<Id>,
     pub now: Timestamp,
 }
 

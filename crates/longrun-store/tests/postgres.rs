@@ -139,7 +139,9 @@ async fn an_item_the_database_refuses_fails_alone_in_its_batch() {
         let Ok(AcceptOutcome::Created(op)) = &answers[i] else {
             panic!("item {i}: {:?}", answers[i]);
         };
-        assert_eq!(store.operation_get("t1", &op.id).await.unwrap().as_ref(), Some(op));
+        let mut read = store.operation_get("t1", &op.id).await.unwrap().unwrap();
+        read.reruns = None;
+        assert_eq!(&read, op);
     }
 }
 
@@ -202,13 +204,10 @@ async fn an_outage_is_refused_as_unavailable_and_recovers_without_reopening() {
             other => panic!("after the restart: {other:?}"),
         }
     };
-    assert_eq!(
-        store.operation_get("t1", &before.id).await.unwrap().as_ref(),
-        Some(&before)
-    );
-    assert_eq!(
-        store.operation_get("t1", &during.id).await.unwrap().as_ref(),
-        Some(&during)
-    );
+    for op in [&before, &during] {
+        let mut read = store.operation_get("t1", &op.id).await.unwrap().unwrap();
+        read.reruns = None;
+        assert_eq!(&read, op);
+    }
     cluster.stop_immediately();
 }

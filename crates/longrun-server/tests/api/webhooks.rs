@@ -329,6 +329,7 @@ async fn with_30_percent_of_acks_dropped_every_event_is_applied_exactly_once() {
                     labels: Default::default(),
                     idempotency: None,
                     uploads: Vec::new(),
+                    rerun_of: None,
                     now,
                 })
                 .await

@@ -671,6 +671,7 @@ async fn a_big_backlog_does_not_starve_a_small_tenant() {
                     labels: Default::default(),
                     idempotency: None,
                     uploads: Vec::new(),
+                    rerun_of: None,
                     now: longrun_core::Timestamp(1),
                 })
                 .await

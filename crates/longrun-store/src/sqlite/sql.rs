@@ -21,9 +21,9 @@ use crate::*;
 const OP_COLUMNS: &str = "id, tenant, kind, state, version, attempt, input, callback_url, deadline_at, \
     budget_max_cost, cost_units, labels, progress, result, error_code, error_message, error_retryable, \
     cancel_requested_at, cancel_requested_by, cancel_reason, cancellable, idempotency_key, created_at, \
-    started_at, completed_at, updated_at, expires_at, artifact";
+    started_at, completed_at, updated_at, expires_at, artifact, rerun_of";
 
-const OP_COLUMN_COUNT: usize = 28;
+const OP_COLUMN_COUNT: usize = 29;
 
 fn conversion_error(idx: usize, e: impl std::error::Error + Send + Sync + 'static) -> rusqlite::Error {
     rusqlite::Error::FromSqlConversionFailure(idx, Type::Text, Box::new(e))
@@ -91,6 +91,8 @@ fn operation_from_row(r: &Row) -> rusqlite::Result<Operation> {
         expires_at: ts(r.get(26)?),
         artifact: None,
         artifacts: BTreeMap::new(),
+        rerun_of: r.get::<_, Option<String>>(28)?.map(Id::from_trusted),
+        reruns: None,
     })
     .and_then(|mut op| {
         (op.artifact, op.artifacts) = artifacts_from_json(json_column(r, 27)?.as_ref());
@@ -137,6 +139,26 @@ pub(super) fn operation_get(c: &Connection, tenant: &str, id: &Id) -> Result<Opt
     let sql = format!("SELECT {OP_COLUMNS} FROM operations WHERE id = ?1 AND tenant = ?2");
     Ok(c.prepare_cached(&sql)?
         .query_row(params![id.as_str(), tenant], operation_from_row)
+        .optional()?)
+}
+
+/// [`operation_get`] for readers: with its re-runs, from the partial index
+/// of `rerun_of`, in the same statement.
+pub(super) fn operation_read(c: &Connection, tenant: &str, id: &Id) -> Result<Option<Operation>> {
+    let sql = format!(
+        "SELECT {OP_COLUMNS}, (SELECT json_group_array(id) FROM
+                   (SELECT r.id FROM operations r WHERE r.rerun_of = operations.id ORDER BY r.seq))
+           FROM operations WHERE id = ?1 AND tenant = ?2"
+    );
+    Ok(c.prepare_cached(&sql)?
+        .query_row(params![id.as_str(), tenant], |r| {
+            let mut op = operation_from_row(r)?;
+            let reruns: Vec<String> = json_column(r, OP_COLUMN_COUNT)?
+                .and_then(|v| serde_json::from_value(v).ok())
+                .unwrap_or_default();
+            op.reruns = Some(reruns.into_iter().map(Id::from_trusted).collect());
+            Ok(op)
+        })
         .optional()?)
 }
 
@@ -204,8 +226,8 @@ pub(super) fn operation_accept(c: &Connection, p: &AcceptParams) -> Result<Accep
     let idempotency_key = p.idempotency.as_ref().map(|(k, _)| k.as_str());
     c.prepare_cached(
         "INSERT INTO operations (id, tenant, kind, state, version, attempt, input, callback_url, deadline_at,
-                                 budget_max_cost, labels, idempotency_key, created_at, updated_at)
-         VALUES (?1, ?2, ?3, 'queued', 1, 0, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10)",
+                                 budget_max_cost, labels, idempotency_key, created_at, updated_at, rerun_of)
+         VALUES (?1, ?2, ?3, 'queued', 1, 0, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?11)",
     )?
     .execute(params![
         p.id.as_str(),
@@ -218,6 +240,7 @@ pub(super) fn operation_accept(c: &Connection, p: &AcceptParams) -> Result<Accep
         labels,
         idempotency_key,
         p.now.0,
+        p.rerun_of.as_ref().map(Id::as_str),
     ])?;
     let seq = c.last_insert_rowid();
     c.prepare_cached(
@@ -335,7 +358,8 @@ fn operation_end(c: &Connection, policy: WritePolicy, id: &str, ending: &Ending,
         "UPDATE operations
             SET state = ?2, version = version + 1, result = ?3, error_code = ?4, error_message = ?5,
                 error_retryable = ?6, completed_at = ?7, updated_at = ?7, expires_at = ?8,
-                input = CASE WHEN ?9 THEN input ELSE NULL END, progress = COALESCE(?10, progress)
+                input = CASE WHEN ?9 OR ?2 <> 'succeeded' THEN input ELSE NULL END,
+                progress = COALESCE(?10, progress)
           WHERE id = ?1 AND state IN ('queued', 'running')",
         params![
             id,
@@ -1697,6 +1721,7 @@ mod tests {
                     labels: Default::default(),
                     idempotency: None,
                     uploads: Vec::new(),
+                    rerun_of: None,
                     now,
                 },
             )
