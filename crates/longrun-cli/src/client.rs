@@ -135,6 +135,24 @@ pub enum ClientCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Re-run an operation: a new one of its kind and input, linked to it
+    /// (`rerun_of`); prints the new id. Its input must still be kept (failed,
+    /// cancelled and outcome_unknown operations keep theirs).
+    Rerun {
+        id: String,
+        /// Start from the original's last checkpoint (refused: checkpoints
+        /// come with pausing).
+        #[arg(long)]
+        from_checkpoint: bool,
+        /// Reuse the key of an earlier attempt of this same re-run.
+        #[arg(long)]
+        idempotency_key: Option<String>,
+        /// Wait until it ends (progress bar on a terminal).
+        #[arg(long)]
+        wait: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// Upload a file as an input (resumable: a broken connection resumes
     /// where the server stopped); prints the upload id to name in a submission.
     Upload {
@@ -156,6 +174,7 @@ impl ClientCommand {
             | ClientCommand::Cancel { client, .. }
             | ClientCommand::List { client, .. }
             | ClientCommand::Result { client, .. }
+            | ClientCommand::Rerun { client, .. }
             | ClientCommand::Upload { client, .. } => client,
         }
     }
@@ -404,6 +423,39 @@ async fn execute(client: &Client, output: Output, command: ClientCommand) -> Res
         }
         ClientCommand::Get { id, .. } => {
             print_operation(&client.get(&id).await?, output);
+            Ok(EXIT_OK)
+        }
+        ClientCommand::Rerun {
+            id,
+            from_checkpoint,
+            idempotency_key,
+            wait,
+            ..
+        } => {
+            let rerun = longrun_client::Rerun {
+                from_checkpoint,
+                idempotency_key,
+                ..Default::default()
+            };
+            let submitted = client.rerun(&id, &rerun).await?;
+            if output == Output::Text {
+                eprintln!(
+                    "{} {} as {} (idempotency key {}; reuse it with --idempotency-key to retry safely)",
+                    if submitted.replayed { "already re-ran" } else { "re-ran" },
+                    id,
+                    submitted.operation.id,
+                    submitted.idempotency_key
+                );
+            }
+            if wait {
+                let operation = wait_with_bar(client, &submitted.operation.id, output).await?;
+                print_operation(&operation, output);
+                return Ok(exit_for(&operation));
+            }
+            match output {
+                Output::Json => print_operation(&submitted.operation, output),
+                Output::Text => println!("{}", submitted.operation.id),
+            }
             Ok(EXIT_OK)
         }
         ClientCommand::Wait { id, .. } => {

@@ -592,6 +592,58 @@ async fn upload_then_import_then_download_the_errors_artifact() {
     assert_ne!(code, 0, "an artifact the result does not have is an error");
 }
 
+/// `longrun rerun ID`: a linked new operation; an input no longer kept is
+/// refused (exit 4) with its code.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rerun_makes_a_linked_operation_and_refusals_say_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_server(dir.path(), &[]).await;
+    let token = server.bootstrap_client_key.clone().unwrap();
+    let base = server.base.clone();
+    let failing = r#"{"duration_ms": 1, "fail_with": "flaky"}"#;
+    let (code, out) = client(
+        &base,
+        &token,
+        &["submit", "sleep", "--input", failing, "--wait", "--output", "json"],
+    )
+    .await;
+    assert_eq!(code, 1, "a failed operation exits 1: {out}");
+    let original: Value = serde_json::from_str(out.trim()).unwrap();
+    let id = original["id"].as_str().unwrap();
+    let (code, out) = client(&base, &token, &["rerun", id, "--wait", "--output", "json"]).await;
+    assert_eq!(code, 1, "{out}");
+    let rerun: Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(rerun["rerun_of"], id);
+    let (code, out) = client(&base, &token, &["get", id, "--output", "json"]).await;
+    assert_eq!(code, 0);
+    let read: Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(read["reruns"], serde_json::json!([rerun["id"]]));
+
+    let (_, out) = client(
+        &base,
+        &token,
+        &[
+            "submit",
+            "sleep",
+            "--input",
+            r#"{"duration_ms": 1}"#,
+            "--wait",
+            "--output",
+            "json",
+        ],
+    )
+    .await;
+    let succeeded: Value = serde_json::from_str(out.trim()).unwrap();
+    let (code, out) = client(
+        &base,
+        &token,
+        &["rerun", succeeded["id"].as_str().unwrap(), "--output", "json"],
+    )
+    .await;
+    assert_eq!(code, 4, "{out}");
+    assert!(out.contains("input_not_kept"), "{out}");
+}
+
 /// Sends `batch` as one `POST /v1/operations/batch`; key → id for every
 /// item answered 202, or nothing if the request got no answer.
 async fn submit_batch_raw(http: &reqwest::Client, base: &str, token: &str, keys: &[String]) -> HashMap<String, String> {

@@ -113,6 +113,12 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub struct Operation {
     pub id: String,
     pub kind: String,
+    /// The operation this one re-runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rerun_of: Option<String>,
+    /// Its re-runs, oldest first (present when one operation is read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reruns: Option<Vec<String>>,
     pub state: String,
     pub terminal: bool,
     #[serde(default)]
@@ -195,6 +201,25 @@ impl Submission {
             ..Self::default()
         }
     }
+}
+
+/// A re-run of an operation (`Client::rerun`): each field left out is the
+/// original's.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Rerun {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deadline_seconds: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub budget: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub labels: Option<BTreeMap<String, String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub callback: Option<Value>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub from_checkpoint: bool,
+    /// Reuse the key of an earlier attempt of this same re-run.
+    #[serde(skip_serializing)]
+    pub idempotency_key: Option<String>,
 }
 
 /// What a submission came back with.
@@ -423,6 +448,38 @@ impl Client {
                     self.request(Method::POST, "/v1/operations")
                         .header("Idempotency-Key", &key)
                         .json(submission)
+                },
+                async |response| {
+                    let replayed = response
+                        .headers()
+                        .get("idempotent-replayed")
+                        .is_some_and(|v| v == "true");
+                    Ok((replayed, response.json::<Operation>().await?))
+                },
+            )
+            .await?;
+        Ok(Submitted {
+            operation,
+            replayed,
+            idempotency_key: key,
+        })
+    }
+
+    /// Re-runs operation `id`: a new operation of its kind and input, linked
+    /// to it (`rerun_of`), sent with one idempotency key however often it is
+    /// retried. A success without kept inputs is `input_not_kept`.
+    pub async fn rerun(&self, id: &str, rerun: &Rerun) -> Result<Submitted> {
+        let key = rerun
+            .idempotency_key
+            .clone()
+            .unwrap_or_else(|| format!("lrc-{}", longrun_core::id::random_base32::<16>()));
+        let path = format!("/v1/operations/{id}/reruns");
+        let (replayed, operation) = self
+            .send_with_retries(
+                || {
+                    self.request(Method::POST, &path)
+                        .header("Idempotency-Key", &key)
+                        .json(rerun)
                 },
                 async |response| {
                     let replayed = response

@@ -64,6 +64,10 @@ pub enum ApiError {
     RateLimited { detail: String, retry_after: Duration },
     #[error("{detail}")]
     TemporarilyUnavailable { detail: String, retry_after: Duration },
+    #[error(
+        "the operation's input is no longer kept (a success drops it unless the server keeps inputs); it cannot be re-run"
+    )]
+    InputNotKept { operation_id: Id },
     #[error("{0}")]
     DigestMismatch(String),
     #[error("the upload's offset is {offset}{}", if *complete { " and it is complete" } else { "" })]
@@ -97,6 +101,7 @@ impl ApiError {
             ApiError::QuotaExceeded { .. } => "quota_exceeded",
             ApiError::RateLimited { .. } => "rate_limited",
             ApiError::TemporarilyUnavailable { .. } => "temporarily_unavailable",
+            ApiError::InputNotKept { .. } => "input_not_kept",
             ApiError::DigestMismatch(_) => "digest_mismatch",
             ApiError::UploadOffsetMismatch { .. } => "upload_offset_mismatch",
             ApiError::Internal(_) => "internal",
@@ -115,7 +120,8 @@ impl ApiError {
             ApiError::IdempotencyKeyReused { .. }
             | ApiError::OperationNotCancellable { .. }
             | ApiError::LeaseLost { .. }
-            | ApiError::UploadOffsetMismatch { .. } => StatusCode::CONFLICT,
+            | ApiError::UploadOffsetMismatch { .. }
+            | ApiError::InputNotKept { .. } => StatusCode::CONFLICT,
             ApiError::Gone | ApiError::ResultExpired { .. } => StatusCode::GONE,
             ApiError::PreconditionFailed { .. } | ApiError::TerminalIntentWins { .. } => {
                 StatusCode::PRECONDITION_FAILED
@@ -155,6 +161,7 @@ impl ApiError {
             ApiError::QuotaExceeded { .. } => "Quota exceeded",
             ApiError::RateLimited { .. } => "Rate limited",
             ApiError::TemporarilyUnavailable { .. } => "Temporarily unavailable",
+            ApiError::InputNotKept { .. } => "Input not kept",
             ApiError::DigestMismatch(_) => "Digest mismatch",
             ApiError::UploadOffsetMismatch { .. } => "Upload offset mismatch",
             ApiError::Internal(_) => "Internal error",
@@ -177,7 +184,8 @@ impl ApiError {
             ApiError::IdempotencyKeyReused { operation_id }
             | ApiError::OperationNotCancellable { operation_id }
             | ApiError::LeaseLost { operation_id }
-            | ApiError::ResultExpired { operation_id } => Some(operation_id),
+            | ApiError::ResultExpired { operation_id }
+            | ApiError::InputNotKept { operation_id } => Some(operation_id),
             _ => None,
         }
     }
@@ -253,6 +261,7 @@ pub enum ProblemCode {
     temporarily_unavailable,
     digest_mismatch,
     upload_offset_mismatch,
+    input_not_kept,
 }
 
 /// The problem+json body (RFC 9457 plus our `code`, `request_id`, `retryable`).

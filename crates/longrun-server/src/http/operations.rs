@@ -21,8 +21,9 @@ use crate::http::auth::Caller;
 use crate::http::error::{ApiError, Problem};
 use crate::http::extract::{JsonBody, OptionalJsonBody, QueryParams};
 use crate::http::wire::{
-    BatchItemResult, BatchSubmitRequest, BatchSubmitResponse, CancelRequestBody, CancellationBody, DeliveryBody,
-    DeliveryLog, EventBody, History, OperationBody, OperationList, SubmitRequest, UpdateRequest,
+    BatchItemResult, BatchSubmitRequest, BatchSubmitResponse, BudgetRequest, CallbackRequest, CancelRequestBody,
+    CancellationBody, DeliveryBody, DeliveryLog, EventBody, History, OperationBody, OperationList, RerunRequest,
+    SubmitRequest, UpdateRequest,
 };
 
 pub const DEFAULT_PAGE_SIZE: u32 = 50;
@@ -42,6 +43,7 @@ pub fn router() -> Router<AppState> {
         .route("/v1/operations/{id}/history", get(history))
         .route("/v1/operations/{id}/cancellation", put(cancel).get(cancellation))
         .route("/v1/operations/{id}/deliveries", get(deliveries))
+        .route("/v1/operations/{id}/reruns", post(rerun))
 }
 
 /// The optional `Idempotency-Key` header, syntax-checked.
@@ -232,8 +234,21 @@ async fn submit(
 ) -> Result<Response, ApiError> {
     caller.require_client()?;
     let now = app.clock.now();
-    let params = prepare_submission(&app, &caller.tenant, key, request, now).await?;
-    let wait = prefer_wait(&headers);
+    let params = prepare_submission(&app, &caller.tenant, key, request, now, None).await?;
+    answer_submission(app, caller, &headers, params, now).await
+}
+
+/// Accepts a prepared submission and answers it as `POST /v1/operations`
+/// does (also for re-runs): `202`, or `200` for a terminal replay or one
+/// that ended within `Prefer: wait`.
+async fn answer_submission(
+    app: AppState,
+    caller: Caller,
+    headers: &HeaderMap,
+    params: AcceptParams,
+    now: Timestamp,
+) -> Result<Response, ApiError> {
+    let wait = prefer_wait(headers);
     // Watch the new id before it exists, so its first change cannot be missed.
     let mut waiter = match wait {
         Some(_) => Some(
@@ -296,6 +311,65 @@ async fn submit(
     Ok(response)
 }
 
+#[utoipa::path(post, path = "/v1/operations/{id}/reruns", tag = "operations", security(("bearer" = [])),
+    request_body(content = Option<RerunRequest>, description = "Overrides; an empty body re-runs as it was"),
+    params(
+        ("id" = String, Path, description = "The operation to re-run (op_…)"),
+        ("Idempotency-Key" = String, Header, description = "1–255 visible ASCII characters; required by default",
+         min_length = 1, max_length = 255, pattern = "^[\\x21-\\x7e]+$"),
+        ("Prefer" = Option<String>, Header, description = "`wait=N` (N ≤ 60): hold until terminal or N s"),
+    ),
+    responses(
+        (status = 202, description = "Accepted: a new operation with `rerun_of`", body = OperationBody,
+         headers(("Location" = String), ("ETag" = String), ("Retry-After" = u64), ("Idempotency-Expires" = String), ("Idempotent-Replayed" = String))),
+        (status = 200, description = "A replay of a terminal re-run, or terminal within `Prefer: wait`", body = OperationBody),
+        (status = "default", description = "A problem (RFC 9457) with a stable `code`; `input_not_kept` (409) when the original's input is gone", body = Problem, content_type = "application/problem+json"),
+    ))]
+async fn rerun(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    IdempotencyKeyHeader(key): IdempotencyKeyHeader,
+    OptionalJsonBody(request): OptionalJsonBody<RerunRequest>,
+) -> Result<Response, ApiError> {
+    caller.require_client()?;
+    let id = Id::parse(IdKind::Operation, &id).ok_or(ApiError::NotFound)?;
+    let original = app.operation(&caller.tenant, &id).await?;
+    let request = request.unwrap_or_default();
+    if request.from_checkpoint {
+        return Err(ApiError::InvalidInput(
+            "from_checkpoint: the operation has no checkpoint (checkpoints come with pausing, which this server does not have yet)"
+                .into(),
+        ));
+    }
+    let Some(input) = original.input.clone() else {
+        return Err(ApiError::InputNotKept { operation_id: id });
+    };
+    // What is not overridden is the original's; its deadline counts again
+    // from now.
+    let deadline_seconds = request.deadline_seconds.or_else(|| {
+        original
+            .deadline_at
+            .map(|at| u64::try_from((at.0 - original.created_at.0).max(1000) / 1000).unwrap_or(1))
+    });
+    let submission = SubmitRequest {
+        kind: original.kind.clone(),
+        input: Some(input),
+        callback: request
+            .callback
+            .or_else(|| original.callback_url.clone().map(|url| CallbackRequest { url })),
+        deadline_seconds,
+        budget: request.budget.or(original
+            .budget_max_cost
+            .map(|units| BudgetRequest { max_cost_units: units })),
+        labels: request.labels.or_else(|| Some(original.labels.clone())),
+    };
+    let now = app.clock.now();
+    let params = prepare_submission(&app, &caller.tenant, key, submission, now, Some(id)).await?;
+    answer_submission(app, caller, &headers, params, now).await
+}
+
 /// Until when the idempotency record is kept: as long as the operation's
 /// record. For an operation still running that is at least the retention
 /// period from now, which is what we promise.
@@ -310,6 +384,7 @@ async fn prepare_submission(
     key: Option<IdempotencyKey>,
     request: SubmitRequest,
     now: Timestamp,
+    rerun_of: Option<Id>,
 ) -> Result<AcceptParams, ApiError> {
     app.check_accepting(&request.kind).await?;
     if key.is_none() && app.config.require_idempotency_key {
@@ -352,7 +427,7 @@ async fn prepare_submission(
 
     // The semantic request: every field that changes what the work is, and
     // nothing volatile. Omitted optional fields and their defaults agree.
-    let semantic = json!({
+    let mut semantic = json!({
         "api_version": "v1",
         "kind": request.kind,
         "input": input,
@@ -361,6 +436,11 @@ async fn prepare_submission(
         "budget": budget.map(|units| json!({"max_cost_units": units})),
         "labels": labels,
     });
+    // A re-run is another request than a submission of the same input: the
+    // same key on both conflicts instead of replaying the other.
+    if let Some(original) = &rerun_of {
+        semantic["rerun_of"] = json!(original.as_str());
+    }
     Ok(AcceptParams {
         id: Id::generate(IdKind::Operation),
         tenant: tenant.to_owned(),
@@ -372,6 +452,7 @@ async fn prepare_submission(
         labels,
         idempotency: key.map(|k| (k, app.fingerprinter.fingerprint(&semantic))),
         uploads,
+        rerun_of,
         now,
     })
 }
@@ -440,7 +521,7 @@ async fn submit_batch(
                 continue;
             }
         };
-        match prepare_submission(&app, &caller.tenant, key, item.into_request(), now).await {
+        match prepare_submission(&app, &caller.tenant, key, item.into_request(), now, None).await {
             Ok(params) => {
                 slots.push(i);
                 accepts.push(params);

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use longrun_core::Timestamp;
+use longrun_core::{Id, Timestamp};
 use longrun_store::{Event, Operation};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -220,6 +220,28 @@ pub struct CallbackRequest {
     pub url: String,
 }
 
+/// `POST /v1/operations/{id}/reruns`: a new operation of the original's kind
+/// and input. Each field left out is the original's (its deadline counts
+/// again from the re-run's creation).
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RerunRequest {
+    #[serde(default, deserialize_with = "whole_number")]
+    #[schema(minimum = 1, maximum = 2_592_000)]
+    pub deadline_seconds: Option<u64>,
+    #[serde(default, deserialize_with = "object")]
+    pub budget: Option<BudgetRequest>,
+    #[serde(default)]
+    #[schema(schema_with = labels_schema)]
+    pub labels: Option<BTreeMap<String, String>>,
+    #[serde(default, deserialize_with = "object")]
+    pub callback: Option<CallbackRequest>,
+    /// Start from the original's last checkpoint. No operation has one yet
+    /// (checkpoints come with pausing): `true` is refused with `422`.
+    #[serde(default)]
+    pub from_checkpoint: bool,
+}
+
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BudgetRequest {
@@ -259,6 +281,13 @@ pub struct CancelRequestBody {
 pub struct OperationBody {
     pub id: String,
     pub kind: String,
+    /// The operation this one re-runs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rerun_of: Option<String>,
+    /// Its re-runs, oldest first (when one operation is read; creating a
+    /// re-run leaves the original's version, and so its ETag, unchanged).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reruns: Option<Vec<String>>,
     pub state: &'static str,
     pub terminal: bool,
     pub cancel_requested: bool,
@@ -324,6 +353,8 @@ impl From<&Operation> for OperationBody {
         OperationBody {
             id: op.id.to_string(),
             kind: op.kind.clone(),
+            rerun_of: op.rerun_of.as_ref().map(Id::to_string),
+            reruns: op.reruns.as_ref().map(|ids| ids.iter().map(Id::to_string).collect()),
             state: op.state.as_str(),
             terminal: op.state.is_terminal(),
             cancel_requested: op.cancel.is_some(),

@@ -14,6 +14,7 @@ mod longpoll;
 mod observe;
 mod operating;
 mod outage;
+mod reruns;
 mod results;
 mod s3;
 mod schema;
