@@ -135,6 +135,19 @@ pub enum ClientCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Pause an operation: queued work is held back until resumed (running
+    /// work cannot pause yet: not_pausable).
+    Pause {
+        id: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Resume a paused operation: it goes back to the queue.
+    Resume {
+        id: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// Re-run an operation: a new one of its kind and input, linked to it
     /// (`rerun_of`); prints the new id. Its input must still be kept (failed,
     /// cancelled and outcome_unknown operations keep theirs).
@@ -175,6 +188,8 @@ impl ClientCommand {
             | ClientCommand::List { client, .. }
             | ClientCommand::Result { client, .. }
             | ClientCommand::Rerun { client, .. }
+            | ClientCommand::Pause { client, .. }
+            | ClientCommand::Resume { client, .. }
             | ClientCommand::Upload { client, .. } => client,
         }
     }
@@ -423,6 +438,14 @@ async fn execute(client: &Client, output: Output, command: ClientCommand) -> Res
         }
         ClientCommand::Get { id, .. } => {
             print_operation(&client.get(&id).await?, output);
+            Ok(EXIT_OK)
+        }
+        ClientCommand::Pause { id, .. } => {
+            print_operation(&client.pause(&id).await?, output);
+            Ok(EXIT_OK)
+        }
+        ClientCommand::Resume { id, .. } => {
+            print_operation(&client.resume(&id).await?, output);
             Ok(EXIT_OK)
         }
         ClientCommand::Rerun {

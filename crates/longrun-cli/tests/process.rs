@@ -644,6 +644,30 @@ async fn rerun_makes_a_linked_operation_and_refusals_say_why() {
     assert!(out.contains("input_not_kept"), "{out}");
 }
 
+/// `longrun pause` and `longrun resume`; after a cancel, pausing is refused
+/// (exit 4) with `intent_conflict`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_and_resume_a_queued_operation() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_server(dir.path(), &["--builtin-workers=false"]).await;
+    let token = server.bootstrap_client_key.clone().unwrap();
+    let base = server.base.clone();
+    let (code, out) = client(&base, &token, &["submit", "sleep", "--input", r#"{"duration_ms": 1}"#]).await;
+    assert_eq!(code, 0, "{out}");
+    let id = out.trim().to_owned();
+    for (command, state) in [("pause", "paused"), ("resume", "queued")] {
+        let (code, out) = client(&base, &token, &[command, &id, "--output", "json"]).await;
+        assert_eq!(code, 0, "{out}");
+        let op: Value = serde_json::from_str(out.trim()).unwrap();
+        assert_eq!(op["state"], state, "{out}");
+    }
+    let (code, _) = client(&base, &token, &["cancel", &id]).await;
+    assert_eq!(code, 0);
+    let (code, out) = client(&base, &token, &["pause", &id, "--output", "json"]).await;
+    assert_eq!(code, 4, "{out}");
+    assert!(out.contains("intent_conflict"), "{out}");
+}
+
 /// Sends `batch` as one `POST /v1/operations/batch`; key → id for every
 /// item answered 202, or nothing if the request got no answer.
 async fn submit_batch_raw(http: &reqwest::Client, base: &str, token: &str, keys: &[String]) -> HashMap<String, String> {

@@ -120,6 +120,9 @@ pub struct Operation {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reruns: Option<Vec<String>>,
     pub state: String,
+    /// `running`, `paused`, or `cancelled` once cancellation is requested.
+    #[serde(default)]
+    pub desired_state: Option<String>,
     pub terminal: bool,
     #[serde(default)]
     pub cancel_requested: bool,
@@ -595,6 +598,38 @@ impl Client {
             request = request.json(&serde_json::json!({"reason": reason}));
         }
         ok_json(request.send().await?).await
+    }
+
+    /// Pauses the operation: queued work is held back from claims until
+    /// resumed. Sent with `If-Match` of the version just read; if it moved
+    /// meanwhile, read and ask again (a few times). Refusals are typed:
+    /// `intent_conflict` (cancelled or ended), `not_pausable` (running).
+    pub async fn pause(&self, id: &str) -> Result<Operation> {
+        self.set_desired_state(id, "paused").await
+    }
+
+    /// Resumes a paused operation: it goes back to the queue.
+    pub async fn resume(&self, id: &str) -> Result<Operation> {
+        self.set_desired_state(id, "running").await
+    }
+
+    async fn set_desired_state(&self, id: &str, desired: &str) -> Result<Operation> {
+        let mut attempt = 0;
+        loop {
+            let current = self.get(id).await?;
+            let response = self
+                .request(Method::PATCH, &format!("/v1/operations/{id}"))
+                .header("If-Match", format!("\"{}\"", current.version))
+                .json(&serde_json::json!({"desired_state": desired}))
+                .send()
+                .await?;
+            match ok_json(response).await {
+                Err(e) if e.code() == Some("precondition_failed") && attempt + 1 < self.retry.max_attempts => {
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
     }
 
     /// Pages through the tenant's operations, newest first.

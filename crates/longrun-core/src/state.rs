@@ -2,7 +2,9 @@
 //!
 //! `queued → running → succeeded | failed | cancelled`, plus `queued →
 //! cancelled` (cancelled before it started) and `queued → failed` (its deadline
-//! passed before it started). Terminal states are final. Stores enforce this
+//! passed before it started), and pausing: `queued | running → paused`,
+//! `paused → queued` (resumed) and `paused → cancelled`. Terminal states are
+//! final. Stores enforce this
 //! table twice: in the `WHERE` clause of every update, and in the schema itself
 //! (a trigger / check), so a bug in one query cannot apply an illegal change.
 
@@ -16,15 +18,18 @@ pub enum State {
     Succeeded,
     Failed,
     Cancelled,
+    /// Held back from claims until resumed (non-terminal).
+    Paused,
 }
 
 impl State {
-    pub const ALL: [State; 5] = [
+    pub const ALL: [State; 6] = [
         State::Queued,
         State::Running,
         State::Succeeded,
         State::Failed,
         State::Cancelled,
+        State::Paused,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -34,6 +39,7 @@ impl State {
             State::Succeeded => "succeeded",
             State::Failed => "failed",
             State::Cancelled => "cancelled",
+            State::Paused => "paused",
         }
     }
 
@@ -45,8 +51,13 @@ impl State {
     pub fn can_become(self, to: State) -> bool {
         matches!(
             (self, to),
-            (State::Queued, State::Running | State::Cancelled | State::Failed)
-                | (State::Running, State::Succeeded | State::Failed | State::Cancelled)
+            (
+                State::Queued,
+                State::Running | State::Cancelled | State::Failed | State::Paused
+            ) | (
+                State::Running,
+                State::Succeeded | State::Failed | State::Cancelled | State::Paused
+            ) | (State::Paused, State::Queued | State::Cancelled)
         )
     }
 }
@@ -129,9 +140,13 @@ mod tests {
                 (State::Queued, State::Running),
                 (State::Queued, State::Failed),
                 (State::Queued, State::Cancelled),
+                (State::Queued, State::Paused),
                 (State::Running, State::Succeeded),
                 (State::Running, State::Failed),
                 (State::Running, State::Cancelled),
+                (State::Running, State::Paused),
+                (State::Paused, State::Queued),
+                (State::Paused, State::Cancelled),
             ]
         );
     }

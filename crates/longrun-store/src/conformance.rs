@@ -72,6 +72,7 @@ macro_rules! store_conformance {
             named_artifacts_are_published_together_and_an_earlier_attempts_are_replaced,
             uploads_append_at_their_offset_complete_once_and_live_while_named,
             reruns_link_both_ways_and_leave_the_original_unchanged,
+            racing_intents_end_as_one_order_of_them_would,
             retention_expires_results_removes_operations_and_buries_tombstones,
             deleting_a_tenant_leaves_nothing_of_it,
             state_machine_matches_the_reference_model,
@@ -1706,6 +1707,100 @@ pub async fn reruns_link_both_ways_and_leave_the_original_unchanged(store: &dyn 
     assert!(matches!(cancelled, CancelOutcome::CancelledNow(op) if op.input == Some(json!({"n": 1}))));
 }
 
+fn intent(op: &Operation, desired: DesiredState, version: i64, now: Timestamp) -> IntentParams {
+    IntentParams {
+        tenant: op.tenant.clone(),
+        id: op.id.clone(),
+        desired,
+        if_match: Some(version),
+        now,
+    }
+}
+
+/// Pause against cancel, resume against cancel, pause against a claim, each
+/// raced many times: every pair ends as one order of the two would, and
+/// terminal intent dominates whatever the order.
+pub async fn racing_intents_end_as_one_order_of_them_would(store: &dyn Store) {
+    for round in 0..12u64 {
+        let now = at(round * 10);
+        // Pause against cancel: cancelled either way.
+        let op = create(store, "t1", "race").await;
+        let (paused, cancelled) = tokio::join!(
+            store.operation_intent(intent(&op, DesiredState::Paused, 1, now)),
+            store.operation_cancel(cancel("t1", &op.id, now)),
+        );
+        assert!(
+            matches!(&paused, Ok(p) if p.state == State::Paused)
+                || matches!(paused, Err(StoreError::IntentConflict { .. })),
+            "{paused:?}"
+        );
+        assert!(matches!(cancelled, Ok(CancelOutcome::CancelledNow(_))), "{cancelled:?}");
+        assert_eq!(get(store, &op).await.state, State::Cancelled);
+
+        // Resume against cancel: cancelled either way.
+        let op = create(store, "t1", "race").await;
+        let paused = store
+            .operation_intent(intent(&op, DesiredState::Paused, 1, now))
+            .await
+            .unwrap();
+        let (resumed, cancelled) = tokio::join!(
+            store.operation_intent(intent(&op, DesiredState::Running, paused.version, now)),
+            store.operation_cancel(cancel("t1", &op.id, now)),
+        );
+        assert!(
+            matches!(&resumed, Ok(r) if r.state == State::Queued)
+                || matches!(resumed, Err(StoreError::IntentConflict { .. })),
+            "{resumed:?}"
+        );
+        assert!(matches!(cancelled, Ok(CancelOutcome::CancelledNow(_))), "{cancelled:?}");
+        assert_eq!(get(store, &op).await.state, State::Cancelled);
+
+        // Pause against a claim: paused and unclaimed, or running and refused.
+        let op = create(store, "t1", "race-claim").await;
+        let (paused, claimed) = tokio::join!(
+            store.operation_intent(intent(&op, DesiredState::Paused, 1, now)),
+            claim(store, "race-claim", 1, now),
+        );
+        match (&paused, claimed.len()) {
+            (Ok(p), 0) => assert_eq!(p.state, State::Paused),
+            (Err(StoreError::NotPausable { .. }), 1) => {
+                assert_eq!(get(store, &op).await.state, State::Running);
+                store
+                    .task_finish(finish(&claimed[0], Outcome::Succeeded { result: None }, now))
+                    .await
+                    .unwrap();
+            }
+            other => panic!("pause against claim: {other:?}"),
+        }
+        let history = store.operation_history("t1", &op.id).await.unwrap().unwrap();
+        let versions: Vec<i64> = history.iter().map(|e| e.version).collect();
+        assert_eq!(versions, (1..=versions.len() as i64).collect::<Vec<_>>());
+    }
+    // A paused operation keeps its place out of the queue until resumed.
+    let op = create(store, "t1", "held").await;
+    store
+        .operation_intent(intent(&op, DesiredState::Paused, 1, at(500)))
+        .await
+        .unwrap();
+    assert!(
+        claim(store, "held", 1, at(501)).await.is_empty(),
+        "paused work is not claimed"
+    );
+    let resumed = store
+        .operation_intent(intent(&op, DesiredState::Running, 2, at(502)))
+        .await
+        .unwrap();
+    assert_eq!((resumed.state, resumed.version), (State::Queued, 3));
+    assert_eq!(
+        claim(store, "held", 1, at(503)).await.len(),
+        1,
+        "resumed work is claimed"
+    );
+    let history = store.operation_history("t1", &op.id).await.unwrap().unwrap();
+    let types: Vec<&str> = history.iter().map(|e| e.event_type.as_str()).collect();
+    assert_eq!(types, vec!["created", "paused", "resumed", "started"]);
+}
+
 fn chunk(key: &str, size: i64) -> UploadChunk {
     UploadChunk {
         storage_key: key.into(),
@@ -2034,12 +2129,27 @@ pub async fn deleting_a_tenant_leaves_nothing_of_it(store: &dyn Store) {
 #[derive(Debug, Clone)]
 enum Command {
     Claim,
-    Heartbeat { stale: bool, units: u8, commit_point: bool },
-    Complete { stale: bool },
-    Fail { stale: bool },
-    AckCancel { stale: bool },
+    Heartbeat {
+        stale: bool,
+        units: u8,
+        commit_point: bool,
+    },
+    Complete {
+        stale: bool,
+    },
+    Fail {
+        stale: bool,
+    },
+    AckCancel {
+        stale: bool,
+    },
     Cancel,
     LapseAndReap,
+    /// `PATCH {"desired_state"}` with the current version, or a stale one.
+    Intent {
+        pause: bool,
+        stale: bool,
+    },
 }
 
 fn command_strategy() -> impl proptest::strategy::Strategy<Value = Command> {
@@ -2053,6 +2163,7 @@ fn command_strategy() -> impl proptest::strategy::Strategy<Value = Command> {
         1 => any::<bool>().prop_map(|stale| Command::AckCancel { stale }),
         2 => Just(Command::Cancel),
         1 => Just(Command::LapseAndReap),
+        3 => (any::<bool>(), proptest::bool::weighted(0.2)).prop_map(|(pause, stale)| Command::Intent { pause, stale }),
     ]
 }
 
@@ -2130,7 +2241,7 @@ async fn run_model_case(store: &dyn Store, kind: &str, commands: &[Command], sta
                 // Retries wait for their backoff: claim far enough in the future.
                 now = now.plus(Duration::from_secs(600));
                 let tasks = claim(store, kind, 1, now).await;
-                let claimable = !model.has_lease && !model.state.is_terminal();
+                let claimable = !model.has_lease && !model.state.is_terminal() && model.state != State::Paused;
                 assert_eq!(tasks.len(), usize::from(claimable), "{context}");
                 if let Some(t) = tasks.into_iter().next() {
                     model.state = State::Running;
@@ -2215,7 +2326,7 @@ async fn run_model_case(store: &dyn Store, kind: &str, commands: &[Command], sta
                             "{context}: {result:?}"
                         )
                     }
-                    (State::Running, false, false) => {
+                    (State::Running | State::Paused, false, false) => {
                         assert!(
                             matches!(result, Err(StoreError::NotCancellable)),
                             "{context}: {result:?}"
@@ -2239,6 +2350,53 @@ async fn run_model_case(store: &dyn Store, kind: &str, commands: &[Command], sta
                         model.state = State::Cancelled;
                         model.version += 1;
                     }
+                }
+            }
+            Command::Intent { pause, stale } => {
+                let result = store
+                    .operation_intent(IntentParams {
+                        tenant: "model".into(),
+                        id: op.id.clone(),
+                        desired: if *pause {
+                            DesiredState::Paused
+                        } else {
+                            DesiredState::Running
+                        },
+                        if_match: Some(model.version + i64::from(*stale)),
+                        now,
+                    })
+                    .await;
+                let unchanged = if *pause {
+                    model.state == State::Paused
+                } else {
+                    matches!(model.state, State::Queued | State::Running)
+                };
+                if model.state.is_terminal() || model.cancel_requested {
+                    assert!(
+                        matches!(result, Err(StoreError::IntentConflict { .. })),
+                        "{context}: {result:?}"
+                    );
+                } else if *pause && !unchanged && model.has_lease {
+                    assert!(
+                        matches!(result, Err(StoreError::NotPausable { .. })),
+                        "{context}: {result:?}"
+                    );
+                } else if *stale {
+                    assert!(
+                        matches!(result, Err(StoreError::PreconditionFailed { .. })),
+                        "{context}: {result:?}"
+                    );
+                } else {
+                    let changed = result.unwrap_or_else(|e| panic!("{context}: {e:?}"));
+                    if !unchanged {
+                        model.state = if *pause { State::Paused } else { State::Queued };
+                        model.version += 1;
+                    }
+                    assert_eq!(
+                        (changed.state, changed.version),
+                        (model.state, model.version),
+                        "{context}"
+                    );
                 }
             }
             Command::LapseAndReap => {

@@ -29,6 +29,13 @@ pub enum StoreError {
     /// The operation was removed by retention; its tombstone still answers.
     #[error("the operation was removed")]
     Gone,
+    /// Cancellation was requested or the operation ended: no pause or
+    /// resume is applied (terminal intent dominates).
+    #[error("the operation's terminal intent is already set (version {current_version})")]
+    IntentConflict { current_version: i64 },
+    /// Running work whose kind cannot pause.
+    #[error("the running operation cannot pause (version {current_version})")]
+    NotPausable { current_version: i64 },
     /// The operation is terminal: its intent can no longer change.
     #[error("the operation is terminal")]
     Terminal { current_version: i64 },

@@ -94,6 +94,15 @@ pub trait Store: Send + Sync + 'static {
     /// kinds with attempts left, fails the others with `outcome_unknown`.
     async fn task_reap(&self, params: ReapParams) -> Result<ReapCounts>;
 
+    /// Pauses or resumes an operation under `If-Match`: queued work (and
+    /// running work waiting for a retry) pauses at once, leaving the queue;
+    /// resumed work goes back to it. Refused with `IntentConflict` once
+    /// cancellation is requested or the operation ended (whatever the
+    /// version), `NotPausable` for work a worker holds, then
+    /// `PreconditionFailed` for a stale version. Asking for what already
+    /// holds changes nothing.
+    async fn operation_intent(&self, params: IntentParams) -> Result<Operation>;
+
     /// Changes deadline or labels of a live operation under `If-Match`.
     async fn operation_update(&self, params: UpdateParams) -> Result<Operation>;
 

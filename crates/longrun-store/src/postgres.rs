@@ -32,6 +32,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (3, include_str!("postgres/0003_fewer_indexes.sql")),
     (4, include_str!("postgres/0004_uploads.sql")),
     (5, include_str!("postgres/0005_reruns.sql")),
+    (6, include_str!("postgres/0006_paused.sql")),
 ];
 
 #[derive(Debug, Clone)]
@@ -501,6 +502,9 @@ fn operation_from_row(r: &PgRow) -> Result<Operation> {
     })
 }
 
+/// `FOR UPDATE NOWAIT` found the row locked.
+const LOCK_NOT_AVAILABLE: &str = "55P03";
+
 /// The channel every node listens on for committed changes.
 const CHANNEL: &str = "longrun_changes";
 
@@ -934,7 +938,7 @@ async fn operations_end(
            FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], $5::TEXT[], $6::BOOL[], $7::TEXT[],
                        $8::BIGINT[], $9::BIGINT[])
                 AS e(e_id, e_state, e_result, e_code, e_message, e_retryable, e_progress, e_now, e_expires)
-          WHERE id = e.e_id AND state IN ('queued', 'running')
+          WHERE id = e.e_id AND state IN ('queued', 'running', 'paused')
       RETURNING {OP_COLUMNS}"
     ))
     .bind(&ids)
@@ -1070,9 +1074,13 @@ async fn results_discard(c: &mut PgConnection, ids: &[&str], now: Timestamp) -> 
 }
 
 async fn outbox_insert(c: &mut PgConnection, op: &Operation) -> Result<()> {
+    outbox_insert_as(c, op, &format!("operation.{}", op.state.as_str())).await
+}
+
+/// The webhook of a change, of type `event_type` (see the SQLite backend).
+async fn outbox_insert_as(c: &mut PgConnection, op: &Operation, event_type: &str) -> Result<()> {
     let Some(url) = &op.callback_url else { return Ok(()) };
     let event_id = Id::generate(IdKind::Event);
-    let event_type = format!("operation.{}", op.state.as_str());
     let payload = json!({
         "type": event_type,
         "timestamp": op.updated_at.to_rfc3339(),
@@ -1120,6 +1128,65 @@ async fn cancel_request(
     )
     .await?;
     Ok(requested.version)
+}
+
+/// Pauses or resumes (see `Store::operation_intent`). The operation's row
+/// is locked first, as a cancel locks it, so the two take turns. A claim
+/// locks the task row first and the operation's after: its task is taken
+/// with `NOWAIT`, and a claim in progress means the work is being started —
+/// held by a worker, so not pausable — instead of a deadlock.
+async fn operation_intent(c: &mut PgConnection, ch: &mut Vec<Change>, p: &IntentParams) -> Result<Operation> {
+    let op = lock_operation(c, &p.tenant, &p.id).await?;
+    let status: Option<String> =
+        match sqlx::query_scalar("SELECT status FROM tasks WHERE operation_id = $1 FOR UPDATE NOWAIT")
+            .bind(p.id.as_str())
+            .fetch_optional(&mut *c)
+            .await
+        {
+            Ok(status) => status,
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(LOCK_NOT_AVAILABLE) => Some("leased".into()),
+            Err(e) => return Err(db(e)),
+        };
+    let id = p.id.as_str();
+    match decide_intent(&op, status.as_deref() == Some("leased"), p)? {
+        IntentChange::Unchanged => Ok(op),
+        IntentChange::Pause => {
+            let sql = format!(
+                "UPDATE operations SET state = 'paused', version = version + 1, updated_at = $2
+                  WHERE id = $1 AND state IN ('queued', 'running') RETURNING {OP_COLUMNS}"
+            );
+            let query = sqlx::query(&sql).bind(id).bind(p.now.0);
+            let paused = update_returning(c, query).await?.ok_or(StoreError::NotFound)?;
+            sqlx::query("DELETE FROM tasks WHERE operation_id = $1")
+                .bind(id)
+                .execute(&mut *c)
+                .await
+                .map_err(db)?;
+            event_insert(c, ch, &paused, "paused", &json!({})).await?;
+            outbox_insert_as(c, &paused, "operation.paused").await?;
+            Ok(paused)
+        }
+        IntentChange::Resume => {
+            let sql = format!(
+                "UPDATE operations SET state = 'queued', version = version + 1, updated_at = $2
+                  WHERE id = $1 AND state = 'paused' RETURNING {OP_COLUMNS}"
+            );
+            let query = sqlx::query(&sql).bind(id).bind(p.now.0);
+            let resumed = update_returning(c, query).await?.ok_or(StoreError::NotFound)?;
+            sqlx::query(
+                "INSERT INTO tasks (operation_id, seq, tenant, kind, status, available_at)
+                 SELECT id, seq, tenant, kind, 'ready', $2 FROM operations WHERE id = $1",
+            )
+            .bind(id)
+            .bind(p.now.0)
+            .execute(&mut *c)
+            .await
+            .map_err(db)?;
+            event_insert(c, ch, &resumed, "resumed", &json!({})).await?;
+            outbox_insert_as(c, &resumed, "operation.resumed").await?;
+            Ok(resumed)
+        }
+    }
 }
 
 /// The tenant's operation, locked for the rest of the transaction.
@@ -2227,6 +2294,10 @@ impl Store for PostgresStore {
 
     async fn operation_update(&self, params: UpdateParams) -> Result<Operation> {
         in_tx!(self, |c, ch| operation_update(c, ch, &params).await)
+    }
+
+    async fn operation_intent(&self, params: IntentParams) -> Result<Operation> {
+        in_tx!(self, |c, ch| operation_intent(c, ch, &params).await)
     }
 
     async fn deadline_enforce(&self, params: EnforceParams) -> Result<EnforceCounts> {

@@ -525,6 +525,39 @@ pub(crate) fn upload_completed(
     Ok((completed, garbage))
 }
 
+/// What a change of desired state does to an operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum IntentChange {
+    Pause,
+    Resume,
+    Unchanged,
+}
+
+/// The rules of `PATCH {"desired_state"}`, for every backend: terminal
+/// intent dominates (an ended operation, or one asked to cancel, refuses
+/// whatever the version), then work a worker holds cannot pause, then the
+/// version must be the current one; asking for what holds changes nothing.
+pub(crate) fn decide_intent(op: &Operation, leased: bool, p: &IntentParams) -> Result<IntentChange> {
+    let current_version = op.version;
+    if op.state.is_terminal() || op.cancel.is_some() {
+        return Err(StoreError::IntentConflict { current_version });
+    }
+    let change = match (p.desired, op.state) {
+        (DesiredState::Paused, State::Paused) | (DesiredState::Running, State::Queued | State::Running) => {
+            IntentChange::Unchanged
+        }
+        (DesiredState::Paused, _) if leased => return Err(StoreError::NotPausable { current_version }),
+        (DesiredState::Paused, _) => IntentChange::Pause,
+        (DesiredState::Running, _) => IntentChange::Resume,
+    };
+    if let Some(expected) = p.if_match
+        && expected != current_version
+    {
+        return Err(StoreError::PreconditionFailed { current_version });
+    }
+    Ok(change)
+}
+
 /// The operation an accepted submission creates, as the store returns it.
 pub(crate) fn created_operation(p: &AcceptParams) -> Operation {
     Operation {

@@ -31,6 +31,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (7, include_str!("sqlite/migrations/0007_fewer_indexes.sql")),
     (8, include_str!("sqlite/migrations/0008_uploads.sql")),
     (9, include_str!("sqlite/migrations/0009_reruns.sql")),
+    (10, include_str!("sqlite/migrations/0010_paused.sql")),
 ];
 
 #[derive(Debug, Clone)]
@@ -265,6 +266,10 @@ fn migrate_connection(conn: &mut Connection) -> Result<usize> {
         applied += 1;
     }
     tx.commit()?;
+    if applied > 0 {
+        // A migration may change the schema in place (0010): parse it again.
+        conn.execute_batch("PRAGMA writable_schema = RESET")?;
+    }
     Ok(applied)
 }
 
@@ -356,6 +361,10 @@ impl Store for SqliteStore {
     async fn task_reap(&self, params: ReapParams) -> Result<ReapCounts> {
         let policy = self.policy;
         self.writer.write(move |c| sql::task_reap(c, policy, &params)).await
+    }
+
+    async fn operation_intent(&self, params: IntentParams) -> Result<Operation> {
+        self.writer.write(move |c| sql::operation_intent(c, &params)).await
     }
 
     async fn operation_update(&self, params: UpdateParams) -> Result<Operation> {

@@ -447,6 +447,23 @@ pub struct ArtifactRef {
     pub expires_at: Timestamp,
 }
 
+/// What a client wants of an operation's run (`PATCH {"desired_state"}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DesiredState {
+    Running,
+    Paused,
+}
+
+/// Pauses or resumes an operation under `If-Match`.
+#[derive(Debug, Clone)]
+pub struct IntentParams {
+    pub tenant: String,
+    pub id: Id,
+    pub desired: DesiredState,
+    pub if_match: Option<i64>,
+    pub now: Timestamp,
+}
+
 /// The name of an operation's default artifact (`result.artifact`).
 pub const DEFAULT_ARTIFACT: &str = "default";
 

@@ -68,6 +68,10 @@ pub enum ApiError {
         "the operation's input is no longer kept (a success drops it unless the server keeps inputs); it cannot be re-run"
     )]
     InputNotKept { operation_id: Id },
+    #[error("cancellation was requested or the operation ended (version {current}): no pause or resume is applied")]
+    IntentConflict { current: i64 },
+    #[error("the operation is running and its kind cannot pause")]
+    NotPausable { current: i64 },
     #[error("{0}")]
     DigestMismatch(String),
     #[error("the upload's offset is {offset}{}", if *complete { " and it is complete" } else { "" })]
@@ -102,6 +106,8 @@ impl ApiError {
             ApiError::RateLimited { .. } => "rate_limited",
             ApiError::TemporarilyUnavailable { .. } => "temporarily_unavailable",
             ApiError::InputNotKept { .. } => "input_not_kept",
+            ApiError::IntentConflict { .. } => "intent_conflict",
+            ApiError::NotPausable { .. } => "not_pausable",
             ApiError::DigestMismatch(_) => "digest_mismatch",
             ApiError::UploadOffsetMismatch { .. } => "upload_offset_mismatch",
             ApiError::Internal(_) => "internal",
@@ -121,7 +127,9 @@ impl ApiError {
             | ApiError::OperationNotCancellable { .. }
             | ApiError::LeaseLost { .. }
             | ApiError::UploadOffsetMismatch { .. }
-            | ApiError::InputNotKept { .. } => StatusCode::CONFLICT,
+            | ApiError::InputNotKept { .. }
+            | ApiError::IntentConflict { .. }
+            | ApiError::NotPausable { .. } => StatusCode::CONFLICT,
             ApiError::Gone | ApiError::ResultExpired { .. } => StatusCode::GONE,
             ApiError::PreconditionFailed { .. } | ApiError::TerminalIntentWins { .. } => {
                 StatusCode::PRECONDITION_FAILED
@@ -162,6 +170,8 @@ impl ApiError {
             ApiError::RateLimited { .. } => "Rate limited",
             ApiError::TemporarilyUnavailable { .. } => "Temporarily unavailable",
             ApiError::InputNotKept { .. } => "Input not kept",
+            ApiError::IntentConflict { .. } => "Intent conflict",
+            ApiError::NotPausable { .. } => "Not pausable",
             ApiError::DigestMismatch(_) => "Digest mismatch",
             ApiError::UploadOffsetMismatch { .. } => "Upload offset mismatch",
             ApiError::Internal(_) => "Internal error",
@@ -262,6 +272,8 @@ pub enum ProblemCode {
     digest_mismatch,
     upload_offset_mismatch,
     input_not_kept,
+    intent_conflict,
+    not_pausable,
 }
 
 /// The problem+json body (RFC 9457 plus our `code`, `request_id`, `retryable`).

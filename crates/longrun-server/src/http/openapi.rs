@@ -57,6 +57,7 @@ pub fn document() -> &'static serde_json::Value {
         let mut doc = serde_json::to_value(ApiDoc::openapi()).expect("the document serializes");
         link_operations(&mut doc);
         describe_event_stream(&mut doc);
+        desired_state_stands_alone(&mut doc);
         headers_are_never_null(&mut doc);
         doc
     })
@@ -92,6 +93,18 @@ fn headers_are_never_null(doc: &mut serde_json::Value) {
 /// operation's JSON representation at the event's version (`id`). Stated in
 /// the JSON Schema 2020-12 way (`contentMediaType` / `contentSchema`), which
 /// utoipa cannot write.
+/// `PATCH` changes `desired_state` on its own: a body naming it with
+/// `deadline_seconds` or `labels` is `400`, and the document says so.
+fn desired_state_stands_alone(doc: &mut serde_json::Value) {
+    let schema = &mut doc["components"]["schemas"]["UpdateRequest"];
+    if schema.is_object() {
+        schema["not"] = serde_json::json!({"anyOf": [
+            {"required": ["desired_state", "deadline_seconds"]},
+            {"required": ["desired_state", "labels"]},
+        ]});
+    }
+}
+
 fn describe_event_stream(doc: &mut serde_json::Value) {
     let content =
         &mut doc["paths"]["/v1/operations/{id}/events"]["get"]["responses"]["200"]["content"]["text/event-stream"];

@@ -11,7 +11,8 @@ use axum::{Json, Router};
 use longrun_core::validate::{self, MAX_DEADLINE_SECONDS};
 use longrun_core::{Id, IdKind, IdempotencyKey, State as OpState, Timestamp, retry_after};
 use longrun_store::{
-    AcceptOutcome, AcceptParams, CancelOutcome, CancelParams, ListParams, Operation, StoreError, UpdateParams,
+    AcceptOutcome, AcceptParams, CancelOutcome, CancelParams, DesiredState, IntentParams, ListParams, Operation,
+    StoreError, UpdateParams,
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -22,8 +23,8 @@ use crate::http::error::{ApiError, Problem};
 use crate::http::extract::{JsonBody, OptionalJsonBody, QueryParams};
 use crate::http::wire::{
     BatchItemResult, BatchSubmitRequest, BatchSubmitResponse, BudgetRequest, CallbackRequest, CancelRequestBody,
-    CancellationBody, DeliveryBody, DeliveryLog, EventBody, History, OperationBody, OperationList, RerunRequest,
-    SubmitRequest, UpdateRequest,
+    CancellationBody, DeliveryBody, DeliveryLog, DesiredStateBody, EventBody, History, OperationBody, OperationList,
+    RerunRequest, SubmitRequest, UpdateRequest,
 };
 
 pub const DEFAULT_PAGE_SIZE: u32 = 50;
@@ -669,8 +670,8 @@ fn decode_page_token(token: &str) -> Result<i64, ApiError> {
 
 #[utoipa::path(get, path = "/v1/operations", tag = "operations", security(("bearer" = [])),
     params(
-        ("state" = Option<String>, Query, description = "queued, running, succeeded, failed or cancelled",
-         pattern = "^(queued|running|succeeded|failed|cancelled)$"),
+        ("state" = Option<String>, Query, description = "queued, running, paused, succeeded, failed or cancelled",
+         pattern = "^(queued|running|paused|succeeded|failed|cancelled)$"),
         ("kind" = Option<String>, Query, pattern = "^[a-z0-9][a-z0-9_.-]{0,63}$"),
         ("label" = Option<String>, Query, description = "key:value", pattern = "^[a-z0-9_./-]{1,63}:[\\s\\S]{0,256}$"),
         ("page_size" = Option<u32>, Query, description = "1–100 (0 or absent: 50)", maximum = 100),
@@ -853,6 +854,14 @@ async fn update(
     let id = parse_operation_id(&id)?;
     record_operation_id(&id);
     let if_match = if_match(&headers)?.ok_or(ApiError::PreconditionRequired)?;
+    if let Some(desired) = request.desired_state {
+        if request.deadline_seconds.is_some() || request.labels.is_some() {
+            return Err(ApiError::InvalidRequest(
+                "desired_state is changed on its own, not with deadline_seconds or labels".into(),
+            ));
+        }
+        return set_intent(&app, &caller, id, desired, if_match).await;
+    }
     if let Some(labels) = &request.labels {
         validate::labels(labels).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
     }
@@ -889,6 +898,54 @@ async fn update(
         other => other.into(),
     })?;
     Ok(operation_response(&app, &op, StatusCode::OK).await)
+}
+
+/// `PATCH {"desired_state"}`: pause or resume (the rules are the store's,
+/// `Store::operation_intent`).
+async fn set_intent(
+    app: &AppState,
+    caller: &Caller,
+    id: Id,
+    desired: DesiredStateBody,
+    if_match: i64,
+) -> Result<Response, ApiError> {
+    let desired = match desired {
+        DesiredStateBody::Paused => DesiredState::Paused,
+        DesiredStateBody::Running => DesiredState::Running,
+    };
+    let before = app.operation(&caller.tenant, &id).await?;
+    let params = IntentParams {
+        tenant: caller.tenant.clone(),
+        id,
+        desired,
+        if_match: Some(if_match),
+        now: app.clock.now(),
+    };
+    let op = app.store.operation_intent(params).await.map_err(|e| match e {
+        StoreError::PreconditionFailed { current_version } => ApiError::PreconditionFailed {
+            given: if_match,
+            current: current_version,
+        },
+        StoreError::IntentConflict { current_version } => ApiError::IntentConflict {
+            current: current_version,
+        },
+        StoreError::NotPausable { current_version } => ApiError::NotPausable {
+            current: current_version,
+        },
+        other => other.into(),
+    })?;
+    if op.version != before.version {
+        let what = if op.state == longrun_core::State::Paused {
+            "paused"
+        } else {
+            "resumed"
+        };
+        metrics::counter!("longrun_operations_intents_total", "change" => what).increment(1);
+        if op.state == longrun_core::State::Queued {
+            app.signals.work_available();
+        }
+    }
+    Ok(operation_response(app, &op, StatusCode::OK).await)
 }
 
 /// `GET /v1/operations/{id}/deliveries`: every webhook delivery attempt, oldest first.

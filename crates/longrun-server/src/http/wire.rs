@@ -254,12 +254,24 @@ pub struct BudgetRequest {
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UpdateRequest {
+    /// `paused` holds queued work back from claims; `running` resumes it.
+    /// Changed on its own (not with other fields).
+    #[serde(default)]
+    pub desired_state: Option<DesiredStateBody>,
     #[serde(default, deserialize_with = "present_whole_number")]
     #[schema(value_type = Option<u64>, minimum = 1, maximum = 2_592_000)]
     pub deadline_seconds: Option<Option<u64>>,
     #[serde(default)]
     #[schema(schema_with = labels_schema)]
     pub labels: Option<BTreeMap<String, String>>,
+}
+
+/// The intents a client may set with `PATCH`.
+#[derive(Debug, Clone, Copy, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DesiredStateBody {
+    Running,
+    Paused,
 }
 
 /// Tells "present but null" (`Some(None)`) from "absent" (`None`).
@@ -284,11 +296,16 @@ pub struct OperationBody {
     /// The operation this one re-runs.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rerun_of: Option<String>,
-    /// Its re-runs, oldest first (when one operation is read; creating a
-    /// re-run leaves the original's version, and so its ETag, unchanged).
+    /// Its re-runs, oldest first: present when it has any and one operation
+    /// is read (`GET /v1/operations/{id}`). Creating a re-run leaves the
+    /// original's version, and so its ETag, unchanged.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reruns: Option<Vec<String>>,
     pub state: &'static str,
+    /// What the client wants of the run: `running`, `paused`, or
+    /// `cancelled` once cancellation is requested (terminal intent).
+    #[schema(pattern = "^(running|paused|cancelled)$")]
+    pub desired_state: &'static str,
     pub terminal: bool,
     pub cancel_requested: bool,
     pub version: i64,
@@ -354,8 +371,19 @@ impl From<&Operation> for OperationBody {
             id: op.id.to_string(),
             kind: op.kind.clone(),
             rerun_of: op.rerun_of.as_ref().map(Id::to_string),
-            reruns: op.reruns.as_ref().map(|ids| ids.iter().map(Id::to_string).collect()),
+            reruns: op
+                .reruns
+                .as_ref()
+                .filter(|ids| !ids.is_empty())
+                .map(|ids| ids.iter().map(Id::to_string).collect()),
             state: op.state.as_str(),
+            desired_state: if op.cancel.is_some() || op.state == longrun_core::State::Cancelled {
+                "cancelled"
+            } else if op.state == longrun_core::State::Paused {
+                "paused"
+            } else {
+                "running"
+            },
             terminal: op.state.is_terminal(),
             cancel_requested: op.cancel.is_some(),
             version: op.version,

@@ -14,6 +14,7 @@ mod longpoll;
 mod observe;
 mod operating;
 mod outage;
+mod pausing;
 mod reruns;
 mod results;
 mod s3;

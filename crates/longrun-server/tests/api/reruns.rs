@@ -54,7 +54,7 @@ async fn a_failed_operation_is_rerun_as_a_linked_chain_and_the_original_never_ch
         (json!(chain[0]), json!([chain[2]]))
     );
     let last = app.get_operation(&chain[2]).await;
-    assert_eq!(last["reruns"], json!([]));
+    assert!(last["reruns"].is_null(), "no re-runs, no member: {last}");
     let history: Value = app
         .request(
             Method::GET,

@@ -360,7 +360,7 @@ fn operation_end(c: &Connection, policy: WritePolicy, id: &str, ending: &Ending,
                 error_retryable = ?6, completed_at = ?7, updated_at = ?7, expires_at = ?8,
                 input = CASE WHEN ?9 OR ?2 <> 'succeeded' THEN input ELSE NULL END,
                 progress = COALESCE(?10, progress)
-          WHERE id = ?1 AND state IN ('queued', 'running')",
+          WHERE id = ?1 AND state IN ('queued', 'running', 'paused')",
         params![
             id,
             ending.to.as_str(),
@@ -874,6 +874,49 @@ pub(super) fn server_secret(c: &Connection, name: &str, candidate: &[u8], now: T
         .query_row(params![name], |r| r.get(0))?)
 }
 
+pub(super) fn operation_intent(c: &Connection, p: &IntentParams) -> Result<Operation> {
+    let op = operation_get(c, &p.tenant, &p.id)?.ok_or(StoreError::NotFound)?;
+    let leased: bool = c
+        .prepare_cached("SELECT EXISTS (SELECT 1 FROM tasks WHERE operation_id = ?1 AND status = 'leased')")?
+        .query_row(params![p.id.as_str()], |r| r.get(0))?;
+    let id = p.id.as_str();
+    match decide_intent(&op, leased, p)? {
+        IntentChange::Unchanged => Ok(op),
+        IntentChange::Pause => {
+            let paused = update_returning(
+                c,
+                "UPDATE operations SET state = 'paused', version = version + 1, updated_at = ?2
+                  WHERE id = ?1 AND state IN ('queued', 'running')",
+                params![id, p.now.0],
+            )?
+            .ok_or(StoreError::NotFound)?;
+            // Out of the queue: no claim can take it.
+            c.prepare_cached("DELETE FROM tasks WHERE operation_id = ?1")?
+                .execute(params![id])?;
+            event_insert(c, &paused, "paused", &json!({}))?;
+            outbox_insert_as(c, &paused, "operation.paused")?;
+            Ok(paused)
+        }
+        IntentChange::Resume => {
+            let resumed = update_returning(
+                c,
+                "UPDATE operations SET state = 'queued', version = version + 1, updated_at = ?2
+                  WHERE id = ?1 AND state = 'paused'",
+                params![id, p.now.0],
+            )?
+            .ok_or(StoreError::NotFound)?;
+            c.prepare_cached(
+                "INSERT INTO tasks (operation_id, seq, tenant, kind, status, available_at)
+                 SELECT id, seq, tenant, kind, 'ready', ?2 FROM operations WHERE id = ?1",
+            )?
+            .execute(params![id, p.now.0])?;
+            event_insert(c, &resumed, "resumed", &json!({}))?;
+            outbox_insert_as(c, &resumed, "operation.resumed")?;
+            Ok(resumed)
+        }
+    }
+}
+
 pub(super) fn operation_update(c: &Connection, p: &UpdateParams) -> Result<Operation> {
     let op = operation_get(c, &p.tenant, &p.id)?.ok_or(StoreError::NotFound)?;
     // Terminal intent wins over any change, stale or not.
@@ -1053,9 +1096,14 @@ pub(super) fn kind_typical_duration(c: &Connection, kind: &str) -> Result<Option
 
 /// Queues the webhook of a state transition, in the transition's transaction.
 fn outbox_insert(c: &Connection, op: &Operation) -> Result<()> {
+    outbox_insert_as(c, op, &format!("operation.{}", op.state.as_str()))
+}
+
+/// The webhook of a change, of type `event_type` (`operation.resumed` is a
+/// move to `queued` that is not a creation).
+fn outbox_insert_as(c: &Connection, op: &Operation, event_type: &str) -> Result<()> {
     let Some(url) = &op.callback_url else { return Ok(()) };
     let event_id = Id::generate(IdKind::Event);
-    let event_type = format!("operation.{}", op.state.as_str());
     let payload = json!({
         "type": event_type,
         "timestamp": op.updated_at.to_rfc3339(),

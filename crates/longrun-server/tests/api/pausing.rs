@@ -1,0 +1,201 @@
+//! `PATCH {"desired_state"}`: queued work pauses (out of the queue) and
+//! resumes; running work a worker holds is not pausable; terminal intent
+//! dominates; events and webhooks carry `paused` and `resumed`.
+
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+use crate::helpers::{Options, Receiver, TestApp, problem, spawn_app_with};
+
+async fn patch(app: &TestApp, id: &str, if_match: Option<i64>, body: Value) -> reqwest::Response {
+    let mut request = app
+        .request(Method::PATCH, &format!("/v1/operations/{id}"), &app.client_key)
+        .json(&body);
+    if let Some(version) = if_match {
+        request = request.header("if-match", format!("\"{version}\""));
+    }
+    request.send().await.unwrap()
+}
+
+fn desired(state: &str) -> Value {
+    json!({"desired_state": state})
+}
+
+#[tokio::test]
+async fn queued_work_pauses_out_of_the_queue_and_resumes_into_it() {
+    let app = spawn_app_with(Options {
+        builtin_workers: false,
+        webhooks_to_loopback: true,
+        webhook_schedule: Some(vec![Duration::from_millis(10)]),
+        ..Options::default()
+    })
+    .await;
+    let receiver = Receiver::start(vec![]).await;
+    app.declare_kind("held", true, 3).await;
+    let op = app
+        .submit_ok("pause-me", &json!({"kind": "held", "callback": {"url": receiver.url}}))
+        .await;
+    let id = op["id"].as_str().unwrap().to_owned();
+    assert_eq!(op["desired_state"], "running");
+
+    let paused = patch(&app, &id, Some(1), desired("paused")).await;
+    assert_eq!(paused.status(), StatusCode::OK);
+    let paused: Value = paused.json().await.unwrap();
+    assert_eq!(
+        (
+            paused["state"].as_str(),
+            paused["desired_state"].as_str(),
+            paused["version"].as_i64()
+        ),
+        (Some("paused"), Some("paused"), Some(2))
+    );
+    assert!(
+        app.claim("held", 1).await.is_empty(),
+        "paused work is held back from claims"
+    );
+    let listed: Value = app
+        .request(Method::GET, "/v1/operations?state=paused", &app.client_key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed["operations"][0]["id"], id.as_str());
+    // Asking again for what holds changes nothing.
+    let again: Value = patch(&app, &id, Some(2), desired("paused")).await.json().await.unwrap();
+    assert_eq!(again["version"], 2);
+
+    problem(
+        patch(&app, &id, Some(1), desired("running")).await,
+        StatusCode::PRECONDITION_FAILED,
+        "precondition_failed",
+    )
+    .await;
+    problem(
+        patch(&app, &id, None, desired("running")).await,
+        StatusCode::PRECONDITION_REQUIRED,
+        "precondition_required",
+    )
+    .await;
+    problem(
+        patch(
+            &app,
+            &id,
+            Some(2),
+            json!({"desired_state": "running", "labels": {"a": "b"}}),
+        )
+        .await,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+    )
+    .await;
+    problem(
+        patch(&app, &id, Some(2), desired("cancelled")).await,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+    )
+    .await;
+
+    let resumed: Value = patch(&app, &id, Some(2), desired("running"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (resumed["state"].as_str(), resumed["version"].as_i64()),
+        (Some("queued"), Some(3))
+    );
+    let task = app.claim("held", 1).await.remove(0);
+    assert_eq!(task["operation_id"], id.as_str());
+    // A worker holds it now: the kind cannot pause running work.
+    problem(
+        patch(&app, &id, Some(4), desired("paused")).await,
+        StatusCode::CONFLICT,
+        "not_pausable",
+    )
+    .await;
+
+    let history: Value = app
+        .request(Method::GET, &format!("/v1/operations/{id}/history"), &app.client_key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let types: Vec<&str> = history["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(types, vec!["created", "paused", "resumed", "started"]);
+    // Webhooks: operation.paused and operation.resumed, signed like the rest.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let kinds: Vec<String> = receiver
+            .received()
+            .iter()
+            .filter_map(|r| serde_json::from_str::<Value>(&r.body).ok())
+            .map(|b| b["type"].as_str().unwrap_or_default().to_owned())
+            .collect();
+        if kinds.contains(&"operation.paused".to_owned()) && kinds.contains(&"operation.resumed".to_owned()) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "webhooks so far: {kinds:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn terminal_intent_dominates_and_a_paused_operation_cancels_at_once() {
+    let app = spawn_app_with(Options {
+        builtin_workers: false,
+        ..Options::default()
+    })
+    .await;
+    app.declare_kind("held", true, 3).await;
+    let op = app.submit_ok("paused-then-cancelled", &json!({"kind": "held"})).await;
+    let id = op["id"].as_str().unwrap().to_owned();
+    patch(&app, &id, Some(1), desired("paused")).await;
+    let cancelled = app
+        .request(
+            Method::PUT,
+            &format!("/v1/operations/{id}/cancellation"),
+            &app.client_key,
+        )
+        .send()
+        .await
+        .unwrap();
+    assert!(cancelled.status().is_success());
+    let read = app.get_operation(&id).await;
+    assert_eq!(
+        (read["state"].as_str(), read["desired_state"].as_str()),
+        (Some("cancelled"), Some("cancelled"))
+    );
+    // Whatever the version named, no pause or resume applies any more.
+    for version in [1, 3, 99] {
+        for state in ["paused", "running"] {
+            problem(
+                patch(&app, &id, Some(version), desired(state)).await,
+                StatusCode::CONFLICT,
+                "intent_conflict",
+            )
+            .await;
+        }
+    }
+    // Another tenant's operation is not found, whatever the body.
+    let foreign = app
+        .request(Method::PATCH, &format!("/v1/operations/{id}"), &app.other_tenant_key)
+        .header("if-match", "\"3\"")
+        .json(&desired("paused"))
+        .send()
+        .await
+        .unwrap();
+    problem(foreign, StatusCode::NOT_FOUND, "not_found").await;
+    app.shutdown().await;
+}
