@@ -199,3 +199,39 @@ async fn terminal_intent_dominates_and_a_paused_operation_cancels_at_once() {
     problem(foreign, StatusCode::NOT_FOUND, "not_found").await;
     app.shutdown().await;
 }
+
+/// The deadline keeps counting while paused: nothing happens to paused
+/// work, and once resumed past its deadline it fails as queued work does.
+#[tokio::test]
+async fn a_deadline_that_passes_while_paused_fails_the_work_once_resumed() {
+    let clock = crate::helpers::manual_clock();
+    let app = spawn_app_with(Options {
+        builtin_workers: false,
+        clock: Some(clock.clone()),
+        ..Options::default()
+    })
+    .await;
+    app.declare_kind("held", true, 3).await;
+    let op = app
+        .submit_ok("paused-past-deadline", &json!({"kind": "held", "deadline_seconds": 60}))
+        .await;
+    let id = op["id"].as_str().unwrap().to_owned();
+    patch(&app, &id, Some(1), desired("paused")).await;
+    clock.advance(Duration::from_secs(120));
+    // A round of the deadline enforcer now leaves paused work alone.
+    let counts = app
+        .store
+        .deadline_enforce(longrun_store::EnforceParams {
+            now: longrun_core::Clock::now(&clock),
+            grace: Duration::from_secs(30),
+            limit: 100,
+        })
+        .await
+        .unwrap();
+    assert_eq!(counts, longrun_store::EnforceCounts::default());
+    assert_eq!(app.get_operation(&id).await["state"], "paused");
+    patch(&app, &id, Some(2), desired("running")).await;
+    let failed = app.wait_for_state(&id, "failed").await;
+    assert_eq!(failed["error"]["code"], "deadline_exceeded");
+    app.shutdown().await;
+}
