@@ -4,20 +4,11 @@
 //!
 //! `cargo bench -p longrun-cli --bench export_load` (LONGRUN_BENCH_ROWS="1000000,40000000").
 
-use std::process::Stdio;
+mod own_server;
+
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader};
-
-fn peak_rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .map_or(0.0, |kb| kb / 1024.0)
-}
 
 fn main() {
     let rows: Vec<u64> = std::env::var("LONGRUN_BENCH_ROWS")
@@ -30,27 +21,8 @@ fn main() {
         .build()
         .unwrap();
     runtime.block_on(async move {
-        let dir = tempfile::tempdir().unwrap();
-        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_longrun"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-            .arg(dir.path())
-            .env("LONGRUN_LOG", "warn")
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let pid = child.id().unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let (mut base, mut token) = (String::new(), String::new());
-        while let Some(line) = lines.next_line().await.unwrap() {
-            if let Some(key) = line.trim().strip_prefix("client key:") {
-                token = key.trim().to_owned();
-            }
-            if let Some(url) = line.strip_prefix("longrun listening on ") {
-                base = url.trim().to_owned();
-                break;
-            }
-        }
+        let mut server = own_server::OwnServer::start().await;
+        let (pid, base, token) = (server.pid, server.base.clone(), server.token.clone());
         let http = reqwest::Client::new();
         println!("export kind, release server as its own process (pid {pid}), SQLite + file artifacts");
         for n in rows {
@@ -93,7 +65,7 @@ fn main() {
                 elapsed.as_secs_f64(),
                 n as f64 / elapsed.as_secs_f64(),
                 size / 1048576.0,
-                peak_rss_mib(pid)
+                server.peak_rss_mib()
             );
             let resource: Value = http
                 .get(format!("{base}/v1/operations/{id}/result"))
@@ -117,9 +89,9 @@ fn main() {
                 received as f64 / 1048576.0,
                 elapsed.as_secs_f64(),
                 received as f64 / 1048576.0 / elapsed.as_secs_f64(),
-                peak_rss_mib(pid)
+                server.peak_rss_mib()
             );
         }
-        let _ = child.kill().await;
+        let _ = server.child.kill().await;
     });
 }

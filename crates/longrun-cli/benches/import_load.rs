@@ -5,8 +5,9 @@
 //!
 //! `cargo bench -p longrun-cli --bench import_load` (LONGRUN_IMPORT_ROWS=10000000).
 
+mod own_server;
+
 use std::io::Write;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
@@ -14,16 +15,7 @@ use std::time::Instant;
 use longrun_client::{Client, Submission};
 use longrun_engine::kinds::import::{ImportInput, process};
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-
-fn peak_rss_mib(pid: &str) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .map_or(0.0, |kb| kb / 1024.0)
-}
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const PLANS: [&str; 3] = ["free", "pro", "enterprise"];
 
@@ -138,7 +130,7 @@ fn main() {
         rows as f64 / seconds / 1e6,
         mib / seconds,
         summary.rows_rejected,
-        peak_rss_mib("self")
+        own_server::peak_rss_mib("self")
     );
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -146,27 +138,8 @@ fn main() {
         .build()
         .unwrap();
     runtime.block_on(async move {
-        let data = tempfile::tempdir().unwrap();
-        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_longrun"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-            .arg(data.path())
-            .env("LONGRUN_LOG", "warn")
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let pid = child.id().unwrap().to_string();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let (mut base, mut token) = (String::new(), String::new());
-        while let Some(line) = lines.next_line().await.unwrap() {
-            if let Some(key) = line.trim().strip_prefix("client key:") {
-                token = key.trim().to_owned();
-            }
-            if let Some(url) = line.strip_prefix("longrun listening on ") {
-                base = url.trim().to_owned();
-                break;
-            }
-        }
+        let mut server = own_server::OwnServer::start().await;
+        let (base, token) = (server.base.clone(), server.token.clone());
         let client = Client::new(base.clone(), token.clone());
         let started = Instant::now();
         let uploaded = client.upload_file(&path, "text/csv", |_, _| {}).await.unwrap();
@@ -201,8 +174,8 @@ fn main() {
             "  import end to end (submit → succeeded, accepted and errors artifacts stored): {:.2} M rows/s, {seconds:.1} s; summary {}; server RSS peak {:.0} MiB",
             rows as f64 / seconds / 1e6,
             result["summary"],
-            peak_rss_mib(&pid)
+            server.peak_rss_mib()
         );
-        let _ = child.kill().await;
+        let _ = server.child.kill().await;
     });
 }
