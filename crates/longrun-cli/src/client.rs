@@ -195,6 +195,26 @@ impl ClientCommand {
     }
 }
 
+/// What `submit` and `rerun` print: the new id (or the operation as it
+/// ended, with `--wait`), and the exit code for it.
+async fn answer_submitted(
+    client: &Client,
+    submitted: &longrun_client::Submitted,
+    wait: bool,
+    output: Output,
+) -> Result<i32, Error> {
+    if wait {
+        let operation = wait_with_bar(client, &submitted.operation.id, output).await?;
+        print_operation(&operation, output);
+        return Ok(exit_for(&operation));
+    }
+    match output {
+        Output::Json => print_operation(&submitted.operation, output),
+        Output::Text => println!("{}", submitted.operation.id),
+    }
+    Ok(EXIT_OK)
+}
+
 /// Runs a client command; returns the exit code.
 pub async fn run(command: ClientCommand) -> i32 {
     let args = command.args().clone();
@@ -425,16 +445,7 @@ async fn execute(client: &Client, output: Output, command: ClientCommand) -> Res
                     submitted.idempotency_key
                 );
             }
-            if wait {
-                let operation = wait_with_bar(client, &submitted.operation.id, output).await?;
-                print_operation(&operation, output);
-                return Ok(exit_for(&operation));
-            }
-            match output {
-                Output::Json => print_operation(&submitted.operation, output),
-                Output::Text => println!("{}", submitted.operation.id),
-            }
-            Ok(EXIT_OK)
+            answer_submitted(client, &submitted, wait, output).await
         }
         ClientCommand::Get { id, .. } => {
             print_operation(&client.get(&id).await?, output);
@@ -470,16 +481,7 @@ async fn execute(client: &Client, output: Output, command: ClientCommand) -> Res
                     submitted.idempotency_key
                 );
             }
-            if wait {
-                let operation = wait_with_bar(client, &submitted.operation.id, output).await?;
-                print_operation(&operation, output);
-                return Ok(exit_for(&operation));
-            }
-            match output {
-                Output::Json => print_operation(&submitted.operation, output),
-                Output::Text => println!("{}", submitted.operation.id),
-            }
-            Ok(EXIT_OK)
+            answer_submitted(client, &submitted, wait, output).await
         }
         ClientCommand::Wait { id, .. } => {
             let operation = wait_with_bar(client, &id, output).await?;

@@ -444,13 +444,19 @@ impl Client {
 
     /// Submits once, logically: one idempotency key for every attempt.
     pub async fn submit(&self, submission: &Submission) -> Result<Submitted> {
-        let key = Self::key_for(submission);
+        self.post_keyed("/v1/operations", Self::key_for(submission), submission)
+            .await
+    }
+
+    /// POSTs `body` to `path` with idempotency key `key` until answered
+    /// (see `send_with_retries`): a submission or a re-run.
+    async fn post_keyed(&self, path: &str, key: String, body: &impl Serialize) -> Result<Submitted> {
         let (replayed, operation) = self
             .send_with_retries(
                 || {
-                    self.request(Method::POST, "/v1/operations")
+                    self.request(Method::POST, path)
                         .header("Idempotency-Key", &key)
-                        .json(submission)
+                        .json(body)
                 },
                 async |response| {
                     let replayed = response
@@ -476,28 +482,8 @@ impl Client {
             .idempotency_key
             .clone()
             .unwrap_or_else(|| format!("lrc-{}", longrun_core::id::random_base32::<16>()));
-        let path = format!("/v1/operations/{id}/reruns");
-        let (replayed, operation) = self
-            .send_with_retries(
-                || {
-                    self.request(Method::POST, &path)
-                        .header("Idempotency-Key", &key)
-                        .json(rerun)
-                },
-                async |response| {
-                    let replayed = response
-                        .headers()
-                        .get("idempotent-replayed")
-                        .is_some_and(|v| v == "true");
-                    Ok((replayed, response.json::<Operation>().await?))
-                },
-            )
-            .await?;
-        Ok(Submitted {
-            operation,
-            replayed,
-            idempotency_key: key,
-        })
+        self.post_keyed(&format!("/v1/operations/{id}/reruns"), key, rerun)
+            .await
     }
 
     /// Submits up to 1,000 logical submissions in one request

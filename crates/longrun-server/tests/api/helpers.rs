@@ -198,6 +198,17 @@ impl TestApp {
         response.json().await.unwrap()
     }
 
+    /// `GET path` with the client key, as JSON.
+    pub async fn get_json(&self, path: &str) -> Value {
+        self.request(Method::GET, path, &self.client_key)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
     pub async fn get_operation(&self, id: &str) -> Value {
         let response = self
             .request(Method::GET, &format!("/v1/operations/{id}"), &self.client_key)

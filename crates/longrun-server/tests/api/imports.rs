@@ -346,14 +346,7 @@ async fn oversized_uploads_are_refused(app: &TestApp) {
 }
 
 async fn result_artifact(app: &TestApp, id: &str, name: &str) -> (Value, Vec<u8>) {
-    let resource: Value = app
-        .request(Method::GET, &format!("/v1/operations/{id}/result"), &app.client_key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let resource: Value = app.get_json(&format!("/v1/operations/{id}/result")).await;
     let artifact = resource["artifacts"][name].clone();
     let url = app.url(
         artifact["download"]["url"]

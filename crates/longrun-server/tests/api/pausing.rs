@@ -55,14 +55,7 @@ async fn queued_work_pauses_out_of_the_queue_and_resumes_into_it() {
         app.claim("held", 1).await.is_empty(),
         "paused work is held back from claims"
     );
-    let listed: Value = app
-        .request(Method::GET, "/v1/operations?state=paused", &app.client_key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let listed: Value = app.get_json("/v1/operations?state=paused").await;
     assert_eq!(listed["operations"][0]["id"], id.as_str());
     // Asking again for what holds changes nothing.
     let again: Value = patch(&app, &id, Some(2), desired("paused")).await.json().await.unwrap();
@@ -118,14 +111,7 @@ async fn queued_work_pauses_out_of_the_queue_and_resumes_into_it() {
     )
     .await;
 
-    let history: Value = app
-        .request(Method::GET, &format!("/v1/operations/{id}/history"), &app.client_key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let history: Value = app.get_json(&format!("/v1/operations/{id}/history")).await;
     let types: Vec<&str> = history["events"]
         .as_array()
         .unwrap()

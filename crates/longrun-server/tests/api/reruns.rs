@@ -55,18 +55,7 @@ async fn a_failed_operation_is_rerun_as_a_linked_chain_and_the_original_never_ch
     );
     let last = app.get_operation(&chain[2]).await;
     assert!(last["reruns"].is_null(), "no re-runs, no member: {last}");
-    let history: Value = app
-        .request(
-            Method::GET,
-            &format!("/v1/operations/{first_id}/history"),
-            &app.client_key,
-        )
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let history: Value = app.get_json(&format!("/v1/operations/{first_id}/history")).await;
     assert_eq!(
         history["events"].as_array().unwrap().len(),
         3,
