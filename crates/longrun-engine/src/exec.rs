@@ -40,6 +40,7 @@ fn progress_from(v: &Value) -> ProgressUpdate {
     }
 }
 
+#[allow(unsafe_code)]
 fn signal_group(pid: Option<u32>, signal: libc::c_int) {
     if let Some(pid) = pid.and_then(|p| libc::pid_t::try_from(p).ok()) {
         // SAFETY: kill(2) with a negative pid signals the process group we

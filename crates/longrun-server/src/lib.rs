@@ -4,14 +4,29 @@
 //! without a socket); [`start`] opens the store, bootstraps keys on first
 //! start, declares the built-in kinds, binds the listener and runs the
 //! background services until shutdown.
+//!
+//! # Layout
+//!
+//! - `http` (public: the CLI names its problem codes): the routes, one
+//!   module per resource; handlers parse, call the store (or the engine),
+//!   render. `http::error::ApiError` is the one place a problem is rendered.
+//! - `listen` (public: its `Limits` are the server's flags): the listener;
+//!   every bound against hostile clients lives there.
+//! - `cache`, `ratelimit`, `changes`, `callback`, `metrics` (private): TTL
+//!   caches of keys, kinds and limits; token buckets and in-flight counts;
+//!   the hub that wakes long-polls and streams on committed changes (nothing
+//!   is published before it is durable); the callback-URL policy; the
+//!   `/metrics` scrape.
+//! - `server` (private; its `start` and `ServeOptions` are re-exported): the
+//!   process — store, bootstrap keys, services, graceful shutdown.
 
-pub mod cache;
-pub mod callback;
-pub mod changes;
+mod cache;
+mod callback;
+mod changes;
 pub mod http;
 pub mod listen;
-pub mod metrics;
-pub mod ratelimit;
+mod metrics;
+mod ratelimit;
 mod server;
 
 use std::sync::Arc;
@@ -125,10 +140,10 @@ pub struct Inner {
     typical: TtlCache<String, Option<Duration>>,
     link_keys: TtlCache<(), Vec<(String, Vec<u8>)>>,
     rates: RateLimiter,
-    pub changes: Arc<ChangeHub>,
+    pub(crate) changes: Arc<ChangeHub>,
     /// Uploads this process is appending to (see `http::uploads`).
     pub(crate) appending: http::uploads::Appending,
-    pub scrape: metrics::Scrape,
+    pub(crate) scrape: metrics::Scrape,
     pauses: TtlCache<(), Vec<Option<String>>>,
     pub config: Config,
 }
@@ -235,6 +250,12 @@ impl AppState {
     /// another tenant's, `410 gone` once past its `expires_at` (whether or not
     /// the retention sweep has removed it yet) or while its tombstone lives.
     /// Every read of one operation goes through here or [`Self::visible`].
+    /// Long-polls and event streams the tenant holds open on this node (tests
+    /// wait on it to know a waiter is registered).
+    pub fn waiters(&self, tenant: &str) -> usize {
+        self.changes.waiting(tenant)
+    }
+
     pub async fn operation(&self, tenant: &str, id: &Id) -> Result<Operation, http::error::ApiError> {
         let op = self.store.operation_get(tenant, id).await?;
         let op = self.found(tenant, id, op).await?;

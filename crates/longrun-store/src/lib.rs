@@ -9,6 +9,20 @@
 //!
 //! Callers pass `now` in every params struct: the store never reads a clock,
 //! so tests drive lease expiry and retention with an injected one.
+//!
+//! # Layout
+//!
+//! - `types` (re-exported): records and params; storage types, not wire types.
+//! - `shared`: what both backends decide alike — how an outcome, a reap or a
+//!   change of intent ends, upload offsets, the JSON forms kept in columns.
+//! - `sqlite` (feature `sqlite`): one writer thread with group commit, a
+//!   pool of readers; schema in `sqlite/migrations/`.
+//! - `postgres` (feature `postgres`): one transaction per call, group commit
+//!   on the job path, `FOR UPDATE SKIP LOCKED` for shared work, NOTIFY for
+//!   wake-ups; schema in `postgres/`.
+//! - `error`: what a call can refuse; driver errors keep their cause.
+//! - `conformance` and `pgtest` (feature `test-support`): the suite every
+//!   backend passes, and a throwaway PostgreSQL cluster.
 
 #[cfg(feature = "test-support")]
 pub mod conformance;

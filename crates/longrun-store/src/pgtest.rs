@@ -32,11 +32,13 @@ fn find_bin(name: &str) -> Option<PathBuf> {
     candidates.into_iter().find(|p| p.is_file())
 }
 
+#[allow(unsafe_code)]
 fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions and touches no memory.
     unsafe { libc_geteuid() == 0 }
 }
 
+#[allow(unsafe_code)]
 unsafe extern "C" {
     #[link_name = "geteuid"]
     fn libc_geteuid() -> u32;

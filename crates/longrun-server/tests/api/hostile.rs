@@ -188,7 +188,7 @@ async fn past_the_in_flight_limits_requests_are_shed_at_once_overall_and_per_ten
         let app = &app;
         async move {
             let deadline = Instant::now() + BOUND;
-            while app.state.changes.waiting(tenant) < n {
+            while app.state.waiters(tenant) < n {
                 assert!(Instant::now() < deadline, "the long-polls never started waiting");
                 tokio::task::yield_now().await;
             }

@@ -40,7 +40,7 @@ async fn a_long_poll_is_woken_by_the_transition() {
     };
     // Cancel only once the poll is held, so it must be woken by the change.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while app.state.changes.waiting("acme") == 0 {
+    while app.state.waiters("acme") == 0 {
         assert!(Instant::now() < deadline, "the long-poll never started waiting");
         tokio::task::yield_now().await;
     }

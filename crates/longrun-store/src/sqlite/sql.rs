@@ -1744,6 +1744,7 @@ mod tests {
     /// from one task to the next (a profile once found the writer re-parsing
     /// `FENCED` for every outcome).
     #[test]
+    #[allow(unsafe_code)]
     fn the_job_path_never_re_prepares_its_statements() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("longrun.db");
