@@ -87,7 +87,8 @@ enum Command {
     /// Run a remote worker that serves kind K by running CMD per task.
     ///
     /// The input JSON arrives on stdin; LONGRUN_OPERATION_ID and LONGRUN_ATTEMPT
-    /// are set. Print JSON lines on stdout: {"progress": {"completed_units": 5,
+    /// are set, and each upload the input names is a file named by its id in
+    /// LONGRUN_UPLOADS_DIR. Print JSON lines on stdout: {"progress": {"completed_units": 5,
     /// "total_units": 10, "unit": "rows", "phase": "WRITING"}} updates progress,
     /// {"result": …} gives the result. Exit 0 succeeds, anything else fails with
     /// worker_error. Cancellation sends SIGTERM, then SIGKILL after --grace.

@@ -278,3 +278,38 @@ echo "{\"result\":{\"attempt\":$LONGRUN_ATTEMPT}}""#,
         "the unsafe kind is never run again"
     );
 }
+
+/// The uploads an input names are files in `$LONGRUN_UPLOADS_DIR` for the
+/// command, fetched over the worker protocol with its lease, and gone after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exec_script_reads_the_uploads_its_input_names() {
+    let h = harness().await;
+    h.declare("count-lines", false).await;
+    let upload: Value = h
+        .http
+        .post(format!("{}/v1/uploads", h.base))
+        .bearer_auth(&h.client_key)
+        .header("content-type", "text/csv")
+        .body("a\nb\nc\n")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let upload_id = upload["id"].as_str().unwrap().to_owned();
+    let script = h.script(
+        "count.sh",
+        r#"file="$LONGRUN_UPLOADS_DIR/$(cat | sed 's/.*"\(upl_[a-z0-9]*\)".*/\1/')"
+printf '{"result":{"lines":%s,"dir":"%s"}}\n' "$(wc -l < "$file")" "$LONGRUN_UPLOADS_DIR""#,
+    );
+    let _worker = h.worker("count-lines", &script, &[]);
+    let id = h.submit("count-1", "count-lines", json!({"file": upload_id})).await;
+    let done = h.wait_for(&id, "the count", |op| op["state"] == "succeeded").await;
+    assert_eq!(done["result"]["value"]["lines"], 3, "{done}");
+    let dir = done["result"]["value"]["dir"].as_str().unwrap();
+    assert!(
+        !std::path::Path::new(dir).exists(),
+        "the uploads' directory is removed after the task"
+    );
+}

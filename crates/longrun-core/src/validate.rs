@@ -96,6 +96,28 @@ pub fn input_size(input: &Value) -> Result<(), Invalid> {
     Ok(())
 }
 
+/// Uploads one submission may name.
+pub const MAX_NAMED_UPLOADS: usize = 16;
+
+/// The uploads an input names: every string in it that is an upload id
+/// (`upl_…`), each once, in id order. The one rule for the server (which
+/// keeps them with the operation) and the workers (which read them).
+pub fn named_uploads(input: &Value) -> Vec<crate::Id> {
+    fn collect(value: &Value, ids: &mut Vec<crate::Id>) {
+        match value {
+            Value::String(s) => ids.extend(crate::Id::parse(crate::IdKind::Upload, s)),
+            Value::Array(items) => items.iter().for_each(|v| collect(v, ids)),
+            Value::Object(members) => members.values().for_each(|v| collect(v, ids)),
+            _ => {}
+        }
+    }
+    let mut ids = Vec::new();
+    collect(input, &mut ids);
+    ids.sort();
+    ids.dedup();
+    ids
+}
+
 pub fn deadline_seconds(seconds: u64, max: u64) -> Result<(), Invalid> {
     if seconds == 0 || seconds > max {
         return Err(invalid("deadline_seconds", format!("must be between 1 and {max}")));

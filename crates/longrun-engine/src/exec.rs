@@ -40,6 +40,45 @@ fn progress_from(v: &Value) -> ProgressUpdate {
     }
 }
 
+/// The uploads the task's input names, each copied (streamed) into a file
+/// named by its id in a directory the command gets as `LONGRUN_UPLOADS_DIR`;
+/// the directory goes when the task ends.
+async fn fetch_uploads(ctx: &TaskContext) -> Result<UploadsDir, TaskError> {
+    let dir =
+        UploadsDir(std::env::temp_dir().join(format!("longrun-uploads-{}", longrun_core::id::random_base32::<16>())));
+    tokio::fs::create_dir(&dir.0)
+        .await
+        .map_err(|e| TaskError::Retryable(format!("could not make a directory for the uploads: {e}")))?;
+    for id in longrun_core::validate::named_uploads(ctx.input()) {
+        let mut reader = ctx.open_upload(&id).await?;
+        let mut file = tokio::fs::File::create(dir.0.join(id.as_str()))
+            .await
+            .map_err(|e| TaskError::Retryable(format!("could not write upload {id}: {e}")))?;
+        tokio::io::copy(&mut reader, &mut file)
+            .await
+            .map_err(|e| TaskError::Retryable(format!("could not copy upload {id}: {e}")))?;
+        file.sync_all()
+            .await
+            .map_err(|e| TaskError::Retryable(format!("could not write upload {id}: {e}")))?;
+    }
+    Ok(dir)
+}
+
+/// A directory removed, with what is in it, when dropped.
+struct UploadsDir(std::path::PathBuf);
+
+impl UploadsDir {
+    fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for UploadsDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 #[allow(unsafe_code)]
 fn signal_group(pid: Option<u32>, signal: libc::c_int) {
     if let Some(pid) = pid.and_then(|p| libc::pid_t::try_from(p).ok()) {
@@ -67,9 +106,11 @@ impl Handler for ExecHandler {
     }
 
     async fn run(&self, ctx: TaskContext) -> Result<Option<Value>, TaskError> {
+        let uploads = fetch_uploads(&ctx).await?;
         let mut child = Command::new("sh")
             .arg("-c")
             .arg(&self.command)
+            .env("LONGRUN_UPLOADS_DIR", uploads.path())
             .env("LONGRUN_OPERATION_ID", ctx.operation_id().as_str())
             .env("LONGRUN_ATTEMPT", ctx.attempt().to_string())
             .stdin(Stdio::piped())

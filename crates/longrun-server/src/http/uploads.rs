@@ -35,6 +35,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use futures_util::TryStreamExt;
+use longrun_core::validate::MAX_NAMED_UPLOADS;
 use longrun_core::{Id, IdKind, Timestamp};
 use longrun_engine::artifacts::ArtifactError;
 use longrun_engine::uploads::{self, Piece};
@@ -495,13 +496,10 @@ pub async fn named_in(
     input: &serde_json::Value,
     now: Timestamp,
 ) -> Result<Vec<Id>, ApiError> {
-    let mut ids = Vec::new();
-    collect(input, &mut ids);
-    ids.sort();
-    ids.dedup();
-    if ids.len() > MAX_NAMED {
+    let ids = longrun_core::validate::named_uploads(input);
+    if ids.len() > MAX_NAMED_UPLOADS {
         return Err(ApiError::InvalidInput(format!(
-            "the input names {} uploads; at most {MAX_NAMED}",
+            "the input names {} uploads; at most {MAX_NAMED_UPLOADS}",
             ids.len()
         )));
     }
@@ -518,22 +516,6 @@ pub async fn named_in(
         }
     }
     Ok(ids)
-}
-
-/// Uploads one submission may name.
-const MAX_NAMED: usize = 16;
-
-fn collect(value: &serde_json::Value, ids: &mut Vec<Id>) {
-    match value {
-        serde_json::Value::String(s) => {
-            if let Some(id) = Id::parse(IdKind::Upload, s) {
-                ids.push(id);
-            }
-        }
-        serde_json::Value::Array(items) => items.iter().for_each(|v| collect(v, ids)),
-        serde_json::Value::Object(members) => members.values().for_each(|v| collect(v, ids)),
-        _ => {}
-    }
 }
 
 #[cfg(test)]
