@@ -43,13 +43,18 @@ fn progress_from(v: &Value) -> ProgressUpdate {
 /// The uploads the task's input names, each copied (streamed) into a file
 /// named by its id in a directory the command gets as `LONGRUN_UPLOADS_DIR`;
 /// the directory goes when the task ends.
-async fn fetch_uploads(ctx: &TaskContext) -> Result<UploadsDir, TaskError> {
+async fn fetch_uploads(ctx: &TaskContext) -> Result<Option<UploadsDir>, TaskError> {
+    let named = longrun_core::validate::named_uploads(ctx.input());
+    if named.is_empty() {
+        // Most tasks name none: no directory to make and remove.
+        return Ok(None);
+    }
     let dir =
         UploadsDir(std::env::temp_dir().join(format!("longrun-uploads-{}", longrun_core::id::random_base32::<16>())));
     tokio::fs::create_dir(&dir.0)
         .await
         .map_err(|e| TaskError::Retryable(format!("could not make a directory for the uploads: {e}")))?;
-    for id in longrun_core::validate::named_uploads(ctx.input()) {
+    for id in named {
         let mut reader = ctx.open_upload(&id).await?;
         let mut file = tokio::fs::File::create(dir.0.join(id.as_str()))
             .await
@@ -61,7 +66,7 @@ async fn fetch_uploads(ctx: &TaskContext) -> Result<UploadsDir, TaskError> {
             .await
             .map_err(|e| TaskError::Retryable(format!("could not write upload {id}: {e}")))?;
     }
-    Ok(dir)
+    Ok(Some(dir))
 }
 
 /// A directory removed, with what is in it, when dropped.
@@ -107,10 +112,13 @@ impl Handler for ExecHandler {
 
     async fn run(&self, ctx: TaskContext) -> Result<Option<Value>, TaskError> {
         let uploads = fetch_uploads(&ctx).await?;
-        let mut child = Command::new("sh")
+        let mut command = Command::new("sh");
+        if let Some(dir) = &uploads {
+            command.env("LONGRUN_UPLOADS_DIR", dir.path());
+        }
+        let mut child = command
             .arg("-c")
             .arg(&self.command)
-            .env("LONGRUN_UPLOADS_DIR", uploads.path())
             .env("LONGRUN_OPERATION_ID", ctx.operation_id().as_str())
             .env("LONGRUN_ATTEMPT", ctx.attempt().to_string())
             .stdin(Stdio::piped())

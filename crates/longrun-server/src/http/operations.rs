@@ -913,7 +913,8 @@ async fn set_intent(
         DesiredStateBody::Paused => DesiredState::Paused,
         DesiredStateBody::Running => DesiredState::Running,
     };
-    let before = app.operation(&caller.tenant, &id).await?;
+    // Unknown, foreign and removed ids answer as every read does (404, 410).
+    app.operation(&caller.tenant, &id).await?;
     let params = IntentParams {
         tenant: caller.tenant.clone(),
         id,
@@ -934,7 +935,8 @@ async fn set_intent(
         },
         other => other.into(),
     })?;
-    if op.version != before.version {
+    // A change is one version past the one the client named.
+    if op.version != if_match {
         let what = if op.state == longrun_core::State::Paused {
             "paused"
         } else {
