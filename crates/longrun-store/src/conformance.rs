@@ -1723,37 +1723,32 @@ fn intent(op: &Operation, desired: DesiredState, version: i64, now: Timestamp) -
 pub async fn racing_intents_end_as_one_order_of_them_would(store: &dyn Store) {
     for round in 0..12u64 {
         let now = at(round * 10);
-        // Pause against cancel: cancelled either way.
-        let op = create(store, "t1", "race").await;
-        let (paused, cancelled) = tokio::join!(
-            store.operation_intent(intent(&op, DesiredState::Paused, 1, now)),
-            store.operation_cancel(cancel("t1", &op.id, now)),
-        );
-        assert!(
-            matches!(&paused, Ok(p) if p.state == State::Paused)
-                || matches!(paused, Err(StoreError::IntentConflict { .. })),
-            "{paused:?}"
-        );
-        assert!(matches!(cancelled, Ok(CancelOutcome::CancelledNow(_))), "{cancelled:?}");
-        assert_eq!(get(store, &op).await.state, State::Cancelled);
-
-        // Resume against cancel: cancelled either way.
-        let op = create(store, "t1", "race").await;
-        let paused = store
-            .operation_intent(intent(&op, DesiredState::Paused, 1, now))
-            .await
-            .unwrap();
-        let (resumed, cancelled) = tokio::join!(
-            store.operation_intent(intent(&op, DesiredState::Running, paused.version, now)),
-            store.operation_cancel(cancel("t1", &op.id, now)),
-        );
-        assert!(
-            matches!(&resumed, Ok(r) if r.state == State::Queued)
-                || matches!(resumed, Err(StoreError::IntentConflict { .. })),
-            "{resumed:?}"
-        );
-        assert!(matches!(cancelled, Ok(CancelOutcome::CancelledNow(_))), "{cancelled:?}");
-        assert_eq!(get(store, &op).await.state, State::Cancelled);
+        // Pause against cancel, and resume (of paused work) against cancel:
+        // cancelled either way; the intent applied first or refused.
+        for (desired, applied) in [
+            (DesiredState::Paused, State::Paused),
+            (DesiredState::Running, State::Queued),
+        ] {
+            let op = create(store, "t1", "race").await;
+            let version = match desired {
+                DesiredState::Paused => 1,
+                DesiredState::Running => {
+                    let paused = store.operation_intent(intent(&op, DesiredState::Paused, 1, now)).await;
+                    paused.unwrap().version
+                }
+            };
+            let (intended, cancelled) = tokio::join!(
+                store.operation_intent(intent(&op, desired, version, now)),
+                store.operation_cancel(cancel("t1", &op.id, now)),
+            );
+            assert!(
+                matches!(&intended, Ok(o) if o.state == applied)
+                    || matches!(intended, Err(StoreError::IntentConflict { .. })),
+                "{desired:?}: {intended:?}"
+            );
+            assert!(matches!(cancelled, Ok(CancelOutcome::CancelledNow(_))), "{cancelled:?}");
+            assert_eq!(get(store, &op).await.state, State::Cancelled);
+        }
 
         // Pause against a claim: paused and unclaimed, or running and refused.
         let op = create(store, "t1", "race-claim").await;

@@ -433,6 +433,49 @@ async fn imports_keep_row_errors_on_success_and_failure(app: &TestApp) {
     assert!(failed["result"]["artifacts"]["errors"]["id"].is_string(), "{failed}");
     let (_, bytes) = result_artifact(app, &failing_id, "errors").await;
     assert_eq!(lines(&bytes).len(), 10);
+
+    // A re-run of the failed import names the same upload: it is kept for
+    // it, and read again.
+    let rerun = app
+        .request(
+            Method::POST,
+            &format!("/v1/operations/{failing_id}/reruns"),
+            &app.client_key,
+        )
+        .header("idempotency-key", "import-2-again")
+        .json(&json!({"labels": {"try": "2"}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(rerun.status(), StatusCode::ACCEPTED);
+    let rerun_id = rerun.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_owned();
+    let again = app.wait_for_state(&rerun_id, "failed").await;
+    assert_eq!(again["error"]["code"], "too_many_row_errors");
+    assert_eq!(lines(&result_artifact(app, &rerun_id, "errors").await.1).len(), 10);
+
+    // A batch checks the uploads of each item alone: an unknown one refuses
+    // only its item.
+    let batch: Value = app
+        .request(Method::POST, "/v1/operations/batch", &app.client_key)
+        .json(&json!({"operations": [
+            {"idempotency_key": "batch-import-ok", "kind": "import", "input": import_input(&upload_id, 100)},
+            {"idempotency_key": "batch-import-unknown", "kind": "import",
+             "input": import_input(&format!("upl_{}", "b".repeat(26)), 100)},
+        ]}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let statuses: Vec<u64> = batch["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["status"].as_u64().unwrap())
+        .collect();
+    assert_eq!(statuses, vec![202, 422], "{batch}");
+    assert_eq!(batch["results"][1]["problem"]["code"], "invalid_input");
 }
 
 async fn a_cancelled_import_leaves_no_artifact(app: &TestApp, store: &dyn ArtifactStore) {
