@@ -25,6 +25,7 @@ impl Handler for Thumbnail {
             name: "thumbnail".into(),
             rerun_safe: true,
             max_attempts: 3,
+            pausable: false,
         }
     }
 

@@ -75,6 +75,7 @@ fn main() {
                         idempotency: None,
                         uploads: Vec::new(),
                         rerun_of: None,
+                        from_checkpoint: false,
                         now,
                     })
                     .await

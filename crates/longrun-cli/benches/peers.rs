@@ -487,6 +487,7 @@ impl Handler for Noop {
             name: "noop".into(),
             rerun_safe: true,
             max_attempts: 3,
+            pausable: false,
         }
     }
 

@@ -51,6 +51,7 @@ async fn enqueue(store: &Arc<dyn Store>, kind: &str, input: Value, n: usize) {
                         idempotency: None,
                         uploads: Vec::new(),
                         rerun_of: None,
+                        from_checkpoint: false,
                         now: SystemClock.now(),
                     })
                     .await

@@ -294,6 +294,10 @@ enum KindsCommand {
         /// Re-running an attempt whose worker vanished is safe.
         #[arg(long)]
         rerun_safe: bool,
+        /// Running work may be paused: its workers save checkpoints and
+        /// honour `pause_requested` (report `paused`).
+        #[arg(long)]
+        pausable: bool,
         #[arg(long, default_value_t = 3)]
         max_attempts: i64,
         /// Deadline given when a submission names none, in seconds.
@@ -574,6 +578,7 @@ async fn kinds(global: &Global, command: KindsCommand) -> anyhow::Result<()> {
         KindsCommand::Set {
             name,
             rerun_safe,
+            pausable,
             max_attempts,
             default_deadline,
             max_deadline,
@@ -593,22 +598,24 @@ async fn kinds(global: &Global, command: KindsCommand) -> anyhow::Result<()> {
                     max_attempts,
                     default_deadline_seconds: default_deadline,
                     max_deadline_seconds: max_deadline,
+                    pausable,
                 })
                 .await?;
             println!("declared kind {name}");
         }
         KindsCommand::List => {
             println!(
-                "{:<24} {:<8} {:<10} {:<12} {:<16} MAX_DEADLINE",
-                "KIND", "BUILTIN", "RERUN_SAFE", "MAX_ATTEMPTS", "DEFAULT_DEADLINE"
+                "{:<24} {:<8} {:<10} {:<9} {:<12} {:<16} MAX_DEADLINE",
+                "KIND", "BUILTIN", "RERUN_SAFE", "PAUSABLE", "MAX_ATTEMPTS", "DEFAULT_DEADLINE"
             );
             for k in store.kind_list().await? {
                 let secs = |s: Option<i64>| s.map(|s| format!("{s}s")).unwrap_or_else(|| "-".into());
                 println!(
-                    "{:<24} {:<8} {:<10} {:<12} {:<16} {}",
+                    "{:<24} {:<8} {:<10} {:<9} {:<12} {:<16} {}",
                     k.name,
                     k.builtin,
                     k.rerun_safe,
+                    k.pausable,
                     k.max_attempts,
                     secs(k.default_deadline_seconds),
                     secs(k.max_deadline_seconds)

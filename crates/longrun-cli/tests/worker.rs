@@ -80,6 +80,7 @@ impl Harness {
                 max_attempts: 3,
                 default_deadline_seconds: None,
                 max_deadline_seconds: None,
+                pausable: false,
             })
             .await
             .unwrap();

@@ -162,7 +162,8 @@ impl Dispatcher {
             let _in_flight = in_flight;
             let flag = signals.track(&task.operation_id);
             let ctx = TaskContext::new(task.operation_id.clone(), task.attempt, task.input, link, flag)
-                .with_progress_interval(progress_interval);
+                .with_progress_interval(progress_interval)
+                .with_checkpoint(task.checkpoint);
             let report = run_handler(handler, ctx, heartbeat_every).await;
             // The handler is done: its slot can take the next task while
             // the outcome commits.
@@ -226,6 +227,7 @@ impl TaskLink for StoreLink {
         progress: Option<ProgressUpdate>,
         cost_units: Option<f64>,
         cancellable: Option<bool>,
+        checkpoint: Option<serde_json::Value>,
     ) -> Result<HeartbeatAck, StoreError> {
         self.store
             .task_heartbeat(HeartbeatParams {
@@ -234,6 +236,7 @@ impl TaskLink for StoreLink {
                 progress,
                 cost_units,
                 cancellable,
+                checkpoint,
                 now: self.clock.now(),
             })
             .await

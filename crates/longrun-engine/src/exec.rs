@@ -6,6 +6,15 @@
 //! one with `result` gives the result. Exit 0 succeeds; any other exit fails
 //! with `worker_error` and the end of stderr. On cancellation the group gets
 //! SIGTERM, then SIGKILL after the grace period.
+//!
+//! Checkpoints: the checkpoint to resume from (an earlier attempt's, one
+//! saved before a pause, or a `from_checkpoint` re-run's) is in the file
+//! `$LONGRUN_CHECKPOINT_FILE` (absent for a fresh start) and, as JSON text,
+//! in `$LONGRUN_CHECKPOINT`. A stdout line `{"checkpoint": …}` saves a new
+//! one at once; the command may also write the file, which is read when it
+//! exits. When a pause is requested (a kind declared `--pausable`) the group
+//! gets SIGTERM as for a cancel: the command saves where it is and exits, and
+//! the task reports `paused` with the last checkpoint.
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -69,6 +78,40 @@ async fn fetch_uploads(ctx: &TaskContext) -> Result<Option<UploadsDir>, TaskErro
     Ok(Some(dir))
 }
 
+/// The file a command reads its checkpoint from and may write new ones to;
+/// removed when dropped.
+struct CheckpointFile {
+    path: std::path::PathBuf,
+}
+
+impl CheckpointFile {
+    async fn new(checkpoint: Option<Value>) -> Result<Self, TaskError> {
+        let path = std::env::temp_dir().join(format!(
+            "longrun-checkpoint-{}.json",
+            longrun_core::id::random_base32::<16>()
+        ));
+        if let Some(checkpoint) = checkpoint {
+            tokio::fs::write(&path, checkpoint.to_string())
+                .await
+                .map_err(|e| TaskError::Retryable(format!("could not write the checkpoint file: {e}")))?;
+        }
+        Ok(Self { path })
+    }
+
+    /// The checkpoint in the file, if it is JSON and not `current`.
+    async fn read_new(&self, current: Option<&Value>) -> Option<Value> {
+        let text = tokio::fs::read(&self.path).await.ok()?;
+        let checkpoint: Value = serde_json::from_slice(&text).ok()?;
+        (Some(&checkpoint) != current).then_some(checkpoint)
+    }
+}
+
+impl Drop for CheckpointFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
 /// A directory removed, with what is in it, when dropped.
 struct UploadsDir(std::path::PathBuf);
 
@@ -103,6 +146,7 @@ impl Handler for ExecHandler {
             name: self.kind.clone(),
             rerun_safe: false,
             max_attempts: 1,
+            pausable: false,
         }
     }
 
@@ -112,9 +156,14 @@ impl Handler for ExecHandler {
 
     async fn run(&self, ctx: TaskContext) -> Result<Option<Value>, TaskError> {
         let uploads = fetch_uploads(&ctx).await?;
+        let checkpoints = CheckpointFile::new(ctx.checkpoint()).await?;
         let mut command = Command::new("sh");
         if let Some(dir) = &uploads {
             command.env("LONGRUN_UPLOADS_DIR", dir.path());
+        }
+        command.env("LONGRUN_CHECKPOINT_FILE", &checkpoints.path);
+        if let Some(checkpoint) = ctx.checkpoint() {
+            command.env("LONGRUN_CHECKPOINT", checkpoint.to_string());
         }
         let mut child = command
             .arg("-c")
@@ -147,7 +196,14 @@ impl Handler for ExecHandler {
 
         let mut lines = BufReader::new(child.stdout.take().expect("piped stdout")).lines();
         let mut result = None;
-        let mut cancelled = false;
+        let (mut cancelled, mut pausing) = (false, false);
+        let stop = |pid, grace: Duration| {
+            signal_group(pid, libc::SIGTERM);
+            tokio::spawn(async move {
+                tokio::time::sleep(grace).await;
+                signal_group(pid, libc::SIGKILL);
+            });
+        };
         loop {
             tokio::select! {
                 line = lines.next_line() => match line {
@@ -159,17 +215,23 @@ impl Handler for ExecHandler {
                         if let Some(value) = message.get("result") {
                             result = Some(value.clone());
                         }
+                        if let Some(checkpoint) = message.get("checkpoint") {
+                            ctx.save_checkpoint(checkpoint.clone()).await?;
+                        }
                     }
                     _ => break,
                 },
                 () = ctx.cancelled(), if !cancelled => {
                     cancelled = true;
-                    signal_group(pid, libc::SIGTERM);
-                    let grace = self.grace;
-                    tokio::spawn(async move {
-                        tokio::time::sleep(grace).await;
-                        signal_group(pid, libc::SIGKILL);
-                    });
+                    if !pausing {
+                        stop(pid, self.grace);
+                    }
+                }
+                () = ctx.pause_requested(), if !pausing => {
+                    pausing = true;
+                    if !cancelled {
+                        stop(pid, self.grace);
+                    }
                 }
             }
         }
@@ -179,6 +241,13 @@ impl Handler for ExecHandler {
             .map_err(|e| TaskError::fatal("worker_error", format!("could not wait for the command: {e}")))?;
         if cancelled || ctx.is_cancelled() && !status.success() {
             return Err(TaskError::Cancelled);
+        }
+        if pausing {
+            // Whatever the command left in the file is where it stopped.
+            if let Some(checkpoint) = checkpoints.read_new(ctx.checkpoint().as_ref()).await {
+                ctx.save_checkpoint(checkpoint).await?;
+            }
+            return Err(TaskError::Paused);
         }
         if status.success() {
             return Ok(result);

@@ -52,6 +52,7 @@ impl Registry {
                     max_attempts: info.max_attempts,
                     default_deadline_seconds: None,
                     max_deadline_seconds: None,
+                    pausable: info.pausable,
                 }
             })
             .collect()

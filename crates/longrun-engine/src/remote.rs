@@ -21,7 +21,9 @@ use tokio_util::task::TaskTracker;
 
 use crate::artifacts::ByteReader;
 use crate::kinds::Registry;
-use crate::worker::{IN_FLIGHT_PER_SLOT, TaskContext, TaskLink, UploadedArtifact, run_handler, send_and_log};
+use crate::worker::{
+    IN_FLIGHT_PER_SLOT, StopFlags, TaskContext, TaskLink, UploadedArtifact, run_handler, send_and_log,
+};
 
 #[derive(Debug, Clone)]
 pub struct RemoteConfig {
@@ -67,12 +69,16 @@ struct ClaimedTask {
     input: Value,
     attempt: i64,
     lease_token: String,
+    #[serde(default)]
+    checkpoint: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
 struct HeartbeatResponse {
     cancel_requested: bool,
     cancel_reason: Option<String>,
+    #[serde(default)]
+    pause_requested: bool,
 }
 
 /// The problem body's `code`, which is all a client decides on.
@@ -230,8 +236,12 @@ impl TaskLink for HttpLink {
         progress: Option<ProgressUpdate>,
         cost_units: Option<f64>,
         cancellable: Option<bool>,
+        checkpoint: Option<Value>,
     ) -> Result<HeartbeatAck, StoreError> {
         let mut body = json!({"lease_token": self.lease_token});
+        if let Some(checkpoint) = checkpoint {
+            body["checkpoint"] = checkpoint;
+        }
         if let Some(p) = progress {
             body["progress"] = progress_body(&p);
         }
@@ -253,6 +263,7 @@ impl TaskLink for HttpLink {
             lease_expires_at: Timestamp(0),
             cancel_requested: ack.cancel_requested,
             cancel_reason: ack.cancel_reason,
+            pause_requested: ack.pause_requested,
             version: 0,
         })
     }
@@ -317,6 +328,7 @@ impl TaskLink for HttpLink {
                 "error": {"code": error.code, "message": error.message, "retryable": error.retryable},
             }),
             Outcome::Cancelled => json!({"outcome": "cancelled"}),
+            Outcome::Paused { checkpoint } => json!({"outcome": "paused", "checkpoint": checkpoint}),
         };
         item["operation_id"] = json!(self.operation_id.as_str());
         item["lease_token"] = json!(self.lease_token);
@@ -475,10 +487,11 @@ impl RemoteWorker {
         );
         let run = async move {
             let _in_flight = in_flight;
-            let flag = Arc::new(tokio::sync::watch::channel(false).0);
+            let flags = Arc::new(StopFlags::default());
             let id = link.operation_id.clone();
-            let ctx = TaskContext::new(id.clone(), task.attempt, task.input, link.clone(), flag)
-                .with_progress_interval(progress_interval);
+            let ctx = TaskContext::new(id.clone(), task.attempt, task.input, link.clone(), flags)
+                .with_progress_interval(progress_interval)
+                .with_checkpoint(task.checkpoint);
             let report = tokio::select! {
                 report = run_handler(handler, ctx, heartbeat_every) => report,
                 () = abandon.cancelled() => {

@@ -1,4 +1,4 @@
-//! In-process wake-ups: new work for the dispatcher, and cancellation requests
+//! In-process wake-ups: new work for the dispatcher, and cancel and pause requests
 //! for tasks running in this process. They only shorten waits; the store
 //! stays the source of truth (a missed signal is caught by the next poll or
 //! heartbeat).
@@ -9,6 +9,8 @@ use std::sync::{Arc, Mutex};
 use longrun_core::Id;
 use tokio::sync::watch;
 
+use crate::worker::StopFlags;
+
 #[derive(Clone)]
 pub struct Signals {
     inner: Arc<Inner>,
@@ -17,7 +19,7 @@ pub struct Signals {
 struct Inner {
     /// Bumped whenever work may have become claimable; every waiter wakes.
     work: watch::Sender<u64>,
-    running: Mutex<HashMap<Id, Arc<watch::Sender<bool>>>>,
+    running: Mutex<HashMap<Id, Arc<StopFlags>>>,
 }
 
 impl Default for Signals {
@@ -55,9 +57,10 @@ impl Signals {
         WorkWatch(self.inner.work.subscribe())
     }
 
-    /// Registers a task running here; its flag turns `true` on cancel.
-    pub fn track(&self, id: &Id) -> Arc<watch::Sender<bool>> {
-        let flag = Arc::new(watch::channel(false).0);
+    /// Registers a task running here; its flags turn `true` on a cancel or
+    /// pause request.
+    pub fn track(&self, id: &Id) -> Arc<StopFlags> {
+        let flag = Arc::new(StopFlags::default());
         self.inner
             .running
             .lock()
@@ -72,8 +75,15 @@ impl Signals {
 
     /// Tells a task running in this process that cancellation was requested.
     pub fn cancel_requested(&self, id: &Id) {
-        if let Some(tx) = self.inner.running.lock().expect("signals poisoned").get(id) {
-            tx.send_replace(true);
+        if let Some(flags) = self.inner.running.lock().expect("signals poisoned").get(id) {
+            flags.cancel.send_replace(true);
+        }
+    }
+
+    /// Tells a task running in this process that a pause was requested.
+    pub fn pause_requested(&self, id: &Id) {
+        if let Some(flags) = self.inner.running.lock().expect("signals poisoned").get(id) {
+            flags.pause.send_replace(true);
         }
     }
 }

@@ -29,6 +29,10 @@ pub enum TaskError {
     /// The handler stopped because cancellation was requested.
     #[error("cancelled")]
     Cancelled,
+    /// The handler stopped because a pause was requested, after saving a
+    /// checkpoint ([`TaskContext::save_checkpoint`]) to resume from.
+    #[error("paused")]
+    Paused,
 }
 
 impl TaskError {
@@ -39,9 +43,10 @@ impl TaskError {
         }
     }
 
-    fn into_outcome(self) -> Outcome {
+    fn into_outcome(self, checkpoint: Option<Value>) -> Outcome {
         match self {
             TaskError::Cancelled => Outcome::Cancelled,
+            TaskError::Paused => Outcome::Paused { checkpoint },
             TaskError::Retryable(message) => Outcome::Failed {
                 error: OperationError {
                     code: "worker_error".into(),
@@ -66,6 +71,9 @@ pub struct KindInfo {
     pub name: String,
     pub rerun_safe: bool,
     pub max_attempts: i64,
+    /// Its handler saves checkpoints and honours pause requests (and
+    /// resumes from [`TaskContext::checkpoint`]).
+    pub pausable: bool,
 }
 
 /// One operation kind's code.
@@ -88,6 +96,7 @@ pub trait TaskLink: Send + Sync + 'static {
         progress: Option<ProgressUpdate>,
         cost_units: Option<f64>,
         cancellable: Option<bool>,
+        checkpoint: Option<Value>,
     ) -> Result<HeartbeatAck, StoreError>;
 
     /// Reports the outcome, with the last progress report not yet sent
@@ -134,6 +143,24 @@ fn fold_progress(older: Option<ProgressUpdate>, newer: ProgressUpdate) -> Progre
     }
 }
 
+/// What a running task is asked to do besides its work: each flag turns
+/// `true` once (set by a heartbeat's answer, or sooner by an in-process
+/// signal).
+#[derive(Debug)]
+pub struct StopFlags {
+    pub cancel: watch::Sender<bool>,
+    pub pause: watch::Sender<bool>,
+}
+
+impl Default for StopFlags {
+    fn default() -> Self {
+        Self {
+            cancel: watch::channel(false).0,
+            pause: watch::channel(false).0,
+        }
+    }
+}
+
 /// Everything a handler gets for one task.
 #[derive(Clone)]
 pub struct TaskContext {
@@ -141,28 +168,28 @@ pub struct TaskContext {
     attempt: i64,
     input: Value,
     link: Arc<dyn TaskLink>,
-    cancel: Arc<watch::Sender<bool>>,
+    flags: Arc<StopFlags>,
     cost: Arc<Mutex<f64>>,
     progress_interval: Duration,
     coalesced: Arc<std::sync::Mutex<Coalesced>>,
+    /// The checkpoint to resume from, then the last one saved or noted.
+    checkpoint: Arc<std::sync::Mutex<Option<Value>>>,
+    /// A noted checkpoint not sent yet: it goes with the next heartbeat.
+    unsent_checkpoint: Arc<std::sync::Mutex<Option<Value>>>,
 }
 
 impl TaskContext {
-    /// `cancel` turns `true` when cancellation is requested; the context also
-    /// sets it itself when a heartbeat reports a request.
-    pub fn new(
-        operation_id: Id,
-        attempt: i64,
-        input: Value,
-        link: Arc<dyn TaskLink>,
-        cancel: Arc<watch::Sender<bool>>,
-    ) -> Self {
+    /// `flags` turn `true` when cancellation or a pause is requested; the
+    /// context also sets them itself when a heartbeat reports a request.
+    pub fn new(operation_id: Id, attempt: i64, input: Value, link: Arc<dyn TaskLink>, flags: Arc<StopFlags>) -> Self {
         Self {
             operation_id,
             attempt,
             input,
             link,
-            cancel,
+            flags,
+            checkpoint: Arc::new(std::sync::Mutex::new(None)),
+            unsent_checkpoint: Arc::new(std::sync::Mutex::new(None)),
             cost: Arc::new(Mutex::new(0.0)),
             progress_interval: DEFAULT_PROGRESS_INTERVAL,
             // The interval counts from the start: work that ends within it
@@ -180,6 +207,75 @@ impl TaskContext {
     pub fn with_progress_interval(mut self, interval: Duration) -> Self {
         self.progress_interval = interval;
         self
+    }
+
+    /// Starts from `checkpoint`: the last one saved for the operation (by an
+    /// earlier attempt, before a pause, or copied by a re-run).
+    pub fn with_checkpoint(self, checkpoint: Option<Value>) -> Self {
+        *self.checkpoint.lock().expect("checkpoint lock") = checkpoint;
+        self
+    }
+
+    /// Where to resume from: the checkpoint this attempt was handed (or the
+    /// last it saved); `None` for a fresh start.
+    pub fn checkpoint(&self) -> Option<Value> {
+        self.checkpoint.lock().expect("checkpoint lock").clone()
+    }
+
+    /// Saves where to resume from if this attempt ends early (a crash, a
+    /// pause): stored with the operation before this returns, with any
+    /// progress not sent yet. At most 64 KiB of JSON.
+    pub async fn save_checkpoint(&self, checkpoint: Value) -> Result<(), TaskError> {
+        check_checkpoint(&checkpoint)?;
+        *self.checkpoint.lock().expect("checkpoint lock") = Some(checkpoint.clone());
+        self.unsent_checkpoint.lock().expect("checkpoint lock").take();
+        let progress = self.take_pending();
+        match self.link.heartbeat(progress, None, None, Some(checkpoint)).await {
+            Ok(ack) => {
+                self.learn(&ack);
+                Ok(())
+            }
+            Err(StoreError::LeaseLost) => Err(TaskError::fatal("lease_lost", "the lease was lost")),
+            // Unlike a progress report, a checkpoint that was not stored
+            // must not be taken for one: the caller decides.
+            Err(e) => Err(TaskError::Retryable(format!("the checkpoint was not saved: {e}"))),
+        }
+    }
+
+    /// Notes where to resume from, without IO: it goes with the next
+    /// heartbeat (at most one per progress interval) and with a `paused`
+    /// report, so a crash costs at most an interval of work. Work that ends
+    /// sooner never sends it.
+    pub fn note_checkpoint(&self, checkpoint: Value) -> Result<(), TaskError> {
+        check_checkpoint(&checkpoint)?;
+        *self.checkpoint.lock().expect("checkpoint lock") = Some(checkpoint.clone());
+        *self.unsent_checkpoint.lock().expect("checkpoint lock") = Some(checkpoint);
+        Ok(())
+    }
+
+    fn take_unsent_checkpoint(&self) -> Option<Value> {
+        self.unsent_checkpoint.lock().expect("checkpoint lock").take()
+    }
+
+    /// Cheap check, no IO: a client asked to pause; save a checkpoint and
+    /// return [`TaskError::Paused`].
+    pub fn is_pause_requested(&self) -> bool {
+        *self.flags.pause.borrow()
+    }
+
+    /// Resolves when a pause is requested.
+    pub async fn pause_requested(&self) {
+        let mut rx = self.flags.pause.subscribe();
+        let _ = rx.wait_for(|p| *p).await;
+    }
+
+    fn learn(&self, ack: &HeartbeatAck) {
+        if ack.cancel_requested {
+            self.flags.cancel.send_replace(true);
+        }
+        if ack.pause_requested {
+            self.flags.pause.send_replace(true);
+        }
     }
 
     /// Stable across attempts: pass it to external systems as an idempotency key.
@@ -232,6 +328,7 @@ impl TaskContext {
 
     fn has_pending(&self) -> bool {
         self.coalesced.lock().expect("progress lock").pending.is_some()
+            || self.unsent_checkpoint.lock().expect("checkpoint lock").is_some()
     }
 
     /// Adds to the cost reported to the server.
@@ -291,12 +388,12 @@ impl TaskContext {
 
     /// Cheap check, no IO.
     pub fn is_cancelled(&self) -> bool {
-        *self.cancel.borrow()
+        *self.flags.cancel.borrow()
     }
 
     /// Resolves when cancellation is requested.
     pub async fn cancelled(&self) {
-        let mut rx = self.cancel.subscribe();
+        let mut rx = self.flags.cancel.subscribe();
         let _ = rx.wait_for(|c| *c).await;
     }
 
@@ -306,11 +403,10 @@ impl TaskContext {
         cost: Option<f64>,
         cancellable: Option<bool>,
     ) -> Result<(), TaskError> {
-        match self.link.heartbeat(progress, cost, cancellable).await {
+        let checkpoint = self.take_unsent_checkpoint();
+        match self.link.heartbeat(progress, cost, cancellable, checkpoint).await {
             Ok(ack) => {
-                if ack.cancel_requested {
-                    self.cancel.send_replace(true);
-                }
+                self.learn(&ack);
                 Ok(())
             }
             // The lease is gone: nothing this task does will count any more.
@@ -322,6 +418,20 @@ impl TaskContext {
             }
         }
     }
+}
+
+fn check_checkpoint(checkpoint: &Value) -> Result<(), TaskError> {
+    let size = checkpoint.to_string().len();
+    if size > longrun_store::MAX_CHECKPOINT_BYTES {
+        return Err(TaskError::fatal(
+            "checkpoint_too_large",
+            format!(
+                "a checkpoint of {size} bytes; at most {} are kept",
+                longrun_store::MAX_CHECKPOINT_BYTES
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Runs `handler` for one task and reports its outcome (see [`run_handler`]).
@@ -406,7 +516,7 @@ pub async fn run_handler(
         Err(TaskError::Fatal { code, .. }) if code == "lease_lost" => {
             return Err(StoreError::LeaseLost);
         }
-        Err(e) => e.into_outcome(),
+        Err(e) => e.into_outcome(ctx.checkpoint()),
     };
     Ok(Report {
         link,
@@ -434,6 +544,7 @@ mod tests {
             progress: Option<ProgressUpdate>,
             _cost_units: Option<f64>,
             _cancellable: Option<bool>,
+            _checkpoint: Option<Value>,
         ) -> Result<HeartbeatAck, StoreError> {
             self.heartbeats
                 .lock()
@@ -443,6 +554,7 @@ mod tests {
                 lease_expires_at: longrun_core::Timestamp(0),
                 cancel_requested: false,
                 cancel_reason: None,
+                pause_requested: false,
                 version: 0,
             })
         }
@@ -474,6 +586,7 @@ mod tests {
                 name: "steps".into(),
                 rerun_safe: true,
                 max_attempts: 1,
+                pausable: false,
             }
         }
 
@@ -497,7 +610,7 @@ mod tests {
             1,
             Value::Null,
             link.clone(),
-            Arc::new(watch::channel(false).0),
+            Arc::new(StopFlags::default()),
         )
         .with_progress_interval(Duration::from_secs(1));
         run_task(Arc::new(Steps { steps, every }), ctx, Duration::from_secs(10))

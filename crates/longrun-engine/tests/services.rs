@@ -53,6 +53,7 @@ impl Fixture {
                 max_attempts: 3,
                 default_deadline_seconds: None,
                 max_deadline_seconds: None,
+                pausable: false,
             })
             .await
             .unwrap();

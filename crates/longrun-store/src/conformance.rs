@@ -80,6 +80,10 @@ macro_rules! store_conformance {
             a_batch_past_a_quota_refuses_only_what_does_not_fit,
             a_batch_of_outcomes_applies_each_fenced_alone,
             the_last_progress_is_stored_with_the_outcome,
+            pausing_running_work_asks_its_worker_and_resumes_from_its_checkpoint,
+            a_pause_of_running_work_meets_terminal_intent_and_completion,
+            a_pause_the_worker_does_not_honour_is_withdrawn_after_the_grace,
+            a_checkpoint_survives_a_lapsed_lease_and_is_copied_by_a_rerun,
         );
     };
     (@cases $factory:path; $($case:ident),* $(,)?) => {
@@ -122,6 +126,7 @@ pub fn accept_params(tenant: &str, kind: &str, key: Option<&str>, input: Value) 
         idempotency,
         uploads: Vec::new(),
         rerun_of: None,
+        from_checkpoint: false,
         now: T0,
     }
 }
@@ -186,6 +191,7 @@ fn heartbeat(task: &Task, now: Timestamp) -> HeartbeatParams {
         progress: None,
         cost_units: None,
         cancellable: None,
+        checkpoint: None,
         now,
     }
 }
@@ -683,6 +689,7 @@ pub async fn reaper_requeues_rerun_safe_kinds_and_fails_the_others(store: &dyn S
         max_attempts: 2,
         default_deadline_seconds: None,
         max_deadline_seconds: None,
+        pausable: false,
     };
     store.kind_upsert(kind("safe", true)).await.unwrap();
     store.kind_upsert(kind("unsafe", false)).await.unwrap();
@@ -844,11 +851,13 @@ pub async fn kinds_are_declared_and_updated(store: &dyn Store) {
         max_attempts: 1,
         default_deadline_seconds: Some(60),
         max_deadline_seconds: None,
+        pausable: false,
     };
     store.kind_upsert(spec.clone()).await.unwrap();
     assert_eq!(store.kind_get("thumbnail").await.unwrap(), Some(spec.clone()));
     spec.rerun_safe = true;
     spec.max_attempts = 5;
+    spec.pausable = true;
     store.kind_upsert(spec.clone()).await.unwrap();
     assert_eq!(store.kind_list().await.unwrap(), vec![spec]);
     assert_eq!(store.kind_get("nope").await.unwrap(), None);
@@ -870,6 +879,7 @@ async fn declare(store: &dyn Store, name: &str, rerun_safe: bool, max_attempts: 
             max_attempts,
             default_deadline_seconds: None,
             max_deadline_seconds: None,
+            pausable: false,
         })
         .await
         .unwrap();
@@ -2196,6 +2206,7 @@ pub async fn state_machine_matches_the_reference_model(store: &dyn Store) {
                 max_attempts: 3,
                 default_deadline_seconds: None,
                 max_deadline_seconds: None,
+                pausable: false,
             })
             .await
             .unwrap();
@@ -2633,4 +2644,314 @@ pub async fn the_last_progress_is_stored_with_the_outcome(store: &dyn Store) {
         .unwrap();
     let snapshot = events[0].snapshot.as_ref().expect("events keep snapshots");
     assert_eq!(snapshot.progress.as_ref().unwrap().completed_units, Some(10.0));
+}
+
+async fn declare_pausable(store: &dyn Store, name: &str) {
+    store
+        .kind_upsert(KindSpec {
+            name: name.into(),
+            builtin: false,
+            rerun_safe: true,
+            max_attempts: 3,
+            default_deadline_seconds: None,
+            max_deadline_seconds: None,
+            pausable: true,
+        })
+        .await
+        .unwrap();
+}
+
+fn with_checkpoint(task: &Task, checkpoint: Value, now: Timestamp) -> HeartbeatParams {
+    HeartbeatParams {
+        checkpoint: Some(checkpoint),
+        ..heartbeat(task, now)
+    }
+}
+
+fn event_types(history: &[Event]) -> Vec<&str> {
+    history.iter().map(|e| e.event_type.as_str()).collect()
+}
+
+/// A pause of running work is asked of its worker (`pause_requested`,
+/// `desired_state` paused while the state is still running); the worker's
+/// `paused` report ends its lease and is not an attempt; a resume queues
+/// the work, and the next claim gets the checkpoint. A kind not declared
+/// pausable refuses; a `paused` report nobody asked for is refused.
+pub async fn pausing_running_work_asks_its_worker_and_resumes_from_its_checkpoint(store: &dyn Store) {
+    declare_pausable(store, "pausable").await;
+    let op = create(store, "t1", "pausable").await;
+    let task = claim_one(store, "pausable", at(1)).await;
+    assert_eq!(task.checkpoint, None, "a fresh start");
+    let ack = store
+        .task_heartbeat(with_checkpoint(&task, json!({"row": 10}), at(2)))
+        .await
+        .unwrap();
+    assert_eq!(
+        (ack.version, ack.pause_requested),
+        (2, false),
+        "a checkpoint is no new version"
+    );
+    // Nobody asked: the report is refused and the lease stays.
+    let unasked = store
+        .task_finish(finish(&task, Outcome::Paused { checkpoint: None }, at(3)))
+        .await;
+    assert!(
+        matches!(unasked, Err(StoreError::IntentConflict { current_version: 2 })),
+        "{unasked:?}"
+    );
+
+    let asked = store
+        .operation_intent(intent(&op, DesiredState::Paused, 2, at(4)))
+        .await
+        .unwrap();
+    assert_eq!(
+        (asked.state, asked.version, asked.pause_requested_at),
+        (State::Running, 3, Some(at(4)))
+    );
+    let again = store
+        .operation_intent(intent(&op, DesiredState::Paused, 3, at(5)))
+        .await
+        .unwrap();
+    assert_eq!(again.version, 3, "asking again changes nothing");
+    let ack = store.task_heartbeat(heartbeat(&task, at(6))).await.unwrap();
+    assert!(ack.pause_requested && !ack.cancel_requested);
+
+    let paused = store
+        .task_finish(finish(
+            &task,
+            Outcome::Paused {
+                checkpoint: Some(json!({"row": 20})),
+            },
+            at(7),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        (paused.state, paused.attempt, paused.pause_requested_at),
+        (State::Paused, 1, None)
+    );
+    assert!(matches!(
+        store.task_heartbeat(heartbeat(&task, at(8))).await,
+        Err(StoreError::LeaseLost)
+    ));
+    assert!(
+        claim(store, "pausable", 1, at(9)).await.is_empty(),
+        "paused work is not claimed"
+    );
+    let resumed = store
+        .operation_intent(intent(&op, DesiredState::Running, paused.version, at(10)))
+        .await
+        .unwrap();
+    assert_eq!(resumed.state, State::Queued);
+    let next = claim_one(store, "pausable", at(11)).await;
+    assert_eq!(
+        (next.attempt, next.checkpoint),
+        (1, Some(json!({"row": 20}))),
+        "a pause is not an attempt; the claim hands the checkpoint"
+    );
+    let history = store.operation_history("t1", &op.id).await.unwrap().unwrap();
+    assert_eq!(
+        event_types(&history),
+        vec!["created", "started", "pause_requested", "paused", "resumed", "started"]
+    );
+
+    // Running work of a kind not declared pausable cannot be paused.
+    let plain = create(store, "t1", "not-pausable").await;
+    claim_one(store, "not-pausable", at(12)).await;
+    assert!(matches!(
+        store
+            .operation_intent(intent(&plain, DesiredState::Paused, 2, at(13)))
+            .await,
+        Err(StoreError::NotPausable { current_version: 2 })
+    ));
+}
+
+/// Terminal intent dominates a pause of running work: a cancel after the
+/// request ends the work as the cancel says even when the worker reports
+/// `paused`; after a cancel no pause is applied. A worker that finishes
+/// first wins over the pause. A pause withdrawn before the worker answers
+/// leaves it running.
+pub async fn a_pause_of_running_work_meets_terminal_intent_and_completion(store: &dyn Store) {
+    declare_pausable(store, "pausable").await;
+    // Pause, then cancel, then the worker's paused report: cancelled.
+    let op = create(store, "t1", "pausable").await;
+    let task = claim_one(store, "pausable", at(1)).await;
+    store
+        .operation_intent(intent(&op, DesiredState::Paused, 2, at(2)))
+        .await
+        .unwrap();
+    let cancelled = store.operation_cancel(cancel("t1", &op.id, at(3))).await.unwrap();
+    assert!(matches!(cancelled, CancelOutcome::Requested(_)), "{cancelled:?}");
+    let ack = store.task_heartbeat(heartbeat(&task, at(4))).await.unwrap();
+    assert!(
+        ack.cancel_requested && !ack.pause_requested,
+        "the cancel is what the worker hears"
+    );
+    let ended = store
+        .task_finish(finish(&task, Outcome::Paused { checkpoint: None }, at(5)))
+        .await
+        .unwrap();
+    assert_eq!(ended.state, State::Cancelled);
+    assert!(matches!(
+        store
+            .operation_intent(intent(&ended, DesiredState::Running, ended.version, at(6)))
+            .await,
+        Err(StoreError::IntentConflict { .. })
+    ));
+
+    // Cancel first: a pause is refused whatever the version.
+    let op = create(store, "t1", "pausable").await;
+    claim_one(store, "pausable", at(10)).await;
+    store.operation_cancel(cancel("t1", &op.id, at(11))).await.unwrap();
+    assert!(matches!(
+        store
+            .operation_intent(intent(&op, DesiredState::Paused, 1, at(12)))
+            .await,
+        Err(StoreError::IntentConflict { .. })
+    ));
+
+    // The worker completes before it hears of the pause: succeeded.
+    let op = create(store, "t1", "pausable").await;
+    let task = claim_one(store, "pausable", at(20)).await;
+    let (paused, done) = tokio::join!(
+        store.operation_intent(intent(&op, DesiredState::Paused, 2, at(21))),
+        store.task_finish(finish(&task, Outcome::Succeeded { result: None }, at(21))),
+    );
+    assert_eq!(done.unwrap().state, State::Succeeded, "a worker that finishes wins");
+    assert!(
+        matches!(&paused, Ok(o) if o.state == State::Running)
+            || matches!(
+                paused,
+                Err(StoreError::IntentConflict { .. }) | Err(StoreError::PreconditionFailed { .. })
+            ),
+        "{paused:?}"
+    );
+    assert_eq!(get(store, &op).await.state, State::Succeeded);
+
+    // Withdrawn before the worker answers: it runs on and hears nothing.
+    let op = create(store, "t1", "pausable").await;
+    let task = claim_one(store, "pausable", at(30)).await;
+    let asked = store
+        .operation_intent(intent(&op, DesiredState::Paused, 2, at(31)))
+        .await
+        .unwrap();
+    let withdrawn = store
+        .operation_intent(intent(&op, DesiredState::Running, asked.version, at(32)))
+        .await
+        .unwrap();
+    assert_eq!((withdrawn.state, withdrawn.pause_requested_at), (State::Running, None));
+    assert!(
+        !store
+            .task_heartbeat(heartbeat(&task, at(33)))
+            .await
+            .unwrap()
+            .pause_requested
+    );
+    assert!(matches!(
+        store
+            .task_finish(finish(&task, Outcome::Paused { checkpoint: None }, at(34)))
+            .await,
+        Err(StoreError::IntentConflict { .. })
+    ));
+    let history = store.operation_history("t1", &op.id).await.unwrap().unwrap();
+    assert_eq!(
+        event_types(&history),
+        vec!["created", "started", "pause_requested", "pause_withdrawn"]
+    );
+}
+
+/// A worker that does not pause within the grace period keeps running;
+/// the request is withdrawn and recorded as not honoured.
+pub async fn a_pause_the_worker_does_not_honour_is_withdrawn_after_the_grace(store: &dyn Store) {
+    declare_pausable(store, "pausable").await;
+    let op = create(store, "t1", "pausable").await;
+    let task = claim_one(store, "pausable", at(1)).await;
+    store
+        .operation_intent(intent(&op, DesiredState::Paused, 2, at(2)))
+        .await
+        .unwrap();
+    let grace = enforce(at(3)).grace;
+    let early = store.deadline_enforce(enforce(at(3))).await.unwrap();
+    assert_eq!(early.pause_not_honoured, 0);
+    let late = at(2).plus(grace);
+    let counts = store.deadline_enforce(enforce(late)).await.unwrap();
+    assert_eq!(counts.pause_not_honoured, 1);
+    let current = get(store, &op).await;
+    assert_eq!((current.state, current.pause_requested_at), (State::Running, None));
+    assert!(
+        !store
+            .task_heartbeat(heartbeat(&task, late))
+            .await
+            .unwrap()
+            .pause_requested
+    );
+    let history = store.operation_history("t1", &op.id).await.unwrap().unwrap();
+    let last = history.last().unwrap();
+    assert_eq!(last.event_type, "pause_not_honoured");
+    assert!(last.data["requested_at"].is_string(), "{}", last.data);
+    store
+        .task_finish(finish(&task, Outcome::Succeeded { result: None }, late))
+        .await
+        .unwrap();
+}
+
+/// A crashed worker's last checkpoint goes to the next attempt; a lapse
+/// while a pause was asked pauses the work; a `from_checkpoint` re-run
+/// starts where the original stopped, a plain one from the beginning.
+pub async fn a_checkpoint_survives_a_lapsed_lease_and_is_copied_by_a_rerun(store: &dyn Store) {
+    declare_pausable(store, "pausable").await;
+    let op = create(store, "t1", "pausable").await;
+    let task = claim_one(store, "pausable", at(1)).await;
+    store
+        .task_heartbeat(with_checkpoint(&task, json!({"row": 5}), at(2)))
+        .await
+        .unwrap();
+    let lapsed = at(2).plus(LEASE).plus(Duration::from_secs(1));
+    let reaped = store.task_reap(ReapParams { now: lapsed, limit: 10 }).await.unwrap();
+    assert_eq!(reaped.requeued, 1);
+    let retry = claim_one(store, "pausable", lapsed.plus(Duration::from_secs(60))).await;
+    assert_eq!((retry.attempt, retry.checkpoint.clone()), (2, Some(json!({"row": 5}))));
+
+    // Asked to pause, then gone: paused, the next attempt counted.
+    let current = get(store, &op).await;
+    store
+        .operation_intent(intent(
+            &op,
+            DesiredState::Paused,
+            current.version,
+            lapsed.plus(Duration::from_secs(61)),
+        ))
+        .await
+        .unwrap();
+    let gone = lapsed.plus(Duration::from_secs(200));
+    let reaped = store.task_reap(ReapParams { now: gone, limit: 10 }).await.unwrap();
+    assert_eq!(reaped.paused, 1);
+    let paused = get(store, &op).await;
+    assert_eq!((paused.state, paused.attempt), (State::Paused, 3));
+
+    // The original fails; re-runs with and without its checkpoint.
+    let failing = create(store, "t1", "pausable").await;
+    let task = claim_one(store, "pausable", gone).await;
+    store
+        .task_heartbeat(with_checkpoint(&task, json!({"row": 7}), gone))
+        .await
+        .unwrap();
+    let error = OperationError {
+        code: "boom".into(),
+        message: String::new(),
+        retryable: false,
+    };
+    store
+        .task_finish(finish(&task, Outcome::Failed { error }, gone))
+        .await
+        .unwrap();
+    for from_checkpoint in [true, false] {
+        let mut params = accept_params("t1", "pausable", None, json!({"n": 1}));
+        params.rerun_of = Some(failing.id.clone());
+        params.from_checkpoint = from_checkpoint;
+        store.operation_accept(params).await.unwrap();
+        let next = claim_one(store, "pausable", gone).await;
+        let expected = from_checkpoint.then(|| json!({"row": 7}));
+        assert_eq!(next.checkpoint, expected, "from_checkpoint: {from_checkpoint}");
+    }
 }

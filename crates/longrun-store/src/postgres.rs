@@ -33,6 +33,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (4, include_str!("postgres/0004_uploads.sql")),
     (5, include_str!("postgres/0005_reruns.sql")),
     (6, include_str!("postgres/0006_paused.sql")),
+    (7, include_str!("postgres/0007_checkpoints.sql")),
 ];
 
 #[derive(Debug, Clone)]
@@ -426,10 +427,10 @@ async fn migrate_pool(pool: &PgPool) -> Result<usize> {
 const OP_COLUMNS: &str = "id, tenant, kind, state, version, attempt, input, callback_url, deadline_at, \
     budget_max_cost, cost_units, labels, progress, result, error_code, error_message, error_retryable, \
     cancel_requested_at, cancel_requested_by, cancel_reason, cancellable, idempotency_key, created_at, \
-    started_at, completed_at, updated_at, expires_at, artifact, rerun_of";
+    started_at, completed_at, updated_at, expires_at, artifact, rerun_of, pause_requested_at";
 
 /// How many columns `OP_COLUMNS` names: what a query selects after them starts here.
-const OP_COLUMN_COUNT: usize = 29;
+const OP_COLUMN_COUNT: usize = 30;
 
 fn json_text(text: Option<String>) -> Result<Option<Value>> {
     text.map(|t| serde_json::from_str(&t).map_err(|e| StoreError::Corrupt(e.to_string())))
@@ -495,6 +496,7 @@ fn operation_from_row(r: &PgRow) -> Result<Operation> {
         artifacts: std::collections::BTreeMap::new(),
         rerun_of: r.try_get::<Option<String>, _>(28).map_err(get)?.map(Id::from_trusted),
         reruns: None,
+        pause_requested_at: ts(r.try_get(29).map_err(get)?),
     })
     .and_then(|mut op| {
         (op.artifact, op.artifacts) = artifacts_from_json(json_text(r.try_get(27).map_err(get)?)?.as_ref());
@@ -647,18 +649,21 @@ async fn insert_submissions(
              SELECT i.*, NOT $13 AND EXISTS (SELECT 1 FROM tenants WHERE name = i.tenant AND max_active IS NOT NULL) AS capped
                FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], $5::TEXT[], $6::BIGINT[],
                            $7::FLOAT8[], $8::TEXT[], $9::TEXT[], $10::BYTEA[], $11::BIGINT[], $12::TEXT[],
-                           $14::TEXT[], $15::TEXT[])
+                           $14::TEXT[], $15::TEXT[], $16::TEXT[])
                     WITH ORDINALITY AS i(id, tenant, kind, input, callback_url, deadline_at, budget_max_cost,
-                                         labels, key, fingerprint, now, snapshot, uploads, rerun_of, ord)
+                                         labels, key, fingerprint, now, snapshot, uploads, rerun_of,
+                                         checkpoint_from, ord)
          ), k AS (
              INSERT INTO idempotency_keys (tenant, kind, key, fingerprint, operation_id, created_at)
              SELECT tenant, kind, key, fingerprint, id, now FROM q WHERE key IS NOT NULL AND NOT capped ORDER BY ord
              ON CONFLICT DO NOTHING RETURNING operation_id
          ), o AS (
              INSERT INTO operations (id, tenant, kind, state, version, attempt, input, callback_url, deadline_at,
-                                     budget_max_cost, labels, idempotency_key, created_at, updated_at, rerun_of)
+                                     budget_max_cost, labels, idempotency_key, created_at, updated_at, rerun_of,
+                                     checkpoint)
              SELECT id, tenant, kind, 'queued', 1, 0, input, callback_url, deadline_at, budget_max_cost, labels,
-                    key, now, now, rerun_of FROM q
+                    key, now, now, rerun_of,
+                    (SELECT r.checkpoint FROM operations r WHERE r.id = q.checkpoint_from) FROM q
               WHERE NOT capped AND (key IS NULL OR id IN (SELECT operation_id FROM k))
               ORDER BY ord
              RETURNING id, seq
@@ -700,6 +705,7 @@ async fn insert_submissions(
             .collect::<Vec<_>>(),
     )
     .bind(column(|p| p.rerun_of.as_ref().map(Id::as_str)))
+    .bind(column(|p| p.rerun_of.as_ref().filter(|_| p.from_checkpoint).map(Id::as_str)))
     .fetch_all(&mut *c)
     .await
     .map_err(db)?;
@@ -1148,23 +1154,29 @@ async fn operation_intent(c: &mut PgConnection, ch: &mut Vec<Change>, p: &Intent
             Err(e) => return Err(db(e)),
         };
     let id = p.id.as_str();
-    match decide_intent(&op, status.as_deref() == Some("leased"), p)? {
+    let pausable: bool = sqlx::query_scalar("SELECT COALESCE((SELECT pausable FROM kinds WHERE name = $1), FALSE)")
+        .bind(&op.kind)
+        .fetch_one(&mut *c)
+        .await
+        .map_err(db)?;
+    let holder = Holder {
+        leased: status.as_deref() == Some("leased"),
+        pausable,
+    };
+    let change = decide_intent(&op, holder, p)?;
+    match change {
         IntentChange::Unchanged => Ok(op),
-        IntentChange::Pause => {
+        IntentChange::Pause => operation_pause(c, ch, id, None, None, None, &json!({}), p.now).await,
+        IntentChange::RequestPause | IntentChange::WithdrawPause => {
+            let (requested_at, event) = change.pause_request(p.now);
             let sql = format!(
-                "UPDATE operations SET state = 'paused', version = version + 1, updated_at = $2
-                  WHERE id = $1 AND state IN ('queued', 'running') RETURNING {OP_COLUMNS}"
+                "UPDATE operations SET pause_requested_at = $2, version = version + 1, updated_at = $3
+                  WHERE id = $1 AND state = 'running' RETURNING {OP_COLUMNS}"
             );
-            let query = sqlx::query(&sql).bind(id).bind(p.now.0);
-            let paused = update_returning(c, query).await?.ok_or(StoreError::NotFound)?;
-            sqlx::query("DELETE FROM tasks WHERE operation_id = $1")
-                .bind(id)
-                .execute(&mut *c)
-                .await
-                .map_err(db)?;
-            event_insert(c, ch, &paused, "paused", &json!({})).await?;
-            outbox_insert_as(c, &paused, "operation.paused").await?;
-            Ok(paused)
+            let query = sqlx::query(&sql).bind(id).bind(requested_at.map(|t| t.0)).bind(p.now.0);
+            let changed = update_returning(c, query).await?.ok_or(StoreError::NotFound)?;
+            event_insert(c, ch, &changed, event, &json!({})).await?;
+            Ok(changed)
         }
         IntentChange::Resume => {
             let sql = format!(
@@ -1187,6 +1199,44 @@ async fn operation_intent(c: &mut PgConnection, ch: &mut Vec<Change>, p: &Intent
             Ok(resumed)
         }
     }
+}
+
+/// Takes a queued or running operation out of the queue as `paused` (as
+/// SQLite's `operation_pause`): its task row goes, what a pausing worker
+/// reports is kept, and the `paused` event and webhook are written.
+/// `attempt` is the attempt a resume runs (`None`: unchanged).
+#[allow(clippy::too_many_arguments)]
+async fn operation_pause(
+    c: &mut PgConnection,
+    ch: &mut Vec<Change>,
+    id: &str,
+    attempt: Option<i64>,
+    progress: Option<&Progress>,
+    checkpoint: Option<&Value>,
+    data: &Value,
+    now: Timestamp,
+) -> Result<Operation> {
+    let sql = format!(
+        "UPDATE operations SET state = 'paused', version = version + 1, updated_at = $2,
+                attempt = COALESCE($3, attempt), progress = COALESCE($4, progress),
+                checkpoint = COALESCE($5, checkpoint), pause_requested_at = NULL
+          WHERE id = $1 AND state IN ('queued', 'running') RETURNING {OP_COLUMNS}"
+    );
+    let query = sqlx::query(&sql)
+        .bind(id)
+        .bind(now.0)
+        .bind(attempt)
+        .bind(progress.map(|p| progress_to_json(p).to_string()))
+        .bind(checkpoint.map(Value::to_string));
+    let paused = update_returning(c, query).await?.ok_or(StoreError::NotFound)?;
+    sqlx::query("DELETE FROM tasks WHERE operation_id = $1")
+        .bind(id)
+        .execute(&mut *c)
+        .await
+        .map_err(db)?;
+    event_insert(c, ch, &paused, "paused", data).await?;
+    outbox_insert_as(c, &paused, "operation.paused").await?;
+    Ok(paused)
 }
 
 /// The tenant's operation, locked for the rest of the transaction.
@@ -1421,7 +1471,7 @@ async fn lease_tasks(
                 version = version + 1, updated_at = $6
            FROM t
           WHERE operations.id = t.op_id AND operations.state IN ('queued', 'running')
-      RETURNING {OP_COLUMNS}, t.token"
+      RETURNING {OP_COLUMNS}, t.token, operations.checkpoint"
     ))
     .bind(&ids)
     .bind(&tokens)
@@ -1432,30 +1482,32 @@ async fn lease_tasks(
     .fetch_all(&mut *c)
     .await
     .map_err(db)?;
-    let mut started: std::collections::HashMap<String, (Operation, String)> = std::collections::HashMap::new();
+    let mut started: std::collections::HashMap<String, (Operation, String, Option<Value>)> =
+        std::collections::HashMap::new();
     for row in &rows {
         let op = operation_from_row(row)?;
         let token: String = row.try_get(OP_COLUMN_COUNT).map_err(db)?;
-        started.insert(op.id.as_str().to_owned(), (op, token));
+        let checkpoint = json_text(row.try_get(OP_COLUMN_COUNT + 1).map_err(db)?)?;
+        started.insert(op.id.as_str().to_owned(), (op, token, checkpoint));
     }
     // In pick order (fair across tenants), as the claimer gets them.
     let mut leased = Vec::with_capacity(started.len());
     for pick in picked {
-        if let Some((op, token)) = started.remove(&pick.operation_id) {
+        if let Some((op, token, checkpoint)) = started.remove(&pick.operation_id) {
             if pick.was_queued {
                 outbox_insert(c, &op).await?;
             }
-            leased.push((op, token, pick.deadline_at));
+            leased.push((op, token, pick.deadline_at, checkpoint));
         }
     }
     let events: Vec<(&Operation, &str, Value)> = leased
         .iter()
-        .map(|(op, _, _)| (op, "started", json!({"attempt": op.attempt, "worker_id": p.worker_id})))
+        .map(|(op, ..)| (op, "started", json!({"attempt": op.attempt, "worker_id": p.worker_id})))
         .collect();
     events_insert(c, ch, &events).await?;
     let tasks = leased
         .into_iter()
-        .map(|(op, lease_token, deadline_at)| Task {
+        .map(|(op, lease_token, deadline_at, checkpoint)| Task {
             operation_id: op.id,
             tenant: op.tenant,
             kind: op.kind,
@@ -1465,6 +1517,7 @@ async fn lease_tasks(
             lease_expires_at,
             deadline_at: ts(deadline_at),
             budget_max_cost: op.budget_max_cost,
+            checkpoint,
         })
         .collect();
     Ok(tasks)
@@ -1527,7 +1580,7 @@ async fn fenced_many(
     let rows = sqlx::query(
         "SELECT o.version, o.progress, o.cost_units, o.cancellable, o.cancel_requested_at IS NOT NULL,
                 o.cancel_reason, o.cancel_requested_by, o.attempt, COALESCE(k.max_attempts, 1), o.budget_max_cost,
-                COALESCE(t.lease_ms, 30000), t.operation_id, t.lease_token
+                COALESCE(t.lease_ms, 30000), t.operation_id, t.lease_token, o.pause_requested_at IS NOT NULL
            FROM unnest($1::TEXT[], $2::TEXT[]) AS f(op_id, token)
            JOIN tasks t ON t.operation_id = f.op_id AND t.lease_token = f.token AND t.status = 'leased'
            JOIN operations o ON o.id = t.operation_id
@@ -1555,6 +1608,7 @@ async fn fenced_many(
                 max_attempts: row.try_get(8).map_err(db)?,
                 budget_max_cost: row.try_get(9).map_err(db)?,
                 lease_ms: row.try_get(10).map_err(db)?,
+                pause_requested: row.try_get(13).map_err(db)?,
             };
             Ok(((row.try_get(11).map_err(db)?, row.try_get(12).map_err(db)?), fenced))
         })
@@ -1572,6 +1626,15 @@ async fn task_heartbeat(c: &mut PgConnection, ch: &mut Vec<Change>, p: &Heartbea
         .execute(&mut *c)
         .await
         .map_err(db)?;
+    if let Some(checkpoint) = &p.checkpoint {
+        // Kept with the operation, not a change of its representation.
+        sqlx::query("UPDATE operations SET checkpoint = $2 WHERE id = $1")
+            .bind(p.operation_id.as_str())
+            .bind(checkpoint.to_string())
+            .execute(&mut *c)
+            .await
+            .map_err(db)?;
+    }
     let effect = heartbeat_effect(&current, p);
     let mut version = current.version;
     if let Some(data) = &effect.event {
@@ -1603,6 +1666,7 @@ async fn task_heartbeat(c: &mut PgConnection, ch: &mut Vec<Change>, p: &Heartbea
         lease_expires_at,
         cancel_requested,
         cancel_reason,
+        pause_requested: current.pause_requested && !cancel_requested,
         version,
     })
 }
@@ -1673,7 +1737,14 @@ async fn task_finish_batch(
         };
         // The worker's last progress rides the outcome's own change.
         let progress = final_progress(&fenced, p.progress.as_ref(), p.now);
-        match decide_finish(&fenced, &p.outcome) {
+        let decision = match decide_finish(&fenced, &p.outcome) {
+            Ok(decision) => decision,
+            Err(refused) => {
+                answers.push(Some(Err(refused)));
+                continue;
+            }
+        };
+        match decision {
             Decision::End(ending) => {
                 ends.push((i, id, ending.with_progress(progress)));
                 answers.push(None);
@@ -1681,6 +1752,24 @@ async fn task_finish_batch(
             Decision::Retry { next_attempt, data } => {
                 let requeued = requeue(c, ch, id, next_attempt, progress.as_ref(), p.now, &data).await?;
                 answers.push(Some(Ok(requeued)));
+            }
+            Decision::Pause {
+                attempt,
+                checkpoint,
+                data,
+            } => {
+                let paused = operation_pause(
+                    c,
+                    ch,
+                    id,
+                    Some(attempt),
+                    progress.as_ref(),
+                    checkpoint.as_ref(),
+                    &data,
+                    p.now,
+                )
+                .await?;
+                answers.push(Some(Ok(paused)));
             }
         }
     }
@@ -1695,7 +1784,7 @@ async fn task_finish_batch(
 async fn task_reap(c: &mut PgConnection, ch: &mut Vec<Change>, policy: Policy, p: &ReapParams) -> Result<ReapCounts> {
     let rows = sqlx::query(
         "SELECT t.operation_id, o.attempt, o.cancel_requested_at IS NOT NULL, o.cancel_requested_by, o.cancel_reason,
-                COALESCE(k.rerun_safe, FALSE), COALESCE(k.max_attempts, 1)
+                COALESCE(k.rerun_safe, FALSE), COALESCE(k.max_attempts, 1), o.pause_requested_at IS NOT NULL
            FROM tasks t
            JOIN operations o ON o.id = t.operation_id
            LEFT JOIN kinds k ON k.name = t.kind
@@ -1718,11 +1807,15 @@ async fn task_reap(c: &mut PgConnection, ch: &mut Vec<Change>, policy: Policy, p
             cancel_reason: r.try_get(4).map_err(db)?,
             rerun_safe: r.try_get(5).map_err(db)?,
             max_attempts: r.try_get(6).map_err(db)?,
+            pause_requested: r.try_get(7).map_err(db)?,
         };
         let decision = decide_reap(&task);
         match &decision {
             Decision::End(ending) => operation_end(c, ch, policy, &id, ending, p.now).await?,
             Decision::Retry { next_attempt, data } => requeue(c, ch, &id, *next_attempt, None, p.now, data).await?,
+            Decision::Pause { attempt, data, .. } => {
+                operation_pause(c, ch, &id, Some(*attempt), None, None, data, p.now).await?
+            }
         };
         counts.count(&task, &decision);
     }
@@ -1836,6 +1929,31 @@ async fn deadline_enforce(
         operation_end(c, ch, policy, &id, &Ending::failed(error), p.now).await?;
         counts.ended_without_ack += 1;
     }
+    // Asked to pause and not paused within the grace period: the work goes
+    // on, and the history says the request was not honoured.
+    let rows = sqlx::query(
+        "SELECT id, pause_requested_at FROM operations
+          WHERE state = 'running' AND pause_requested_at <= $1
+          ORDER BY pause_requested_at LIMIT $2 FOR UPDATE SKIP LOCKED",
+    )
+    .bind(cutoff.0)
+    .bind(limit)
+    .fetch_all(&mut *c)
+    .await
+    .map_err(db)?;
+    for r in &rows {
+        let id: String = r.try_get(0).map_err(db)?;
+        let requested_at: i64 = r.try_get(1).map_err(db)?;
+        let sql = format!(
+            "UPDATE operations SET pause_requested_at = NULL, version = version + 1, updated_at = $2
+              WHERE id = $1 AND state = 'running' RETURNING {OP_COLUMNS}"
+        );
+        let query = sqlx::query(&sql).bind(&id).bind(p.now.0);
+        let withdrawn = update_returning(c, query).await?.ok_or(StoreError::NotFound)?;
+        let data = pause_not_honoured_data(Timestamp(requested_at), p.grace);
+        event_insert(c, ch, &withdrawn, "pause_not_honoured", &data).await?;
+        counts.pause_not_honoured += 1;
+    }
     Ok(counts)
 }
 
@@ -1860,10 +1978,12 @@ fn kind_from_row(r: &PgRow) -> Result<KindSpec> {
         max_attempts: r.try_get(3).map_err(db)?,
         default_deadline_seconds: r.try_get(4).map_err(db)?,
         max_deadline_seconds: r.try_get(5).map_err(db)?,
+        pausable: r.try_get(6).map_err(db)?,
     })
 }
 
-const KIND_COLUMNS: &str = "name, builtin, rerun_safe, max_attempts, default_deadline_seconds, max_deadline_seconds";
+const KIND_COLUMNS: &str =
+    "name, builtin, rerun_safe, max_attempts, default_deadline_seconds, max_deadline_seconds, pausable";
 const RESULT_COLUMNS: &str =
     "id, operation_id, tenant, storage_key, content_type, size_bytes, sha256, state, created_at, expires_at, name";
 
@@ -2400,11 +2520,12 @@ impl Store for PostgresStore {
 
     async fn kind_upsert(&self, k: KindSpec) -> Result<()> {
         sqlx::query(
-            "INSERT INTO kinds (name, builtin, rerun_safe, max_attempts, default_deadline_seconds, max_deadline_seconds)
-             VALUES ($1, $2, $3, $4, $5, $6)
+            "INSERT INTO kinds (name, builtin, rerun_safe, max_attempts, default_deadline_seconds, max_deadline_seconds,
+                                pausable)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)
              ON CONFLICT (name) DO UPDATE SET builtin = excluded.builtin, rerun_safe = excluded.rerun_safe,
                  max_attempts = excluded.max_attempts, default_deadline_seconds = excluded.default_deadline_seconds,
-                 max_deadline_seconds = excluded.max_deadline_seconds",
+                 max_deadline_seconds = excluded.max_deadline_seconds, pausable = excluded.pausable",
         )
         .bind(&k.name)
         .bind(k.builtin)
@@ -2412,6 +2533,7 @@ impl Store for PostgresStore {
         .bind(k.max_attempts)
         .bind(k.default_deadline_seconds)
         .bind(k.max_deadline_seconds)
+        .bind(k.pausable)
         .execute(&self.pool)
         .await
         .map_err(db)?;

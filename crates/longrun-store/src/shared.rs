@@ -164,6 +164,7 @@ pub(crate) fn snapshot_to_json(op: &Operation) -> Value {
         "expires_at": op.expires_at.map(|t| t.0),
         "artifact": artifacts_to_json(op.artifact.as_ref(), &op.artifacts),
         "rerun_of": op.rerun_of.as_ref().map(Id::as_str),
+        "pause_requested_at": op.pause_requested_at.map(|t| t.0),
     })
 }
 
@@ -210,6 +211,7 @@ pub(crate) fn snapshot_from_json(v: &Value) -> Option<Operation> {
         artifacts: BTreeMap::new(),
         rerun_of: text("rerun_of").map(Id::from_trusted),
         reruns: None,
+        pause_requested_at: time("pause_requested_at"),
     })
     .map(|mut op| {
         (op.artifact, op.artifacts) = artifacts_from_json(v.get("artifact"));
@@ -254,6 +256,8 @@ pub(crate) struct Fenced {
     pub cancel_requested: bool,
     pub cancel_reason: Option<String>,
     pub cancel_requested_by: Option<String>,
+    /// A client asked to pause and the worker has not answered yet.
+    pub pause_requested: bool,
 }
 
 /// What a heartbeat does to its operation; every backend applies the same.
@@ -390,30 +394,73 @@ pub(crate) enum Decision {
         /// The `retry_scheduled` event's data (the backoff is added by the applier).
         data: Value,
     },
+    /// Out of the queue as `paused` (a client asked), keeping the last
+    /// checkpoint unless a newer one is given; the next claim after a
+    /// resume runs attempt `attempt`.
+    Pause {
+        attempt: i64,
+        checkpoint: Option<Value>,
+        /// The `paused` event's data.
+        data: Value,
+    },
 }
 
-pub(crate) fn decide_finish(current: &Fenced, outcome: &Outcome) -> Decision {
-    match outcome {
+impl Decision {
+    /// A retry, unless a pause was asked for: then the work pauses instead
+    /// (still counting the attempt that ended) and waits for a resume.
+    fn retry_unless_pausing(pause_requested: bool, next_attempt: i64, data: Value) -> Self {
+        if pause_requested {
+            Decision::Pause {
+                attempt: next_attempt,
+                checkpoint: None,
+                data,
+            }
+        } else {
+            Decision::Retry { next_attempt, data }
+        }
+    }
+}
+
+/// What a worker's outcome does to its operation. A `paused` report
+/// nobody asked for is refused (`IntentConflict`), and after a cancel
+/// request it ends the work as the cancel says: terminal intent dominates.
+pub(crate) fn decide_finish(current: &Fenced, outcome: &Outcome) -> Result<Decision> {
+    Ok(match outcome {
         Outcome::Succeeded { result } => Decision::End(Ending::succeeded(result.clone())),
         // The worker says another attempt may succeed and attempts are left:
         // retry after a backoff; the public state stays running.
         Outcome::Failed { error }
             if error.retryable && !current.cancel_requested && current.attempt < current.max_attempts =>
         {
-            Decision::Retry {
-                next_attempt: current.attempt + 1,
-                data: json!({
+            Decision::retry_unless_pausing(
+                current.pause_requested,
+                current.attempt + 1,
+                json!({
                     "reason": "worker_error",
                     "error": {"code": error.code, "message": error.message, "retryable": true},
                 }),
-            }
+            )
         }
         Outcome::Failed { error } => Decision::End(Ending::failed_by_worker(error.clone())),
+        Outcome::Cancelled | Outcome::Paused { .. } if current.cancel_requested => Decision::End(Ending::after_cancel(
+            current.cancel_requested_by.as_deref(),
+            current.cancel_reason.as_deref(),
+        )),
         Outcome::Cancelled => Decision::End(Ending::after_cancel(
             current.cancel_requested_by.as_deref(),
             current.cancel_reason.as_deref(),
         )),
-    }
+        Outcome::Paused { checkpoint } if current.pause_requested => Decision::Pause {
+            attempt: current.attempt,
+            checkpoint: checkpoint.clone(),
+            data: json!({"reason": "requested", "attempt": current.attempt}),
+        },
+        Outcome::Paused { .. } => {
+            return Err(StoreError::IntentConflict {
+                current_version: current.version,
+            });
+        }
+    })
 }
 
 /// A task whose lease lapsed, as the reaper reads it.
@@ -424,12 +471,14 @@ pub(crate) struct Lapsed {
     pub cancel_requested: bool,
     pub cancel_requested_by: Option<String>,
     pub cancel_reason: Option<String>,
+    pub pause_requested: bool,
 }
 
 /// What the reaper does with a lapsed lease: work asked to stop ends as its
 /// stop says; a kind safe to re-run with attempts left goes back to the
-/// queue; anything else may have had external effects, so it fails with
-/// `outcome_unknown` for a human or a reconciler to look at.
+/// queue (or, asked to pause, pauses), and its next attempt gets the last
+/// checkpoint; anything else may have had external effects, so it fails
+/// with `outcome_unknown` for a human or a reconciler to look at.
 pub(crate) fn decide_reap(task: &Lapsed) -> Decision {
     if task.cancel_requested {
         Decision::End(Ending::after_cancel(
@@ -437,10 +486,11 @@ pub(crate) fn decide_reap(task: &Lapsed) -> Decision {
             task.cancel_reason.as_deref(),
         ))
     } else if task.rerun_safe && task.attempt < task.max_attempts {
-        Decision::Retry {
-            next_attempt: task.attempt + 1,
-            data: json!({"reason": "lease_expired"}),
-        }
+        Decision::retry_unless_pausing(
+            task.pause_requested,
+            task.attempt + 1,
+            json!({"reason": "lease_expired"}),
+        )
     } else {
         Decision::End(Ending::failed(OperationError {
             code: "outcome_unknown".into(),
@@ -457,6 +507,7 @@ impl ReapCounts {
     pub(crate) fn count(&mut self, task: &Lapsed, decision: &Decision) {
         match decision {
             Decision::Retry { .. } => self.requeued += 1,
+            Decision::Pause { .. } => self.paused += 1,
             Decision::End(_) if task.cancel_requested => self.ended_cancel_requested += 1,
             Decision::End(_) => self.failed_outcome_unknown += 1,
         }
@@ -528,25 +579,63 @@ pub(crate) fn upload_completed(
 /// What a change of desired state does to an operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum IntentChange {
+    /// Out of the queue at once (no worker holds it).
     Pause,
+    /// Ask the worker holding it to pause (`pause_requested`).
+    RequestPause,
+    /// Withdraw a pause the worker has not answered yet.
+    WithdrawPause,
     Resume,
     Unchanged,
 }
 
+impl IntentChange {
+    /// For a pause asked of (or withdrawn from) running work: the new
+    /// `pause_requested_at` and the event that records the change.
+    pub fn pause_request(self, now: Timestamp) -> (Option<Timestamp>, &'static str) {
+        match self {
+            IntentChange::RequestPause => (Some(now), "pause_requested"),
+            _ => (None, "pause_withdrawn"),
+        }
+    }
+}
+
+/// The data of the event recording a pause its worker did not honour.
+pub(crate) fn pause_not_honoured_data(requested_at: Timestamp, grace: Duration) -> Value {
+    json!({
+        "requested_at": requested_at.to_rfc3339(),
+        "grace_seconds": grace.as_secs(),
+        "message": "the worker did not pause within the grace period; the work goes on",
+    })
+}
+
+/// What the operation's workers can do, as `decide_intent` needs it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Holder {
+    /// A worker holds the lease now.
+    pub leased: bool,
+    /// Its kind is declared pausable.
+    pub pausable: bool,
+}
+
 /// The rules of `PATCH {"desired_state"}`, for every backend: terminal
 /// intent dominates (an ended operation, or one asked to cancel, refuses
-/// whatever the version), then work a worker holds cannot pause, then the
-/// version must be the current one; asking for what holds changes nothing.
-pub(crate) fn decide_intent(op: &Operation, leased: bool, p: &IntentParams) -> Result<IntentChange> {
+/// whatever the version), then work a worker holds can pause only if its
+/// kind is pausable (the worker is asked), then the version must be the
+/// current one; asking for what holds changes nothing.
+pub(crate) fn decide_intent(op: &Operation, holder: Holder, p: &IntentParams) -> Result<IntentChange> {
     let current_version = op.version;
     if op.state.is_terminal() || op.cancel.is_some() {
         return Err(StoreError::IntentConflict { current_version });
     }
+    let pause_requested = op.state == State::Running && op.pause_requested_at.is_some();
     let change = match (p.desired, op.state) {
-        (DesiredState::Paused, State::Paused) | (DesiredState::Running, State::Queued | State::Running) => {
-            IntentChange::Unchanged
-        }
-        (DesiredState::Paused, _) if leased => return Err(StoreError::NotPausable { current_version }),
+        (DesiredState::Paused, State::Paused) | (DesiredState::Running, State::Queued) => IntentChange::Unchanged,
+        (DesiredState::Paused, _) if pause_requested => IntentChange::Unchanged,
+        (DesiredState::Running, State::Running) if pause_requested => IntentChange::WithdrawPause,
+        (DesiredState::Running, State::Running) => IntentChange::Unchanged,
+        (DesiredState::Paused, _) if holder.leased && holder.pausable => IntentChange::RequestPause,
+        (DesiredState::Paused, _) if holder.leased => return Err(StoreError::NotPausable { current_version }),
         (DesiredState::Paused, _) => IntentChange::Pause,
         (DesiredState::Running, _) => IntentChange::Resume,
     };
@@ -588,6 +677,7 @@ pub(crate) fn created_operation(p: &AcceptParams) -> Operation {
         artifacts: BTreeMap::new(),
         rerun_of: p.rerun_of.clone(),
         reruns: None,
+        pause_requested_at: None,
     }
 }
 
@@ -636,6 +726,7 @@ mod tests {
             cancel_requested: false,
             cancel_reason: None,
             cancel_requested_by: None,
+            pause_requested: false,
         }
     }
 
@@ -651,21 +742,21 @@ mod tests {
     fn a_retryable_failure_retries_only_with_attempts_left_and_no_stop_asked() {
         let failed = Outcome::Failed { error: error(true) };
         assert!(matches!(
-            decide_finish(&running(1, 3), &failed),
+            decide_finish(&running(1, 3), &failed).unwrap(),
             Decision::Retry { next_attempt: 2, .. }
         ));
         assert_eq!(
-            decide_finish(&running(3, 3), &failed),
+            decide_finish(&running(3, 3), &failed).unwrap(),
             Decision::End(Ending::failed_by_worker(error(true)))
         );
         let mut stopping = running(1, 3);
         stopping.cancel_requested = true;
         assert_eq!(
-            decide_finish(&stopping, &failed),
+            decide_finish(&stopping, &failed).unwrap(),
             Decision::End(Ending::failed_by_worker(error(true)))
         );
         assert_eq!(
-            decide_finish(&running(1, 3), &Outcome::Failed { error: error(false) }),
+            decide_finish(&running(1, 3), &Outcome::Failed { error: error(false) }).unwrap(),
             Decision::End(Ending::failed_by_worker(error(false)))
         );
     }
@@ -676,7 +767,7 @@ mod tests {
         stopped.cancel_requested = true;
         stopped.cancel_requested_by = Some(SYSTEM.into());
         stopped.cancel_reason = Some("budget_exhausted".into());
-        let Decision::End(ending) = decide_finish(&stopped, &Outcome::Cancelled) else {
+        let Decision::End(ending) = decide_finish(&stopped, &Outcome::Cancelled).unwrap() else {
             panic!("a cancel acknowledgement ends the operation")
         };
         assert_eq!(ending.to, State::Failed);
@@ -684,11 +775,11 @@ mod tests {
         // A client's cancel (even one giving that reason) ends cancelled.
         stopped.cancel_requested_by = Some("key_123".into());
         assert_eq!(
-            decide_finish(&stopped, &Outcome::Cancelled),
+            decide_finish(&stopped, &Outcome::Cancelled).unwrap(),
             Decision::End(Ending::cancelled())
         );
         assert_eq!(
-            decide_finish(&running(1, 1), &Outcome::Succeeded { result: None }),
+            decide_finish(&running(1, 1), &Outcome::Succeeded { result: None }).unwrap(),
             Decision::End(Ending::succeeded(Some(Value::Null)))
         );
     }
@@ -702,6 +793,7 @@ mod tests {
             cancel_requested,
             cancel_requested_by: None,
             cancel_reason: None,
+            pause_requested: false,
         };
         let mut counts = ReapCounts::default();
         for (task, expected) in [
@@ -713,6 +805,7 @@ mod tests {
             let decision = decide_reap(&task);
             let got = match &decision {
                 Decision::Retry { .. } => "retry",
+                Decision::Pause { .. } => "paused",
                 Decision::End(e) if e.to == State::Cancelled => "cancelled",
                 Decision::End(e) => e.error.as_ref().unwrap().code.as_str(),
             };
@@ -727,6 +820,96 @@ mod tests {
             ),
             (1, 2, 1)
         );
+    }
+
+    #[test]
+    fn a_paused_report_pauses_only_when_asked_and_never_after_a_cancel() {
+        let paused = Outcome::Paused {
+            checkpoint: Some(json!({"step": 3})),
+        };
+        assert!(matches!(
+            decide_finish(&running(1, 3), &paused),
+            Err(StoreError::IntentConflict { current_version: 2 })
+        ));
+        let mut asked = running(2, 3);
+        asked.pause_requested = true;
+        let Decision::Pause {
+            attempt, checkpoint, ..
+        } = decide_finish(&asked, &paused).unwrap()
+        else {
+            panic!("a requested pause pauses")
+        };
+        assert_eq!((attempt, checkpoint), (2, Some(json!({"step": 3}))), "not an attempt");
+        // A retryable failure while a pause is asked for pauses too.
+        assert!(matches!(
+            decide_finish(&asked, &Outcome::Failed { error: error(true) }).unwrap(),
+            Decision::Pause { attempt: 3, .. }
+        ));
+        asked.cancel_requested = true;
+        assert_eq!(
+            decide_finish(&asked, &paused).unwrap(),
+            Decision::End(Ending::cancelled()),
+            "terminal intent dominates"
+        );
+    }
+
+    fn op_in(state: State) -> Operation {
+        let mut op = created_operation(&AcceptParams {
+            id: Id::generate(longrun_core::IdKind::Operation),
+            tenant: "t".into(),
+            kind: "k".into(),
+            input: Value::Null,
+            callback_url: None,
+            deadline_at: None,
+            budget_max_cost: None,
+            labels: BTreeMap::new(),
+            idempotency: None,
+            uploads: Vec::new(),
+            rerun_of: None,
+            from_checkpoint: false,
+            now: Timestamp(0),
+        });
+        op.state = state;
+        op
+    }
+
+    #[test]
+    fn intent_rules_for_work_a_worker_holds() {
+        let intent = |desired| IntentParams {
+            tenant: "t".into(),
+            id: Id::generate(longrun_core::IdKind::Operation),
+            desired,
+            if_match: None,
+            now: Timestamp(0),
+        };
+        let held = |pausable| Holder { leased: true, pausable };
+        let mut op = op_in(State::Running);
+        assert_eq!(
+            decide_intent(&op, held(true), &intent(DesiredState::Paused)).unwrap(),
+            IntentChange::RequestPause
+        );
+        assert!(matches!(
+            decide_intent(&op, held(false), &intent(DesiredState::Paused)),
+            Err(StoreError::NotPausable { .. })
+        ));
+        op.pause_requested_at = Some(Timestamp(1));
+        assert_eq!(
+            decide_intent(&op, held(true), &intent(DesiredState::Paused)).unwrap(),
+            IntentChange::Unchanged
+        );
+        assert_eq!(
+            decide_intent(&op, held(true), &intent(DesiredState::Running)).unwrap(),
+            IntentChange::WithdrawPause
+        );
+        op.cancel = Some(CancelRequest {
+            requested_at: Timestamp(2),
+            requested_by: "k".into(),
+            reason: None,
+        });
+        assert!(matches!(
+            decide_intent(&op, held(true), &intent(DesiredState::Running)),
+            Err(StoreError::IntentConflict { .. })
+        ));
     }
 
     #[test]

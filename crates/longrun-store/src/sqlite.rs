@@ -32,6 +32,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (8, include_str!("sqlite/migrations/0008_uploads.sql")),
     (9, include_str!("sqlite/migrations/0009_reruns.sql")),
     (10, include_str!("sqlite/migrations/0010_paused.sql")),
+    (11, include_str!("sqlite/migrations/0011_checkpoints.sql")),
 ];
 
 #[derive(Debug, Clone)]

@@ -48,6 +48,10 @@ pub struct Operation {
     /// Its re-runs, oldest first: read by `operation_get` only (`None`
     /// elsewhere: not read, not "none").
     pub reruns: Option<Vec<Id>>,
+    /// When a pause of the running work was asked for and its worker has
+    /// not answered yet (`desired_state` is then `paused` while `state` is
+    /// still `running`).
+    pub pause_requested_at: Option<Timestamp>,
 }
 
 impl Operation {
@@ -168,6 +172,9 @@ pub struct AcceptParams {
     pub uploads: Vec<Id>,
     /// The operation this submission re-runs.
     pub rerun_of: Option<Id>,
+    /// Start from `rerun_of`'s last checkpoint (copied in the same
+    /// transaction), if it saved one.
+    pub from_checkpoint: bool,
     pub now: Timestamp,
 }
 
@@ -246,7 +253,14 @@ pub struct Task {
     pub lease_expires_at: Timestamp,
     pub deadline_at: Option<Timestamp>,
     pub budget_max_cost: Option<f64>,
+    /// The last checkpoint a worker saved for this operation (in an earlier
+    /// attempt, before a pause, or copied by a `from_checkpoint` re-run):
+    /// where to resume.
+    pub checkpoint: Option<Value>,
 }
+
+/// Largest checkpoint a worker may save, as JSON text.
+pub const MAX_CHECKPOINT_BYTES: usize = 64 * 1024;
 
 #[derive(Debug, Clone, Default)]
 pub struct ProgressUpdate {
@@ -266,6 +280,9 @@ pub struct HeartbeatParams {
     pub cost_units: Option<f64>,
     /// `Some(false)` marks the commit point.
     pub cancellable: Option<bool>,
+    /// Where to resume from if this attempt ends early (a crash, a pause):
+    /// replaces the stored one, without a new version.
+    pub checkpoint: Option<Value>,
     pub now: Timestamp,
 }
 
@@ -274,6 +291,8 @@ pub struct HeartbeatAck {
     pub lease_expires_at: Timestamp,
     pub cancel_requested: bool,
     pub cancel_reason: Option<String>,
+    /// A client asked to pause: save a checkpoint and report `paused`.
+    pub pause_requested: bool,
     pub version: i64,
 }
 
@@ -287,6 +306,11 @@ pub enum Outcome {
     },
     /// The worker acknowledged a cancellation.
     Cancelled,
+    /// The worker stopped as a pause asked, leaving where to resume from
+    /// (or keeping the last checkpoint it saved when `None`).
+    Paused {
+        checkpoint: Option<Value>,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -313,6 +337,8 @@ pub struct ReapCounts {
     pub failed_outcome_unknown: u64,
     /// Cancellation had been requested and the worker vanished: ended as asked.
     pub ended_cancel_requested: u64,
+    /// A pause had been requested and the worker vanished: paused as asked.
+    pub paused: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -343,6 +369,9 @@ pub struct KindSpec {
     pub max_attempts: i64,
     pub default_deadline_seconds: Option<i64>,
     pub max_deadline_seconds: Option<i64>,
+    /// Running work may be paused (its workers save checkpoints and
+    /// answer `pause_requested`).
+    pub pausable: bool,
 }
 
 /// Per-tenant limits (`longrun tenants set`). `None` means unlimited.
@@ -387,6 +416,9 @@ pub struct EnforceCounts {
     pub cancel_requested: u64,
     /// The worker did not acknowledge within the grace period: failed and fenced out.
     pub ended_without_ack: u64,
+    /// Pauses of running work the worker did not honour within the grace
+    /// period: withdrawn, recorded as `pause_not_honoured`.
+    pub pause_not_honoured: u64,
 }
 
 /// A webhook event due for (another) delivery attempt.

@@ -30,6 +30,7 @@ pub async fn rerun_safe_kind(store: &dyn Store, name: &str) {
             max_attempts: 3,
             default_deadline_seconds: None,
             max_deadline_seconds: None,
+            pausable: false,
         })
         .await
         .unwrap();

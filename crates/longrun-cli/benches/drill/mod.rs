@@ -798,6 +798,7 @@ impl longrun_engine::worker::Handler for Noop {
             name: "noop".into(),
             rerun_safe: true,
             max_attempts: 3,
+            pausable: false,
         }
     }
 

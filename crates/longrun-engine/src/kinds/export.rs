@@ -202,6 +202,7 @@ impl Handler for Export {
             name: "export".into(),
             rerun_safe: true,
             max_attempts: 3,
+            pausable: true,
         }
     }
 

@@ -709,6 +709,9 @@ impl Handler for Import {
             // It only writes its own artifacts; a re-run replaces them.
             rerun_safe: true,
             max_attempts: 3,
+            // A pause stops it between rows; it resumes from the first row
+            // (its artifacts are written whole, by one attempt).
+            pausable: true,
         }
     }
 
@@ -747,7 +750,10 @@ impl Handler for Import {
             loop {
                 tokio::select! {
                     done = &mut work => return done,
-                    () = ctx.cancelled() => cancel.store(true, Ordering::Relaxed),
+                    () = ctx.cancelled(), if !cancel.load(Ordering::Relaxed) => cancel.store(true, Ordering::Relaxed),
+                    () = ctx.pause_requested(), if !cancel.load(Ordering::Relaxed) => {
+                        cancel.store(true, Ordering::Relaxed);
+                    }
                     _ = tick.tick() => {
                         let done = rows.load(Ordering::Relaxed) as f64;
                         let _ = ctx.progress(ProgressUpdate {
@@ -764,7 +770,8 @@ impl Handler for Import {
         let (processed, (accepted, errors)) = tokio::join!(watch, uploads);
         let summary = match processed.map_err(|e| TaskError::Retryable(format!("the import thread failed: {e}")))? {
             Ok(summary) => summary,
-            Err(Stop::Cancelled) => return Err(TaskError::Cancelled),
+            Err(Stop::Cancelled) if ctx.is_cancelled() => return Err(TaskError::Cancelled),
+            Err(Stop::Cancelled) => return Err(TaskError::Paused),
             Err(Stop::Unreadable(why)) => return Err(TaskError::fatal("invalid_upload", why)),
             Err(Stop::Io(e)) => return Err(TaskError::Retryable(format!("reading the upload failed: {e}"))),
         };

@@ -1,6 +1,8 @@
 //! The `sleep` kind: waits `duration_ms` in `steps`, reporting progress after
 //! each step and stopping at the next step boundary once cancellation is
-//! requested. `fail_with` makes it fail with that code at the end. For tests,
+//! requested. Pausable: a pause stops it mid-step, and it resumes after the
+//! last step done (its checkpoint, `{"steps_done": n}`), after a pause or
+//! a crash alike. `fail_with` makes it fail with that code at the end. For tests,
 //! demos and benchmarks.
 
 use std::time::Duration;
@@ -89,6 +91,7 @@ impl Handler for Sleep {
             name: "sleep".into(),
             rerun_safe: true,
             max_attempts: 3,
+            pausable: true,
         }
     }
 
@@ -99,14 +102,27 @@ impl Handler for Sleep {
     async fn run(&self, ctx: TaskContext) -> Result<Option<Value>, TaskError> {
         let input = SleepInput::parse(ctx.input()).map_err(|e| TaskError::fatal("invalid_input", e.message))?;
         let step = input.duration / u32::try_from(input.steps).unwrap_or(u32::MAX);
-        for done in 1..=input.steps {
+        // Resumes after the last step a checkpoint counts (a pause, a crash).
+        let first = ctx
+            .checkpoint()
+            .and_then(|c| c.get("steps_done").and_then(Value::as_u64))
+            .unwrap_or(0)
+            .min(input.steps)
+            + 1;
+        for done in first..=input.steps {
             if ctx.is_cancelled() {
                 return Err(TaskError::Cancelled);
+            }
+            if ctx.is_pause_requested() {
+                return Err(TaskError::Paused);
             }
             tokio::select! {
                 () = tokio::time::sleep(step) => {}
                 () = ctx.cancelled() => return Err(TaskError::Cancelled),
+                // The step under way is not done: the checkpoint says the last one that is.
+                () = ctx.pause_requested() => return Err(TaskError::Paused),
             }
+            ctx.note_checkpoint(json!({"steps_done": done}))?;
             ctx.progress(ProgressUpdate {
                 completed_units: Some(done as f64),
                 total_units: Some(input.steps as f64),

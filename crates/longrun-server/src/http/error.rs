@@ -334,6 +334,12 @@ impl ApiError {
             StoreError::UploadOffsetMismatch { offset, complete } => {
                 ApiError::UploadOffsetMismatch { offset, complete }
             }
+            StoreError::IntentConflict { current_version } => ApiError::IntentConflict {
+                current: current_version,
+            },
+            StoreError::NotPausable { current_version } => ApiError::NotPausable {
+                current: current_version,
+            },
             StoreError::Unavailable(_) => ApiError::TemporarilyUnavailable {
                 detail: "the database is unavailable; nothing was applied, retry shortly".into(),
                 retry_after: DATABASE_RETRY_AFTER,

@@ -23,7 +23,7 @@ use crate::http::{admin, error, events, health, operations, results, uploads, wi
         operations::history, operations::cancel, operations::cancellation, operations::deliveries, operations::rerun, events::events,
         results::result, results::content, results::upload, results::upload_named, results::read_upload,
         uploads::create, uploads::append, uploads::offset, uploads::show, workers::claim, workers::heartbeat, workers::complete,
-        workers::fail, workers::cancelled, workers::outcomes, operations::submit_batch, health::healthz, health::readyz, admin::metrics,
+        workers::fail, workers::cancelled, workers::paused, workers::outcomes, operations::submit_batch, health::healthz, health::readyz, admin::metrics,
     ),
     components(schemas(error::Problem, error::ProblemCode, wire::OperationBody, wire::SubmitRequest, workers::OutcomeItem)),
     modifiers(&BearerAuth),

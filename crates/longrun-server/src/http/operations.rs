@@ -338,12 +338,6 @@ async fn rerun(
     let id = Id::parse(IdKind::Operation, &id).ok_or(ApiError::NotFound)?;
     let original = app.operation(&caller.tenant, &id).await?;
     let request = request.unwrap_or_default();
-    if request.from_checkpoint {
-        return Err(ApiError::InvalidInput(
-            "from_checkpoint: the operation has no checkpoint (checkpoints come with pausing, which this server does not have yet)"
-                .into(),
-        ));
-    }
     let Some(input) = original.input.clone() else {
         return Err(ApiError::InputNotKept { operation_id: id });
     };
@@ -367,7 +361,11 @@ async fn rerun(
         labels: request.labels.or_else(|| Some(original.labels.clone())),
     };
     let now = app.clock.now();
-    let params = prepare_submission(&app, &caller.tenant, key, submission, now, Some(id)).await?;
+    let rerun = Rerun {
+        of: id,
+        from_checkpoint: request.from_checkpoint,
+    };
+    let params = prepare_submission(&app, &caller.tenant, key, submission, now, Some(rerun)).await?;
     answer_submission(app, caller, &headers, params, now).await
 }
 
@@ -385,7 +383,7 @@ async fn prepare_submission(
     key: Option<IdempotencyKey>,
     request: SubmitRequest,
     now: Timestamp,
-    rerun_of: Option<Id>,
+    rerun: Option<Rerun>,
 ) -> Result<AcceptParams, ApiError> {
     app.check_accepting(&request.kind).await?;
     if key.is_none() && app.config.require_idempotency_key {
@@ -439,9 +437,13 @@ async fn prepare_submission(
     });
     // A re-run is another request than a submission of the same input: the
     // same key on both conflicts instead of replaying the other.
-    if let Some(original) = &rerun_of {
-        semantic["rerun_of"] = json!(original.as_str());
+    if let Some(rerun) = &rerun {
+        semantic["rerun_of"] = json!(rerun.of.as_str());
+        if rerun.from_checkpoint {
+            semantic["from_checkpoint"] = json!(true);
+        }
     }
+    let from_checkpoint = rerun.as_ref().is_some_and(|r| r.from_checkpoint);
     Ok(AcceptParams {
         id: Id::generate(IdKind::Operation),
         tenant: tenant.to_owned(),
@@ -453,9 +455,17 @@ async fn prepare_submission(
         labels,
         idempotency: key.map(|k| (k, app.fingerprinter.fingerprint(&semantic))),
         uploads,
-        rerun_of,
+        rerun_of: rerun.map(|r| r.of),
+        from_checkpoint,
         now,
     })
+}
+
+/// What a re-run adds to a submission: the original, and whether to start
+/// from its last checkpoint.
+struct Rerun {
+    of: Id,
+    from_checkpoint: bool,
 }
 
 /// What an acceptance means to the caller: the operation and whether it
@@ -927,27 +937,33 @@ async fn set_intent(
             given: if_match,
             current: current_version,
         },
-        StoreError::IntentConflict { current_version } => ApiError::IntentConflict {
-            current: current_version,
-        },
-        StoreError::NotPausable { current_version } => ApiError::NotPausable {
-            current: current_version,
-        },
         other => other.into(),
     })?;
+    let asked_of_worker = op.state == longrun_core::State::Running && op.pause_requested_at.is_some();
     // A change is one version past the one the client named.
     if op.version != if_match {
-        let what = if op.state == longrun_core::State::Paused {
-            "paused"
-        } else {
-            "resumed"
+        let what = match op.state {
+            longrun_core::State::Paused => "paused",
+            longrun_core::State::Running if asked_of_worker => "pause_requested",
+            longrun_core::State::Running => "pause_withdrawn",
+            _ => "resumed",
         };
         metrics::counter!("longrun_operations_intents_total", "change" => what).increment(1);
         if op.state == longrun_core::State::Queued {
             app.signals.work_available();
         }
     }
-    Ok(operation_response(app, &op, StatusCode::OK).await)
+    if asked_of_worker {
+        // A task running in this process hears it now, not at its next heartbeat.
+        app.signals.pause_requested(&op.id);
+    }
+    // Asked of a worker, the pause is accepted, not done (as a cancel of running work).
+    let status = if asked_of_worker {
+        StatusCode::ACCEPTED
+    } else {
+        StatusCode::OK
+    };
+    Ok(operation_response(app, &op, status).await)
 }
 
 /// `GET /v1/operations/{id}/deliveries`: every webhook delivery attempt, oldest first.

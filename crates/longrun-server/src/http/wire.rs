@@ -236,8 +236,8 @@ pub struct RerunRequest {
     pub labels: Option<BTreeMap<String, String>>,
     #[serde(default, deserialize_with = "object")]
     pub callback: Option<CallbackRequest>,
-    /// Start from the original's last checkpoint. No operation has one yet
-    /// (checkpoints come with pausing): `true` is refused with `422`.
+    /// Start from the last checkpoint the original's workers saved (where a
+    /// failed export stopped, say); from the beginning if it saved none.
     #[serde(default)]
     pub from_checkpoint: bool,
 }
@@ -302,7 +302,8 @@ pub struct OperationBody {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reruns: Option<Vec<String>>,
     pub state: &'static str,
-    /// What the client wants of the run: `running`, `paused`, or
+    /// What the client wants of the run: `running`, `paused` (also while a
+    /// worker is asked to pause and `state` is still `running`), or
     /// `cancelled` once cancellation is requested (terminal intent).
     #[schema(pattern = "^(running|paused|cancelled)$")]
     pub desired_state: &'static str,
@@ -379,7 +380,9 @@ impl From<&Operation> for OperationBody {
             state: op.state.as_str(),
             desired_state: if op.cancel.is_some() || op.state == longrun_core::State::Cancelled {
                 "cancelled"
-            } else if op.state == longrun_core::State::Paused {
+            } else if op.state == longrun_core::State::Paused
+                || op.state == longrun_core::State::Running && op.pause_requested_at.is_some()
+            {
                 "paused"
             } else {
                 "running"

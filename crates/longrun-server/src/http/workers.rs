@@ -42,6 +42,7 @@ pub fn router() -> Router<AppState> {
         .route("/v1/worker/tasks/{id}/complete", post(complete))
         .route("/v1/worker/tasks/{id}/fail", post(fail))
         .route("/v1/worker/tasks/{id}/cancelled", post(cancelled))
+        .route("/v1/worker/tasks/{id}/paused", post(paused))
         .route("/v1/worker/outcomes", post(outcomes))
 }
 
@@ -89,6 +90,11 @@ pub struct TaskBody {
     pub lease_expires_at: String,
     pub deadline_at: Option<String>,
     pub budget: Option<BudgetBody>,
+    /// Where to resume from: the last checkpoint saved for the operation
+    /// (an earlier attempt's, one saved before a pause, or one a
+    /// `from_checkpoint` re-run copied); absent for a fresh start.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<Value>,
 }
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -163,6 +169,7 @@ async fn claim(
                         lease_expires_at: t.lease_expires_at.to_rfc3339(),
                         deadline_at: t.deadline_at.map(|d| d.to_rfc3339()),
                         budget: t.budget_max_cost.map(|max_cost_units| BudgetBody { max_cost_units }),
+                        checkpoint: t.checkpoint,
                     })
                     .collect(),
             }));
@@ -205,6 +212,10 @@ pub struct HeartbeatRequest {
     pub cost_units: Option<f64>,
     #[serde(default)]
     pub cancellable: Option<bool>,
+    /// Where to resume from if this attempt ends early (JSON, at most
+    /// 64 KiB): kept with the operation and handed to the next claim.
+    #[serde(default)]
+    pub checkpoint: Option<Value>,
 }
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -212,6 +223,8 @@ pub struct HeartbeatResponse {
     pub lease_expires_at: String,
     pub cancel_requested: bool,
     pub cancel_reason: Option<String>,
+    /// A client asked to pause: save a checkpoint and report `paused`.
+    pub pause_requested: bool,
 }
 
 /// A task id in a worker path. An unknown id is answered like a stale lease:
@@ -279,12 +292,14 @@ async fn heartbeat(
         request.progress.as_ref(),
         request.cost_units,
         request.cancellable,
+        request.checkpoint,
     )?;
     let ack = app.store.task_heartbeat(params).await.map_err(lease_error(&id))?;
     Ok(Json(HeartbeatResponse {
         lease_expires_at: ack.lease_expires_at.to_rfc3339(),
         cancel_requested: ack.cancel_requested,
         cancel_reason: ack.cancel_reason,
+        pause_requested: ack.pause_requested,
     }))
 }
 
@@ -324,6 +339,19 @@ pub struct ErrorRequest {
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
+pub struct PausedRequest {
+    pub lease_token: String,
+    /// Where to resume from (JSON, at most 64 KiB); without it the last
+    /// checkpoint saved with a heartbeat is kept.
+    #[serde(default)]
+    pub checkpoint: Option<Value>,
+    /// The last progress report, stored with the outcome.
+    #[serde(default, deserialize_with = "object")]
+    pub progress: Option<ProgressRequest>,
+}
+
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct CancelledRequest {
     pub lease_token: String,
     /// The last progress report, stored with the outcome.
@@ -343,9 +371,31 @@ pub struct OutcomeResponse {
 async fn finish(app: &AppState, params: FinishParams) -> Result<Json<OutcomeResponse>, ApiError> {
     let id = params.operation_id.clone();
     let op = app.store.task_finish(params).await.map_err(lease_error(&id))?;
+    count_pause(&op);
     // A slot of the tenant's max_running (or a retry) may now be claimable.
     app.signals.work_available();
     Ok(Json(OutcomeResponse::of(&op)))
+}
+
+/// Counts a pause a worker honoured (`/metrics`), as `PATCH` counts the others.
+fn count_pause(op: &longrun_store::Operation) {
+    if op.state == longrun_core::State::Paused {
+        metrics::counter!("longrun_operations_intents_total", "change" => "paused").increment(1);
+    }
+}
+
+/// A checkpoint within its size bound.
+fn check_checkpoint(checkpoint: Option<Value>) -> Result<Option<Value>, ApiError> {
+    if let Some(c) = &checkpoint {
+        let size = serde_json::to_string(c).map(|s| s.len()).unwrap_or(usize::MAX);
+        if size > longrun_store::MAX_CHECKPOINT_BYTES {
+            return Err(ApiError::PayloadTooLarge(format!(
+                "the checkpoint is {size} bytes; at most {} are kept",
+                longrun_store::MAX_CHECKPOINT_BYTES
+            )));
+        }
+    }
+    Ok(checkpoint)
 }
 
 impl OutcomeResponse {
@@ -367,8 +417,10 @@ fn check_heartbeat(
     progress: Option<&ProgressRequest>,
     cost_units: Option<f64>,
     cancellable: Option<bool>,
+    checkpoint: Option<Value>,
 ) -> Result<HeartbeatParams, ApiError> {
     let progress = progress.map(check_progress).transpose()?;
+    let checkpoint = check_checkpoint(checkpoint)?;
     if let Some(cost) = cost_units
         && (!cost.is_finite() || cost < 0.0)
     {
@@ -382,6 +434,7 @@ fn check_heartbeat(
         progress,
         cost_units,
         cancellable,
+        checkpoint,
         now: app.clock.now(),
     })
 }
@@ -395,6 +448,12 @@ fn check_outcome(
     outcome: Outcome,
     progress: Option<&ProgressRequest>,
 ) -> Result<FinishParams, ApiError> {
+    let outcome = match outcome {
+        Outcome::Paused { checkpoint } => Outcome::Paused {
+            checkpoint: check_checkpoint(checkpoint)?,
+        },
+        other => other,
+    };
     match &outcome {
         Outcome::Succeeded { result: Some(result) } => {
             let size = serde_json::to_string(result).map(|s| s.len()).unwrap_or(usize::MAX);
@@ -416,7 +475,7 @@ fn check_outcome(
                 )));
             }
         }
-        Outcome::Succeeded { result: None } | Outcome::Cancelled => {}
+        Outcome::Succeeded { result: None } | Outcome::Cancelled | Outcome::Paused { .. } => {}
     }
     Ok(FinishParams {
         operation_id,
@@ -498,6 +557,27 @@ async fn cancelled(
     finish(&app, params).await
 }
 
+#[utoipa::path(post, path = "/v1/worker/tasks/{id}/paused", tag = "workers", security(("bearer" = [])), params(("id" = String, Path, description = "The operation id (op_…)")), request_body = PausedRequest,
+    responses((status = 200, description = "Paused as asked: the lease ends, and a resume hands the checkpoint to the next claim. `409 intent_conflict` when no pause was asked for; after a cancel request the work ends as the cancel says", body = OutcomeResponse), (status = "default", description = "A problem (RFC 9457) with a stable `code`", body = Problem, content_type = "application/problem+json")))]
+async fn paused(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    JsonBody(request): JsonBody<PausedRequest>,
+) -> Result<Json<OutcomeResponse>, ApiError> {
+    require_worker(&caller)?;
+    let params = check_outcome(
+        &app,
+        task_id(&id)?,
+        request.lease_token,
+        Outcome::Paused {
+            checkpoint: request.checkpoint,
+        },
+        request.progress.as_ref(),
+    )?;
+    finish(&app, params).await
+}
+
 /// What one item of a batch reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
@@ -541,6 +621,9 @@ pub struct OutcomeItem {
     /// `heartbeat`: `false` marks the commit point.
     #[serde(default)]
     pub cancellable: Option<bool>,
+    /// `heartbeat` and `paused`: where to resume from (JSON, at most 64 KiB).
+    #[serde(default)]
+    pub checkpoint: Option<Value>,
 }
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -570,6 +653,8 @@ pub struct OutcomeItemResult {
     pub cancel_requested: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cancel_reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pause_requested: Option<bool>,
 }
 
 impl OutcomeItemResult {
@@ -604,6 +689,11 @@ fn check_item(app: &AppState, item: OutcomeItem) -> Result<Checked, ApiError> {
     if (item.cost_units.is_some() || item.cancellable.is_some()) && item.outcome != OutcomeKind::Heartbeat {
         return Err(misplaced("cost_units` or `cancellable", "heartbeat"));
     }
+    if item.checkpoint.is_some() && !matches!(item.outcome, OutcomeKind::Heartbeat | OutcomeKind::Paused) {
+        return Err(ApiError::InvalidRequest(
+            "`checkpoint` belongs only to a `heartbeat` or `paused` item".into(),
+        ));
+    }
     let outcome = match item.outcome {
         OutcomeKind::Heartbeat => {
             return check_heartbeat(
@@ -613,14 +703,13 @@ fn check_item(app: &AppState, item: OutcomeItem) -> Result<Checked, ApiError> {
                 item.progress.as_ref(),
                 item.cost_units,
                 item.cancellable,
+                item.checkpoint,
             )
             .map(Checked::Heartbeat);
         }
-        OutcomeKind::Paused => {
-            return Err(ApiError::InvalidRequest(
-                "this server cannot pause work yet: report `complete`, `fail` or `cancelled`".into(),
-            ));
-        }
+        OutcomeKind::Paused => Outcome::Paused {
+            checkpoint: item.checkpoint,
+        },
         OutcomeKind::Complete => Outcome::Succeeded { result: item.result },
         OutcomeKind::Fail => Outcome::Failed {
             error: item
@@ -690,6 +779,7 @@ async fn outcomes(
                 lease_expires_at: Some(ack.lease_expires_at.to_rfc3339()),
                 cancel_requested: Some(ack.cancel_requested),
                 cancel_reason: ack.cancel_reason,
+                pause_requested: Some(ack.pause_requested),
                 ..OutcomeItemResult::default()
             },
             Err(e) => refused(&id, e),
@@ -701,6 +791,7 @@ async fn outcomes(
     for ((slot, id), op) in slots.into_iter().zip(ids).zip(app.store.task_finish_many(params).await) {
         results[slot] = match op {
             Ok(op) => {
+                count_pause(&op);
                 let body = OutcomeResponse::of(&op);
                 OutcomeItemResult {
                     status: 200,

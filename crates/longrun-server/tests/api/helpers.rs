@@ -271,6 +271,7 @@ impl TestApp {
                 max_attempts,
                 default_deadline_seconds: None,
                 max_deadline_seconds: None,
+                pausable: false,
             })
             .await
             .unwrap();

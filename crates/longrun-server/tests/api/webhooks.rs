@@ -330,6 +330,7 @@ async fn with_30_percent_of_acks_dropped_every_event_is_applied_exactly_once() {
                     idempotency: None,
                     uploads: Vec::new(),
                     rerun_of: None,
+                    from_checkpoint: false,
                     now,
                 })
                 .await

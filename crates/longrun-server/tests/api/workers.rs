@@ -672,6 +672,7 @@ async fn a_big_backlog_does_not_starve_a_small_tenant() {
                     idempotency: None,
                     uploads: Vec::new(),
                     rerun_of: None,
+                    from_checkpoint: false,
                     now: longrun_core::Timestamp(1),
                 })
                 .await

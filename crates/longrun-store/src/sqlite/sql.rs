@@ -21,9 +21,9 @@ use crate::*;
 const OP_COLUMNS: &str = "id, tenant, kind, state, version, attempt, input, callback_url, deadline_at, \
     budget_max_cost, cost_units, labels, progress, result, error_code, error_message, error_retryable, \
     cancel_requested_at, cancel_requested_by, cancel_reason, cancellable, idempotency_key, created_at, \
-    started_at, completed_at, updated_at, expires_at, artifact, rerun_of";
+    started_at, completed_at, updated_at, expires_at, artifact, rerun_of, pause_requested_at";
 
-const OP_COLUMN_COUNT: usize = 29;
+const OP_COLUMN_COUNT: usize = 30;
 
 fn conversion_error(idx: usize, e: impl std::error::Error + Send + Sync + 'static) -> rusqlite::Error {
     rusqlite::Error::FromSqlConversionFailure(idx, Type::Text, Box::new(e))
@@ -93,6 +93,7 @@ fn operation_from_row(r: &Row) -> rusqlite::Result<Operation> {
         artifacts: BTreeMap::new(),
         rerun_of: r.get::<_, Option<String>>(28)?.map(Id::from_trusted),
         reruns: None,
+        pause_requested_at: ts(r.get(29)?),
     })
     .and_then(|mut op| {
         (op.artifact, op.artifacts) = artifacts_from_json(json_column(r, 27)?.as_ref());
@@ -243,6 +244,14 @@ pub(super) fn operation_accept(c: &Connection, p: &AcceptParams) -> Result<Accep
         p.rerun_of.as_ref().map(Id::as_str),
     ])?;
     let seq = c.last_insert_rowid();
+    if p.from_checkpoint
+        && let Some(original) = &p.rerun_of
+    {
+        c.prepare_cached(
+            "UPDATE operations SET checkpoint = (SELECT checkpoint FROM operations WHERE id = ?2) WHERE id = ?1",
+        )?
+        .execute(params![p.id.as_str(), original.as_str()])?;
+    }
     c.prepare_cached(
         "INSERT INTO tasks (operation_id, seq, tenant, kind, status, available_at) VALUES (?1, ?2, ?3, ?4, 'ready', ?5)",
     )?
@@ -527,9 +536,9 @@ fn lease_task(
     id: &str,
     lease_expires_at: Timestamp,
 ) -> Result<Option<Task>> {
-    let (deadline_at, was_queued): (Option<i64>, bool) = c
-        .prepare_cached("SELECT deadline_at, state = 'queued' FROM operations WHERE id = ?1")?
-        .query_row(params![id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    let (deadline_at, was_queued, checkpoint): (Option<i64>, bool, Option<String>) = c
+        .prepare_cached("SELECT deadline_at, state = 'queued', checkpoint FROM operations WHERE id = ?1")?
+        .query_row(params![id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
     if deadline_at.is_some_and(|d| d <= p.now.0) {
         // A queued operation whose deadline passed is never started.
         operation_end(c, policy, id, &Ending::failed(deadline_error_before_start()), p.now)?;
@@ -565,6 +574,7 @@ fn lease_task(
         lease_expires_at,
         deadline_at: ts(deadline_at),
         budget_max_cost: started.budget_max_cost,
+        checkpoint: checkpoint.and_then(|text| serde_json::from_str(&text).ok()),
     }))
 }
 
@@ -577,7 +587,8 @@ const FENCED: &str = "SELECT o.version, o.progress, o.cost_units, o.cancellable,
         o.cancel_reason, o.cancel_requested_by, o.attempt,
         COALESCE((SELECT k.max_attempts FROM kinds k WHERE k.name = o.kind), 1), o.budget_max_cost,
         (SELECT COALESCE(t.lease_ms, 30000) FROM tasks t
-          WHERE t.operation_id = ?1 AND t.status = 'leased' AND t.lease_token = ?2)
+          WHERE t.operation_id = ?1 AND t.status = 'leased' AND t.lease_token = ?2),
+        o.pause_requested_at IS NOT NULL
    FROM operations o
   WHERE o.id = ?1 AND o.state = 'running'";
 
@@ -607,6 +618,7 @@ fn fenced(c: &Connection, operation_id: &Id, lease_token: &str) -> Result<Fenced
                 max_attempts: r.get(8)?,
                 budget_max_cost: r.get(9)?,
                 lease_ms,
+                pause_requested: r.get(11)?,
             }))
         })
         .optional()?
@@ -621,6 +633,11 @@ pub(super) fn task_heartbeat(c: &Connection, p: &HeartbeatParams) -> Result<Hear
         .plus(Duration::from_millis(u64::try_from(current.lease_ms).unwrap_or(0)));
     c.prepare_cached("UPDATE tasks SET lease_expires_at = ?2 WHERE operation_id = ?1")?
         .execute(params![p.operation_id.as_str(), lease_expires_at.0])?;
+    if let Some(checkpoint) = &p.checkpoint {
+        // Kept with the operation, not a change of its representation.
+        c.prepare_cached("UPDATE operations SET checkpoint = ?2 WHERE id = ?1")?
+            .execute(params![p.operation_id.as_str(), checkpoint.to_string()])?;
+    }
 
     let effect = heartbeat_effect(&current, p);
     let mut version = current.version;
@@ -654,6 +671,7 @@ pub(super) fn task_heartbeat(c: &Connection, p: &HeartbeatParams) -> Result<Hear
         lease_expires_at,
         cancel_requested,
         cancel_reason,
+        pause_requested: current.pause_requested && !cancel_requested,
         version,
     })
 }
@@ -678,10 +696,58 @@ pub(super) fn task_finish(c: &Connection, policy: WritePolicy, p: &FinishParams)
     let id = p.operation_id.as_str();
     // The worker's last progress rides the outcome's own change.
     let progress = final_progress(&current, p.progress.as_ref(), p.now);
-    match decide_finish(&current, &p.outcome) {
+    match decide_finish(&current, &p.outcome)? {
         Decision::End(ending) => operation_end(c, policy, id, &ending.with_progress(progress), p.now),
         Decision::Retry { next_attempt, data } => requeue(c, id, next_attempt, progress.as_ref(), p.now, &data),
+        Decision::Pause {
+            attempt,
+            checkpoint,
+            data,
+        } => operation_pause(
+            c,
+            id,
+            Some(attempt),
+            progress.as_ref(),
+            checkpoint.as_ref(),
+            &data,
+            p.now,
+        ),
     }
+}
+
+/// Takes a queued or running operation out of the queue as `paused`: its
+/// task row goes (no claim can take it, and a worker's lease ends), what a
+/// pausing worker reports is kept, and the `paused` event and webhook are
+/// written. `attempt` is the attempt a resume runs (`None`: unchanged).
+fn operation_pause(
+    c: &Connection,
+    id: &str,
+    attempt: Option<i64>,
+    progress: Option<&Progress>,
+    checkpoint: Option<&Value>,
+    data: &Value,
+    now: Timestamp,
+) -> Result<Operation> {
+    let paused = update_returning(
+        c,
+        "UPDATE operations SET state = 'paused', version = version + 1, updated_at = ?2,
+                attempt = COALESCE(?3, attempt), progress = COALESCE(?4, progress),
+                checkpoint = COALESCE(?5, checkpoint), pause_requested_at = NULL
+          WHERE id = ?1 AND state IN ('queued', 'running')",
+        params![
+            id,
+            now.0,
+            attempt,
+            progress.map(|p| progress_to_json(p).to_string()),
+            checkpoint.map(Value::to_string)
+        ],
+    )?
+    .ok_or(StoreError::NotFound)?;
+    c.prepare_cached("DELETE FROM tasks WHERE operation_id = ?1")?
+        .execute(params![id])?;
+    event_insert(c, &paused, "paused", data)?;
+    outbox_insert_as(c, &paused, "operation.paused")?;
+    Ok(paused)
 }
 
 /// Puts a running operation's task back in the queue for attempt
@@ -727,7 +793,8 @@ pub(super) fn task_reap(c: &Connection, policy: WritePolicy, p: &ReapParams) -> 
     let expired: Vec<(String, Lapsed)> = c
         .prepare_cached(
             "SELECT t.operation_id, o.attempt, o.cancel_requested_at IS NOT NULL, o.cancel_requested_by,
-                    o.cancel_reason, COALESCE(k.rerun_safe, 0), COALESCE(k.max_attempts, 1)
+                    o.cancel_reason, COALESCE(k.rerun_safe, 0), COALESCE(k.max_attempts, 1),
+                    o.pause_requested_at IS NOT NULL
                FROM tasks t
                JOIN operations o ON o.id = t.operation_id
                LEFT JOIN kinds k ON k.name = t.kind
@@ -744,6 +811,7 @@ pub(super) fn task_reap(c: &Connection, policy: WritePolicy, p: &ReapParams) -> 
                     cancel_reason: r.get(4)?,
                     rerun_safe: r.get(5)?,
                     max_attempts: r.get(6)?,
+                    pause_requested: r.get(7)?,
                 },
             ))
         })?
@@ -755,6 +823,7 @@ pub(super) fn task_reap(c: &Connection, policy: WritePolicy, p: &ReapParams) -> 
         match &decision {
             Decision::End(ending) => operation_end(c, policy, &id, ending, p.now)?,
             Decision::Retry { next_attempt, data } => requeue(c, &id, *next_attempt, None, p.now, data)?,
+            Decision::Pause { attempt, data, .. } => operation_pause(c, &id, Some(*attempt), None, None, data, p.now)?,
         };
         counts.count(&task, &decision);
     }
@@ -827,16 +896,18 @@ fn kind_from_row(r: &Row) -> rusqlite::Result<KindSpec> {
         max_attempts: r.get(3)?,
         default_deadline_seconds: r.get(4)?,
         max_deadline_seconds: r.get(5)?,
+        pausable: r.get(6)?,
     })
 }
 
 pub(super) fn kind_upsert(c: &Connection, k: &KindSpec) -> Result<()> {
     c.prepare_cached(
-        "INSERT INTO kinds (name, builtin, rerun_safe, max_attempts, default_deadline_seconds, max_deadline_seconds)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+        "INSERT INTO kinds (name, builtin, rerun_safe, max_attempts, default_deadline_seconds, max_deadline_seconds,
+                            pausable)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
          ON CONFLICT (name) DO UPDATE SET builtin = excluded.builtin, rerun_safe = excluded.rerun_safe,
              max_attempts = excluded.max_attempts, default_deadline_seconds = excluded.default_deadline_seconds,
-             max_deadline_seconds = excluded.max_deadline_seconds",
+             max_deadline_seconds = excluded.max_deadline_seconds, pausable = excluded.pausable",
     )?
     .execute(params![
         k.name,
@@ -844,12 +915,14 @@ pub(super) fn kind_upsert(c: &Connection, k: &KindSpec) -> Result<()> {
         k.rerun_safe,
         k.max_attempts,
         k.default_deadline_seconds,
-        k.max_deadline_seconds
+        k.max_deadline_seconds,
+        k.pausable
     ])?;
     Ok(())
 }
 
-const KIND_COLUMNS: &str = "name, builtin, rerun_safe, max_attempts, default_deadline_seconds, max_deadline_seconds";
+const KIND_COLUMNS: &str =
+    "name, builtin, rerun_safe, max_attempts, default_deadline_seconds, max_deadline_seconds, pausable";
 
 pub(super) fn kind_get(c: &Connection, name: &str) -> Result<Option<KindSpec>> {
     let sql = format!("SELECT {KIND_COLUMNS} FROM kinds WHERE name = ?1");
@@ -876,26 +949,33 @@ pub(super) fn server_secret(c: &Connection, name: &str, candidate: &[u8], now: T
 
 pub(super) fn operation_intent(c: &Connection, p: &IntentParams) -> Result<Operation> {
     let op = operation_get(c, &p.tenant, &p.id)?.ok_or(StoreError::NotFound)?;
-    let leased: bool = c
-        .prepare_cached("SELECT EXISTS (SELECT 1 FROM tasks WHERE operation_id = ?1 AND status = 'leased')")?
-        .query_row(params![p.id.as_str()], |r| r.get(0))?;
+    let holder = c
+        .prepare_cached(
+            "SELECT EXISTS (SELECT 1 FROM tasks WHERE operation_id = ?1 AND status = 'leased'),
+                    COALESCE((SELECT pausable FROM kinds WHERE name = ?2), 0)",
+        )?
+        .query_row(params![p.id.as_str(), op.kind], |r| {
+            Ok(Holder {
+                leased: r.get(0)?,
+                pausable: r.get(1)?,
+            })
+        })?;
     let id = p.id.as_str();
-    match decide_intent(&op, leased, p)? {
+    let change = decide_intent(&op, holder, p)?;
+    match change {
         IntentChange::Unchanged => Ok(op),
-        IntentChange::Pause => {
-            let paused = update_returning(
+        IntentChange::Pause => operation_pause(c, id, None, None, None, &json!({}), p.now),
+        IntentChange::RequestPause | IntentChange::WithdrawPause => {
+            let (requested_at, event) = change.pause_request(p.now);
+            let changed = update_returning(
                 c,
-                "UPDATE operations SET state = 'paused', version = version + 1, updated_at = ?2
-                  WHERE id = ?1 AND state IN ('queued', 'running')",
-                params![id, p.now.0],
+                "UPDATE operations SET pause_requested_at = ?2, version = version + 1, updated_at = ?3
+                  WHERE id = ?1 AND state = 'running'",
+                params![id, requested_at.map(|t| t.0), p.now.0],
             )?
             .ok_or(StoreError::NotFound)?;
-            // Out of the queue: no claim can take it.
-            c.prepare_cached("DELETE FROM tasks WHERE operation_id = ?1")?
-                .execute(params![id])?;
-            event_insert(c, &paused, "paused", &json!({}))?;
-            outbox_insert_as(c, &paused, "operation.paused")?;
-            Ok(paused)
+            event_insert(c, &changed, event, &json!({}))?;
+            Ok(changed)
         }
         IntentChange::Resume => {
             let resumed = update_returning(
@@ -1009,6 +1089,29 @@ pub(super) fn deadline_enforce(c: &Connection, policy: WritePolicy, p: &EnforceP
         });
         operation_end(c, policy, &id, &Ending::failed(error), p.now)?;
         counts.ended_without_ack += 1;
+    }
+
+    // Asked to pause and not paused within the grace period: the work goes
+    // on, and the history says the request was not honoured.
+    let unanswered: Vec<(String, i64)> = c
+        .prepare_cached(
+            "SELECT id, pause_requested_at FROM operations
+              WHERE state = 'running' AND pause_requested_at <= ?1
+              ORDER BY pause_requested_at LIMIT ?2",
+        )?
+        .query_map(params![cutoff.0, p.limit], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    for (id, requested_at) in unanswered {
+        let withdrawn = update_returning(
+            c,
+            "UPDATE operations SET pause_requested_at = NULL, version = version + 1, updated_at = ?2
+              WHERE id = ?1 AND state = 'running'",
+            params![id, p.now.0],
+        )?
+        .ok_or(StoreError::NotFound)?;
+        let data = pause_not_honoured_data(Timestamp(requested_at), p.grace);
+        event_insert(c, &withdrawn, "pause_not_honoured", &data)?;
+        counts.pause_not_honoured += 1;
     }
     Ok(counts)
 }
@@ -1771,6 +1874,7 @@ mod tests {
                     idempotency: None,
                     uploads: Vec::new(),
                     rerun_of: None,
+                    from_checkpoint: false,
                     now,
                 },
             )
