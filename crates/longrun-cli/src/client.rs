@@ -135,8 +135,9 @@ pub enum ClientCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
-    /// Pause an operation: queued work is held back until resumed (running
-    /// work cannot pause yet: not_pausable).
+    /// Pause an operation: queued work is held back until resumed; running
+    /// work of a kind declared --pausable is asked of its worker, which
+    /// stops at a checkpoint (other kinds: not_pausable).
     Pause {
         id: String,
         #[command(flatten)]
@@ -153,8 +154,8 @@ pub enum ClientCommand {
     /// cancelled and outcome_unknown operations keep theirs).
     Rerun {
         id: String,
-        /// Start from the original's last checkpoint (refused: checkpoints
-        /// come with pausing).
+        /// Start from the original's last checkpoint (where a failed export
+        /// stopped, say); from the beginning if it saved none.
         #[arg(long)]
         from_checkpoint: bool,
         /// Reuse the key of an earlier attempt of this same re-run.

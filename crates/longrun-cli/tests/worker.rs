@@ -72,6 +72,10 @@ impl Harness {
     }
 
     async fn declare(&self, kind: &str, rerun_safe: bool) {
+        self.declare_as(kind, rerun_safe, false).await;
+    }
+
+    async fn declare_as(&self, kind: &str, rerun_safe: bool, pausable: bool) {
         self.store()
             .kind_upsert(KindSpec {
                 name: kind.into(),
@@ -80,7 +84,7 @@ impl Harness {
                 max_attempts: 3,
                 default_deadline_seconds: None,
                 max_deadline_seconds: None,
-                pausable: false,
+                pausable,
             })
             .await
             .unwrap();
@@ -277,6 +281,95 @@ echo "{\"result\":{\"attempt\":$LONGRUN_ATTEMPT}}""#,
         h.get(&once).await["state"],
         "failed",
         "the unsafe kind is never run again"
+    );
+}
+
+/// A checkpoint the command printed survives its worker's SIGKILL: the
+/// next attempt gets it in `$LONGRUN_CHECKPOINT` and its file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigkilled_exec_worker_hands_its_checkpoint_to_the_next_attempt() {
+    let h = harness().await;
+    h.declare("resumable", true).await;
+    let script = h.script(
+        "resume.sh",
+        r#"if [ -z "$LONGRUN_CHECKPOINT" ]; then
+  test -e "$LONGRUN_CHECKPOINT_FILE" && exit 3
+  echo '{"checkpoint":{"rows_done":3}}'
+  echo '{"progress":{"phase":"STARTED"}}'
+  while kill -0 "$PPID" 2>/dev/null; do sleep 0.05; done
+  exit 1
+fi
+echo "{\"result\":{\"env\":$LONGRUN_CHECKPOINT,\"file\":$(cat "$LONGRUN_CHECKPOINT_FILE"),\"attempt\":$LONGRUN_ATTEMPT}}""#,
+    );
+    let mut first = h.worker("resumable", &script, &[]);
+    let id = h.submit("c1", "resumable", json!({})).await;
+    // The checkpoint line is saved before the progress line is read.
+    h.wait_for(&id, "attempt 1 to checkpoint", |op| {
+        op["progress"]["phase"] == "STARTED"
+    })
+    .await;
+    first.start_kill().unwrap(); // SIGKILL
+    first.wait().await.unwrap();
+    h.clock.advance(Duration::from_secs(6));
+    h.wait_for(&id, "a retry", |op| op["attempt"] == 2).await;
+    h.clock.advance(Duration::from_secs(2));
+    let _second = h.worker("resumable", &script, &[]);
+    let done = h.wait_for(&id, "success", |op| op["state"] == "succeeded").await;
+    assert_eq!(
+        done["result"]["value"],
+        json!({"env": {"rows_done": 3}, "file": {"rows_done": 3}, "attempt": 2})
+    );
+}
+
+/// A pause of a kind declared `--pausable` reaches an exec command as
+/// SIGTERM; the checkpoint it writes to its file is where a resume starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_exec_command_resumes_from_the_checkpoint_it_wrote() {
+    let h = harness().await;
+    h.declare_as("pausable-script", true, true).await;
+    let script = h.script(
+        "pausable.sh",
+        r#"if [ -n "$LONGRUN_CHECKPOINT" ]; then
+  echo "{\"result\":{\"resumed_from\":$LONGRUN_CHECKPOINT,\"attempt\":$LONGRUN_ATTEMPT}}"
+  exit 0
+fi
+trap 'echo '"'"'{"stopped_at":7}'"'"' > "$LONGRUN_CHECKPOINT_FILE"; exit 143' TERM
+echo '{"progress":{"phase":"WORKING"}}'
+while true; do sleep 0.05; done"#,
+    );
+    let _worker = h.worker("pausable-script", &script, &[]);
+    let id = h.submit("p1", "pausable-script", json!({})).await;
+    let running = h
+        .wait_for(&id, "the command to start", |op| op["progress"]["phase"] == "WORKING")
+        .await;
+    let patch = |version: i64, desired: &'static str| {
+        h.http
+            .patch(format!("{}/v1/operations/{id}", h.base))
+            .bearer_auth(&h.client_key)
+            .header("if-match", format!("\"{version}\""))
+            .json(&json!({"desired_state": desired}))
+            .send()
+    };
+    let asked = patch(running["version"].as_i64().unwrap(), "paused").await.unwrap();
+    assert_eq!(
+        asked.status(),
+        StatusCode::ACCEPTED,
+        "asked of the worker, not done yet"
+    );
+    let asked: Value = asked.json().await.unwrap();
+    assert_eq!(
+        (asked["state"].as_str(), asked["desired_state"].as_str()),
+        (Some("running"), Some("paused"))
+    );
+    let paused = h.wait_for(&id, "the pause", |op| op["state"] == "paused").await;
+    assert_eq!(paused["attempt"], 1);
+    let resumed = patch(paused["version"].as_i64().unwrap(), "running").await.unwrap();
+    assert_eq!(resumed.status(), StatusCode::OK);
+    let done = h.wait_for(&id, "success", |op| op["state"] == "succeeded").await;
+    assert_eq!(
+        done["result"]["value"],
+        json!({"resumed_from": {"stopped_at": 7}, "attempt": 1}),
+        "a pause is not an attempt"
     );
 }
 

@@ -587,9 +587,12 @@ impl Client {
     }
 
     /// Pauses the operation: queued work is held back from claims until
-    /// resumed. Sent with `If-Match` of the version just read; if it moved
-    /// meanwhile, read and ask again (a few times). Refusals are typed:
-    /// `intent_conflict` (cancelled or ended), `not_pausable` (running).
+    /// resumed; running work of a pausable kind is asked of its worker (the
+    /// answer then has `state` `running` and `desired_state` `paused` until
+    /// the worker saves a checkpoint and stops). Sent with `If-Match` of the
+    /// version just read; if it moved meanwhile, read and ask again (a few
+    /// times). Refusals are typed: `intent_conflict` (cancelled or ended),
+    /// `not_pausable` (running work of a kind that cannot pause).
     pub async fn pause(&self, id: &str) -> Result<Operation> {
         self.set_desired_state(id, "paused").await
     }

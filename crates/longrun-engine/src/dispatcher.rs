@@ -272,6 +272,45 @@ impl TaskLink for StoreLink {
         .await
     }
 
+    async fn upload_piece(&self, name: &str, offset: u64, body: ByteReader) -> Result<u64, StoreError> {
+        store_artifact_piece(
+            self.store.as_ref(),
+            self.artifacts.as_ref(),
+            TaskArtifact {
+                operation_id: &self.operation_id,
+                lease_token: &self.lease_token,
+                name,
+                content_type: "",
+            },
+            offset,
+            body,
+            self.max_artifact_bytes,
+            self.clock.now(),
+        )
+        .await
+    }
+
+    async fn join_pieces(
+        &self,
+        name: &str,
+        content_type: &str,
+        size_bytes: u64,
+    ) -> Result<UploadedArtifact, StoreError> {
+        join_artifact_pieces(
+            self.store.as_ref(),
+            self.artifacts.as_ref(),
+            TaskArtifact {
+                operation_id: &self.operation_id,
+                lease_token: &self.lease_token,
+                name,
+                content_type,
+            },
+            size_bytes,
+            self.clock.now(),
+        )
+        .await
+    }
+
     async fn open_upload(&self, upload_id: &Id) -> Result<ByteReader, StoreError> {
         crate::uploads::open_for_task(
             self.store.as_ref(),
@@ -305,10 +344,7 @@ pub async fn store_upload(
 ) -> Result<UploadedArtifact, StoreError> {
     let result_id = Id::generate(IdKind::Result);
     let key = format!("results/{result_id}");
-    let stored = artifacts.put(&key, body, max_bytes).await.map_err(|e| match e {
-        ArtifactError::TooLarge { max_bytes } => StoreError::TooLarge { max_bytes },
-        other => StoreError::Artifacts(other.to_string()),
-    })?;
+    let stored = artifacts.put(&key, body, max_bytes).await.map_err(artifact_error)?;
     let recorded = store
         .result_upload(ResultUploadParams {
             operation_id: target.operation_id.clone(),
@@ -319,6 +355,7 @@ pub async fn store_upload(
             content_type: target.content_type.to_owned(),
             size_bytes: i64::try_from(stored.size_bytes).unwrap_or(i64::MAX),
             sha256: stored.sha256.clone(),
+            joins_pieces: false,
             now,
         })
         .await;
@@ -332,4 +369,123 @@ pub async fn store_upload(
         size_bytes: stored.size_bytes,
         sha256: stored.sha256,
     })
+}
+
+/// Stores `body` as the piece of the task's resumable artifact that starts
+/// at `offset` (fenced by its lease); returns where the pieces now end.
+/// Used in process and by the HTTP piece endpoint.
+pub async fn store_artifact_piece(
+    store: &dyn Store,
+    artifacts: &dyn ArtifactStore,
+    target: TaskArtifact<'_>,
+    offset: u64,
+    body: ByteReader,
+    max_bytes: u64,
+    now: longrun_core::Timestamp,
+) -> Result<u64, StoreError> {
+    // Fenced and placed before any byte is stored: a stale lease or an
+    // offset past the pieces is refused without reading the body.
+    let held: i64 = store
+        .artifact_pieces(target.operation_id, target.lease_token, target.name)
+        .await?
+        .iter()
+        .map(|p| p.size_bytes)
+        .sum();
+    if i64::try_from(offset).map_or(true, |o| o > held) {
+        return Err(StoreError::UploadOffsetMismatch {
+            offset: held,
+            complete: false,
+        });
+    }
+    let key = format!(
+        "pieces/{}/{}/{offset:020}-{}",
+        target.operation_id,
+        target.name,
+        longrun_core::id::random_base32::<8>()
+    );
+    let stored = artifacts
+        .put(&key, body, max_bytes.saturating_sub(offset))
+        .await
+        .map_err(artifact_error)?;
+    let piece = longrun_store::UploadChunk {
+        storage_key: key.clone(),
+        size_bytes: i64::try_from(stored.size_bytes).unwrap_or(i64::MAX),
+    };
+    let recorded = store
+        .artifact_piece_add(longrun_store::ArtifactPieceParams {
+            operation_id: target.operation_id.clone(),
+            lease_token: target.lease_token.to_owned(),
+            name: target.name.to_owned(),
+            offset: i64::try_from(offset).unwrap_or(i64::MAX),
+            piece,
+            now,
+        })
+        .await;
+    match recorded {
+        Ok(pieces) => Ok(pieces.iter().map(|p| u64::try_from(p.size_bytes).unwrap_or(0)).sum()),
+        Err(e) => {
+            // Not recorded: the object must not linger.
+            let _ = artifacts.delete(&key).await;
+            Err(e)
+        }
+    }
+}
+
+/// Joins the pieces of the task's resumable artifact into its artifact
+/// `target.name` (what `complete` publishes), refused with
+/// `UploadOffsetMismatch` unless they hold exactly `size_bytes`.
+pub async fn join_artifact_pieces(
+    store: &dyn Store,
+    artifacts: &dyn ArtifactStore,
+    target: TaskArtifact<'_>,
+    size_bytes: u64,
+    now: longrun_core::Timestamp,
+) -> Result<UploadedArtifact, StoreError> {
+    let pieces = store
+        .artifact_pieces(target.operation_id, target.lease_token, target.name)
+        .await?;
+    let held: i64 = pieces.iter().map(|p| p.size_bytes).sum();
+    if u64::try_from(held).ok() != Some(size_bytes) {
+        return Err(StoreError::UploadOffsetMismatch {
+            offset: held,
+            complete: false,
+        });
+    }
+    let result_id = Id::generate(IdKind::Result);
+    let (object, sha256) = crate::uploads::join_pieces(artifacts, &pieces, format!("results/{result_id}"))
+        .await
+        .map_err(artifact_error)?;
+    let copied = pieces.iter().all(|p| p.storage_key != object.storage_key);
+    let recorded = store
+        .result_upload(ResultUploadParams {
+            operation_id: target.operation_id.clone(),
+            lease_token: target.lease_token.to_owned(),
+            name: target.name.to_owned(),
+            result_id: result_id.clone(),
+            storage_key: object.storage_key.clone(),
+            content_type: target.content_type.to_owned(),
+            size_bytes: object.size_bytes,
+            sha256: sha256.clone(),
+            joins_pieces: true,
+            now,
+        })
+        .await;
+    if let Err(e) = recorded {
+        if copied {
+            let _ = artifacts.delete(&object.storage_key).await;
+        }
+        return Err(e);
+    }
+    Ok(UploadedArtifact {
+        id: result_id.to_string(),
+        size_bytes,
+        sha256,
+    })
+}
+
+fn artifact_error(e: ArtifactError) -> StoreError {
+    match e {
+        ArtifactError::TooLarge { max_bytes } => StoreError::TooLarge { max_bytes },
+        other => StoreError::Artifacts(other.to_string()),
+    }
 }

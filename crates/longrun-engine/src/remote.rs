@@ -296,6 +296,69 @@ impl TaskLink for HttpLink {
         })
     }
 
+    async fn upload_piece(&self, name: &str, offset: u64, body: ByteReader) -> Result<u64, StoreError> {
+        let url = format!(
+            "{}/v1/worker/tasks/{}/artifacts/{name}/pieces/{offset}",
+            self.base, self.operation_id
+        );
+        let stream = tokio_util::io::ReaderStream::with_capacity(body, 256 * 1024);
+        let response = self
+            .http
+            .put(url)
+            .bearer_auth(&self.token)
+            .header("lease-token", &self.lease_token)
+            .body(reqwest::Body::wrap_stream(stream))
+            .send()
+            .await
+            .map_err(|e| StoreError::Remote(format!("piece upload failed: {e}")))?;
+        // A mismatch says where the stored pieces end.
+        let offset = response
+            .headers()
+            .get("upload-offset")
+            .and_then(|v| v.to_str().ok()?.parse::<i64>().ok());
+        if let (reqwest::StatusCode::CONFLICT, Some(offset)) = (response.status(), offset) {
+            return Err(StoreError::UploadOffsetMismatch {
+                offset,
+                complete: false,
+            });
+        }
+        if !response.status().is_success() {
+            return Err(refusal("piece upload", response).await);
+        }
+        let stored: Value = response.json().await.map_err(|e| StoreError::Remote(e.to_string()))?;
+        Ok(stored["upload_offset"].as_u64().unwrap_or(0))
+    }
+
+    async fn join_pieces(
+        &self,
+        name: &str,
+        content_type: &str,
+        size_bytes: u64,
+    ) -> Result<UploadedArtifact, StoreError> {
+        let url = format!(
+            "{}/v1/worker/tasks/{}/artifacts/{name}/join",
+            self.base, self.operation_id
+        );
+        let body = json!({"lease_token": self.lease_token, "content_type": content_type, "size_bytes": size_bytes});
+        let response = self
+            .http
+            .post(url)
+            .bearer_auth(&self.token)
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| StoreError::Remote(format!("joining the pieces failed: {e}")))?;
+        if !response.status().is_success() {
+            return Err(refusal("join", response).await);
+        }
+        let joined: Value = response.json().await.map_err(|e| StoreError::Remote(e.to_string()))?;
+        Ok(UploadedArtifact {
+            id: joined["id"].as_str().unwrap_or_default().to_owned(),
+            size_bytes: joined["size_bytes"].as_u64().unwrap_or(0),
+            sha256: joined["sha256"].as_str().unwrap_or_default().to_owned(),
+        })
+    }
+
     async fn open_upload(&self, upload_id: &Id) -> Result<ByteReader, StoreError> {
         use futures_util::TryStreamExt;
         let url = format!(

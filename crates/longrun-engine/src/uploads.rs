@@ -103,7 +103,18 @@ pub async fn join(
     artifacts: &dyn ArtifactStore,
     upload: &UploadRecord,
 ) -> Result<(UploadChunk, String), ArtifactError> {
-    let pieces: Vec<UploadChunk> = upload.chunks.iter().filter(|p| p.size_bytes > 0).cloned().collect();
+    let key = format!("uploads/{}/whole-{}", upload.id, longrun_core::id::random_base32::<8>());
+    join_pieces(artifacts, &upload.chunks, key).await
+}
+
+/// `pieces` as one object, with the SHA-256 of the whole: the single piece
+/// itself (only hashed), or a new object at `key` they are copied into.
+pub async fn join_pieces(
+    artifacts: &dyn ArtifactStore,
+    pieces: &[UploadChunk],
+    key: String,
+) -> Result<(UploadChunk, String), ArtifactError> {
+    let pieces: Vec<UploadChunk> = pieces.iter().filter(|p| p.size_bytes > 0).cloned().collect();
     if let [only] = pieces.as_slice() {
         let mut reader = open_pieces(artifacts, &pieces).await?;
         let mut hasher = Sha256::new();
@@ -117,7 +128,6 @@ pub async fn join(
         }
         return Ok((only.clone(), data_encoding::HEXLOWER.encode(&hasher.finalize())));
     }
-    let key = format!("uploads/{}/whole-{}", upload.id, longrun_core::id::random_base32::<8>());
     let reader = open_pieces(artifacts, &pieces).await?;
     let stored = artifacts.put(&key, reader, u64::MAX).await?;
     Ok((

@@ -110,6 +110,20 @@ pub trait TaskLink: Send + Sync + 'static {
     /// Streams an upload the operation's input names (fenced by the lease);
     /// `NotFound` when the input does not name it.
     async fn open_upload(&self, upload_id: &Id) -> Result<ByteReader, StoreError>;
+
+    /// Stores `body` as the piece of the resumable artifact `name` that
+    /// starts at `offset` (pieces kept across attempts and pauses; those at
+    /// or past `offset` are replaced); returns where the pieces now end.
+    async fn upload_piece(&self, name: &str, offset: u64, body: ByteReader) -> Result<u64, StoreError>;
+
+    /// Joins the pieces of `name` (exactly `size_bytes` of them) into the
+    /// artifact `name`, as [`TaskLink::upload`] would have stored it whole.
+    async fn join_pieces(
+        &self,
+        name: &str,
+        content_type: &str,
+        size_bytes: u64,
+    ) -> Result<UploadedArtifact, StoreError>;
 }
 
 /// An artifact uploaded for the current task.
@@ -374,6 +388,35 @@ impl TaskContext {
         })
     }
 
+    /// Stores `body` as the piece of the resumable artifact `name` starting
+    /// at `offset`, and returns where its pieces now end. Pieces outlive the
+    /// attempt: one that resumes from a checkpoint writes again from the
+    /// offset the checkpoint names (what was past it is replaced), and
+    /// [`TaskContext::join_pieces`] makes them the artifact. Refused with
+    /// `artifact_offset_mismatch` (retryable: the checkpoint and the pieces
+    /// disagree) when the pieces do not end at `offset`.
+    pub async fn upload_piece(&self, name: &str, offset: u64, body: ByteReader) -> Result<u64, TaskError> {
+        self.link
+            .upload_piece(name, offset, body)
+            .await
+            .map_err(|e| piece_error(e, "storing a piece"))
+    }
+
+    /// Joins the pieces of `name` — exactly `size_bytes` of them — into the
+    /// artifact `name` (`default` for `result.artifact`), which `complete`
+    /// publishes.
+    pub async fn join_pieces(
+        &self,
+        name: &str,
+        content_type: &str,
+        size_bytes: u64,
+    ) -> Result<UploadedArtifact, TaskError> {
+        self.link
+            .join_pieces(name, content_type, size_bytes)
+            .await
+            .map_err(|e| piece_error(e, "joining the pieces"))
+    }
+
     /// Streams the upload `upload_id` that the operation's input names.
     pub async fn open_upload(&self, upload_id: &Id) -> Result<ByteReader, TaskError> {
         self.link.open_upload(upload_id).await.map_err(|e| match e {
@@ -417,6 +460,20 @@ impl TaskContext {
                 Ok(())
             }
         }
+    }
+}
+
+fn piece_error(e: StoreError, doing: &str) -> TaskError {
+    match e {
+        StoreError::LeaseLost => TaskError::fatal("lease_lost", "the lease was lost"),
+        StoreError::TooLarge { max_bytes } => TaskError::fatal(
+            "artifact_too_large",
+            format!("artifacts are limited to {max_bytes} bytes"),
+        ),
+        StoreError::UploadOffsetMismatch { offset, .. } => TaskError::Retryable(format!(
+            "{doing}: the stored pieces end at byte {offset}, not where the task expected"
+        )),
+        other => TaskError::Retryable(format!("{doing} failed: {other}")),
     }
 }
 
@@ -570,6 +627,14 @@ mod tests {
 
         async fn open_upload(&self, _: &Id) -> Result<ByteReader, StoreError> {
             Err(StoreError::NotFound)
+        }
+
+        async fn upload_piece(&self, _: &str, _: u64, _: ByteReader) -> Result<u64, StoreError> {
+            Err(StoreError::LeaseLost)
+        }
+
+        async fn join_pieces(&self, _: &str, _: &str, _: u64) -> Result<UploadedArtifact, StoreError> {
+            Err(StoreError::LeaseLost)
         }
     }
 

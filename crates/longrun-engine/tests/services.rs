@@ -194,6 +194,7 @@ async fn retention_expires_results_removes_operations_and_deletes_their_objects_
             content_type: "text/csv".into(),
             size_bytes: bytes.len() as i64,
             sha256: "ab".repeat(32),
+            joins_pieces: false,
             now: f.clock.now(),
         })
         .await

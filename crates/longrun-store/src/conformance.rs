@@ -84,6 +84,7 @@ macro_rules! store_conformance {
             a_pause_of_running_work_meets_terminal_intent_and_completion,
             a_pause_the_worker_does_not_honour_is_withdrawn_after_the_grace,
             a_checkpoint_survives_a_lapsed_lease_and_is_copied_by_a_rerun,
+            artifact_pieces_outlive_attempts_and_are_joined_once,
         );
     };
     (@cases $factory:path; $($case:ident),* $(,)?) => {
@@ -1530,6 +1531,7 @@ fn named_upload(task: &Task, name: &str, key: &str, now: Timestamp) -> ResultUpl
         content_type: "text/csv".into(),
         size_bytes: 42,
         sha256: "ab".repeat(32),
+        joins_pieces: false,
         now,
     }
 }
@@ -2954,4 +2956,124 @@ pub async fn a_checkpoint_survives_a_lapsed_lease_and_is_copied_by_a_rerun(store
         let expected = from_checkpoint.then(|| json!({"row": 7}));
         assert_eq!(next.checkpoint, expected, "from_checkpoint: {from_checkpoint}");
     }
+}
+
+fn piece(task: &Task, offset: i64, key: &str, size: i64, now: Timestamp) -> ArtifactPieceParams {
+    ArtifactPieceParams {
+        operation_id: task.operation_id.clone(),
+        lease_token: task.lease_token.clone(),
+        name: DEFAULT_ARTIFACT.into(),
+        offset,
+        piece: chunk(key, size),
+        now,
+    }
+}
+
+/// Pieces of a resumable artifact: fenced, placed on a boundary, kept
+/// across a pause and a lapsed lease, replaced from where an attempt
+/// resumes, shared with a `from_checkpoint` re-run, and garbage only once
+/// joined (the joined object kept) or the last operation naming them goes.
+pub async fn artifact_pieces_outlive_attempts_and_are_joined_once(store: &dyn Store) {
+    declare_pausable(store, "pieces").await;
+    let op = create(store, "t1", "pieces").await;
+    let task = claim_one(store, "pieces", at(1)).await;
+    let mut forged = task.clone();
+    forged.lease_token = "forged".into();
+    assert!(matches!(
+        store.artifact_piece_add(piece(&forged, 0, "p-forged", 10, at(2))).await,
+        Err(StoreError::LeaseLost)
+    ));
+    store
+        .artifact_piece_add(piece(&task, 0, "p0", 10, at(2)))
+        .await
+        .unwrap();
+    let held = store
+        .artifact_piece_add(piece(&task, 10, "p1", 5, at(2)))
+        .await
+        .unwrap();
+    assert_eq!(held, vec![chunk("p0", 10), chunk("p1", 5)]);
+    assert!(matches!(
+        store.artifact_piece_add(piece(&task, 12, "p-bad", 5, at(2))).await,
+        Err(StoreError::UploadOffsetMismatch { offset: 15, .. })
+    ));
+    // The lease lapses; the next attempt resumes at 10 and replaces p1.
+    let lapsed = at(2).plus(LEASE).plus(Duration::from_secs(1));
+    store.task_reap(ReapParams { now: lapsed, limit: 10 }).await.unwrap();
+    let retry = claim_one(store, "pieces", lapsed.plus(Duration::from_secs(60))).await;
+    assert_eq!(
+        store
+            .artifact_pieces(&retry.operation_id, &retry.lease_token, DEFAULT_ARTIFACT)
+            .await
+            .unwrap(),
+        vec![chunk("p0", 10), chunk("p1", 5)],
+        "kept across attempts"
+    );
+    assert!(matches!(
+        store
+            .artifact_pieces(&task.operation_id, &task.lease_token, DEFAULT_ARTIFACT)
+            .await,
+        Err(StoreError::LeaseLost)
+    ));
+    let now = lapsed.plus(Duration::from_secs(61));
+    let held = store
+        .artifact_piece_add(piece(&retry, 10, "p1b", 7, now))
+        .await
+        .unwrap();
+    assert_eq!(held, vec![chunk("p0", 10), chunk("p1b", 7)]);
+    let garbage = store.artifact_garbage(100).await.unwrap();
+    assert!(
+        garbage.contains(&"p1".to_owned()),
+        "the replaced piece is garbage: {garbage:?}"
+    );
+
+    // The attempt fails; a from_checkpoint re-run shares the pieces.
+    let error = OperationError {
+        code: "boom".into(),
+        message: String::new(),
+        retryable: false,
+    };
+    store
+        .task_finish(finish(&retry, Outcome::Failed { error }, now))
+        .await
+        .unwrap();
+    let mut params = accept_params("t1", "pieces", None, json!({"n": 1}));
+    params.rerun_of = Some(op.id.clone());
+    params.from_checkpoint = true;
+    store.operation_accept(params).await.unwrap();
+    let rerun = claim_one(store, "pieces", now).await;
+    assert_eq!(
+        store
+            .artifact_pieces(&rerun.operation_id, &rerun.lease_token, DEFAULT_ARTIFACT)
+            .await
+            .unwrap(),
+        vec![chunk("p0", 10), chunk("p1b", 7)]
+    );
+    // Joined into a new object: the re-run's rows go, the shared objects stay
+    // (the original still names them).
+    let mut joined = upload(&rerun, "joined", now);
+    joined.joins_pieces = true;
+    store.result_upload(joined).await.unwrap();
+    assert!(
+        store
+            .artifact_pieces(&rerun.operation_id, &rerun.lease_token, DEFAULT_ARTIFACT)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let garbage = store.artifact_garbage(100).await.unwrap();
+    assert!(
+        !garbage.contains(&"p0".to_owned()) && !garbage.contains(&"p1b".to_owned()),
+        "{garbage:?}"
+    );
+    store
+        .task_finish(finish(&rerun, Outcome::Succeeded { result: None }, now))
+        .await
+        .unwrap();
+    // Once the original goes too, its pieces are garbage.
+    store.tenant_delete("t1", now).await.unwrap();
+    let garbage = store.artifact_garbage(100).await.unwrap();
+    for key in ["p0", "p1b"] {
+        assert!(garbage.contains(&key.to_owned()), "{key}: {garbage:?}");
+    }
+    assert!(!garbage.contains(&"p-forged".to_owned()) && !garbage.contains(&"p-bad".to_owned()));
 }

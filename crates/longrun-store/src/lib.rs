@@ -198,6 +198,16 @@ pub trait Store: Send + Sync + 'static {
     /// publishes it, any other end discards it.
     async fn result_upload(&self, params: ResultUploadParams) -> Result<()>;
 
+    /// Records a piece of a task's resumable artifact (see
+    /// [`ArtifactPieceParams`]); returns its pieces in order. A refused
+    /// piece's object is the caller's to delete.
+    async fn artifact_piece_add(&self, params: ArtifactPieceParams) -> Result<Vec<UploadChunk>>;
+
+    /// The pieces of the task's resumable artifact `name`, in order (fenced
+    /// by the lease): what earlier attempts (or the original of a
+    /// `from_checkpoint` re-run) stored.
+    async fn artifact_pieces(&self, operation_id: &Id, lease_token: &str, name: &str) -> Result<Vec<UploadChunk>>;
+
     /// The published (or expired) artifacts of the tenant's operation, by name.
     async fn result_for_operation(&self, tenant: &str, id: &Id) -> Result<Vec<ResultRecord>>;
 

@@ -673,6 +673,10 @@ async fn insert_submissions(
          ), e AS (
              INSERT INTO operation_events (operation_id, version, type, state, at, data, snapshot)
              SELECT o.id, 1, 'created', 'queued', q.now, '{}', q.snapshot FROM o JOIN q USING (id)
+         ), pc AS (
+             INSERT INTO artifact_pieces (operation_id, name, piece_offset, storage_key, size_bytes)
+             SELECT o.id, p.name, p.piece_offset, p.storage_key, p.size_bytes
+               FROM o JOIN q USING (id) JOIN artifact_pieces p ON p.operation_id = q.checkpoint_from
          ), u AS (
              INSERT INTO operation_uploads (operation_id, upload_id)
              SELECT o.id, unnest(string_to_array(q.uploads, ',')) FROM o JOIN q USING (id) WHERE q.uploads <> ''
@@ -987,6 +991,13 @@ async fn operations_end(
         }
     }
     results_discard(c, &other, discard_at).await?;
+    // Cancelled work leaves nothing behind; a failed one keeps its pieces
+    // for a `from_checkpoint` re-run.
+    for (id, ending, at) in endings {
+        if ending.to == State::Cancelled && ended.contains_key(*id) {
+            pieces_drop(c, id, None, None, *at).await?;
+        }
+    }
     let events: Vec<(&Operation, &str, Value)> = endings
         .iter()
         .filter_map(|(id, e, _)| ended.get(*id).map(|op| (op, e.to.as_str(), e.event_data())))
@@ -1143,6 +1154,13 @@ async fn cancel_request(
 /// held by a worker, so not pausable — instead of a deadlock.
 async fn operation_intent(c: &mut PgConnection, ch: &mut Vec<Change>, p: &IntentParams) -> Result<Operation> {
     let op = lock_operation(c, &p.tenant, &p.id).await?;
+    // Read before the task's NOWAIT lock: a lock not granted aborts the
+    // transaction, and nothing can be read after it.
+    let pausable: bool = sqlx::query_scalar("SELECT COALESCE((SELECT pausable FROM kinds WHERE name = $1), FALSE)")
+        .bind(&op.kind)
+        .fetch_one(&mut *c)
+        .await
+        .map_err(db)?;
     let status: Option<String> =
         match sqlx::query_scalar("SELECT status FROM tasks WHERE operation_id = $1 FOR UPDATE NOWAIT")
             .bind(p.id.as_str())
@@ -1154,11 +1172,6 @@ async fn operation_intent(c: &mut PgConnection, ch: &mut Vec<Change>, p: &Intent
             Err(e) => return Err(db(e)),
         };
     let id = p.id.as_str();
-    let pausable: bool = sqlx::query_scalar("SELECT COALESCE((SELECT pausable FROM kinds WHERE name = $1), FALSE)")
-        .bind(&op.kind)
-        .fetch_one(&mut *c)
-        .await
-        .map_err(db)?;
     let holder = Holder {
         leased: status.as_deref() == Some("leased"),
         pausable,
@@ -2059,6 +2072,7 @@ async fn operation_remove(c: &mut PgConnection, id: &str, now: Timestamp) -> Res
     .execute(&mut *c)
     .await
     .map_err(db)?;
+    pieces_drop(c, id, None, None, now).await?;
     for sql in [
         "DELETE FROM results WHERE operation_id = $1",
         "DELETE FROM operation_uploads WHERE operation_id = $1",
@@ -2261,6 +2275,62 @@ async fn upload_store(c: &mut PgConnection, u: &UploadRecord) -> Result<()> {
     .await
     .map_err(db)?;
     Ok(())
+}
+
+/// Drops the piece rows of `operation_id` (of `name`, at or past `from`,
+/// when given); each object becomes garbage once no row names it, unless
+/// it is `keep` (a single piece that became the result itself).
+async fn pieces_drop(
+    c: &mut PgConnection,
+    operation_id: &str,
+    only: Option<(&str, i64)>,
+    keep: Option<&str>,
+    now: Timestamp,
+) -> Result<()> {
+    let (name, from) = only.map_or((None, 0), |(n, f)| (Some(n), f));
+    sqlx::query(
+        "WITH gone AS (DELETE FROM artifact_pieces
+                        WHERE operation_id = $1 AND ($2::TEXT IS NULL OR name = $2) AND piece_offset >= $3
+                    RETURNING storage_key)
+         INSERT INTO artifact_garbage (storage_key, created_at)
+         SELECT DISTINCT storage_key, $4 FROM gone
+          WHERE storage_key IS DISTINCT FROM $5
+            AND NOT EXISTS (SELECT 1 FROM artifact_pieces p
+                             WHERE p.storage_key = gone.storage_key AND p.operation_id <> $1)
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(operation_id)
+    .bind(name)
+    .bind(from)
+    .bind(now.0)
+    .bind(keep)
+    .execute(&mut *c)
+    .await
+    .map_err(db)?;
+    Ok(())
+}
+
+async fn pieces_of(c: &mut PgConnection, operation_id: &str, name: &str) -> Result<Vec<(i64, UploadChunk)>> {
+    let rows = sqlx::query(
+        "SELECT piece_offset, storage_key, size_bytes FROM artifact_pieces
+          WHERE operation_id = $1 AND name = $2 ORDER BY piece_offset",
+    )
+    .bind(operation_id)
+    .bind(name)
+    .fetch_all(&mut *c)
+    .await
+    .map_err(db)?;
+    rows.iter()
+        .map(|r| {
+            Ok((
+                r.try_get(0).map_err(db)?,
+                UploadChunk {
+                    storage_key: r.try_get(1).map_err(db)?,
+                    size_bytes: r.try_get(2).map_err(db)?,
+                },
+            ))
+        })
+        .collect()
 }
 
 async fn tenant_delete(c: &mut PgConnection, tenant: &str, now: Timestamp) -> Result<TenantDeleteCounts> {
@@ -2736,9 +2806,59 @@ impl Store for PostgresStore {
         })
     }
 
+    async fn artifact_piece_add(&self, params: ArtifactPieceParams) -> Result<Vec<UploadChunk>> {
+        in_tx!(self, |c, _ch| {
+            fenced(c, &params.operation_id, &params.lease_token).await?;
+            let id = params.operation_id.as_str();
+            let pieces = pieces_of(c, id, &params.name).await?;
+            let kept = piece_placement(&pieces, params.offset)?;
+            if kept < pieces.len() {
+                pieces_drop(c, id, Some((&params.name, params.offset)), None, params.now).await?;
+            }
+            sqlx::query(
+                "INSERT INTO artifact_pieces (operation_id, name, piece_offset, storage_key, size_bytes)
+                 VALUES ($1, $2, $3, $4, $5)",
+            )
+            .bind(id)
+            .bind(&params.name)
+            .bind(params.offset)
+            .bind(&params.piece.storage_key)
+            .bind(params.piece.size_bytes)
+            .execute(&mut *c)
+            .await
+            .map_err(db)?;
+            let mut held: Vec<UploadChunk> = pieces.into_iter().take(kept).map(|(_, piece)| piece).collect();
+            held.push(params.piece.clone());
+            Ok(held)
+        })
+    }
+
+    async fn artifact_pieces(&self, operation_id: &Id, lease_token: &str, name: &str) -> Result<Vec<UploadChunk>> {
+        let (id, token, name) = (operation_id.clone(), lease_token.to_owned(), name.to_owned());
+        in_tx!(self, |c, _ch| {
+            fenced(c, &id, &token).await?;
+            Ok(pieces_of(c, id.as_str(), &name)
+                .await?
+                .into_iter()
+                .map(|(_, piece)| piece)
+                .collect())
+        })
+    }
+
     async fn result_upload(&self, params: ResultUploadParams) -> Result<()> {
         in_tx!(self, |c, _ch| {
             fenced(c, &params.operation_id, &params.lease_token).await?;
+            if params.joins_pieces {
+                let keep = Some(params.storage_key.as_str());
+                pieces_drop(
+                    c,
+                    params.operation_id.as_str(),
+                    Some((&params.name, 0)),
+                    keep,
+                    params.now,
+                )
+                .await?;
+            }
             // One upload per name: a new one replaces this attempt's earlier
             // one of the name, and whatever earlier attempts left.
             sqlx::query(

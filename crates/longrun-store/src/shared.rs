@@ -576,6 +576,29 @@ pub(crate) fn upload_completed(
     Ok((completed, garbage))
 }
 
+/// Where a new piece of a resumable artifact may go: `pieces` (in offset
+/// order) before `offset` must end exactly there. Returns how many of them
+/// stay (those at or past `offset` are replaced).
+pub(crate) fn piece_placement(pieces: &[(i64, UploadChunk)], offset: i64) -> Result<usize> {
+    let kept = pieces.iter().take_while(|(at, _)| *at < offset).count();
+    let end = pieces[..kept].last().map_or(0, |(at, p)| at + p.size_bytes);
+    if end != offset {
+        // Refused with where the pieces (contiguous from 0) end.
+        let mut contiguous = 0;
+        for (at, p) in pieces {
+            if *at != contiguous {
+                break;
+            }
+            contiguous += p.size_bytes;
+        }
+        return Err(StoreError::UploadOffsetMismatch {
+            offset: contiguous,
+            complete: false,
+        });
+    }
+    Ok(kept)
+}
+
 /// What a change of desired state does to an operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum IntentChange {
@@ -910,6 +933,34 @@ mod tests {
             decide_intent(&op, held(true), &intent(DesiredState::Running)),
             Err(StoreError::IntentConflict { .. })
         ));
+    }
+
+    #[test]
+    fn pieces_land_on_a_boundary_and_replace_what_follows() {
+        let piece = |size| chunk_of(size);
+        let pieces = vec![(0, piece(10)), (10, piece(5)), (15, piece(7))];
+        assert_eq!(piece_placement(&pieces, 22).unwrap(), 3, "appends");
+        assert_eq!(piece_placement(&pieces, 15).unwrap(), 2, "resumes, replacing the last");
+        assert_eq!(piece_placement(&pieces, 0).unwrap(), 0, "starts over");
+        assert!(matches!(
+            piece_placement(&pieces, 12),
+            Err(StoreError::UploadOffsetMismatch { offset: 22, .. })
+        ));
+        assert!(matches!(
+            piece_placement(&pieces, 30),
+            Err(StoreError::UploadOffsetMismatch { offset: 22, .. })
+        ));
+        assert!(matches!(
+            piece_placement(&[], 5),
+            Err(StoreError::UploadOffsetMismatch { offset: 0, .. })
+        ));
+    }
+
+    fn chunk_of(size: i64) -> UploadChunk {
+        UploadChunk {
+            storage_key: format!("k{size}"),
+            size_bytes: size,
+        }
     }
 
     #[test]

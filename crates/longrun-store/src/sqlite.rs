@@ -488,6 +488,17 @@ impl Store for SqliteStore {
         self.writer.write(move |c| sql::result_upload(c, &params)).await
     }
 
+    async fn artifact_piece_add(&self, params: ArtifactPieceParams) -> Result<Vec<UploadChunk>> {
+        self.writer.write(move |c| sql::artifact_piece_add(c, &params)).await
+    }
+
+    async fn artifact_pieces(&self, operation_id: &Id, lease_token: &str, name: &str) -> Result<Vec<UploadChunk>> {
+        let (id, token, name) = (operation_id.clone(), lease_token.to_owned(), name.to_owned());
+        self.writer
+            .write(move |c| sql::artifact_pieces(c, &id, &token, &name))
+            .await
+    }
+
     async fn result_for_operation(&self, tenant: &str, id: &Id) -> Result<Vec<ResultRecord>> {
         let (tenant, id) = (tenant.to_owned(), id.clone());
         self.read(move |c| sql::result_for_operation(c, &tenant, &id)).await

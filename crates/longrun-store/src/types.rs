@@ -537,6 +537,25 @@ pub struct ResultUploadParams {
     pub content_type: String,
     pub size_bytes: i64,
     pub sha256: String,
+    /// The object was joined from the task's pieces of `name`
+    /// ([`ArtifactPieceParams`]): they are done with (their objects become
+    /// garbage unless this is one of them, or another operation shares it).
+    pub joins_pieces: bool,
+    pub now: Timestamp,
+}
+
+/// A stored piece of a resumable artifact `name` of a task (fenced by its
+/// lease), starting at `offset`. The pieces before must end exactly at
+/// `offset` (else `UploadOffsetMismatch` with where they end); pieces at or
+/// past it are replaced: an attempt resuming from a checkpoint writes again
+/// from there.
+#[derive(Debug, Clone)]
+pub struct ArtifactPieceParams {
+    pub operation_id: Id,
+    pub lease_token: String,
+    pub name: String,
+    pub offset: i64,
+    pub piece: UploadChunk,
     pub now: Timestamp,
 }
 

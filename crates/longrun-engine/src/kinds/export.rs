@@ -2,14 +2,21 @@
 //! deterministic synthetic customer table, `input: {"rows": N, "format":
 //! "csv" | "jsonl"}`. Rows are generated and streamed to the artifact store
 //! in chunks — memory stays bounded whatever N is — with progress in rows and
-//! a cancellation check between chunks; a cancelled export uploads nothing.
+//! a cancellation check between chunks; a cancelled export leaves nothing.
 //! Safe to re-run: the same input always produces the same bytes.
+//!
+//! Resumable: the file is stored as pieces of `PIECE_ROWS` rows, each
+//! followed by a checkpoint `{"rows_done", "bytes"}`. A pause ends the
+//! current piece early; a resumed, retried (after a crash) or
+//! `from_checkpoint` re-run attempt appends from the checkpoint, and the
+//! pieces are joined into one artifact at the end: the same bytes (and
+//! SHA-256) as an uninterrupted run, each row stored once.
 
 use std::pin::pin;
 
 use async_trait::async_trait;
 use longrun_core::validate::Invalid;
-use longrun_store::ProgressUpdate;
+use longrun_store::{DEFAULT_ARTIFACT, ProgressUpdate};
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
 
@@ -18,6 +25,9 @@ use crate::worker::{Handler, KindInfo, TaskContext, TaskError};
 pub const MAX_ROWS: u64 = 100_000_000;
 /// Rows generated between progress reports and cancellation checks.
 const CHUNK_ROWS: u64 = 50_000;
+/// Rows per stored piece: a checkpoint is saved after each, so a pause or a
+/// crash costs at most this many rows (about 20 MB of CSV).
+const PIECE_ROWS: u64 = 200_000;
 /// Bytes in flight between the generator and the upload.
 const PIPE_BYTES: usize = 1024 * 1024;
 
@@ -212,51 +222,82 @@ impl Handler for Export {
 
     async fn run(&self, ctx: TaskContext) -> Result<Option<Value>, TaskError> {
         let input = ExportInput::parse(ctx.input()).map_err(|e| TaskError::fatal("invalid_input", e.message))?;
-        let (mut writer, reader) = tokio::io::duplex(PIPE_BYTES);
-        let mut upload = pin!(ctx.upload(input.format.content_type(), Box::pin(reader)));
-        let generate = async {
-            if input.format == Format::Csv {
-                writer.write_all(CSV_HEADER.as_bytes()).await.map_err(pipe_error)?;
-            }
-            let mut done = 0;
-            while done < input.rows {
-                if ctx.is_cancelled() {
-                    return Err(TaskError::Cancelled);
+        // Where an earlier attempt, or a pause, left off: rows done and the
+        // bytes of pieces holding them.
+        let (mut done, mut offset) = resume_point(ctx.checkpoint().as_ref(), input.rows);
+        while done < input.rows {
+            let end = (done + PIECE_ROWS).min(input.rows);
+            let (mut writer, reader) = tokio::io::duplex(PIPE_BYTES);
+            let mut upload = pin!(ctx.upload_piece(DEFAULT_ARTIFACT, offset, Box::pin(reader)));
+            let from = done;
+            let generate = async {
+                if from == 0 && input.format == Format::Csv {
+                    writer.write_all(CSV_HEADER.as_bytes()).await.map_err(pipe_error)?;
                 }
-                let to = (done + CHUNK_ROWS).min(input.rows);
-                let chunk = tokio::task::spawn_blocking(move || render(input.format, done, to))
-                    .await
-                    .map_err(|e| TaskError::Retryable(e.to_string()))?;
-                writer.write_all(chunk.as_bytes()).await.map_err(pipe_error)?;
-                done = to;
-                ctx.progress(ProgressUpdate {
-                    completed_units: Some(done as f64),
-                    total_units: Some(input.rows as f64),
-                    unit: Some("rows".into()),
-                    phase: Some("WRITING".into()),
-                    details: None,
-                })
-                .await?;
-            }
-            writer.shutdown().await.map_err(pipe_error)?;
-            Ok::<(), TaskError>(())
-        };
-        let mut generate = pin!(generate);
-        // Drive both; if generation stops (cancelled, failed), the upload
-        // future is dropped with it, and a half-written upload is removed.
-        let mut generated = false;
-        let uploaded = loop {
-            tokio::select! {
-                result = &mut generate, if !generated => {
-                    result?;
-                    generated = true;
+                let mut at = from;
+                while at < end {
+                    if ctx.is_cancelled() {
+                        return Err(TaskError::Cancelled);
+                    }
+                    if ctx.is_pause_requested() {
+                        // End the piece here: what is written is kept.
+                        break;
+                    }
+                    let to = (at + CHUNK_ROWS).min(end);
+                    let chunk = tokio::task::spawn_blocking(move || render(input.format, at, to))
+                        .await
+                        .map_err(|e| TaskError::Retryable(e.to_string()))?;
+                    writer.write_all(chunk.as_bytes()).await.map_err(pipe_error)?;
+                    at = to;
+                    ctx.progress(ProgressUpdate {
+                        completed_units: Some(at as f64),
+                        total_units: Some(input.rows as f64),
+                        unit: Some("rows".into()),
+                        phase: Some("WRITING".into()),
+                        details: None,
+                    })
+                    .await?;
                 }
-                result = &mut upload => break result?,
+                writer.shutdown().await.map_err(pipe_error)?;
+                Ok::<u64, TaskError>(at)
+            };
+            let mut generate = pin!(generate);
+            // Drive both; if generation stops (cancelled, failed), the piece's
+            // upload is dropped with it and leaves nothing.
+            let mut rows_written = None;
+            let piece_end = loop {
+                tokio::select! {
+                    result = &mut generate, if rows_written.is_none() => rows_written = Some(result?),
+                    result = &mut upload => break result?,
+                }
+            };
+            let rows_written = match rows_written {
+                Some(rows) => rows,
+                None => generate.await?,
+            };
+            (done, offset) = (rows_written, piece_end);
+            // Stored before it counts: a crash or a pause resumes here.
+            ctx.save_checkpoint(json!({"rows_done": done, "bytes": offset})).await?;
+            if ctx.is_pause_requested() && done < input.rows {
+                return Err(TaskError::Paused);
             }
-        };
+        }
+        let uploaded = ctx
+            .join_pieces(DEFAULT_ARTIFACT, input.format.content_type(), offset)
+            .await?;
         Ok(Some(
             json!({"rows": input.rows, "size_bytes": uploaded.size_bytes, "sha256": uploaded.sha256}),
         ))
+    }
+}
+
+/// Rows done and bytes stored, from a checkpoint this kind saved; a fresh
+/// start for none (or one that does not fit this input).
+fn resume_point(checkpoint: Option<&Value>, rows: u64) -> (u64, u64) {
+    let field = |name: &str| checkpoint.and_then(|c| c.get(name)).and_then(Value::as_u64);
+    match (field("rows_done"), field("bytes")) {
+        (Some(done), Some(bytes)) if done <= rows && (done == 0) == (bytes == 0) => (done, bytes),
+        _ => (0, 0),
     }
 }
 

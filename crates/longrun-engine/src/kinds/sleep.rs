@@ -143,6 +143,113 @@ impl Handler for Sleep {
 mod tests {
     use super::*;
 
+    use std::sync::{Arc, Mutex};
+
+    use longrun_core::Id;
+    use longrun_store::{HeartbeatAck, Outcome, StoreError};
+
+    use crate::artifacts::ByteReader;
+    use crate::worker::{StopFlags, TaskLink, UploadedArtifact, run_task};
+
+    /// Records the steps a run reports and how it ends (what is tested is
+    /// where the handler starts and stops, not where reports go).
+    #[derive(Default)]
+    struct Steps {
+        reported: Mutex<Vec<f64>>,
+        ended: Mutex<Option<Outcome>>,
+    }
+
+    #[async_trait]
+    impl TaskLink for Steps {
+        async fn heartbeat(
+            &self,
+            progress: Option<ProgressUpdate>,
+            _: Option<f64>,
+            _: Option<bool>,
+            _: Option<Value>,
+        ) -> Result<HeartbeatAck, StoreError> {
+            self.reported
+                .lock()
+                .unwrap()
+                .extend(progress.and_then(|p| p.completed_units));
+            Ok(HeartbeatAck {
+                lease_expires_at: longrun_core::Timestamp(0),
+                cancel_requested: false,
+                cancel_reason: None,
+                pause_requested: false,
+                version: 0,
+            })
+        }
+
+        async fn finish(&self, outcome: Outcome, progress: Option<ProgressUpdate>) -> Result<(), StoreError> {
+            self.reported
+                .lock()
+                .unwrap()
+                .extend(progress.and_then(|p| p.completed_units));
+            *self.ended.lock().unwrap() = Some(outcome);
+            Ok(())
+        }
+
+        async fn upload(&self, _: &str, _: &str, _: ByteReader) -> Result<UploadedArtifact, StoreError> {
+            Err(StoreError::LeaseLost)
+        }
+
+        async fn open_upload(&self, _: &Id) -> Result<ByteReader, StoreError> {
+            Err(StoreError::NotFound)
+        }
+
+        async fn upload_piece(&self, _: &str, _: u64, _: ByteReader) -> Result<u64, StoreError> {
+            Err(StoreError::LeaseLost)
+        }
+
+        async fn join_pieces(&self, _: &str, _: &str, _: u64) -> Result<UploadedArtifact, StoreError> {
+            Err(StoreError::LeaseLost)
+        }
+    }
+
+    async fn run(checkpoint: Option<Value>, flags: Arc<StopFlags>) -> Arc<Steps> {
+        let link = Arc::new(Steps::default());
+        let ctx = TaskContext::new(
+            Id::generate(longrun_core::IdKind::Operation),
+            1,
+            json!({"duration_ms": 10_000, "steps": 10}),
+            link.clone(),
+            flags,
+        )
+        .with_progress_interval(Duration::ZERO)
+        .with_checkpoint(checkpoint);
+        run_task(Arc::new(Sleep), ctx, Duration::from_secs(60)).await.unwrap();
+        link
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn it_resumes_after_the_last_step_its_checkpoint_counts() {
+        let link = run(Some(json!({"steps_done": 7})), Arc::default()).await;
+        assert_eq!(*link.reported.lock().unwrap(), vec![8.0, 9.0, 10.0]);
+        assert!(matches!(*link.ended.lock().unwrap(), Some(Outcome::Succeeded { .. })));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pause_stops_it_mid_step_with_the_steps_done_as_its_checkpoint() {
+        let flags = Arc::new(StopFlags::default());
+        let pause = {
+            let flags = flags.clone();
+            async move {
+                // Three and a half steps in.
+                tokio::time::sleep(Duration::from_millis(3_500)).await;
+                flags.pause.send_replace(true);
+            }
+        };
+        let (link, ()) = tokio::join!(run(None, flags), pause);
+        assert_eq!(*link.reported.lock().unwrap(), vec![1.0, 2.0, 3.0]);
+        assert_eq!(
+            *link.ended.lock().unwrap(),
+            Some(Outcome::Paused {
+                checkpoint: Some(json!({"steps_done": 3}))
+            })
+        );
+    }
+
     #[test]
     fn input_validation() {
         assert_eq!(

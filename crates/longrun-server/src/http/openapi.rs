@@ -21,7 +21,8 @@ use crate::http::{admin, error, events, health, operations, results, uploads, wi
     paths(
         operations::submit, operations::list, operations::read, operations::update, operations::cancel_alias,
         operations::history, operations::cancel, operations::cancellation, operations::deliveries, operations::rerun, events::events,
-        results::result, results::content, results::upload, results::upload_named, results::read_upload,
+        results::result, results::content, results::upload, results::upload_named, results::upload_piece,
+        results::join_pieces, results::read_upload,
         uploads::create, uploads::append, uploads::offset, uploads::show, workers::claim, workers::heartbeat, workers::complete,
         workers::fail, workers::cancelled, workers::paused, workers::outcomes, operations::submit_batch, health::healthz, health::readyz, admin::metrics,
     ),

@@ -19,7 +19,7 @@ use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, put};
+use axum::routing::{get, post, put};
 use futures_util::TryStreamExt;
 use longrun_core::{Id, IdKind, links};
 use longrun_engine::artifacts::ArtifactError;
@@ -42,6 +42,11 @@ pub fn router() -> Router<AppState> {
             "/v1/worker/tasks/{id}/artifacts/{name}",
             put(upload_named).layer(DefaultBodyLimit::disable()),
         )
+        .route(
+            "/v1/worker/tasks/{id}/artifacts/{name}/pieces/{offset}",
+            put(upload_piece).layer(DefaultBodyLimit::disable()),
+        )
+        .route("/v1/worker/tasks/{id}/artifacts/{name}/join", post(join_pieces))
         .route("/v1/worker/tasks/{id}/uploads/{upload_id}", get(read_upload))
         .route("/v1/operations/{id}/result", get(result))
         .route("/v1/results/{id}/content", get(content))
@@ -82,6 +87,11 @@ async fn upload_named(
     headers: HeaderMap,
     request: Request,
 ) -> Result<Response, ApiError> {
+    check_artifact_name(&name)?;
+    store_artifact(app, caller, id, &name, headers, request).await
+}
+
+fn check_artifact_name(name: &str) -> Result<(), ApiError> {
     let valid = !name.is_empty()
         && name.len() <= 64
         && name
@@ -93,7 +103,124 @@ async fn upload_named(
             "an artifact name is 1 to 64 of a-z, 0-9, _ and -, starting with a letter or digit".into(),
         ));
     }
-    store_artifact(app, caller, id, &name, headers, request).await
+    Ok(())
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+struct PieceStoredBody {
+    /// Where the artifact's stored pieces now end: the next piece's offset.
+    upload_offset: u64,
+}
+
+#[utoipa::path(put, path = "/v1/worker/tasks/{id}/artifacts/{name}/pieces/{offset}", tag = "workers", security(("bearer" = [])),
+    params(("id" = String, Path, description = "The operation id (op_…)"),
+        ("name" = String, Path, description = "The artifact's name (`default` for `result.artifact`)", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$"),
+        ("offset" = u64, Path, description = "Where the piece starts: where the stored pieces before it end"),
+        ("Lease-Token" = String, Header, description = "The task's lease token", pattern = "^[\\x21-\\x7e]+$")),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The piece, streamed"),
+    responses((status = 200, description = "Stored; pieces at or past `offset` from earlier attempts were replaced. Pieces outlive attempts and pauses; `…/join` makes them the artifact. `409 upload_offset_mismatch` (with `Upload-Offset`) when the stored pieces do not end at `offset`", body = PieceStoredBody), (status = "default", description = "A problem (RFC 9457) with a stable `code`", body = Problem, content_type = "application/problem+json")))]
+async fn upload_piece(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path((id, name, offset)): Path<(String, String, String)>,
+    headers: HeaderMap,
+    request: Request,
+) -> Result<Response, ApiError> {
+    check_artifact_name(&name)?;
+    let (id, lease_token) = worker_task(&caller, &id, &headers)?;
+    let offset: u64 = offset
+        .parse()
+        .map_err(|_| ApiError::InvalidRequest("the offset must be a whole number of bytes".into()))?;
+    let stream = request.into_body().into_data_stream().map_err(std::io::Error::other);
+    let body = Box::pin(tokio_util::io::StreamReader::new(stream));
+    let end = longrun_engine::dispatcher::store_artifact_piece(
+        app.store.as_ref(),
+        app.artifacts.as_ref(),
+        TaskArtifact {
+            operation_id: &id,
+            lease_token: &lease_token,
+            name: &name,
+            content_type: "",
+        },
+        offset,
+        body,
+        app.config.max_artifact_bytes,
+        app.clock.now(),
+    )
+    .await
+    .map_err(|e| match e {
+        StoreError::LeaseLost => ApiError::LeaseLost {
+            operation_id: id.clone(),
+        },
+        StoreError::TooLarge { max_bytes } => too_large(max_bytes),
+        other => other.into(),
+    })?;
+    Ok(Json(PieceStoredBody { upload_offset: end }).into_response())
+}
+
+#[derive(Debug, serde::Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+struct JoinRequest {
+    lease_token: String,
+    /// The artifact's content type (kept, as an upload's `Content-Type` is).
+    #[serde(default)]
+    #[schema(min_length = 1, max_length = 255, pattern = "^[\\x20-\\x7e]+$")]
+    content_type: Option<String>,
+    /// What the pieces must hold, all told.
+    size_bytes: u64,
+}
+
+#[utoipa::path(post, path = "/v1/worker/tasks/{id}/artifacts/{name}/join", tag = "workers", security(("bearer" = [])),
+    params(("id" = String, Path, description = "The operation id (op_…)"),
+        ("name" = String, Path, description = "The artifact's name (`default` for `result.artifact`)", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")),
+    request_body = JoinRequest,
+    responses((status = 201, description = "The pieces joined into the artifact; `complete` (or the worker's `fail`) publishes it. `409 upload_offset_mismatch` (with `Upload-Offset`) when the pieces do not hold `size_bytes`", body = ArtifactUploadBody), (status = "default", description = "A problem (RFC 9457) with a stable `code`", body = Problem, content_type = "application/problem+json")))]
+async fn join_pieces(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path((id, name)): Path<(String, String)>,
+    crate::http::extract::JsonBody(request): crate::http::extract::JsonBody<JoinRequest>,
+) -> Result<Response, ApiError> {
+    check_artifact_name(&name)?;
+    if caller.role == longrun_core::apikey::Role::Client {
+        return Err(ApiError::Forbidden);
+    }
+    let id = Id::parse(IdKind::Operation, &id)
+        .ok_or_else(|| ApiError::InvalidRequest("the path must name an operation id (op_…)".into()))?;
+    let content_type = request
+        .content_type
+        .unwrap_or_else(|| "application/octet-stream".into());
+    if content_type.is_empty() || content_type.len() > 255 || !content_type.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+        return Err(ApiError::InvalidRequest(
+            "content_type must be 1–255 visible ASCII characters".into(),
+        ));
+    }
+    let joined = longrun_engine::dispatcher::join_artifact_pieces(
+        app.store.as_ref(),
+        app.artifacts.as_ref(),
+        TaskArtifact {
+            operation_id: &id,
+            lease_token: &request.lease_token,
+            name: &name,
+            content_type: &content_type,
+        },
+        request.size_bytes,
+        app.clock.now(),
+    )
+    .await
+    .map_err(|e| match e {
+        StoreError::LeaseLost => ApiError::LeaseLost {
+            operation_id: id.clone(),
+        },
+        other => other.into(),
+    })?;
+    let body = ArtifactUploadBody {
+        id: joined.id,
+        content_type,
+        size_bytes: joined.size_bytes,
+        sha256: joined.sha256,
+    };
+    Ok((StatusCode::CREATED, Json(body)).into_response())
 }
 
 fn worker_task(caller: &Caller, id: &str, headers: &HeaderMap) -> Result<(Id, String), ApiError> {

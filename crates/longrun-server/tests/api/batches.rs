@@ -208,7 +208,9 @@ async fn a_batch_of_outcomes_is_fenced_item_by_item() {
     )
     .await;
     let statuses: Vec<u64> = results.iter().map(|r| r["status"].as_u64().unwrap()).collect();
-    assert_eq!(statuses, vec![200, 200, 200, 409, 400, 400, 400]);
+    assert_eq!(statuses, vec![200, 200, 200, 409, 400, 409, 400]);
+    // A pause nobody asked for is refused, and leaves the lease alone.
+    assert_eq!(results[5]["problem"]["code"], "intent_conflict");
     assert_eq!(results[0]["state"], "succeeded");
     assert_eq!(results[1]["state"], "failed");
     assert_eq!(results[2]["cancel_requested"], false);

@@ -1,6 +1,8 @@
 //! `PATCH {"desired_state"}`: queued work pauses (out of the queue) and
-//! resumes; running work a worker holds is not pausable; terminal intent
-//! dominates; events and webhooks carry `paused` and `resumed`.
+//! resumes; running work of a pausable kind is asked of its worker, which
+//! saves a checkpoint and reports `paused` (other kinds are not pausable);
+//! terminal intent dominates; events and webhooks carry `paused` and
+//! `resumed`.
 
 use std::time::Duration;
 
@@ -219,5 +221,216 @@ async fn a_deadline_that_passes_while_paused_fails_the_work_once_resumed() {
     patch(&app, &id, Some(2), desired("running")).await;
     let failed = app.wait_for_state(&id, "failed").await;
     assert_eq!(failed["error"]["code"], "deadline_exceeded");
+    app.shutdown().await;
+}
+
+/// Running work of a pausable kind, over the worker protocol: checkpoints
+/// ride heartbeats (bounded), `PATCH` answers `202` and the heartbeat says
+/// `pause_requested`, the `paused` report ends the lease, and the claim
+/// after a resume hands the checkpoint back. Reports are checked like any.
+#[tokio::test]
+async fn running_work_pauses_through_its_worker_and_resumes_from_its_checkpoint() {
+    let app = spawn_app_with(Options {
+        builtin_workers: false,
+        ..Options::default()
+    })
+    .await;
+    app.store
+        .kind_upsert(longrun_store::KindSpec {
+            name: "resumable".into(),
+            builtin: false,
+            rerun_safe: true,
+            max_attempts: 3,
+            default_deadline_seconds: None,
+            max_deadline_seconds: None,
+            pausable: true,
+        })
+        .await
+        .unwrap();
+    let op = app.submit_ok("resumable-1", &json!({"kind": "resumable"})).await;
+    let id = op["id"].as_str().unwrap().to_owned();
+    let task = app.claim("resumable", 1).await.remove(0);
+    assert!(task.get("checkpoint").is_none(), "a fresh start has none: {task}");
+    let token = task["lease_token"].as_str().unwrap().to_owned();
+    let path = format!("/v1/worker/tasks/{id}/heartbeat");
+    let heartbeat = |body: Value| {
+        let (app, path) = (&app, path.clone());
+        async move { app.worker_post(&path, &body).await }
+    };
+
+    let beat: Value = heartbeat(json!({"lease_token": token, "checkpoint": {"row": 100}}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(beat["pause_requested"], false);
+    let huge = "x".repeat(longrun_store::MAX_CHECKPOINT_BYTES);
+    problem(
+        heartbeat(json!({"lease_token": token, "checkpoint": {"blob": huge}})).await,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "payload_too_large",
+    )
+    .await;
+    // Nobody asked for a pause yet.
+    problem(
+        app.worker_post(&format!("/v1/worker/tasks/{id}/paused"), &json!({"lease_token": token}))
+            .await,
+        StatusCode::CONFLICT,
+        "intent_conflict",
+    )
+    .await;
+
+    let asked = patch(&app, &id, Some(2), desired("paused")).await;
+    assert_eq!(asked.status(), StatusCode::ACCEPTED);
+    let asked: Value = asked.json().await.unwrap();
+    assert_eq!(
+        (
+            asked["state"].as_str(),
+            asked["desired_state"].as_str(),
+            asked["version"].as_i64()
+        ),
+        (Some("running"), Some("paused"), Some(3))
+    );
+    let beat: Value = heartbeat(json!({"lease_token": token})).await.json().await.unwrap();
+    assert_eq!(
+        (beat["pause_requested"].as_bool(), beat["cancel_requested"].as_bool()),
+        (Some(true), Some(false))
+    );
+    // A checkpoint belongs only on heartbeats and paused reports.
+    let misplaced: Value = app
+        .worker_post(
+            "/v1/worker/outcomes",
+            &json!({"outcomes": [{"operation_id": id, "lease_token": token, "outcome": "complete", "checkpoint": {}}]}),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(misplaced["results"][0]["status"], 400);
+    // Paused through the batch endpoint, with the checkpoint to resume from.
+    let answer: Value = app
+        .worker_post(
+            "/v1/worker/outcomes",
+            &json!({"outcomes": [{"operation_id": id, "lease_token": token, "outcome": "paused",
+                                   "checkpoint": {"row": 150}, "progress": {"completed_units": 150}}]}),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            answer["results"][0]["status"].as_u64(),
+            answer["results"][0]["state"].as_str()
+        ),
+        (Some(200), Some("paused"))
+    );
+    problem(
+        heartbeat(json!({"lease_token": token})).await,
+        StatusCode::CONFLICT,
+        "lease_lost",
+    )
+    .await;
+    let paused = app.get_operation(&id).await;
+    assert_eq!(
+        (
+            paused["state"].as_str(),
+            paused["attempt"].as_i64(),
+            paused["progress"]["completed_units"].as_f64()
+        ),
+        (Some("paused"), Some(1), Some(150.0))
+    );
+    assert!(app.claim("resumable", 1).await.is_empty());
+
+    let resumed = patch(&app, &id, paused["version"].as_i64(), desired("running")).await;
+    assert_eq!(resumed.status(), StatusCode::OK);
+    let next = app.claim("resumable", 1).await.remove(0);
+    assert_eq!(
+        (next["attempt"].as_i64(), next["checkpoint"].clone()),
+        (Some(1), json!({"row": 150}))
+    );
+    let token = next["lease_token"].as_str().unwrap();
+    let done = app
+        .worker_post(
+            &format!("/v1/worker/tasks/{id}/complete"),
+            &json!({"lease_token": token}),
+        )
+        .await;
+    assert_eq!(done.status(), StatusCode::OK);
+    let history: Value = app.get_json(&format!("/v1/operations/{id}/history")).await;
+    let types: Vec<&str> = history["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        types,
+        vec![
+            "created",
+            "started",
+            "pause_requested",
+            "paused",
+            "resumed",
+            "started",
+            "succeeded"
+        ]
+    );
+    let admin = crate::helpers::create_key(app.store.as_ref(), "acme", longrun_core::apikey::Role::Admin).await;
+    let metrics = app
+        .request(Method::GET, "/metrics", &admin)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for change in ["pause_requested", "paused", "resumed"] {
+        assert!(
+            metrics.contains(&format!("longrun_operations_intents_total{{change=\"{change}\"}}")),
+            "{change} counted"
+        );
+    }
+    app.shutdown().await;
+}
+
+/// The built-in `sleep` kind in this process: a pause stops it mid-run and
+/// a resume finishes the steps that were left.
+#[tokio::test]
+async fn a_running_sleep_pauses_in_process_and_resumes() {
+    let app = spawn_app_with(Options::default()).await;
+    let op = app
+        .submit_ok(
+            "sleepy",
+            &json!({"kind": "sleep", "input": {"duration_ms": 600_000, "steps": 1000}}),
+        )
+        .await;
+    let id = op["id"].as_str().unwrap().to_owned();
+    let running = app.wait_for_state(&id, "running").await;
+    let asked = patch(&app, &id, running["version"].as_i64(), desired("paused")).await;
+    assert_eq!(asked.status(), StatusCode::ACCEPTED);
+    // The in-process task hears it at once (no heartbeat to wait for).
+    let paused = app.wait_for_state(&id, "paused").await;
+    assert_eq!(
+        (paused["attempt"].as_i64(), paused["desired_state"].as_str()),
+        (Some(1), Some("paused"))
+    );
+    let resumed = patch(&app, &id, paused["version"].as_i64(), desired("running")).await;
+    assert_eq!(resumed.status(), StatusCode::OK);
+    app.wait_for(&id, "a second start", |op| {
+        op["state"] == "running" && op["version"].as_i64() > paused["version"].as_i64()
+    })
+    .await;
+    let cancelled = app
+        .request(
+            Method::PUT,
+            &format!("/v1/operations/{id}/cancellation"),
+            &app.client_key,
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(cancelled.status(), StatusCode::ACCEPTED);
+    app.wait_for_state(&id, "cancelled").await;
     app.shutdown().await;
 }

@@ -146,10 +146,16 @@ async fn reruns_are_refused_clearly() {
         "invalid_request",
     )
     .await;
+    // From the original's last checkpoint (from the start if it saved none).
+    let from_checkpoint = rerun(&app, &long_id, Some("k6"), Some(json!({"from_checkpoint": true}))).await;
+    assert_eq!(from_checkpoint.status(), StatusCode::ACCEPTED);
+    let from_checkpoint: Value = from_checkpoint.json().await.unwrap();
+    assert_eq!(from_checkpoint["rerun_of"], long_id.as_str());
+    // The same key without from_checkpoint is another request.
     problem(
-        rerun(&app, &long_id, Some("k6"), Some(json!({"from_checkpoint": true}))).await,
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "invalid_input",
+        rerun(&app, &long_id, Some("k6"), None).await,
+        StatusCode::CONFLICT,
+        "idempotency_key_reused",
     )
     .await;
     let worker = app

@@ -101,7 +101,14 @@ async fn exports_downloads_ranges_cleanup_and_expiry_on_s3() {
     let id = op["id"].as_str().unwrap().to_owned();
     let done = app.wait_for_state(&id, "succeeded").await;
     let artifact_id = done["result"]["artifact"]["id"].as_str().unwrap();
-    assert_eq!(store.list().await.unwrap(), vec![format!("results/{artifact_id}")]);
+    // One object: the artifact (an export of one piece is that piece, kept).
+    let record = app
+        .store
+        .result_get(&longrun_core::Id::from_trusted(artifact_id.to_owned()))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(store.list().await.unwrap(), vec![record.storage_key]);
 
     let resource: Value = app
         .request(Method::GET, &format!("/v1/operations/{id}/result"), &app.client_key)

@@ -251,6 +251,12 @@ pub(super) fn operation_accept(c: &Connection, p: &AcceptParams) -> Result<Accep
             "UPDATE operations SET checkpoint = (SELECT checkpoint FROM operations WHERE id = ?2) WHERE id = ?1",
         )?
         .execute(params![p.id.as_str(), original.as_str()])?;
+        // The pieces the checkpoint counts on, shared with the original.
+        c.prepare_cached(
+            "INSERT INTO artifact_pieces (operation_id, name, piece_offset, storage_key, size_bytes)
+             SELECT ?1, name, piece_offset, storage_key, size_bytes FROM artifact_pieces WHERE operation_id = ?2",
+        )?
+        .execute(params![p.id.as_str(), original.as_str()])?;
     }
     c.prepare_cached(
         "INSERT INTO tasks (operation_id, seq, tenant, kind, status, available_at) VALUES (?1, ?2, ?3, ?4, 'ready', ?5)",
@@ -392,6 +398,11 @@ fn operation_end(c: &Connection, policy: WritePolicy, id: &str, ending: &Ending,
         result_discard(c, id, now)?;
         ended
     };
+    if ending.to == State::Cancelled {
+        // Cancelled work leaves nothing behind; a failed one keeps its
+        // pieces for a `from_checkpoint` re-run.
+        pieces_drop(c, id, None, None, now)?;
+    }
     event_insert(c, &ended, ending.to.as_str(), &ending.event_data())?;
     outbox_insert(c, &ended)?;
     Ok(ended)
@@ -1410,8 +1421,93 @@ fn result_discard(c: &Connection, operation_id: &str, now: Timestamp) -> Result<
     Ok(())
 }
 
+/// Drops the piece rows of `operation_id` (of `name`, at or past `from`,
+/// when given); each object becomes garbage once no row names it, unless
+/// it is `keep` (a single piece that became the result itself).
+fn pieces_drop(
+    c: &Connection,
+    operation_id: &str,
+    only: Option<(&str, i64)>,
+    keep: Option<&str>,
+    now: Timestamp,
+) -> Result<()> {
+    let (name, from) = only.map_or((None, 0), |(n, f)| (Some(n), f));
+    let dropped: Vec<String> = c
+        .prepare_cached(
+            "DELETE FROM artifact_pieces WHERE operation_id = ?1 AND (?2 IS NULL OR name = ?2) AND piece_offset >= ?3
+             RETURNING storage_key",
+        )?
+        .query_map(params![operation_id, name, from], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    for key in dropped {
+        c.prepare_cached(
+            "INSERT OR IGNORE INTO artifact_garbage (storage_key, created_at)
+             SELECT ?1, ?2 WHERE ?1 IS NOT ?3 AND NOT EXISTS (SELECT 1 FROM artifact_pieces WHERE storage_key = ?1)",
+        )?
+        .execute(params![key, now.0, keep])?;
+    }
+    Ok(())
+}
+
+fn pieces_of(c: &Connection, operation_id: &str, name: &str) -> Result<Vec<(i64, UploadChunk)>> {
+    Ok(c.prepare_cached(
+        "SELECT piece_offset, storage_key, size_bytes FROM artifact_pieces
+          WHERE operation_id = ?1 AND name = ?2 ORDER BY piece_offset",
+    )?
+    .query_map(params![operation_id, name], |r| {
+        Ok((
+            r.get(0)?,
+            UploadChunk {
+                storage_key: r.get(1)?,
+                size_bytes: r.get(2)?,
+            },
+        ))
+    })?
+    .collect::<rusqlite::Result<_>>()?)
+}
+
+pub(super) fn artifact_piece_add(c: &Connection, p: &ArtifactPieceParams) -> Result<Vec<UploadChunk>> {
+    fenced(c, &p.operation_id, &p.lease_token)?;
+    let id = p.operation_id.as_str();
+    let pieces = pieces_of(c, id, &p.name)?;
+    let kept = piece_placement(&pieces, p.offset)?;
+    if kept < pieces.len() {
+        pieces_drop(c, id, Some((&p.name, p.offset)), None, p.now)?;
+    }
+    c.prepare_cached(
+        "INSERT INTO artifact_pieces (operation_id, name, piece_offset, storage_key, size_bytes)
+         VALUES (?1, ?2, ?3, ?4, ?5)",
+    )?
+    .execute(params![id, p.name, p.offset, p.piece.storage_key, p.piece.size_bytes])?;
+    let mut now_held: Vec<UploadChunk> = pieces.into_iter().take(kept).map(|(_, piece)| piece).collect();
+    now_held.push(p.piece.clone());
+    Ok(now_held)
+}
+
+pub(super) fn artifact_pieces(
+    c: &Connection,
+    operation_id: &Id,
+    lease_token: &str,
+    name: &str,
+) -> Result<Vec<UploadChunk>> {
+    fenced(c, operation_id, lease_token)?;
+    Ok(pieces_of(c, operation_id.as_str(), name)?
+        .into_iter()
+        .map(|(_, piece)| piece)
+        .collect())
+}
+
 pub(super) fn result_upload(c: &Connection, p: &ResultUploadParams) -> Result<()> {
     fenced(c, &p.operation_id, &p.lease_token)?;
+    if p.joins_pieces {
+        pieces_drop(
+            c,
+            p.operation_id.as_str(),
+            Some((&p.name, 0)),
+            Some(&p.storage_key),
+            p.now,
+        )?;
+    }
     // One upload per name: a new one replaces this attempt's earlier one of
     // the name, and whatever earlier attempts left.
     let replaced =
@@ -1499,6 +1595,7 @@ fn operation_remove(c: &Connection, id: &str, now: Timestamp) -> Result<()> {
          SELECT storage_key, ?2 FROM results WHERE operation_id = ?1 AND state <> 'expired'",
     )?
     .execute(params![id, now.0])?;
+    pieces_drop(c, id, None, None, now)?;
     for sql in [
         "DELETE FROM results WHERE operation_id = ?1",
         "DELETE FROM operation_uploads WHERE operation_id = ?1",
