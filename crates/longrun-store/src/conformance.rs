@@ -1782,6 +1782,36 @@ pub async fn racing_intents_end_as_one_order_of_them_would(store: &dyn Store) {
         let history = store.operation_history("t1", &op.id).await.unwrap().unwrap();
         let versions: Vec<i64> = history.iter().map(|e| e.version).collect();
         assert_eq!(versions, (1..=versions.len() as i64).collect::<Vec<_>>());
+
+        // A pausable kind: paused before the claim, or asked of the worker
+        // that took it (who hears it at its first heartbeat).
+        declare_pausable(store, "race-pausable").await;
+        let op = create(store, "t1", "race-pausable").await;
+        let (paused, claimed) = tokio::join!(
+            store.operation_intent(intent(&op, DesiredState::Paused, 1, now)),
+            claim(store, "race-pausable", 1, now),
+        );
+        match (&paused, claimed.as_slice()) {
+            (Ok(p), []) => assert_eq!(p.state, State::Paused),
+            (Ok(p), [task]) => {
+                assert!(p.pause_requested(), "{p:?}");
+                let ack = store.task_heartbeat(heartbeat(task, now)).await.unwrap();
+                assert!(ack.pause_requested);
+                let done = store
+                    .task_finish(finish(task, Outcome::Paused { checkpoint: None }, now))
+                    .await
+                    .unwrap();
+                assert_eq!(done.state, State::Paused);
+            }
+            // The claim came first and moved the version the client named.
+            (Err(StoreError::PreconditionFailed { current_version: 2 }), [task]) => {
+                store
+                    .task_finish(finish(task, Outcome::Succeeded { result: None }, now))
+                    .await
+                    .unwrap();
+            }
+            other => panic!("pause against a claim of a pausable kind: {other:?}"),
+        }
     }
     // A paused operation keeps its place out of the queue until resumed.
     let op = create(store, "t1", "held").await;

@@ -1154,13 +1154,14 @@ async fn cancel_request(
 /// held by a worker, so not pausable — instead of a deadlock.
 async fn operation_intent(c: &mut PgConnection, ch: &mut Vec<Change>, p: &IntentParams) -> Result<Operation> {
     let op = lock_operation(c, &p.tenant, &p.id).await?;
-    // Read before the task's NOWAIT lock: a lock not granted aborts the
-    // transaction, and nothing can be read after it.
     let pausable: bool = sqlx::query_scalar("SELECT COALESCE((SELECT pausable FROM kinds WHERE name = $1), FALSE)")
         .bind(&op.kind)
         .fetch_one(&mut *c)
         .await
         .map_err(db)?;
+    // A lock not granted aborts the transaction, up to this savepoint: a
+    // pause of a pausable kind goes on to ask the worker.
+    sqlx::query("SAVEPOINT task_lock").execute(&mut *c).await.map_err(db)?;
     let status: Option<String> =
         match sqlx::query_scalar("SELECT status FROM tasks WHERE operation_id = $1 FOR UPDATE NOWAIT")
             .bind(p.id.as_str())
@@ -1168,7 +1169,13 @@ async fn operation_intent(c: &mut PgConnection, ch: &mut Vec<Change>, p: &Intent
             .await
         {
             Ok(status) => status,
-            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(LOCK_NOT_AVAILABLE) => Some("leased".into()),
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(LOCK_NOT_AVAILABLE) => {
+                sqlx::query("ROLLBACK TO SAVEPOINT task_lock")
+                    .execute(&mut *c)
+                    .await
+                    .map_err(db)?;
+                Some("leased".into())
+            }
             Err(e) => return Err(db(e)),
         };
     let id = p.id.as_str();
@@ -1184,7 +1191,7 @@ async fn operation_intent(c: &mut PgConnection, ch: &mut Vec<Change>, p: &Intent
             let (requested_at, event) = change.pause_request(p.now);
             let sql = format!(
                 "UPDATE operations SET pause_requested_at = $2, version = version + 1, updated_at = $3
-                  WHERE id = $1 AND state = 'running' RETURNING {OP_COLUMNS}"
+                  WHERE id = $1 AND state IN ('queued', 'running') RETURNING {OP_COLUMNS}"
             );
             let query = sqlx::query(&sql).bind(id).bind(requested_at.map(|t| t.0)).bind(p.now.0);
             let changed = update_returning(c, query).await?.ok_or(StoreError::NotFound)?;

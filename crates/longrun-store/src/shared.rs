@@ -651,12 +651,12 @@ pub(crate) fn decide_intent(op: &Operation, holder: Holder, p: &IntentParams) ->
     if op.state.is_terminal() || op.cancel.is_some() {
         return Err(StoreError::IntentConflict { current_version });
     }
-    let pause_requested = op.state == State::Running && op.pause_requested_at.is_some();
+    let pause_requested = op.pause_requested();
     let change = match (p.desired, op.state) {
-        (DesiredState::Paused, State::Paused) | (DesiredState::Running, State::Queued) => IntentChange::Unchanged,
+        (DesiredState::Paused, State::Paused) => IntentChange::Unchanged,
         (DesiredState::Paused, _) if pause_requested => IntentChange::Unchanged,
-        (DesiredState::Running, State::Running) if pause_requested => IntentChange::WithdrawPause,
-        (DesiredState::Running, State::Running) => IntentChange::Unchanged,
+        (DesiredState::Running, State::Queued | State::Running) if pause_requested => IntentChange::WithdrawPause,
+        (DesiredState::Running, State::Queued | State::Running) => IntentChange::Unchanged,
         (DesiredState::Paused, _) if holder.leased && holder.pausable => IntentChange::RequestPause,
         (DesiredState::Paused, _) if holder.leased => return Err(StoreError::NotPausable { current_version }),
         (DesiredState::Paused, _) => IntentChange::Pause,

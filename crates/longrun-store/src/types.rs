@@ -60,6 +60,12 @@ impl Operation {
     pub fn is_expired(&self, now: Timestamp) -> bool {
         self.expires_at.is_some_and(|at| at <= now)
     }
+
+    /// A pause was asked of the worker holding (or taking) it and not
+    /// answered yet: `desired_state` is `paused` while `state` is not.
+    pub fn pause_requested(&self) -> bool {
+        self.pause_requested_at.is_some() && matches!(self.state, State::Queued | State::Running)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Default)]

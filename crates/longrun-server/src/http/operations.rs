@@ -939,12 +939,12 @@ async fn set_intent(
         },
         other => other.into(),
     })?;
-    let asked_of_worker = op.state == longrun_core::State::Running && op.pause_requested_at.is_some();
+    let asked_of_worker = op.pause_requested();
     // A change is one version past the one the client named.
     if op.version != if_match {
         let what = match op.state {
             longrun_core::State::Paused => "paused",
-            longrun_core::State::Running if asked_of_worker => "pause_requested",
+            _ if asked_of_worker => "pause_requested",
             longrun_core::State::Running => "pause_withdrawn",
             _ => "resumed",
         };

@@ -380,9 +380,7 @@ impl From<&Operation> for OperationBody {
             state: op.state.as_str(),
             desired_state: if op.cancel.is_some() || op.state == longrun_core::State::Cancelled {
                 "cancelled"
-            } else if op.state == longrun_core::State::Paused
-                || op.state == longrun_core::State::Running && op.pause_requested_at.is_some()
-            {
+            } else if op.state == longrun_core::State::Paused || op.pause_requested() {
                 "paused"
             } else {
                 "running"

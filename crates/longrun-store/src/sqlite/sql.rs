@@ -981,7 +981,7 @@ pub(super) fn operation_intent(c: &Connection, p: &IntentParams) -> Result<Opera
             let changed = update_returning(
                 c,
                 "UPDATE operations SET pause_requested_at = ?2, version = version + 1, updated_at = ?3
-                  WHERE id = ?1 AND state = 'running'",
+                  WHERE id = ?1 AND state IN ('queued', 'running')",
                 params![id, requested_at.map(|t| t.0), p.now.0],
             )?
             .ok_or(StoreError::NotFound)?;
