@@ -167,6 +167,8 @@ struct JoinRequest {
     #[schema(min_length = 1, max_length = 255, pattern = "^[\\x20-\\x7e]+$")]
     content_type: Option<String>,
     /// What the pieces must hold, all told.
+    #[serde(deserialize_with = "crate::http::wire::required_whole_number")]
+    #[schema(minimum = 0, maximum = 9_223_372_036_854_775_807_i64)]
     size_bytes: u64,
 }
 

@@ -68,6 +68,15 @@ where
         .transpose()
 }
 
+/// A required whole number (of bytes, say), also when written as `326.0`.
+pub(crate) fn required_whole_number<'de, D>(deserializer: D) -> Result<u64, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    as_whole_number(&Value::deserialize(deserializer)?)
+        .ok_or_else(|| serde::de::Error::custom("expected a whole number"))
+}
+
 /// A nested body field that must be a JSON object (or `null`/absent): serde's
 /// derived structs would also take an array in field order, which the
 /// document does not allow. Read in one pass (no intermediate `Value`): the
