@@ -211,7 +211,41 @@ async fn refusal(what: &str, response: reqwest::Response) -> StoreError {
     }
 }
 
+/// The artifact an upload or a join answered with.
+async fn uploaded_artifact(response: reqwest::Response) -> Result<UploadedArtifact, StoreError> {
+    let uploaded: Value = response.json().await.map_err(|e| StoreError::Remote(e.to_string()))?;
+    Ok(UploadedArtifact {
+        id: uploaded["id"].as_str().unwrap_or_default().to_owned(),
+        size_bytes: uploaded["size_bytes"].as_u64().unwrap_or(0),
+        sha256: uploaded["sha256"].as_str().unwrap_or_default().to_owned(),
+    })
+}
+
 impl HttpLink {
+    /// Streams `body` to `url` with the task's lease token.
+    async fn put_stream(
+        &self,
+        url: String,
+        content_type: Option<&str>,
+        body: ByteReader,
+        what: &str,
+    ) -> Result<reqwest::Response, StoreError> {
+        let stream = tokio_util::io::ReaderStream::with_capacity(body, 256 * 1024);
+        let mut request = self
+            .http
+            .put(url)
+            .bearer_auth(&self.token)
+            .header("lease-token", &self.lease_token);
+        if let Some(content_type) = content_type {
+            request = request.header("content-type", content_type);
+        }
+        request
+            .body(reqwest::Body::wrap_stream(stream))
+            .send()
+            .await
+            .map_err(|e| StoreError::Remote(format!("{what} failed: {e}")))
+    }
+
     async fn post(&self, action: &str, body: Value) -> Result<reqwest::Response, StoreError> {
         let url = format!("{}/v1/worker/tasks/{}/{action}", self.base, self.operation_id);
         let response = self
@@ -274,26 +308,11 @@ impl TaskLink for HttpLink {
         } else {
             format!("{}/v1/worker/tasks/{}/artifacts/{name}", self.base, self.operation_id)
         };
-        let stream = tokio_util::io::ReaderStream::with_capacity(body, 256 * 1024);
-        let response = self
-            .http
-            .put(url)
-            .bearer_auth(&self.token)
-            .header("lease-token", &self.lease_token)
-            .header("content-type", content_type)
-            .body(reqwest::Body::wrap_stream(stream))
-            .send()
-            .await
-            .map_err(|e| StoreError::Remote(format!("upload failed: {e}")))?;
+        let response = self.put_stream(url, Some(content_type), body, "upload").await?;
         if !response.status().is_success() {
             return Err(refusal("upload", response).await);
         }
-        let uploaded: Value = response.json().await.map_err(|e| StoreError::Remote(e.to_string()))?;
-        Ok(UploadedArtifact {
-            id: uploaded["id"].as_str().unwrap_or_default().to_owned(),
-            size_bytes: uploaded["size_bytes"].as_u64().unwrap_or(0),
-            sha256: uploaded["sha256"].as_str().unwrap_or_default().to_owned(),
-        })
+        uploaded_artifact(response).await
     }
 
     async fn upload_piece(&self, name: &str, offset: u64, body: ByteReader) -> Result<u64, StoreError> {
@@ -301,16 +320,7 @@ impl TaskLink for HttpLink {
             "{}/v1/worker/tasks/{}/artifacts/{name}/pieces/{offset}",
             self.base, self.operation_id
         );
-        let stream = tokio_util::io::ReaderStream::with_capacity(body, 256 * 1024);
-        let response = self
-            .http
-            .put(url)
-            .bearer_auth(&self.token)
-            .header("lease-token", &self.lease_token)
-            .body(reqwest::Body::wrap_stream(stream))
-            .send()
-            .await
-            .map_err(|e| StoreError::Remote(format!("piece upload failed: {e}")))?;
+        let response = self.put_stream(url, None, body, "piece upload").await?;
         // A mismatch says where the stored pieces end.
         let offset = response
             .headers()
@@ -351,12 +361,7 @@ impl TaskLink for HttpLink {
         if !response.status().is_success() {
             return Err(refusal("join", response).await);
         }
-        let joined: Value = response.json().await.map_err(|e| StoreError::Remote(e.to_string()))?;
-        Ok(UploadedArtifact {
-            id: joined["id"].as_str().unwrap_or_default().to_owned(),
-            size_bytes: joined["size_bytes"].as_u64().unwrap_or(0),
-            sha256: joined["sha256"].as_str().unwrap_or_default().to_owned(),
-        })
+        uploaded_artifact(response).await
     }
 
     async fn open_upload(&self, upload_id: &Id) -> Result<ByteReader, StoreError> {

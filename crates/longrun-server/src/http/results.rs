@@ -148,13 +148,7 @@ async fn upload_piece(
         app.clock.now(),
     )
     .await
-    .map_err(|e| match e {
-        StoreError::LeaseLost => ApiError::LeaseLost {
-            operation_id: id.clone(),
-        },
-        StoreError::TooLarge { max_bytes } => too_large(max_bytes),
-        other => other.into(),
-    })?;
+    .map_err(task_error(&id))?;
     Ok(Json(PieceStoredBody { upload_offset: end }).into_response())
 }
 
@@ -210,12 +204,7 @@ async fn join_pieces(
         app.clock.now(),
     )
     .await
-    .map_err(|e| match e {
-        StoreError::LeaseLost => ApiError::LeaseLost {
-            operation_id: id.clone(),
-        },
-        other => other.into(),
-    })?;
+    .map_err(task_error(&id))?;
     let body = ArtifactUploadBody {
         id: joined.id,
         content_type,
@@ -223,6 +212,18 @@ async fn join_pieces(
         sha256: joined.sha256,
     };
     Ok((StatusCode::CREATED, Json(body)).into_response())
+}
+
+/// What a refused worker artifact call answers: a stale lease, an
+/// artifact past its bound, or the store's own refusal.
+fn task_error(id: &Id) -> impl FnOnce(StoreError) -> ApiError + '_ {
+    move |e| match e {
+        StoreError::LeaseLost => ApiError::LeaseLost {
+            operation_id: id.clone(),
+        },
+        StoreError::TooLarge { max_bytes } => too_large(max_bytes),
+        other => other.into(),
+    }
 }
 
 fn worker_task(caller: &Caller, id: &str, headers: &HeaderMap) -> Result<(Id, String), ApiError> {
@@ -280,13 +281,7 @@ async fn store_artifact(
         app.clock.now(),
     )
     .await
-    .map_err(|e| match e {
-        StoreError::LeaseLost => ApiError::LeaseLost {
-            operation_id: id.clone(),
-        },
-        StoreError::TooLarge { max_bytes } => too_large(max_bytes),
-        other => other.into(),
-    })?;
+    .map_err(task_error(&id))?;
     let body = ArtifactUploadBody {
         id: uploaded.id,
         content_type,
@@ -318,12 +313,7 @@ async fn read_upload(
         &upload_id,
     )
     .await
-    .map_err(|e| match e {
-        StoreError::LeaseLost => ApiError::LeaseLost {
-            operation_id: id.clone(),
-        },
-        other => other.into(),
-    })?;
+    .map_err(task_error(&id))?;
     let body = Body::from_stream(tokio_util::io::ReaderStream::with_capacity(reader, 256 * 1024));
     let mut response = (StatusCode::OK, body).into_response();
     response.headers_mut().insert(

@@ -271,6 +271,17 @@ async fn running_work_pauses_through_its_worker_and_resumes_from_its_checkpoint(
         "payload_too_large",
     )
     .await;
+    // A paused report's checkpoint has the same bound.
+    problem(
+        app.worker_post(
+            &format!("/v1/worker/tasks/{id}/paused"),
+            &json!({"lease_token": token, "checkpoint": {"blob": "x".repeat(longrun_store::MAX_CHECKPOINT_BYTES)}}),
+        )
+        .await,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "payload_too_large",
+    )
+    .await;
     // Nobody asked for a pause yet.
     problem(
         app.worker_post(&format!("/v1/worker/tasks/{id}/paused"), &json!({"lease_token": token}))

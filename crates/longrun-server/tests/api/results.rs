@@ -663,6 +663,13 @@ async fn pieces_are_placed_at_their_offset_and_joined_into_the_artifact() {
         async move { app.worker_post(&path, &body).await }
     };
     problem(join(17).await, StatusCode::CONFLICT, "upload_offset_mismatch").await;
+    let bad_type = app
+        .worker_post(
+            &format!("/v1/worker/tasks/{id}/artifacts/default/join"),
+            &json!({"lease_token": token, "content_type": "", "size_bytes": 18}),
+        )
+        .await;
+    problem(bad_type, StatusCode::BAD_REQUEST, "invalid_request").await;
     let joined = join(18).await;
     assert_eq!(joined.status(), StatusCode::CREATED);
     let joined: Value = joined.json().await.unwrap();
