@@ -76,18 +76,12 @@ impl Harness {
     }
 
     async fn declare_as(&self, kind: &str, rerun_safe: bool, pausable: bool) {
-        self.store()
-            .kind_upsert(KindSpec {
-                name: kind.into(),
-                builtin: false,
-                rerun_safe,
-                max_attempts: 3,
-                default_deadline_seconds: None,
-                max_deadline_seconds: None,
-                pausable,
-            })
-            .await
-            .unwrap();
+        let spec = KindSpec {
+            rerun_safe,
+            pausable,
+            ..KindSpec::declared(kind)
+        };
+        self.store().kind_upsert(spec).await.unwrap();
     }
 
     fn script(&self, name: &str, body: &str) -> PathBuf {

@@ -40,18 +40,13 @@ struct Fixture {
 async fn fixture() -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let store = SqliteStore::open(SqliteConfig::new(dir.path().join("longrun.db"))).unwrap();
-    store
-        .kind_upsert(KindSpec {
-            name: "export".into(),
-            builtin: true,
-            rerun_safe: true,
-            max_attempts: 3,
-            default_deadline_seconds: None,
-            max_deadline_seconds: None,
-            pausable: true,
-        })
-        .await
-        .unwrap();
+    let spec = KindSpec {
+        builtin: true,
+        rerun_safe: true,
+        pausable: true,
+        ..KindSpec::declared("export")
+    };
+    store.kind_upsert(spec).await.unwrap();
     Fixture {
         store: Arc::new(store),
         artifacts: Arc::new(FileArtifacts::new(dir.path().join("artifacts"))),

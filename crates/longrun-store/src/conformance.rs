@@ -2679,18 +2679,12 @@ pub async fn the_last_progress_is_stored_with_the_outcome(store: &dyn Store) {
 }
 
 async fn declare_pausable(store: &dyn Store, name: &str) {
-    store
-        .kind_upsert(KindSpec {
-            name: name.into(),
-            builtin: false,
-            rerun_safe: true,
-            max_attempts: 3,
-            default_deadline_seconds: None,
-            max_deadline_seconds: None,
-            pausable: true,
-        })
-        .await
-        .unwrap();
+    let spec = KindSpec {
+        rerun_safe: true,
+        pausable: true,
+        ..KindSpec::declared(name)
+    };
+    store.kind_upsert(spec).await.unwrap();
 }
 
 fn with_checkpoint(task: &Task, checkpoint: Value, now: Timestamp) -> HeartbeatParams {

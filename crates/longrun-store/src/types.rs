@@ -380,6 +380,22 @@ pub struct KindSpec {
     pub pausable: bool,
 }
 
+impl KindSpec {
+    /// A kind as `longrun kinds set NAME` declares it without flags: not
+    /// safe to re-run, three attempts, no deadlines, not pausable.
+    pub fn declared(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            builtin: false,
+            rerun_safe: false,
+            max_attempts: 3,
+            default_deadline_seconds: None,
+            max_deadline_seconds: None,
+            pausable: false,
+        }
+    }
+}
+
 /// Per-tenant limits (`longrun tenants set`). `None` means unlimited.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct TenantLimits {

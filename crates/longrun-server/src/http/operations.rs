@@ -924,7 +924,7 @@ async fn set_intent(
         DesiredStateBody::Running => DesiredState::Running,
     };
     // Unknown, foreign and removed ids answer as every read does (404, 410).
-    app.operation(&caller.tenant, &id).await?;
+    let before = app.operation(&caller.tenant, &id).await?;
     let params = IntentParams {
         tenant: caller.tenant.clone(),
         id,
@@ -945,7 +945,7 @@ async fn set_intent(
         let what = match op.state {
             longrun_core::State::Paused => "paused",
             _ if asked_of_worker => "pause_requested",
-            longrun_core::State::Running => "pause_withdrawn",
+            _ if before.pause_requested() => "pause_withdrawn",
             _ => "resumed",
         };
         metrics::counter!("longrun_operations_intents_total", "change" => what).increment(1);

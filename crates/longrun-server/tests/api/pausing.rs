@@ -235,18 +235,12 @@ async fn running_work_pauses_through_its_worker_and_resumes_from_its_checkpoint(
         ..Options::default()
     })
     .await;
-    app.store
-        .kind_upsert(longrun_store::KindSpec {
-            name: "resumable".into(),
-            builtin: false,
-            rerun_safe: true,
-            max_attempts: 3,
-            default_deadline_seconds: None,
-            max_deadline_seconds: None,
-            pausable: true,
-        })
-        .await
-        .unwrap();
+    let spec = longrun_store::KindSpec {
+        rerun_safe: true,
+        pausable: true,
+        ..longrun_store::KindSpec::declared("resumable")
+    };
+    app.store.kind_upsert(spec).await.unwrap();
     let op = app.submit_ok("resumable-1", &json!({"kind": "resumable"})).await;
     let id = op["id"].as_str().unwrap().to_owned();
     let task = app.claim("resumable", 1).await.remove(0);
