@@ -70,6 +70,9 @@ pub struct Dispatcher {
     /// its handler returns, and up to this many outcomes may be committing.
     in_flight: Arc<Semaphore>,
     tracker: TaskTracker,
+    /// Where the tasks' outcomes go, gathered into batches (started with the
+    /// first task, inside the runtime).
+    outcomes: std::sync::OnceLock<OutcomeBatcher>,
 }
 
 impl Dispatcher {
@@ -93,6 +96,7 @@ impl Dispatcher {
             slots,
             in_flight,
             tracker: TaskTracker::new(),
+            outcomes: std::sync::OnceLock::new(),
         }
     }
 
@@ -141,6 +145,10 @@ impl Dispatcher {
             .try_acquire_owned()
             .expect("claimed no more tasks than free slots");
         let signals = self.signals.clone();
+        let outcomes = self
+            .outcomes
+            .get_or_init(|| OutcomeBatcher::spawn(self.store.clone()))
+            .clone();
         let link = Arc::new(StoreLink {
             store: self.store.clone(),
             artifacts: self.artifacts.clone(),
@@ -148,6 +156,7 @@ impl Dispatcher {
             clock: self.clock.clone(),
             operation_id: task.operation_id.clone(),
             lease_token: task.lease_token.clone(),
+            outcomes,
         });
         let heartbeat_every = self.config.lease / 3;
         let progress_interval = self.config.progress_interval;
@@ -218,6 +227,56 @@ struct StoreLink {
     clock: Arc<dyn Clock>,
     operation_id: Id,
     lease_token: String,
+    outcomes: OutcomeBatcher,
+}
+
+/// Most outcomes of in-process tasks stored in one `task_finish_many`.
+const OUTCOME_BATCH: usize = 256;
+
+type OutcomeJob = (FinishParams, tokio::sync::oneshot::Sender<Result<(), StoreError>>);
+
+/// The in-process tasks' outcomes, stored a batch at a time through the
+/// store's batched path (`task_finish_many`: one savepoint for the batch on
+/// SQLite, set-based statements on PostgreSQL), as remote workers' go
+/// through `POST /v1/worker/outcomes`. Nothing lingers: whatever arrived
+/// while the previous batch was being stored is the next batch.
+#[derive(Clone)]
+struct OutcomeBatcher {
+    jobs: tokio::sync::mpsc::Sender<OutcomeJob>,
+}
+
+impl OutcomeBatcher {
+    fn spawn(store: Arc<dyn Store>) -> Self {
+        let (jobs, mut rx) = tokio::sync::mpsc::channel::<OutcomeJob>(OUTCOME_BATCH * 4);
+        tokio::spawn(async move {
+            while let Some(first) = rx.recv().await {
+                let mut batch = vec![first];
+                while batch.len() < OUTCOME_BATCH {
+                    match rx.try_recv() {
+                        Ok(job) => batch.push(job),
+                        Err(_) => break,
+                    }
+                }
+                let (params, replies): (Vec<FinishParams>, Vec<_>) = batch.into_iter().unzip();
+                for (stored, reply) in store.task_finish_many(params).await.into_iter().zip(replies) {
+                    let _ = reply.send(stored.map(|_| ()));
+                }
+            }
+        });
+        Self { jobs }
+    }
+
+    /// Stores `params` with the next batch; done once it is.
+    async fn send(&self, params: FinishParams) -> Result<(), StoreError> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.jobs
+            .send((params, reply))
+            .await
+            .map_err(|_| StoreError::Stopped("the in-process outcome batcher"))?;
+        answer
+            .await
+            .map_err(|_| StoreError::Stopped("the in-process outcome batcher"))?
+    }
 }
 
 #[async_trait]
@@ -243,8 +302,8 @@ impl TaskLink for StoreLink {
     }
 
     async fn finish(&self, outcome: Outcome, progress: Option<ProgressUpdate>) -> Result<(), StoreError> {
-        self.store
-            .task_finish(FinishParams {
+        self.outcomes
+            .send(FinishParams {
                 operation_id: self.operation_id.clone(),
                 lease_token: self.lease_token.clone(),
                 outcome,
@@ -252,7 +311,6 @@ impl TaskLink for StoreLink {
                 now: self.clock.now(),
             })
             .await
-            .map(|_| ())
     }
 
     async fn upload(&self, name: &str, content_type: &str, body: ByteReader) -> Result<UploadedArtifact, StoreError> {
