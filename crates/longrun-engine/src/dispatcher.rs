@@ -279,6 +279,17 @@ impl OutcomeBatcher {
     }
 }
 
+impl StoreLink {
+    fn target<'a>(&'a self, name: &'a str, content_type: &'a str) -> TaskArtifact<'a> {
+        TaskArtifact {
+            operation_id: &self.operation_id,
+            lease_token: &self.lease_token,
+            name,
+            content_type,
+        }
+    }
+}
+
 #[async_trait]
 impl TaskLink for StoreLink {
     async fn heartbeat(
@@ -317,12 +328,7 @@ impl TaskLink for StoreLink {
         store_upload(
             self.store.as_ref(),
             self.artifacts.as_ref(),
-            TaskArtifact {
-                operation_id: &self.operation_id,
-                lease_token: &self.lease_token,
-                name,
-                content_type,
-            },
+            self.target(name, content_type),
             body,
             self.max_artifact_bytes,
             self.clock.now(),
@@ -334,12 +340,7 @@ impl TaskLink for StoreLink {
         store_artifact_piece(
             self.store.as_ref(),
             self.artifacts.as_ref(),
-            TaskArtifact {
-                operation_id: &self.operation_id,
-                lease_token: &self.lease_token,
-                name,
-                content_type: "",
-            },
+            self.target(name, ""),
             offset,
             body,
             self.max_artifact_bytes,
@@ -357,12 +358,7 @@ impl TaskLink for StoreLink {
         join_artifact_pieces(
             self.store.as_ref(),
             self.artifacts.as_ref(),
-            TaskArtifact {
-                operation_id: &self.operation_id,
-                lease_token: &self.lease_token,
-                name,
-                content_type,
-            },
+            self.target(name, content_type),
             size_bytes,
             self.clock.now(),
         )

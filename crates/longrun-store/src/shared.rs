@@ -442,24 +442,21 @@ pub(crate) fn decide_finish(current: &Fenced, outcome: &Outcome) -> Result<Decis
             )
         }
         Outcome::Failed { error } => Decision::End(Ending::failed_by_worker(error.clone())),
-        Outcome::Cancelled | Outcome::Paused { .. } if current.cancel_requested => Decision::End(Ending::after_cancel(
-            current.cancel_requested_by.as_deref(),
-            current.cancel_reason.as_deref(),
-        )),
-        Outcome::Cancelled => Decision::End(Ending::after_cancel(
-            current.cancel_requested_by.as_deref(),
-            current.cancel_reason.as_deref(),
-        )),
-        Outcome::Paused { checkpoint } if current.pause_requested => Decision::Pause {
+        Outcome::Paused { checkpoint } if current.pause_requested && !current.cancel_requested => Decision::Pause {
             attempt: current.attempt,
             checkpoint: checkpoint.clone(),
             data: json!({"reason": "requested", "attempt": current.attempt}),
         },
-        Outcome::Paused { .. } => {
+        Outcome::Paused { .. } if !current.cancel_requested => {
             return Err(StoreError::IntentConflict {
                 current_version: current.version,
             });
         }
+        // A cancel acknowledged, or a pause reported after a cancel request.
+        Outcome::Cancelled | Outcome::Paused { .. } => Decision::End(Ending::after_cancel(
+            current.cancel_requested_by.as_deref(),
+            current.cancel_reason.as_deref(),
+        )),
     })
 }
 

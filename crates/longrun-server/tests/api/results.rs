@@ -687,3 +687,38 @@ async fn pieces_are_placed_at_their_offset_and_joined_into_the_artifact() {
     assert_eq!(&bytes[..], expected);
     app.shutdown().await;
 }
+
+/// The SDK's remote worker runs `export` over HTTP: its pieces go through
+/// `…/pieces/{offset}` at the offsets the checkpoints name and are joined
+/// by `…/join`; the file is the export's bytes.
+#[tokio::test]
+async fn a_remote_worker_exports_through_pieces_and_a_join() {
+    use longrun_engine::kinds::export::{CSV_HEADER, Export, Format, render};
+    let app = spawn_app_with(Options {
+        builtin_workers: false,
+        ..Options::default()
+    })
+    .await;
+    // Two pieces: 200,000 rows, then 10,000.
+    let rows = 210_000;
+    let op = app
+        .submit_ok("remote-export", &json!({"kind": "export", "input": {"rows": rows}}))
+        .await;
+    let id = op["id"].as_str().unwrap().to_owned();
+    let mut registry = longrun_engine::kinds::Registry::default();
+    registry.register(std::sync::Arc::new(Export));
+    let mut config = longrun_engine::remote::RemoteConfig::new(app.base.clone(), app.worker_key.clone());
+    config.claim_wait = Duration::from_millis(200);
+    config.shutdown_grace = Duration::from_millis(100);
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let worker = tokio::spawn(longrun_engine::remote::RemoteWorker::new(config, registry).run(shutdown.clone()));
+    let done = app.wait_for_state(&id, "succeeded").await;
+    let expected = [CSV_HEADER.as_bytes(), render(Format::Csv, 0, rows).as_bytes()].concat();
+    assert_eq!(done["result"]["artifact"]["sha256"], sha256_hex(&expected));
+    let url = download_url(&app, &id).await;
+    let bytes = app.http.get(url).send().await.unwrap().bytes().await.unwrap();
+    assert_eq!(sha256_hex(&bytes), sha256_hex(&expected));
+    shutdown.cancel();
+    worker.await.unwrap();
+    app.shutdown().await;
+}
