@@ -238,7 +238,7 @@ fn main() {
             let page = server
                 .store
                 .operation_list(longrun_store::ListParams {
-                    tenant: "bench".into(),
+                    tenant: Some("bench".into()),
                     state: Some(longrun_core::State::Succeeded),
                     page_size: 1,
                     ..Default::default()
@@ -248,7 +248,7 @@ fn main() {
             let pending = server
                 .store
                 .operation_list(longrun_store::ListParams {
-                    tenant: "bench".into(),
+                    tenant: Some("bench".into()),
                     state: Some(longrun_core::State::Queued),
                     page_size: 1,
                     ..Default::default()
@@ -258,7 +258,7 @@ fn main() {
             let running = server
                 .store
                 .operation_list(longrun_store::ListParams {
-                    tenant: "bench".into(),
+                    tenant: Some("bench".into()),
                     state: Some(longrun_core::State::Running),
                     page_size: 1,
                     ..Default::default()

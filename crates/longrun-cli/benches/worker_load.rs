@@ -67,7 +67,7 @@ async fn enqueue(store: &Arc<dyn Store>, kind: &str, input: Value, n: usize) {
 async fn count(store: &Arc<dyn Store>, state: State) -> bool {
     let page = store
         .operation_list(ListParams {
-            tenant: "bench".into(),
+            tenant: Some("bench".into()),
             state: Some(state),
             page_size: 1,
             ..Default::default()

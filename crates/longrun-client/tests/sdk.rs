@@ -33,7 +33,7 @@ async fn count(server: &RunningServer) -> usize {
         let page = server
             .store
             .operation_list(ListParams {
-                tenant: "default".into(),
+                tenant: Some("default".into()),
                 page_size: 100,
                 before_seq: before,
                 ..Default::default()

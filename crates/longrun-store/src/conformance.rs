@@ -85,6 +85,8 @@ macro_rules! store_conformance {
             a_pause_the_worker_does_not_honour_is_withdrawn_after_the_grace,
             a_checkpoint_survives_a_lapsed_lease_and_is_copied_by_a_rerun,
             artifact_pieces_outlive_attempts_and_are_joined_once,
+            console_sessions_expire_and_end,
+            the_console_reads_are_bounded_by_live_work_and_keys,
         );
     };
     (@cases $factory:path; $($case:ident),* $(,)?) => {
@@ -265,7 +267,7 @@ pub async fn accept_replays_the_same_request_and_refuses_a_different_one(store: 
 
     let page = store
         .operation_list(ListParams {
-            tenant: "t1".into(),
+            tenant: Some("t1".into()),
             page_size: 100,
             ..Default::default()
         })
@@ -327,7 +329,7 @@ pub async fn operations_are_invisible_to_other_tenants(store: &dyn Store) {
     ));
     let page = store
         .operation_list(ListParams {
-            tenant: "t2".into(),
+            tenant: Some("t2".into()),
             page_size: 10,
             ..Default::default()
         })
@@ -357,7 +359,7 @@ pub async fn list_is_newest_first_filtered_and_paginated(store: &dyn Store) {
     loop {
         let page = store
             .operation_list(ListParams {
-                tenant: "t1".into(),
+                tenant: Some("t1".into()),
                 page_size: 2,
                 before_seq: before,
                 ..Default::default()
@@ -375,13 +377,14 @@ pub async fn list_is_newest_first_filtered_and_paginated(store: &dyn Store) {
     assert_eq!(seen, newest_first);
 
     let list = |kind: Option<&str>, label: Option<(&str, &str)>, state: Option<State>| ListParams {
-        tenant: "t1".into(),
+        tenant: Some("t1".into()),
         kind: kind.map(str::to_owned),
         label: label.map(|(k, v)| (k.to_owned(), v.to_owned())),
         state,
         page_size: 100,
         before_seq: None,
         visible_at: None,
+        ..Default::default()
     };
     let evens = store.operation_list(list(Some("even"), None, None)).await.unwrap();
     assert_eq!(evens.operations.len(), 3);
@@ -2052,7 +2055,7 @@ pub async fn retention_expires_results_removes_operations_and_buries_tombstones(
     // Past its expiry the operation is hidden from lists at once, before the
     // sweep removes it (visibility is decided at read time).
     let listed_at = |now: Timestamp| ListParams {
-        tenant: "t1".into(),
+        tenant: Some("t1".into()),
         page_size: 10,
         visible_at: Some(now),
         ..Default::default()
@@ -2141,7 +2144,7 @@ pub async fn deleting_a_tenant_leaves_nothing_of_it(store: &dyn Store) {
     assert_eq!(store.artifact_garbage(10).await.unwrap(), vec!["k-doomed".to_owned()]);
     let page = store
         .operation_list(ListParams {
-            tenant: "doomed".into(),
+            tenant: Some("doomed".into()),
             page_size: 10,
             ..Default::default()
         })
@@ -2572,13 +2575,14 @@ pub async fn a_batch_past_a_quota_refuses_only_what_does_not_fit(store: &dyn Sto
     // A refused key was not consumed.
     let page = store
         .operation_list(ListParams {
-            tenant: "small".into(),
+            tenant: Some("small".into()),
             state: None,
             kind: None,
             label: None,
             page_size: 10,
             before_seq: None,
             visible_at: None,
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -3100,4 +3104,153 @@ pub async fn artifact_pieces_outlive_attempts_and_are_joined_once(store: &dyn St
         assert!(garbage.contains(&key.to_owned()), "{key}: {garbage:?}");
     }
     assert!(!garbage.contains(&"p-forged".to_owned()) && !garbage.contains(&"p-bad".to_owned()));
+}
+
+pub async fn console_sessions_expire_and_end(store: &dyn Store) {
+    let key = Id::generate(IdKind::ApiKey);
+    let session = |hash: u8, expires: Timestamp| ConsoleSession {
+        token_hash: vec![hash; 32],
+        key_id: key.clone(),
+        created_at: T0,
+        expires_at: expires,
+    };
+    store.console_session_start(session(1, at(60))).await.unwrap();
+    store.console_session_start(session(2, at(60))).await.unwrap();
+    assert_eq!(
+        store.console_session_key(&[1; 32], at(59)).await.unwrap(),
+        Some(key.clone())
+    );
+    assert_eq!(
+        store.console_session_key(&[1; 32], at(60)).await.unwrap(),
+        None,
+        "expired"
+    );
+    assert_eq!(store.console_session_key(&[3; 32], T0).await.unwrap(), None, "unknown");
+    store.console_session_end(&[1; 32]).await.unwrap();
+    store.console_session_end(&[1; 32]).await.unwrap();
+    assert_eq!(
+        store.console_session_key(&[1; 32], T0).await.unwrap(),
+        None,
+        "signed out"
+    );
+    assert_eq!(
+        store.console_session_key(&[2; 32], T0).await.unwrap(),
+        Some(key),
+        "the other lives on"
+    );
+}
+
+pub async fn the_console_reads_are_bounded_by_live_work_and_keys(store: &dyn Store) {
+    store
+        .tenant_set(TenantLimits {
+            name: "t1".into(),
+            max_active: Some(10),
+            max_running: None,
+            rate: None,
+        })
+        .await
+        .unwrap();
+    store
+        .tenant_set(TenantLimits {
+            name: "t2".into(),
+            max_active: None,
+            max_running: None,
+            rate: None,
+        })
+        .await
+        .unwrap();
+    let keyed = match store
+        .operation_accept(accept_params("t1", "k", Some("key-1"), json!({"n": 1})))
+        .await
+        .unwrap()
+    {
+        AcceptOutcome::Created(op) => op,
+        other => panic!("expected Created, got {other:?}"),
+    };
+    let _queued = create(store, "t1", "k").await;
+    let other = create(store, "t2", "k").await;
+    let task = claim_one(store, "k", T0).await;
+    assert_eq!(task.operation_id, keyed.id, "oldest first");
+
+    assert_eq!(store.operation_tenant(&other.id).await.unwrap().as_deref(), Some("t2"));
+    assert_eq!(
+        store.operation_tenant(&Id::generate(IdKind::Operation)).await.unwrap(),
+        None
+    );
+    let kinds = vec!["x".to_string(), "k".to_string()];
+    assert_eq!(
+        store.operation_by_key("t1", kinds.clone(), "key-1").await.unwrap(),
+        Some(keyed.id.clone())
+    );
+    assert_eq!(
+        store.operation_by_key("t2", kinds.clone(), "key-1").await.unwrap(),
+        None,
+        "another tenant's key"
+    );
+    assert_eq!(
+        store.operation_by_key("t1", vec!["x".into()], "key-1").await.unwrap(),
+        None,
+        "another kind"
+    );
+    let record = store.idempotency_record("t1", &keyed.id).await.unwrap().unwrap();
+    assert_eq!(
+        (record.key.as_str(), record.kind.as_str(), record.created_at),
+        ("key-1", "k", T0)
+    );
+    assert!(store.idempotency_record("t2", &keyed.id).await.unwrap().is_none());
+
+    let summary = store.active_summary(Some("t1".into())).await.unwrap();
+    let counts: Vec<(State, u64)> = summary.iter().map(|g| (g.state, g.count)).collect();
+    assert_eq!(counts, vec![(State::Queued, 1), (State::Running, 1)]);
+    let all: u64 = store.active_summary(None).await.unwrap().iter().map(|g| g.count).sum();
+    assert_eq!(all, 3);
+
+    let leases = store.lease_list(None, 10).await.unwrap();
+    assert_eq!(leases.len(), 1);
+    assert_eq!(
+        (leases[0].operation_id.clone(), leases[0].tenant.as_str()),
+        (keyed.id.clone(), "t1")
+    );
+    assert_eq!(leases[0].lease_expires_at, T0.plus(LEASE));
+    assert_eq!(leases[0].last_heartbeat_at, Some(T0));
+    assert!(store.lease_list(Some("t2".into()), 10).await.unwrap().is_empty());
+
+    let usage = store.tenant_usage().await.unwrap();
+    let t1 = usage.iter().find(|u| u.limits.name == "t1").unwrap();
+    assert_eq!((t1.limits.max_active, t1.active, t1.running), (Some(10), 2, 1));
+    let t2 = usage.iter().find(|u| u.limits.name == "t2").unwrap();
+    assert_eq!((t2.active, t2.running), (1, 0));
+
+    // Every tenant's list, newest first, and a created range.
+    let page = store
+        .operation_list(ListParams {
+            tenant: None,
+            page_size: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(page.operations.len(), 3);
+    assert_eq!(page.operations[0].id, other.id);
+    let page = store
+        .operation_list(ListParams {
+            tenant: None,
+            page_size: 10,
+            created_from: Some(at(1)),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(page.operations.is_empty(), "all were created at T0");
+    let page = store
+        .operation_list(ListParams {
+            tenant: Some("t1".into()),
+            page_size: 10,
+            created_from: Some(T0),
+            created_before: Some(at(1)),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(page.operations.len(), 2);
 }

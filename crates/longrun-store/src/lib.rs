@@ -271,4 +271,34 @@ pub trait Store: Send + Sync + 'static {
 
     /// Cheap round trip to the database, for `/readyz`.
     async fn ping(&self) -> Result<()>;
+
+    // The console's reads and sessions. Each is bounded by live work (tasks,
+    // leases, tenants, sessions) or by a key, never by stored history.
+
+    /// Opens a console session (and forgets sessions past their expiry).
+    async fn console_session_start(&self, session: ConsoleSession) -> Result<()>;
+
+    /// The key a live session was opened with.
+    async fn console_session_key(&self, token_hash: &[u8], now: longrun_core::Timestamp) -> Result<Option<Id>>;
+
+    /// Ends a session (signing out); ending an unknown one is no error.
+    async fn console_session_end(&self, token_hash: &[u8]) -> Result<()>;
+
+    /// The tenant an operation belongs to (the admin console reads any).
+    async fn operation_tenant(&self, id: &Id) -> Result<Option<String>>;
+
+    /// The operation submitted with idempotency key `key` for one of `kinds`.
+    async fn operation_by_key(&self, tenant: &str, kinds: Vec<String>, key: &str) -> Result<Option<Id>>;
+
+    /// The idempotency record an operation was submitted under.
+    async fn idempotency_record(&self, tenant: &str, id: &Id) -> Result<Option<IdempotencyRecord>>;
+
+    /// Queued and running work by kind and state (`None`: every tenant's).
+    async fn active_summary(&self, tenant: Option<String>) -> Result<Vec<ActiveGroup>>;
+
+    /// Live leases, soonest expiry first, at most `limit`.
+    async fn lease_list(&self, tenant: Option<String>, limit: u32) -> Result<Vec<LeaseInfo>>;
+
+    /// Every tenant with its limits and current usage.
+    async fn tenant_usage(&self) -> Result<Vec<TenantUsage>>;
 }

@@ -34,6 +34,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (5, include_str!("postgres/0005_reruns.sql")),
     (6, include_str!("postgres/0006_paused.sql")),
     (7, include_str!("postgres/0007_checkpoints.sql")),
+    (8, include_str!("postgres/0008_console.sql")),
 ];
 
 #[derive(Debug, Clone)]
@@ -810,14 +811,23 @@ async fn accept_with_quota(c: &mut PgConnection, ch: &mut Vec<Change>, p: &Accep
 
 async fn operation_list(c: &mut PgConnection, p: &ListParams) -> Result<OperationPage> {
     let page_size = i64::from(p.page_size.max(1));
+    // Two texts, not `$1 IS NULL OR …`: a generic plan of that could not
+    // use the tenant's indexes on the API's list path.
+    let tenant = if p.tenant.is_some() {
+        "tenant = $1"
+    } else {
+        "$1::TEXT IS NULL"
+    };
     let rows = sqlx::query(&format!(
         "SELECT {OP_COLUMNS}, seq FROM operations
-          WHERE tenant = $1
+          WHERE {tenant}
             AND ($2::TEXT IS NULL OR state = $2)
             AND ($3::TEXT IS NULL OR kind = $3)
             AND ($4::TEXT IS NULL OR (labels::jsonb ->> $4) = $5)
             AND ($6::BIGINT IS NULL OR seq < $6)
             AND ($8::BIGINT IS NULL OR expires_at IS NULL OR expires_at > $8)
+            AND ($9::BIGINT IS NULL OR created_at >= $9)
+            AND ($10::BIGINT IS NULL OR created_at < $10)
           ORDER BY seq DESC LIMIT $7"
     ))
     .bind(&p.tenant)
@@ -828,6 +838,8 @@ async fn operation_list(c: &mut PgConnection, p: &ListParams) -> Result<Operatio
     .bind(p.before_seq)
     .bind(page_size + 1)
     .bind(p.visible_at.map(|t| t.0))
+    .bind(p.created_from.map(|t| t.0))
+    .bind(p.created_before.map(|t| t.0))
     .fetch_all(&mut *c)
     .await
     .map_err(db)?;
@@ -3013,7 +3025,168 @@ impl Store for PostgresStore {
                 "SELECT COUNT(*) FROM webhook_deliveries WHERE status = 'pending' AND next_attempt_at <= $1",
             )
             .await?,
+            webhooks_failing: count(
+                "SELECT COUNT(*) FROM webhook_deliveries WHERE status = 'pending' AND attempts > 0 AND $1::BIGINT IS NOT NULL",
+            )
+            .await?,
         })
+    }
+
+    async fn console_session_start(&self, session: ConsoleSession) -> Result<()> {
+        let mut tx = self.pool.begin().await.map_err(db)?;
+        sqlx::query("DELETE FROM console_sessions WHERE expires_at <= $1")
+            .bind(session.created_at.0)
+            .execute(&mut *tx)
+            .await
+            .map_err(db)?;
+        sqlx::query(
+            "INSERT INTO console_sessions (token_hash, key_id, created_at, expires_at) VALUES ($1, $2, $3, $4)",
+        )
+        .bind(&session.token_hash)
+        .bind(session.key_id.as_str())
+        .bind(session.created_at.0)
+        .bind(session.expires_at.0)
+        .execute(&mut *tx)
+        .await
+        .map_err(db)?;
+        tx.commit().await.map_err(db)
+    }
+
+    async fn console_session_key(&self, token_hash: &[u8], now: Timestamp) -> Result<Option<Id>> {
+        let id: Option<String> =
+            sqlx::query_scalar("SELECT key_id FROM console_sessions WHERE token_hash = $1 AND expires_at > $2")
+                .bind(token_hash)
+                .bind(now.0)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(db)?;
+        Ok(id.map(Id::from_trusted))
+    }
+
+    async fn console_session_end(&self, token_hash: &[u8]) -> Result<()> {
+        sqlx::query("DELETE FROM console_sessions WHERE token_hash = $1")
+            .bind(token_hash)
+            .execute(&self.pool)
+            .await
+            .map_err(db)?;
+        Ok(())
+    }
+
+    async fn operation_tenant(&self, id: &Id) -> Result<Option<String>> {
+        sqlx::query_scalar("SELECT tenant FROM operations WHERE id = $1")
+            .bind(id.as_str())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(db)
+    }
+
+    async fn operation_by_key(&self, tenant: &str, kinds: Vec<String>, key: &str) -> Result<Option<Id>> {
+        // Keys are scoped by (tenant, kind): the primary key, for each kind.
+        let id: Option<String> = sqlx::query_scalar(
+            "SELECT operation_id FROM idempotency_keys WHERE tenant = $1 AND kind = ANY($2) AND key = $3 LIMIT 1",
+        )
+        .bind(tenant)
+        .bind(&kinds)
+        .bind(key)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(db)?;
+        Ok(id.map(Id::from_trusted))
+    }
+
+    async fn idempotency_record(&self, tenant: &str, id: &Id) -> Result<Option<IdempotencyRecord>> {
+        let row =
+            sqlx::query("SELECT key, kind, created_at FROM idempotency_keys WHERE operation_id = $1 AND tenant = $2")
+                .bind(id.as_str())
+                .bind(tenant)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(db)?;
+        row.map(|r| {
+            Ok(IdempotencyRecord {
+                key: r.try_get(0).map_err(db)?,
+                kind: r.try_get(1).map_err(db)?,
+                created_at: Timestamp(r.try_get(2).map_err(db)?),
+            })
+        })
+        .transpose()
+    }
+
+    async fn active_summary(&self, tenant: Option<String>) -> Result<Vec<ActiveGroup>> {
+        let rows = sqlx::query(
+            "SELECT o.kind, o.state, COUNT(*), MIN(o.created_at) FROM tasks t JOIN operations o ON o.id = t.operation_id
+              WHERE $1::TEXT IS NULL OR t.tenant = $1 GROUP BY o.kind, o.state ORDER BY o.kind, o.state",
+        )
+        .bind(tenant)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db)?;
+        rows.iter()
+            .map(|r| {
+                Ok(ActiveGroup {
+                    kind: r.try_get(0).map_err(db)?,
+                    state: state_of(r.try_get(1).map_err(db)?)?,
+                    count: u64::try_from(r.try_get::<i64, _>(2).map_err(db)?).unwrap_or(0),
+                    oldest_created_at: Timestamp(r.try_get(3).map_err(db)?),
+                })
+            })
+            .collect()
+    }
+
+    async fn lease_list(&self, tenant: Option<String>, limit: u32) -> Result<Vec<LeaseInfo>> {
+        let rows = sqlx::query(
+            "SELECT t.operation_id, t.tenant, t.kind, t.worker_id, o.attempt, t.lease_expires_at, t.lease_ms, o.progress
+               FROM tasks t JOIN operations o ON o.id = t.operation_id
+              WHERE t.status = 'leased' AND ($1::TEXT IS NULL OR t.tenant = $1)
+              ORDER BY t.lease_expires_at LIMIT $2",
+        )
+        .bind(tenant)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db)?;
+        rows.iter()
+            .map(|r| {
+                let expires = Timestamp(r.try_get(5).map_err(db)?);
+                let lease_ms: Option<i64> = r.try_get(6).map_err(db)?;
+                Ok(LeaseInfo {
+                    operation_id: Id::from_trusted(r.try_get(0).map_err(db)?),
+                    tenant: r.try_get(1).map_err(db)?,
+                    kind: r.try_get(2).map_err(db)?,
+                    worker_id: r.try_get(3).map_err(db)?,
+                    attempt: r.try_get(4).map_err(db)?,
+                    lease_expires_at: expires,
+                    last_heartbeat_at: lease_ms.map(|ms| Timestamp(expires.0 - ms)),
+                    progress: json_text(r.try_get(7).map_err(db)?)?.map(|v| progress_from_json(&v)),
+                })
+            })
+            .collect()
+    }
+
+    async fn tenant_usage(&self) -> Result<Vec<TenantUsage>> {
+        let rows = sqlx::query(
+            "SELECT n.name, n.max_active, n.max_running, n.rate,
+                    (SELECT COUNT(*) FROM tasks t WHERE t.tenant = n.name),
+                    (SELECT COUNT(*) FROM tasks t WHERE t.tenant = n.name AND t.status = 'leased')
+               FROM tenants n ORDER BY n.name",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db)?;
+        rows.iter()
+            .map(|r| {
+                Ok(TenantUsage {
+                    limits: TenantLimits {
+                        name: r.try_get(0).map_err(db)?,
+                        max_active: r.try_get(1).map_err(db)?,
+                        max_running: r.try_get(2).map_err(db)?,
+                        rate: r.try_get(3).map_err(db)?,
+                    },
+                    active: u64::try_from(r.try_get::<i64, _>(4).map_err(db)?).unwrap_or(0),
+                    running: u64::try_from(r.try_get::<i64, _>(5).map_err(db)?).unwrap_or(0),
+                })
+            })
+            .collect()
     }
 
     async fn accepting_pause(&self, kind: Option<String>, paused: bool) -> Result<()> {

@@ -33,6 +33,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (9, include_str!("sqlite/migrations/0009_reruns.sql")),
     (10, include_str!("sqlite/migrations/0010_paused.sql")),
     (11, include_str!("sqlite/migrations/0011_checkpoints.sql")),
+    (12, include_str!("sqlite/migrations/0012_console.sql")),
 ];
 
 #[derive(Debug, Clone)]
@@ -548,6 +549,52 @@ impl Store for SqliteStore {
 
     async fn accepting_pauses(&self) -> Result<Vec<Option<String>>> {
         self.read(sql::accepting_pauses).await
+    }
+
+    async fn console_session_start(&self, session: ConsoleSession) -> Result<()> {
+        self.writer
+            .write(move |c| sql::console_session_start(c, &session))
+            .await
+    }
+
+    async fn console_session_key(&self, token_hash: &[u8], now: Timestamp) -> Result<Option<Id>> {
+        let token_hash = token_hash.to_vec();
+        self.read(move |c| sql::console_session_key(c, &token_hash, now)).await
+    }
+
+    async fn console_session_end(&self, token_hash: &[u8]) -> Result<()> {
+        let token_hash = token_hash.to_vec();
+        self.writer
+            .write(move |c| sql::console_session_end(c, &token_hash))
+            .await
+    }
+
+    async fn operation_tenant(&self, id: &Id) -> Result<Option<String>> {
+        let id = id.clone();
+        self.read(move |c| sql::operation_tenant(c, &id)).await
+    }
+
+    async fn operation_by_key(&self, tenant: &str, kinds: Vec<String>, key: &str) -> Result<Option<Id>> {
+        let (tenant, key) = (tenant.to_owned(), key.to_owned());
+        self.read(move |c| sql::operation_by_key(c, &tenant, &kinds, &key))
+            .await
+    }
+
+    async fn idempotency_record(&self, tenant: &str, id: &Id) -> Result<Option<IdempotencyRecord>> {
+        let (tenant, id) = (tenant.to_owned(), id.clone());
+        self.read(move |c| sql::idempotency_record(c, &tenant, &id)).await
+    }
+
+    async fn active_summary(&self, tenant: Option<String>) -> Result<Vec<ActiveGroup>> {
+        self.read(move |c| sql::active_summary(c, tenant.as_deref())).await
+    }
+
+    async fn lease_list(&self, tenant: Option<String>, limit: u32) -> Result<Vec<LeaseInfo>> {
+        self.read(move |c| sql::lease_list(c, tenant.as_deref(), limit)).await
+    }
+
+    async fn tenant_usage(&self) -> Result<Vec<TenantUsage>> {
+        self.read(sql::tenant_usage).await
     }
 
     async fn upload_create(&self, params: UploadCreateParams) -> Result<UploadRecord> {

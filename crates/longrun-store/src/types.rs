@@ -160,6 +160,8 @@ pub struct Backlog {
     pub garbage_objects: u64,
     /// Webhook events due for an attempt.
     pub webhooks_due: u64,
+    /// Webhook events still pending after at least one failed attempt.
+    pub webhooks_failing: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -197,7 +199,8 @@ pub enum AcceptOutcome {
 
 #[derive(Debug, Clone, Default)]
 pub struct ListParams {
-    pub tenant: String,
+    /// `None` lists every tenant's (the admin console only).
+    pub tenant: Option<String>,
     pub state: Option<State>,
     pub kind: Option<String>,
     pub label: Option<(String, String)>,
@@ -207,6 +210,10 @@ pub struct ListParams {
     /// Leave out operations past their `expires_at` at this instant (they
     /// answer `410` before the retention sweep removes them).
     pub visible_at: Option<Timestamp>,
+    /// Created at or after this instant.
+    pub created_from: Option<Timestamp>,
+    /// Created before this instant.
+    pub created_before: Option<Timestamp>,
 }
 
 #[derive(Debug, Clone)]
@@ -696,4 +703,55 @@ pub struct UploadCompleteParams {
     pub object: UploadChunk,
     pub sha256: String,
     pub now: Timestamp,
+}
+
+/// A console session: the SHA-256 of the cookie's token (the token itself
+/// is never stored) and the API key it was opened with.
+#[derive(Debug, Clone)]
+pub struct ConsoleSession {
+    pub token_hash: Vec<u8>,
+    pub key_id: Id,
+    pub created_at: Timestamp,
+    pub expires_at: Timestamp,
+}
+
+/// Queued and running work of one kind in one state: how much, and since when.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ActiveGroup {
+    pub kind: String,
+    pub state: State,
+    pub count: u64,
+    pub oldest_created_at: Timestamp,
+}
+
+/// A live lease, as the console's workers page shows it.
+#[derive(Debug, Clone)]
+pub struct LeaseInfo {
+    pub operation_id: Id,
+    pub tenant: String,
+    pub kind: String,
+    pub worker_id: Option<String>,
+    pub attempt: i64,
+    pub lease_expires_at: Timestamp,
+    /// When the lease was last taken or extended (its expiry less its length).
+    pub last_heartbeat_at: Option<Timestamp>,
+    pub progress: Option<Progress>,
+}
+
+/// A tenant's limits and how much of them it uses now.
+#[derive(Debug, Clone)]
+pub struct TenantUsage {
+    pub limits: TenantLimits,
+    /// Operations queued or running.
+    pub active: u64,
+    /// Operations a worker holds.
+    pub running: u64,
+}
+
+/// The idempotency record an operation was submitted under.
+#[derive(Debug, Clone)]
+pub struct IdempotencyRecord {
+    pub key: String,
+    pub kind: String,
+    pub created_at: Timestamp,
 }

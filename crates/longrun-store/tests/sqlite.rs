@@ -106,7 +106,7 @@ async fn a_full_disk_mid_batch_refuses_exactly_what_it_does_not_store() {
     loop {
         let page = store
             .operation_list(ListParams {
-                tenant: "t1".into(),
+                tenant: Some("t1".into()),
                 page_size: 100,
                 before_seq,
                 ..Default::default()

@@ -721,13 +721,14 @@ async fn list(
     let page = app
         .store
         .operation_list(ListParams {
-            tenant: caller.tenant,
+            tenant: Some(caller.tenant),
             state,
             kind: query.kind,
             label,
             page_size,
             before_seq,
             visible_at: Some(app.clock.now()),
+            ..Default::default()
         })
         .await?;
     Ok(Json(OperationList {

@@ -246,7 +246,7 @@ impl TestApp {
             let page = self
                 .store
                 .operation_list(longrun_store::ListParams {
-                    tenant: tenant.into(),
+                    tenant: Some(tenant.into()),
                     page_size: 100,
                     before_seq: before,
                     ..Default::default()

@@ -273,8 +273,20 @@ pub(super) fn operation_accept(c: &Connection, p: &AcceptParams) -> Result<Accep
 }
 
 pub(super) fn operation_list(c: &Connection, p: &ListParams) -> Result<OperationPage> {
-    let mut sql = format!("SELECT {OP_COLUMNS}, seq FROM operations WHERE tenant = ?1");
-    let mut args: Vec<Box<dyn rusqlite::ToSql>> = vec![Box::new(p.tenant.clone())];
+    let mut sql = format!("SELECT {OP_COLUMNS}, seq FROM operations WHERE 1 = 1");
+    let mut args: Vec<Box<dyn rusqlite::ToSql>> = Vec::new();
+    if let Some(tenant) = &p.tenant {
+        args.push(Box::new(tenant.clone()));
+        sql.push_str(&format!(" AND tenant = ?{}", args.len()));
+    }
+    if let Some(from) = p.created_from {
+        args.push(Box::new(from.0));
+        sql.push_str(&format!(" AND created_at >= ?{}", args.len()));
+    }
+    if let Some(before) = p.created_before {
+        args.push(Box::new(before.0));
+        sql.push_str(&format!(" AND created_at < ?{}", args.len()));
+    }
     if let Some(state) = p.state {
         args.push(Box::new(state.as_str()));
         sql.push_str(&format!(" AND state = ?{}", args.len()));
@@ -1792,7 +1804,132 @@ pub(super) fn backlog(c: &Connection, now: Timestamp) -> Result<Backlog> {
         webhooks_due: count(
             "SELECT COUNT(*) FROM webhook_deliveries WHERE status = 'pending' AND next_attempt_at <= ?1",
         )?,
+        webhooks_failing: count(
+            "SELECT COUNT(*) FROM webhook_deliveries WHERE status = 'pending' AND attempts > 0 AND ?1 = ?1",
+        )?,
     })
+}
+
+pub(super) fn console_session_start(c: &Connection, s: &ConsoleSession) -> Result<()> {
+    c.prepare_cached("DELETE FROM console_sessions WHERE expires_at <= ?1")?
+        .execute(params![s.created_at.0])?;
+    c.prepare_cached(
+        "INSERT INTO console_sessions (token_hash, key_id, created_at, expires_at) VALUES (?1, ?2, ?3, ?4)",
+    )?
+    .execute(params![s.token_hash, s.key_id.as_str(), s.created_at.0, s.expires_at.0])?;
+    Ok(())
+}
+
+pub(super) fn console_session_key(c: &Connection, token_hash: &[u8], now: Timestamp) -> Result<Option<Id>> {
+    Ok(
+        c.prepare_cached("SELECT key_id FROM console_sessions WHERE token_hash = ?1 AND expires_at > ?2")?
+            .query_row(params![token_hash, now.0], |r| r.get::<_, String>(0))
+            .optional()?
+            .map(Id::from_trusted),
+    )
+}
+
+pub(super) fn console_session_end(c: &Connection, token_hash: &[u8]) -> Result<()> {
+    c.prepare_cached("DELETE FROM console_sessions WHERE token_hash = ?1")?
+        .execute(params![token_hash])?;
+    Ok(())
+}
+
+pub(super) fn operation_tenant(c: &Connection, id: &Id) -> Result<Option<String>> {
+    Ok(c.prepare_cached("SELECT tenant FROM operations WHERE id = ?1")?
+        .query_row(params![id.as_str()], |r| r.get(0))
+        .optional()?)
+}
+
+pub(super) fn operation_by_key(c: &Connection, tenant: &str, kinds: &[String], key: &str) -> Result<Option<Id>> {
+    // One primary-key lookup per kind: keys are scoped by (tenant, kind).
+    let mut stmt =
+        c.prepare_cached("SELECT operation_id FROM idempotency_keys WHERE tenant = ?1 AND kind = ?2 AND key = ?3")?;
+    for kind in kinds {
+        if let Some(id) = stmt
+            .query_row(params![tenant, kind, key], |r| r.get::<_, String>(0))
+            .optional()?
+        {
+            return Ok(Some(Id::from_trusted(id)));
+        }
+    }
+    Ok(None)
+}
+
+pub(super) fn idempotency_record(c: &Connection, tenant: &str, id: &Id) -> Result<Option<IdempotencyRecord>> {
+    Ok(
+        c.prepare_cached("SELECT key, kind, created_at FROM idempotency_keys WHERE operation_id = ?1 AND tenant = ?2")?
+            .query_row(params![id.as_str(), tenant], |r| {
+                Ok(IdempotencyRecord {
+                    key: r.get(0)?,
+                    kind: r.get(1)?,
+                    created_at: Timestamp(r.get(2)?),
+                })
+            })
+            .optional()?,
+    )
+}
+
+pub(super) fn active_summary(c: &Connection, tenant: Option<&str>) -> Result<Vec<ActiveGroup>> {
+    Ok(c.prepare_cached(
+        "SELECT o.kind, o.state, COUNT(*), MIN(o.created_at) FROM tasks t JOIN operations o ON o.id = t.operation_id
+          WHERE ?1 IS NULL OR t.tenant = ?1 GROUP BY o.kind, o.state ORDER BY o.kind, o.state",
+    )?
+    .query_map(params![tenant], |r| {
+        Ok(ActiveGroup {
+            kind: r.get(0)?,
+            state: state_column(r, 1)?,
+            count: u64::try_from(r.get::<_, i64>(2)?).unwrap_or(0),
+            oldest_created_at: Timestamp(r.get(3)?),
+        })
+    })?
+    .collect::<rusqlite::Result<_>>()?)
+}
+
+pub(super) fn lease_list(c: &Connection, tenant: Option<&str>, limit: u32) -> Result<Vec<LeaseInfo>> {
+    Ok(c.prepare_cached(
+        "SELECT t.operation_id, t.tenant, t.kind, t.worker_id, o.attempt, t.lease_expires_at, t.lease_ms, o.progress
+           FROM tasks t JOIN operations o ON o.id = t.operation_id
+          WHERE t.status = 'leased' AND (?1 IS NULL OR t.tenant = ?1)
+          ORDER BY t.lease_expires_at LIMIT ?2",
+    )?
+    .query_map(params![tenant, limit], |r| {
+        let expires = Timestamp(r.get(5)?);
+        let lease_ms: Option<i64> = r.get(6)?;
+        Ok(LeaseInfo {
+            operation_id: Id::from_trusted(r.get(0)?),
+            tenant: r.get(1)?,
+            kind: r.get(2)?,
+            worker_id: r.get(3)?,
+            attempt: r.get(4)?,
+            lease_expires_at: expires,
+            last_heartbeat_at: lease_ms.map(|ms| Timestamp(expires.0 - ms)),
+            progress: json_column(r, 7)?.map(|v| progress_from_json(&v)),
+        })
+    })?
+    .collect::<rusqlite::Result<_>>()?)
+}
+
+pub(super) fn tenant_usage(c: &Connection) -> Result<Vec<TenantUsage>> {
+    Ok(c.prepare_cached(
+        "SELECT n.name, n.max_active, n.max_running, n.rate,
+                (SELECT COUNT(*) FROM tasks t WHERE t.tenant = n.name),
+                (SELECT COUNT(*) FROM tasks t WHERE t.tenant = n.name AND t.status = 'leased')
+           FROM tenants n ORDER BY n.name",
+    )?
+    .query_map([], |r| {
+        Ok(TenantUsage {
+            limits: TenantLimits {
+                name: r.get(0)?,
+                max_active: r.get(1)?,
+                max_running: r.get(2)?,
+                rate: r.get(3)?,
+            },
+            active: u64::try_from(r.get::<_, i64>(4)?).unwrap_or(0),
+            running: u64::try_from(r.get::<_, i64>(5)?).unwrap_or(0),
+        })
+    })?
+    .collect::<rusqlite::Result<_>>()?)
 }
 
 pub(super) fn accepting_pause(c: &Connection, kind: Option<&str>, paused: bool) -> Result<()> {

@@ -1,0 +1,10 @@
+-- The console's sign-in sessions: the SHA-256 of the cookie's token (the
+-- token itself is never stored) and the key the session was opened with, so
+-- revoking the key ends its sessions too.
+CREATE TABLE console_sessions (
+    token_hash  BYTEA PRIMARY KEY CHECK (length(token_hash) = 32),
+    key_id      TEXT NOT NULL,
+    created_at  BIGINT NOT NULL,
+    expires_at  BIGINT NOT NULL
+);
+CREATE INDEX console_sessions_expiring ON console_sessions (expires_at);
