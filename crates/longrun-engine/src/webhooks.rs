@@ -267,7 +267,9 @@ impl Deliverer {
     ))]
     async fn deliver(&self, delivery: Delivery) -> Result<AttemptOutcome, StoreError> {
         let attempt = delivery.attempts + 1;
+        let started = std::time::Instant::now();
         let sent = self.send(&delivery).await;
+        let latency_ms = i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX);
         let outcome = match sent {
             Ok(status) if (200..300).contains(&status) => AttemptOutcome::Delivered { status_code: status },
             failed => {
@@ -294,6 +296,7 @@ impl Deliverer {
                 attempt,
                 outcome: outcome.clone(),
                 now: self.clock.now(),
+                latency_ms: Some(latency_ms),
             })
             .await?;
         Ok(outcome)

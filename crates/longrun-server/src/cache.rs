@@ -30,6 +30,11 @@ impl<K: Eq + Hash + Clone, V: Clone> TtlCache<K, V> {
             .map(|(v, _)| v.clone())
     }
 
+    /// Forgets `key`: the next read loads it again.
+    pub fn forget(&self, key: &K) {
+        self.entries.lock().expect("cache poisoned").remove(key);
+    }
+
     pub fn put(&self, key: K, value: V) {
         let mut entries = self.entries.lock().expect("cache poisoned");
         if entries.len() >= MAX_ENTRIES {

@@ -57,7 +57,11 @@ pub async fn edge(mut req: Request, next: Next) -> Response {
     let status = response.status();
     let problem = match response.extensions_mut().remove::<Problem>() {
         Some(problem) => Some(problem),
-        None if (status.is_client_error() || status.is_server_error()) && !is_problem(&response) => {
+        // Console pages render their own refusals, as HTML.
+        None if (status.is_client_error() || status.is_server_error())
+            && !is_problem(&response)
+            && !is_html(&response) =>
+        {
             // Not from an ApiError: a framework rejection or a caught panic.
             let mut problem = ApiError::for_status(status).problem();
             problem.status = status.as_u16();
@@ -127,6 +131,13 @@ pub async fn shed(State(app): State<AppState>, req: Request, next: Next) -> Resp
 
 /// What a shed request is told to wait.
 const SHED_RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
+fn is_html(response: &Response) -> bool {
+    response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/html"))
+}
 
 fn is_problem(response: &Response) -> bool {
     response

@@ -23,6 +23,7 @@
 mod cache;
 mod callback;
 mod changes;
+pub mod console;
 pub mod http;
 pub mod listen;
 mod metrics;
@@ -109,6 +110,9 @@ const UNKNOWN_KEY_TTL: Duration = Duration::from_secs(5);
 /// its rate.
 const AUTH_FAILURE_BURST_SECONDS: f64 = 10.0;
 
+/// Console pages that may follow live changes at once.
+const MAX_CONSOLE_STREAMS: usize = 256;
+
 /// How long kind declarations and tenant limits read from the store are trusted.
 const RECORD_CACHE_TTL: Duration = Duration::from_secs(5);
 /// How long a kind's typical duration is reused before it is computed again
@@ -145,6 +149,10 @@ pub struct Inner {
     pub(crate) appending: http::uploads::Appending,
     pub(crate) scrape: metrics::Scrape,
     pauses: TtlCache<(), Vec<Option<String>>>,
+    /// The console's per-minute counts (fed by the change feed).
+    pub(crate) stats: Arc<console::stats::ConsoleStats>,
+    /// Console pages following live changes.
+    pub(crate) console_streams: InFlight,
     pub config: Config,
 }
 
@@ -188,6 +196,8 @@ impl AppState {
             appending: http::uploads::Appending::default(),
             scrape: metrics::Scrape::new(store.clone(), clock.clone()),
             pauses: TtlCache::new(config.key_cache_ttl.min(PAUSE_CACHE_TTL)),
+            stats: console::stats::ConsoleStats::new(clock.clone()),
+            console_streams: InFlight::new(MAX_CONSOLE_STREAMS),
             config,
         }))
     }
@@ -279,9 +289,19 @@ impl AppState {
         }
     }
 
+    /// The pauses of acceptance in force (`None`: every kind), as cached.
+    pub async fn acceptance_pauses(&self) -> Result<Vec<Option<String>>, StoreError> {
+        self.pauses.get_or_load(&(), || self.store.accepting_pauses()).await
+    }
+
+    /// Forgets the cached pauses (after this process changed them).
+    pub fn forget_pauses(&self) {
+        self.pauses.forget(&());
+    }
+
     /// `503 temporarily_unavailable` if acceptance of `kind` is paused.
     pub async fn check_accepting(&self, kind: &str) -> Result<(), http::error::ApiError> {
-        let pauses = self.pauses.get_or_load(&(), || self.store.accepting_pauses()).await?;
+        let pauses = self.acceptance_pauses().await?;
         let paused = pauses.iter().any(|p| p.as_deref().is_none_or(|k| k == kind));
         if paused {
             return Err(http::error::ApiError::TemporarilyUnavailable {
@@ -353,6 +373,7 @@ pub fn app(state: AppState) -> Router {
         .merge(http::openapi::router())
         .merge(http::admin::router())
         .merge(http::health::router())
+        .merge(console::router())
         .fallback(http::not_found)
         .method_not_allowed_fallback(http::method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body))

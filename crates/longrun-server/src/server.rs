@@ -212,6 +212,7 @@ pub async fn start(options: ServeOptions) -> anyhow::Result<RunningServer> {
         options.http.clone(),
     );
     tokio::spawn(state.changes.clone().forward(store.subscribe_changes()));
+    tokio::spawn(state.stats.clone().follow(store.subscribe_changes()));
     // Work queued or re-queued anywhere (another node, too) wakes this node's claimers.
     tokio::spawn(wake_claimers(store.subscribe_changes(), signals.clone()));
     crate::metrics::handle();

@@ -1439,6 +1439,7 @@ pub async fn webhook_attempts_are_leased_logged_retried_and_given_up(store: &dyn
             next_attempt_at: next,
         },
         now,
+        latency_ms: Some(attempt * 10),
     };
     store.webhook_attempt(fail(1, Some(at(10)), at(2))).await.unwrap();
     assert!(store.webhook_due(at(9), 10, lease).await.unwrap().is_empty());
@@ -1461,6 +1462,11 @@ pub async fn webhook_attempts_are_leased_logged_retried_and_given_up(store: &dyn
         (1, Some(503), Some(at(10)))
     );
     assert_eq!((log[1].attempt, log[1].next_attempt_at), (2, None));
+    assert_eq!(
+        (log[0].latency_ms, log[1].latency_ms),
+        (Some(10), Some(20)),
+        "each attempt's latency"
+    );
     assert_eq!(log[1].event_type, "operation.cancelled");
     assert!(store.webhook_log("t2", &op.id).await.unwrap().is_none());
     assert_eq!(
@@ -1485,6 +1491,7 @@ pub async fn webhook_attempts_are_leased_logged_retried_and_given_up(store: &dyn
             attempt: 1,
             outcome: AttemptOutcome::Delivered { status_code: 204 },
             now: at(82),
+            latency_ms: None,
         })
         .await
         .unwrap();

@@ -513,7 +513,7 @@ const CHANNEL: &str = "longrun_changes";
 
 fn change_to_json(c: &Change) -> Value {
     json!({
-        "id": c.operation_id.as_str(), "v": c.version, "e": c.event_type, "k": c.kind, "s": c.state.as_str(),
+        "id": c.operation_id.as_str(), "t": c.tenant, "v": c.version, "e": c.event_type, "k": c.kind, "s": c.state.as_str(),
         "a": c.attempt, "c": c.created_at.0, "st": c.started_at.map(|t| t.0), "co": c.completed_at.map(|t| t.0),
         "cr": c.cancel_requested_at.map(|t| t.0),
     })
@@ -523,6 +523,7 @@ fn change_from_json(v: &Value) -> Option<Change> {
     let time = |k: &str| v.get(k).and_then(Value::as_i64).map(Timestamp);
     Some(Change {
         operation_id: Id::from_trusted(v.get("id")?.as_str()?.to_owned()),
+        tenant: v.get("t")?.as_str()?.to_owned(),
         version: v.get("v")?.as_i64()?,
         event_type: v.get("e")?.as_str()?.to_owned(),
         kind: v.get("k")?.as_str()?.to_owned(),
@@ -536,18 +537,7 @@ fn change_from_json(v: &Value) -> Option<Change> {
 }
 
 fn change_of(op: &Operation, event_type: &str) -> Change {
-    Change {
-        operation_id: op.id.clone(),
-        version: op.version,
-        event_type: event_type.to_owned(),
-        kind: op.kind.clone(),
-        state: op.state,
-        attempt: op.attempt,
-        created_at: op.created_at,
-        started_at: op.started_at,
-        completed_at: op.completed_at,
-        cancel_requested_at: op.cancel.as_ref().map(|c| c.requested_at),
-    }
+    Change::of(op, event_type)
 }
 
 async fn event_insert(
@@ -2064,8 +2054,8 @@ async fn webhook_attempt(c: &mut PgConnection, p: &AttemptParams) -> Result<()> 
     let operation_id: String = row.try_get(0).map_err(db)?;
     let event_type: String = row.try_get(1).map_err(db)?;
     sqlx::query(
-        "INSERT INTO webhook_attempts (event_id, attempt, operation_id, type, at, status_code, error, next_attempt_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING",
+        "INSERT INTO webhook_attempts (event_id, attempt, operation_id, type, at, status_code, error, next_attempt_at, latency_ms)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT DO NOTHING",
     )
     .bind(p.event_id.as_str())
     .bind(p.attempt)
@@ -2075,6 +2065,7 @@ async fn webhook_attempt(c: &mut PgConnection, p: &AttemptParams) -> Result<()> 
     .bind(status_code.map(i32::from))
     .bind(error)
     .bind(next)
+    .bind(p.latency_ms)
     .execute(&mut *c)
     .await
     .map_err(db)?;
@@ -2741,7 +2732,7 @@ impl Store for PostgresStore {
             return Ok(None);
         }
         let rows = sqlx::query(
-            "SELECT event_id, type, attempt, status_code, error, at, next_attempt_at FROM webhook_attempts
+            "SELECT event_id, type, attempt, status_code, error, at, next_attempt_at, latency_ms FROM webhook_attempts
               WHERE operation_id = $1 ORDER BY at, event_id, attempt",
         )
         .bind(id.as_str())
@@ -2761,6 +2752,7 @@ impl Store for PostgresStore {
                 error: r.try_get(4).map_err(db)?,
                 at: Timestamp(r.try_get(5).map_err(db)?),
                 next_attempt_at: ts(r.try_get(6).map_err(db)?),
+                latency_ms: r.try_get(7).map_err(db)?,
             });
         }
         Ok(Some(log))

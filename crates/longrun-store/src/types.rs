@@ -111,6 +111,7 @@ pub struct Event {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Change {
     pub operation_id: Id,
+    pub tenant: String,
     pub version: i64,
     /// The event type: `created`, `started`, `progress`, `succeeded`, …
     pub event_type: String,
@@ -124,6 +125,23 @@ pub struct Change {
 }
 
 impl Change {
+    /// The change `op` went through, as its event `event_type` records it.
+    pub fn of(op: &Operation, event_type: &str) -> Self {
+        Self {
+            operation_id: op.id.clone(),
+            tenant: op.tenant.clone(),
+            version: op.version,
+            event_type: event_type.to_owned(),
+            kind: op.kind.clone(),
+            state: op.state,
+            attempt: op.attempt,
+            created_at: op.created_at,
+            started_at: op.started_at,
+            completed_at: op.completed_at,
+            cancel_requested_at: op.cancel.as_ref().map(|c| c.requested_at),
+        }
+    }
+
     const RESYNC: &'static str = "resync";
 
     /// Not a change but a warning that the feed may have missed some: a
@@ -132,6 +150,7 @@ impl Change {
     pub fn resync() -> Self {
         Self {
             operation_id: Id::from_trusted(String::new()),
+            tenant: String::new(),
             version: 0,
             event_type: Self::RESYNC.to_owned(),
             kind: String::new(),
@@ -484,6 +503,8 @@ pub struct AttemptParams {
     pub attempt: i64,
     pub outcome: AttemptOutcome,
     pub now: Timestamp,
+    /// How long the attempt took, when it reached the network.
+    pub latency_ms: Option<i64>,
 }
 
 /// One line of the delivery log.
@@ -496,6 +517,8 @@ pub struct AttemptRecord {
     pub error: Option<String>,
     pub at: Timestamp,
     pub next_attempt_at: Option<Timestamp>,
+    /// How long the attempt took.
+    pub latency_ms: Option<i64>,
 }
 
 /// A published result artifact, as the operation shows it.

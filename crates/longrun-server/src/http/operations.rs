@@ -259,8 +259,7 @@ async fn answer_submission(
         ),
         None => None,
     };
-    let outcome = app.store.operation_accept(params).await.map_err(accept_error)?;
-    let (mut op, replayed) = accepted(&app, outcome)?;
+    let (mut op, replayed) = accept(&app, params).await?;
     record_operation_id(&op.id);
 
     // `Prefer: wait=N`: one round trip for short work.
@@ -336,10 +335,26 @@ async fn rerun(
 ) -> Result<Response, ApiError> {
     caller.require_client()?;
     let id = Id::parse(IdKind::Operation, &id).ok_or(ApiError::NotFound)?;
-    let original = app.operation(&caller.tenant, &id).await?;
-    let request = request.unwrap_or_default();
+    let now = app.clock.now();
+    let params = prepare_rerun(&app, &caller.tenant, &id, key, request.unwrap_or_default(), now).await?;
+    answer_submission(app, caller, &headers, params, now).await
+}
+
+/// A re-run of `id` as a submission: the original's fields, less what
+/// `request` overrides. The API and the console re-run through here.
+pub async fn prepare_rerun(
+    app: &AppState,
+    tenant: &str,
+    id: &Id,
+    key: Option<IdempotencyKey>,
+    request: RerunRequest,
+    now: Timestamp,
+) -> Result<AcceptParams, ApiError> {
+    let original = app.operation(tenant, id).await?;
     let Some(input) = original.input.clone() else {
-        return Err(ApiError::InputNotKept { operation_id: id });
+        return Err(ApiError::InputNotKept {
+            operation_id: id.clone(),
+        });
     };
     // What is not overridden is the original's; its deadline counts again
     // from now.
@@ -360,13 +375,11 @@ async fn rerun(
             .map(|units| BudgetRequest { max_cost_units: units })),
         labels: request.labels.or_else(|| Some(original.labels.clone())),
     };
-    let now = app.clock.now();
     let rerun = Rerun {
-        of: id,
+        of: id.clone(),
         from_checkpoint: request.from_checkpoint,
     };
-    let params = prepare_submission(&app, &caller.tenant, key, submission, now, Some(rerun)).await?;
-    answer_submission(app, caller, &headers, params, now).await
+    prepare_submission(app, tenant, key, submission, now, Some(rerun)).await
 }
 
 /// Until when the idempotency record is kept: as long as the operation's
@@ -466,6 +479,13 @@ async fn prepare_submission(
 struct Rerun {
     of: Id,
     from_checkpoint: bool,
+}
+
+/// Accepts a prepared submission: the operation, and whether it is a
+/// replay. The API and the console submit through here.
+pub async fn accept(app: &AppState, params: AcceptParams) -> Result<(Operation, bool), ApiError> {
+    let outcome = app.store.operation_accept(params).await.map_err(accept_error)?;
+    accepted(app, outcome)
 }
 
 /// What an acceptance means to the caller: the operation and whether it
@@ -577,7 +597,7 @@ impl BatchItemResult {
     }
 }
 
-fn idempotency_expires(app: &AppState, op: &Operation, now: Timestamp) -> Timestamp {
+pub(crate) fn idempotency_expires(app: &AppState, op: &Operation, now: Timestamp) -> Timestamp {
     let retention = app.config.operation_retention.max(MIN_IDEMPOTENCY_LIFETIME);
     op.expires_at.unwrap_or_else(|| now.plus(retention))
 }
@@ -654,7 +674,7 @@ struct ListQuery {
 /// gives an empty page).
 const PAGE_TOKEN_PATTERN_MAX: usize = 12;
 
-fn encode_page_token(before_seq: i64) -> String {
+pub(crate) fn encode_page_token(before_seq: i64) -> String {
     let mut n = u64::try_from(before_seq).unwrap_or(0);
     let mut digits = Vec::new();
     loop {
@@ -667,7 +687,7 @@ fn encode_page_token(before_seq: i64) -> String {
     digits.iter().rev().collect()
 }
 
-fn decode_page_token(token: &str) -> Result<i64, ApiError> {
+pub(crate) fn decode_page_token(token: &str) -> Result<i64, ApiError> {
     let invalid = || ApiError::InvalidRequest("page_token is not a token this server issued".into());
     let well_formed = !token.is_empty()
         && token.len() <= PAGE_TOKEN_PATTERN_MAX
@@ -774,6 +794,22 @@ async fn cancel(
     let id = parse_operation_id(&id)?;
     record_operation_id(&id);
     let reason = body.unwrap_or_default().reason;
+    let if_match = if_match(&headers)?;
+    let (op, status) = cancel_operation(&app, &caller.tenant, caller.key_id.as_str(), &id, reason, if_match).await?;
+    Ok(operation_response(&app, &op, status).await)
+}
+
+/// Cancels `id` on behalf of `requested_by`: `200` with the operation when it
+/// is cancelled now or already ended, `202` when its worker has been asked.
+/// The API and the console cancel through here.
+pub async fn cancel_operation(
+    app: &AppState,
+    tenant: &str,
+    requested_by: &str,
+    id: &Id,
+    reason: Option<String>,
+    if_match: Option<i64>,
+) -> Result<(Operation, StatusCode), ApiError> {
     if reason
         .as_ref()
         .is_some_and(|r| r.chars().count() > MAX_CANCEL_REASON_CHARS)
@@ -783,35 +819,35 @@ async fn cancel(
         )));
     }
     let params = CancelParams {
-        tenant: caller.tenant.clone(),
+        tenant: tenant.to_owned(),
         id: id.clone(),
-        requested_by: caller.key_id.to_string(),
+        requested_by: requested_by.to_owned(),
         reason,
-        if_match: if_match(&headers)?,
+        if_match,
         now: app.clock.now(),
     };
     let outcome = app.store.operation_cancel(params).await;
     if let Err(StoreError::NotFound) = outcome {
-        return Err(app.missing(&caller.tenant, &id).await);
+        return Err(app.missing(tenant, id).await);
     }
     let outcome = outcome.map_err(|e| match e {
         StoreError::NotCancellable => ApiError::OperationNotCancellable {
             operation_id: id.clone(),
         },
         StoreError::PreconditionFailed { current_version } => ApiError::PreconditionFailed {
-            given: if_match(&headers).ok().flatten().unwrap_or(0),
+            given: if_match.unwrap_or(0),
             current: current_version,
         },
         other => other.into(),
     })?;
     Ok(match outcome {
-        CancelOutcome::AlreadyTerminal(op) => operation_response(&app, &app.visible(op)?, StatusCode::OK).await,
-        CancelOutcome::CancelledNow(op) => operation_response(&app, &op, StatusCode::OK).await,
+        CancelOutcome::AlreadyTerminal(op) => (app.visible(op)?, StatusCode::OK),
+        CancelOutcome::CancelledNow(op) => (op, StatusCode::OK),
         CancelOutcome::Requested(op) => {
             app.signals.cancel_requested(&op.id);
-            operation_response(&app, &op, StatusCode::ACCEPTED).await
+            (op, StatusCode::ACCEPTED)
         }
-        CancelOutcome::AlreadyRequested(op) => operation_response(&app, &op, StatusCode::ACCEPTED).await,
+        CancelOutcome::AlreadyRequested(op) => (op, StatusCode::ACCEPTED),
     })
 }
 
@@ -865,18 +901,32 @@ async fn update(
     let id = parse_operation_id(&id)?;
     record_operation_id(&id);
     let if_match = if_match(&headers)?.ok_or(ApiError::PreconditionRequired)?;
+    let (op, status) = update_operation(&app, &caller.tenant, id, if_match, request).await?;
+    Ok(operation_response(&app, &op, status).await)
+}
+
+/// Applies a `PATCH` made at version `if_match`: a new deadline and/or
+/// labels, or a new `desired_state` (`202` when a worker has been asked to
+/// pause). The API and the console change operations through here.
+pub async fn update_operation(
+    app: &AppState,
+    tenant: &str,
+    id: Id,
+    if_match: i64,
+    request: UpdateRequest,
+) -> Result<(Operation, StatusCode), ApiError> {
     if let Some(desired) = request.desired_state {
         if request.deadline_seconds.is_some() || request.labels.is_some() {
             return Err(ApiError::InvalidRequest(
                 "desired_state is changed on its own, not with deadline_seconds or labels".into(),
             ));
         }
-        return set_intent(&app, &caller, id, desired, if_match).await;
+        return set_intent(app, tenant, id, desired, if_match).await;
     }
     if let Some(labels) = &request.labels {
         validate::labels(labels).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
     }
-    let current = app.operation(&caller.tenant, &id).await?;
+    let current = app.operation(tenant, &id).await?;
     let deadline_at = match request.deadline_seconds {
         None => None,
         Some(None) => Some(None),
@@ -891,7 +941,7 @@ async fn update(
         }
     };
     let params = UpdateParams {
-        tenant: caller.tenant.clone(),
+        tenant: tenant.to_owned(),
         id: id.clone(),
         if_match,
         deadline_at,
@@ -908,26 +958,26 @@ async fn update(
         },
         other => other.into(),
     })?;
-    Ok(operation_response(&app, &op, StatusCode::OK).await)
+    Ok((op, StatusCode::OK))
 }
 
 /// `PATCH {"desired_state"}`: pause or resume (the rules are the store's,
 /// `Store::operation_intent`).
 async fn set_intent(
     app: &AppState,
-    caller: &Caller,
+    tenant: &str,
     id: Id,
     desired: DesiredStateBody,
     if_match: i64,
-) -> Result<Response, ApiError> {
+) -> Result<(Operation, StatusCode), ApiError> {
     let desired = match desired {
         DesiredStateBody::Paused => DesiredState::Paused,
         DesiredStateBody::Running => DesiredState::Running,
     };
     // Unknown, foreign and removed ids answer as every read does (404, 410).
-    let before = app.operation(&caller.tenant, &id).await?;
+    let before = app.operation(tenant, &id).await?;
     let params = IntentParams {
-        tenant: caller.tenant.clone(),
+        tenant: tenant.to_owned(),
         id,
         desired,
         if_match: Some(if_match),
@@ -964,7 +1014,7 @@ async fn set_intent(
     } else {
         StatusCode::OK
     };
-    Ok(operation_response(app, &op, status).await)
+    Ok((op, status))
 }
 
 /// `GET /v1/operations/{id}/deliveries`: every webhook delivery attempt, oldest first.

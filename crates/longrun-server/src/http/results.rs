@@ -365,12 +365,19 @@ async fn result(
 ) -> Result<Json<ResultBody>, ApiError> {
     caller.require_client()?;
     let id = Id::parse(IdKind::Operation, &id).ok_or(ApiError::NotFound)?;
-    let records = app.store.result_for_operation(&caller.tenant, &id).await?;
+    Ok(Json(result_links(&app, &caller.tenant, id).await?))
+}
+
+/// The result artifacts of `id`, each with a download link minted now
+/// (HMAC-signed, short-lived). The API and the console's download button
+/// mint links through here.
+pub async fn result_links(app: &AppState, tenant: &str, id: Id) -> Result<ResultBody, ApiError> {
+    let records = app.store.result_for_operation(tenant, &id).await?;
     if records.is_empty() {
         // No artifact: unknown, removed, not finished, or an inline result.
-        return Err(app.missing(&caller.tenant, &id).await);
+        return Err(app.missing(tenant, &id).await);
     }
-    app.operation(&caller.tenant, &id).await?;
+    app.operation(tenant, &id).await?;
     let now = app.clock.now();
     let live: Vec<ResultRecord> = records.into_iter().filter(|r| !r.is_expired(now)).collect();
     if live.is_empty() {
@@ -408,7 +415,7 @@ async fn result(
             body.artifacts.insert(record.name, artifact);
         }
     }
-    Ok(Json(body))
+    Ok(body)
 }
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]

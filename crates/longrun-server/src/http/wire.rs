@@ -559,6 +559,9 @@ pub struct DeliveryBody {
     pub at: String,
     /// When the next attempt is due; `null` once delivered or given up.
     pub next_attempt_at: Option<String>,
+    /// How long the attempt took, in milliseconds (`null` for attempts
+    /// recorded before this was measured).
+    pub latency_ms: Option<i64>,
 }
 
 impl From<&longrun_store::AttemptRecord> for DeliveryBody {
@@ -571,6 +574,7 @@ impl From<&longrun_store::AttemptRecord> for DeliveryBody {
             error: a.error.clone(),
             at: a.at.to_rfc3339(),
             next_attempt_at: rfc3339(a.next_attempt_at),
+            latency_ms: a.latency_ms,
         }
     }
 }

@@ -4,6 +4,7 @@
 mod auth;
 mod batches;
 mod cancel;
+mod console;
 mod errors;
 mod fuzz;
 mod helpers;

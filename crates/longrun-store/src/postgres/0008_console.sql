@@ -8,3 +8,6 @@ CREATE TABLE console_sessions (
     expires_at  BIGINT NOT NULL
 );
 CREATE INDEX console_sessions_expiring ON console_sessions (expires_at);
+
+-- How long each webhook attempt took, for the delivery log.
+ALTER TABLE webhook_attempts ADD COLUMN latency_ms BIGINT;

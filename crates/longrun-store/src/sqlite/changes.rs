@@ -16,18 +16,7 @@ thread_local! {
 }
 
 pub(crate) fn record(op: &Operation, event_type: &str) {
-    let change = Change {
-        operation_id: op.id.clone(),
-        version: op.version,
-        event_type: event_type.to_owned(),
-        kind: op.kind.clone(),
-        state: op.state,
-        attempt: op.attempt,
-        created_at: op.created_at,
-        started_at: op.started_at,
-        completed_at: op.completed_at,
-        cancel_requested_at: op.cancel.as_ref().map(|c| c.requested_at),
-    };
+    let change = Change::of(op, event_type);
     PENDING.with(|p| p.borrow_mut().push(change));
 }
 

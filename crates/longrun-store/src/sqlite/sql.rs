@@ -1313,8 +1313,8 @@ pub(super) fn webhook_attempt(c: &Connection, p: &AttemptParams) -> Result<()> {
         return Err(StoreError::NotFound);
     };
     c.prepare_cached(
-        "INSERT INTO webhook_attempts (event_id, attempt, operation_id, type, at, status_code, error, next_attempt_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+        "INSERT INTO webhook_attempts (event_id, attempt, operation_id, type, at, status_code, error, next_attempt_at, latency_ms)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
          ON CONFLICT (event_id, attempt) DO NOTHING",
     )?
     .execute(params![
@@ -1325,7 +1325,8 @@ pub(super) fn webhook_attempt(c: &Connection, p: &AttemptParams) -> Result<()> {
         p.now.0,
         status_code,
         error,
-        next
+        next,
+        p.latency_ms
     ])?;
     Ok(())
 }
@@ -1336,7 +1337,7 @@ pub(super) fn webhook_log(c: &Connection, tenant: &str, id: &Id) -> Result<Optio
     }
     let log = c
         .prepare_cached(
-            "SELECT event_id, type, attempt, status_code, error, at, next_attempt_at FROM webhook_attempts
+            "SELECT event_id, type, attempt, status_code, error, at, next_attempt_at, latency_ms FROM webhook_attempts
               WHERE operation_id = ?1 ORDER BY at, event_id, attempt",
         )?
         .query_map(params![id.as_str()], |r| {
@@ -1348,6 +1349,7 @@ pub(super) fn webhook_log(c: &Connection, tenant: &str, id: &Id) -> Result<Optio
                 error: r.get(4)?,
                 at: Timestamp(r.get(5)?),
                 next_attempt_at: ts(r.get(6)?),
+                latency_ms: r.get(7)?,
             })
         })?
         .collect::<rusqlite::Result<_>>()?;
