@@ -3201,9 +3201,23 @@ pub async fn the_console_reads_are_bounded_by_live_work_and_keys(store: &dyn Sto
     );
     let record = store.idempotency_record("t1", &keyed.id).await.unwrap().unwrap();
     assert_eq!(
-        (record.key.as_str(), record.kind.as_str(), record.created_at),
-        ("key-1", "k", T0)
+        (
+            record.key.as_str(),
+            record.kind.as_str(),
+            record.created_at,
+            record.replays
+        ),
+        ("key-1", "k", T0, 0)
     );
+    for _ in 0..2 {
+        let again = store
+            .operation_accept(accept_params("t1", "k", Some("key-1"), json!({"n": 1})))
+            .await
+            .unwrap();
+        assert!(matches!(again, AcceptOutcome::Replayed(_)));
+    }
+    let record = store.idempotency_record("t1", &keyed.id).await.unwrap().unwrap();
+    assert_eq!(record.replays, 2, "each replay is counted");
     assert!(store.idempotency_record("t2", &keyed.id).await.unwrap().is_none());
 
     let summary = store.active_summary(Some("t1".into())).await.unwrap();

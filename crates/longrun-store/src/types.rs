@@ -777,4 +777,6 @@ pub struct IdempotencyRecord {
     pub key: String,
     pub kind: String,
     pub created_at: Timestamp,
+    /// Submissions answered with this operation after the first.
+    pub replays: i64,
 }

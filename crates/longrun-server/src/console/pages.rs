@@ -480,7 +480,7 @@ async fn render_operation(
         @if let Some(conflict) = &conflict {
             section.alert role="alert" id="conflict" {
                 strong { "Not applied: " }
-                (conflict.problem().detail)
+                (conflict.problem().detail.trim_end_matches('.')) "."
                 " The page now shows the operation as it is; review it and try again."
                 span.muted { " (" code { (conflict.code()) } ")" }
             }
@@ -532,6 +532,7 @@ async fn render_operation(
                             tr { th { "key" } td { code { (key) } } }
                             tr { th { "scope" } td { "tenant " (op.tenant) ", kind " (record.kind) } }
                             tr { th { "recorded" } td { (when(record.created_at)) } }
+                            tr { th { "replays answered" } td id="replays" { (record.replays) } }
                             tr { th { "replays answered until" } td { (when(idempotency_expires(app, &op, now))) } }
                         }
                     }

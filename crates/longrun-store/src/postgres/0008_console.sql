@@ -11,3 +11,12 @@ CREATE INDEX console_sessions_expiring ON console_sessions (expires_at);
 
 -- How long each webhook attempt took, for the delivery log.
 ALTER TABLE webhook_attempts ADD COLUMN latency_ms BIGINT;
+
+-- The enforcer's search for pauses not honoured within the grace: by the
+-- few running operations asked to pause, not by every stored one (it read
+-- the whole table each round).
+CREATE INDEX operations_pause_asked ON operations (pause_requested_at)
+    WHERE state = 'running' AND pause_requested_at IS NOT NULL;
+
+-- How many times a key's operation was answered as a replay.
+ALTER TABLE idempotency_keys ADD COLUMN replays BIGINT NOT NULL DEFAULT 0;

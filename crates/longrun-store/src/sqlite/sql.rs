@@ -198,6 +198,10 @@ pub(super) fn operation_accept(c: &Connection, p: &AcceptParams) -> Result<Accep
             // A removed operation's key stays taken while its tombstone
             // lives: a replay must not silently start the work again.
             let original = operation_by_id(c, operation_id.as_str())?.ok_or(StoreError::Gone)?;
+            c.prepare_cached(
+                "UPDATE idempotency_keys SET replays = replays + 1 WHERE tenant = ?1 AND kind = ?2 AND key = ?3",
+            )?
+            .execute(params![p.tenant, p.kind, key.as_str()])?;
             return Ok(AcceptOutcome::Replayed(original));
         }
     }
@@ -1859,17 +1863,18 @@ pub(super) fn operation_by_key(c: &Connection, tenant: &str, kinds: &[String], k
 }
 
 pub(super) fn idempotency_record(c: &Connection, tenant: &str, id: &Id) -> Result<Option<IdempotencyRecord>> {
-    Ok(
-        c.prepare_cached("SELECT key, kind, created_at FROM idempotency_keys WHERE operation_id = ?1 AND tenant = ?2")?
-            .query_row(params![id.as_str(), tenant], |r| {
-                Ok(IdempotencyRecord {
-                    key: r.get(0)?,
-                    kind: r.get(1)?,
-                    created_at: Timestamp(r.get(2)?),
-                })
-            })
-            .optional()?,
-    )
+    Ok(c.prepare_cached(
+        "SELECT key, kind, created_at, replays FROM idempotency_keys WHERE operation_id = ?1 AND tenant = ?2",
+    )?
+    .query_row(params![id.as_str(), tenant], |r| {
+        Ok(IdempotencyRecord {
+            key: r.get(0)?,
+            kind: r.get(1)?,
+            created_at: Timestamp(r.get(2)?),
+            replays: r.get(3)?,
+        })
+    })
+    .optional()?)
 }
 
 pub(super) fn active_summary(c: &Connection, tenant: Option<&str>) -> Result<Vec<ActiveGroup>> {
