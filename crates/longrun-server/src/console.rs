@@ -320,19 +320,51 @@ async fn sign_in_page(Query(query): Query<NextQuery>) -> Response {
     page(StatusCode::OK, pages::sign_in(&safe_next(query.next.as_deref()), None))
 }
 
+/// The address a request came from, when it came through the listener.
+struct Peer(Option<std::net::SocketAddr>);
+
+impl<S: Send + Sync> FromRequestParts<S> for Peer {
+    type Rejection = Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        Ok(Peer(crate::listen::peer(&parts.extensions)))
+    }
+}
+
 #[derive(Debug, Deserialize)]
 struct SignInForm {
     key: String,
     next: Option<String>,
 }
 
-async fn sign_in(State(app): State<AppState>, headers: HeaderMap, Form(form): Form<SignInForm>) -> Response {
+async fn sign_in(
+    State(app): State<AppState>,
+    Peer(peer): Peer,
+    headers: HeaderMap,
+    Form(form): Form<SignInForm>,
+) -> Response {
     let next = safe_next(form.next.as_deref());
     let refuse = |status: StatusCode, why: &str| page(status, pages::sign_in(&next, Some(why)));
     // Signing in from another site's page would sign the victim in as the
     // attacker: refused like any cross-site form.
     if !same_origin(&headers) {
         return refuse(StatusCode::FORBIDDEN, "This form did not come from this console.");
+    }
+    // A source that keeps failing is refused before any store read, as the
+    // API refuses it (`--auth-failures-per-source`).
+    let source = peer.map(|p| p.ip().to_string());
+    let rate = app.config.limits.auth_failures_per_source;
+    if let Some(source) = &source
+        && let Err(wait) = app.auth_failures.check(source, rate, std::time::Instant::now())
+    {
+        let mut response = refuse(
+            StatusCode::TOO_MANY_REQUESTS,
+            "Too many failed sign-ins from this address; wait and try again.",
+        );
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(wait.as_secs().max(1)));
+        return response;
     }
     let record = match PresentedKey::parse(form.key.trim()) {
         None => None,
@@ -344,6 +376,9 @@ async fn sign_in(State(app): State<AppState>, headers: HeaderMap, Form(form): Fo
     };
     let Some(record) = record else {
         metrics::counter!("longrun_auth_failures_total").increment(1);
+        if let Some(source) = &source {
+            let _ = app.auth_failures.take(source, rate, std::time::Instant::now());
+        }
         return refuse(StatusCode::UNAUTHORIZED, "That key is not valid.");
     };
     if record.role == Role::Worker {

@@ -47,6 +47,19 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// Whether the browser at `here` went somewhere else than `asked` on the
+/// server's say (a redirect: to sign in, or from a lookup to its operation),
+/// rather than still showing the page it was on.
+fn redirected(here: &str, asked: &str) -> bool {
+    let path = |u: &str| {
+        u.split_once("://")
+            .map_or("", |(_, rest)| rest.split_once('/').map_or("", |(_, p)| p))
+            .to_owned()
+    };
+    let (here, asked) = (path(here), path(asked));
+    here.starts_with("ui/sign-in") || (asked.starts_with("ui/operations?q=") && here.starts_with("ui/operations/"))
+}
+
 /// Starts a browser, or says loudly why it cannot (a failure when peers
 /// are required).
 async fn browser() -> Option<Browser> {
@@ -110,8 +123,34 @@ async fn browser() -> Option<Browser> {
 }
 
 impl Browser {
+    /// Goes to `path` and waits (bounded) until its document has loaded:
+    /// under load, chromedriver may answer while the previous document is
+    /// still the one shown.
     async fn goto(&self, app: &TestApp, path: &str) {
-        self.client.goto(&app.url(path)).await.unwrap();
+        let url = app.url(path);
+        let before = self
+            .client
+            .current_url()
+            .await
+            .map(|u| u.to_string())
+            .unwrap_or_default();
+        self.client.goto(&url).await.unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let here = self
+                .client
+                .execute("return [location.href, document.readyState];", vec![])
+                .await
+                .unwrap_or(json!([]));
+            let href = here[0].as_str().unwrap_or("");
+            let moved = href != before || url == before;
+            let arrived = moved && (href == url || redirected(href, &url));
+            if arrived && here[1] == "complete" {
+                return;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "never arrived at {url}: {here}");
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
     }
 
     async fn text(&self, css: &str) -> String {
@@ -375,10 +414,10 @@ async fn a_client_sees_only_its_tenant_and_the_list_filters() {
     // Filters: by state, by label, by kind, by a created range.
     browser.goto(&app, "/ui/operations?state=succeeded").await;
     let page = browser.source().await;
-    assert!(page.contains(done) && !page.contains(mine));
+    assert!(page.contains(done) && !page.contains(mine), "{page}");
     browser.goto(&app, "/ui/operations?label=team%3Adata").await;
     let page = browser.source().await;
-    assert!(page.contains(mine) && !page.contains(done));
+    assert!(page.contains(mine) && !page.contains(done), "{page}");
     browser.goto(&app, "/ui/operations?kind=export").await;
     assert!(browser.client.find(Locator::Id("empty")).await.is_ok());
     browser
@@ -744,5 +783,96 @@ async fn the_download_button_yields_the_artifacts_bytes() {
     );
 
     browser.close().await;
+    app.shutdown().await;
+}
+
+/// Signing in over plain HTTP (no browser needed): refusals are pages, not
+/// problem documents; a cross-site sign-in is refused; failures are limited
+/// per source as the API's are.
+#[tokio::test]
+async fn sign_in_refusals_are_pages_and_failures_are_limited_per_source() {
+    let mut limits = longrun_server::listen::Limits::default();
+    limits.auth_failures_per_source = 1.0;
+    let app = crate::helpers::spawn_app_with(crate::helpers::Options {
+        limits,
+        ..Default::default()
+    })
+    .await;
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let sign_in = |key: String, origin: Option<&'static str>| {
+        let mut request = http
+            .post(app.url("/ui/sign-in"))
+            .form(&[("key", key.as_str()), ("next", "/ui/")]);
+        if let Some(origin) = origin {
+            request = request.header("origin", origin);
+        }
+        request.send()
+    };
+
+    // From another site: refused before the key is even read.
+    let response = sign_in(app.client_key.clone(), Some("http://evil.example"))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::FORBIDDEN);
+    assert!(
+        response.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/html")
+    );
+    assert!(response.headers().get("set-cookie").is_none());
+
+    // A good key: a session and a redirect, never the key in the answer.
+    let response = sign_in(app.client_key.clone(), None).await.unwrap();
+    assert_eq!(response.status(), StatusCode::SEE_OTHER);
+    let cookie = response.headers()["set-cookie"].to_str().unwrap().to_owned();
+    assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict") && cookie.contains("Path=/ui"));
+    assert!(!cookie.contains("Secure"), "plain HTTP: no Secure");
+    assert!(!cookie.contains(app.client_key.rsplit('_').next().unwrap()));
+
+    // Behind TLS (as the proxy says), the cookie is Secure.
+    let response = http
+        .post(app.url("/ui/sign-in"))
+        .header("x-forwarded-proto", "https")
+        .form(&[("key", app.client_key.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert!(response.headers()["set-cookie"].to_str().unwrap().contains("Secure"));
+
+    // Bad keys: 401 pages for the source's burst, then 429 with Retry-After.
+    let (mut unauthorized, mut limited) = (0, 0);
+    for _ in 0..40 {
+        let response = sign_in(longrun_core::apikey::NewApiKey::generate().token, None)
+            .await
+            .unwrap();
+        assert!(
+            response.headers()["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with("text/html")
+        );
+        match response.status() {
+            StatusCode::UNAUTHORIZED => unauthorized += 1,
+            StatusCode::TOO_MANY_REQUESTS => {
+                assert!(response.headers().contains_key("retry-after"));
+                limited += 1;
+            }
+            other => panic!("unexpected {other}"),
+        }
+    }
+    assert!((1..=11).contains(&unauthorized), "the burst: {unauthorized}");
+    assert_eq!(limited, 40 - unauthorized);
+
+    // A page without a session sends to sign-in, keeping where it was going.
+    let response = http.get(app.url("/ui/operations?state=failed")).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::SEE_OTHER);
+    assert_eq!(
+        response.headers()["location"],
+        "/ui/sign-in?next=%2Fui%2Foperations%3Fstate%3Dfailed"
+    );
     app.shutdown().await;
 }
