@@ -791,8 +791,10 @@ async fn the_download_button_yields_the_artifacts_bytes() {
 /// per source as the API's are.
 #[tokio::test]
 async fn sign_in_refusals_are_pages_and_failures_are_limited_per_source() {
-    let mut limits = longrun_server::listen::Limits::default();
-    limits.auth_failures_per_source = 1.0;
+    let limits = longrun_server::listen::Limits {
+        auth_failures_per_source: 1.0,
+        ..Default::default()
+    };
     let app = crate::helpers::spawn_app_with(crate::helpers::Options {
         limits,
         ..Default::default()
