@@ -19,30 +19,14 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use longrun_core::apikey::{NewApiKey, Role};
+use longrun_core::apikey::Role;
 use longrun_core::{Clock, Id, IdKind, SystemClock};
 use longrun_server::ServeOptions;
-use longrun_store::{AcceptParams, ApiKeyCreateParams, ClaimParams, SqliteConfig, Store};
+use longrun_store::{AcceptParams, ClaimParams, SqliteConfig, Store};
 use serde_json::json;
 
 fn env_number(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-/// A key of `role` for `tenant`.
-async fn key(store: &dyn Store, tenant: &str, role: Role) -> String {
-    let key = NewApiKey::generate();
-    store
-        .api_key_create(ApiKeyCreateParams {
-            id: key.id,
-            tenant: tenant.into(),
-            role,
-            secret_hash: key.secret_hash,
-            now: SystemClock.now(),
-        })
-        .await
-        .unwrap();
-    key.token
 }
 
 /// Signs in and returns the session cookie.
@@ -225,7 +209,7 @@ fn main() {
             let server = longrun_server::start(options).await.unwrap();
             let store = server.store.clone();
             let base = format!("http://{}", server.addr);
-            let admin = key(store.as_ref(), "ops", Role::Admin).await;
+            let admin = common::key_of(store.as_ref(), "ops", Role::Admin).await;
             let http = reqwest::Client::builder()
                 .redirect(reqwest::redirect::Policy::none())
                 .build()

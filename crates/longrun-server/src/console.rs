@@ -786,7 +786,13 @@ async fn live(
     let stream = async_stream(move |tx| async move {
         let _slot = slot;
         loop {
-            let changes: Vec<(Id, String, i64)> = match feed.recv().await {
+            // A page that went away frees its place at once, not at the
+            // next change of one of its operations.
+            let received = tokio::select! {
+                () = tx.closed() => return,
+                received = feed.recv() => received,
+            };
+            let changes: Vec<(Id, String, i64)> = match received {
                 Ok(change) if change.is_resync() => current(&app, &viewer, &ids).await,
                 Ok(change) => {
                     let visible = viewer.is_admin() || change.tenant == viewer.tenant;

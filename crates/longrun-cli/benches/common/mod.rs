@@ -6,11 +6,16 @@ use longrun_store::{ApiKeyCreateParams, KindSpec, Store};
 
 /// A new key of `role` for tenant `bench`.
 pub async fn key(store: &dyn Store, role: Role) -> String {
+    key_of(store, "bench", role).await
+}
+
+/// A new key of `role` for `tenant`.
+pub async fn key_of(store: &dyn Store, tenant: &str, role: Role) -> String {
     let key = NewApiKey::generate();
     store
         .api_key_create(ApiKeyCreateParams {
             id: key.id,
-            tenant: "bench".into(),
+            tenant: tenant.into(),
             role,
             secret_hash: key.secret_hash,
             now: SystemClock.now(),

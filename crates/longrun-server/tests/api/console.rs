@@ -274,6 +274,18 @@ impl Browser {
     }
 }
 
+/// Submits a `sleep` of ten minutes (work that stays running) and returns its id.
+async fn sleeping(app: &TestApp, key: &str, idempotency_key: &str) -> String {
+    let op = submit(
+        app,
+        key,
+        idempotency_key,
+        json!({"kind": "sleep", "input": {"duration_ms": 600_000}}),
+    )
+    .await;
+    op["id"].as_str().unwrap().to_owned()
+}
+
 async fn submit(app: &TestApp, key: &str, idempotency_key: &str, body: Value) -> Value {
     let response = app
         .request(Method::POST, "/v1/operations", key)
@@ -470,13 +482,8 @@ async fn a_client_sees_only_its_tenant_and_the_list_filters() {
 async fn rows_follow_their_operations_live_and_cancel_works_from_the_page() {
     let app = spawn_app().await;
     let Some(browser) = browser().await else { return };
-    let slow = json!({"kind": "sleep", "input": {"duration_ms": 600_000}});
-    let first = submit(&app, &app.client_key, "live-1", slow.clone()).await;
-    let second = submit(&app, &app.client_key, "live-2", slow.clone()).await;
-    let (first, second) = (
-        first["id"].as_str().unwrap().to_owned(),
-        second["id"].as_str().unwrap().to_owned(),
-    );
+    let first = sleeping(&app, &app.client_key, "live-1").await;
+    let second = sleeping(&app, &app.client_key, "live-2").await;
     app.wait_for_state(&first, "running").await;
 
     browser.sign_in(&app, &app.client_key).await;
@@ -530,14 +537,7 @@ async fn rows_follow_their_operations_live_and_cancel_works_from_the_page() {
 async fn a_stale_deadline_edit_shows_the_conflict_and_changes_nothing() {
     let app = spawn_app().await;
     let Some(browser) = browser().await else { return };
-    let op = submit(
-        &app,
-        &app.client_key,
-        "stale-1",
-        json!({"kind": "sleep", "input": {"duration_ms": 600_000}}),
-    )
-    .await;
-    let id = op["id"].as_str().unwrap().to_owned();
+    let id = sleeping(&app, &app.client_key, "stale-1").await;
     app.wait_for_state(&id, "running").await;
 
     browser.sign_in(&app, &app.client_key).await;
@@ -580,14 +580,7 @@ async fn a_stale_deadline_edit_shows_the_conflict_and_changes_nothing() {
 async fn a_forged_cross_site_post_is_refused() {
     let app = spawn_app().await;
     let Some(browser) = browser().await else { return };
-    let op = submit(
-        &app,
-        &app.client_key,
-        "forged-1",
-        json!({"kind": "sleep", "input": {"duration_ms": 600_000}}),
-    )
-    .await;
-    let id = op["id"].as_str().unwrap().to_owned();
+    let id = sleeping(&app, &app.client_key, "forged-1").await;
 
     // Another origin on the same host (so the same site: the browser sends
     // the SameSite=Strict cookie along) serves a page that posts the cancel
@@ -642,20 +635,8 @@ async fn an_admin_creates_a_key_that_works_and_is_shown_once() {
     let app = spawn_app().await;
     let Some(browser) = browser().await else { return };
     let admin_key = create_key(app.store.as_ref(), "ops", Role::Admin).await;
-    submit(
-        &app,
-        &app.client_key,
-        "a-1",
-        json!({"kind": "sleep", "input": {"duration_ms": 600_000}}),
-    )
-    .await;
-    submit(
-        &app,
-        &app.other_tenant_key,
-        "g-1",
-        json!({"kind": "sleep", "input": {"duration_ms": 600_000}}),
-    )
-    .await;
+    sleeping(&app, &app.client_key, "a-1").await;
+    sleeping(&app, &app.other_tenant_key, "g-1").await;
     app.store.accepting_pause(Some("export".into()), true).await.unwrap();
 
     browser.sign_in(&app, &admin_key).await;
