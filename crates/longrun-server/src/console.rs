@@ -31,7 +31,7 @@ use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::time::Duration;
 
-use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
@@ -45,6 +45,7 @@ use longrun_core::{Id, IdKind, Timestamp};
 use longrun_store::{ApiKeyCreateParams, ConsoleSession};
 use maud::{Markup, html};
 use serde::Deserialize;
+use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
@@ -288,6 +289,32 @@ pub(crate) fn error_page(viewer: Option<&Viewer>, error: ApiError) -> Response {
     page(status, pages::layout(problem.title, viewer, body))
 }
 
+/// A posted form, or its refusal as a page with the problem's code (axum's
+/// own `Form` rejection is plain text).
+pub(crate) struct Posted<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for Posted<T> {
+    type Rejection = Response;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        Form::<T>::from_request(req, state)
+            .await
+            .map(|Form(form)| Posted(form))
+            .map_err(|rejection| {
+                let error = match rejection.status() {
+                    StatusCode::PAYLOAD_TOO_LARGE => {
+                        ApiError::PayloadTooLarge("the form is larger than the server's limit".into())
+                    }
+                    StatusCode::UNSUPPORTED_MEDIA_TYPE => ApiError::UnsupportedMediaType(
+                        "a form must be sent as application/x-www-form-urlencoded".into(),
+                    ),
+                    _ => ApiError::InvalidRequest(format!("the form could not be read: {}", rejection.body_text())),
+                };
+                error_page(None, error)
+            })
+    }
+}
+
 /// Handlers answer a page or a refusal rendered as one.
 pub(crate) type PageResult = Result<Response, Response>;
 
@@ -341,7 +368,7 @@ async fn sign_in(
     State(app): State<AppState>,
     Peer(peer): Peer,
     headers: HeaderMap,
-    Form(form): Form<SignInForm>,
+    Posted(form): Posted<SignInForm>,
 ) -> Response {
     let next = safe_next(form.next.as_deref());
     let refuse = |status: StatusCode, why: &str| page(status, pages::sign_in(&next, Some(why)));
@@ -410,6 +437,8 @@ async fn sign_in(
 
 #[derive(Debug, Deserialize)]
 struct TokenOnly {
+    /// Missing is refused as a wrong token is: `403`.
+    #[serde(default)]
     csrf: String,
 }
 
@@ -417,7 +446,7 @@ async fn sign_out(
     State(app): State<AppState>,
     viewer: Viewer,
     headers: HeaderMap,
-    Form(form): Form<TokenOnly>,
+    Posted(form): Posted<TokenOnly>,
 ) -> PageResult {
     check_form(&viewer, &headers, &form.csrf)?;
     if let Some(token) = session_token(&headers) {
@@ -446,6 +475,8 @@ fn to_operation(id: &Id) -> Response {
 
 #[derive(Debug, Deserialize)]
 struct CancelForm {
+    /// Missing is refused as a wrong token is: `403`.
+    #[serde(default)]
     csrf: String,
     reason: Option<String>,
 }
@@ -455,7 +486,7 @@ async fn cancel(
     viewer: Viewer,
     headers: HeaderMap,
     Path(id): Path<String>,
-    Form(form): Form<CancelForm>,
+    Posted(form): Posted<CancelForm>,
 ) -> PageResult {
     check_form(&viewer, &headers, &form.csrf)?;
     let id = operation_id(&id).or_page(&viewer)?;
@@ -469,6 +500,8 @@ async fn cancel(
 
 #[derive(Debug, Deserialize)]
 struct EditForm {
+    /// Missing is refused as a wrong token is: `403`.
+    #[serde(default)]
     csrf: String,
     /// The version the page showed: the edit's `If-Match`.
     version: i64,
@@ -495,7 +528,7 @@ async fn edit(
     viewer: Viewer,
     headers: HeaderMap,
     Path(id): Path<String>,
-    Form(form): Form<EditForm>,
+    Posted(form): Posted<EditForm>,
 ) -> PageResult {
     check_form(&viewer, &headers, &form.csrf)?;
     let id = operation_id(&id).or_page(&viewer)?;
@@ -525,6 +558,8 @@ async fn edit(
 
 #[derive(Debug, Deserialize)]
 struct IntentForm {
+    /// Missing is refused as a wrong token is: `403`.
+    #[serde(default)]
     csrf: String,
     version: i64,
     /// `paused` or `running`.
@@ -536,7 +571,7 @@ async fn intent(
     viewer: Viewer,
     headers: HeaderMap,
     Path(id): Path<String>,
-    Form(form): Form<IntentForm>,
+    Posted(form): Posted<IntentForm>,
 ) -> PageResult {
     check_form(&viewer, &headers, &form.csrf)?;
     let id = operation_id(&id).or_page(&viewer)?;
@@ -567,6 +602,8 @@ async fn intent(
 
 #[derive(Debug, Deserialize)]
 struct RerunForm {
+    /// Missing is refused as a wrong token is: `403`.
+    #[serde(default)]
     csrf: String,
     /// Minted with the page: a double submission replays, not re-runs twice.
     idempotency_key: String,
@@ -579,7 +616,7 @@ async fn rerun(
     viewer: Viewer,
     headers: HeaderMap,
     Path(id): Path<String>,
-    Form(form): Form<RerunForm>,
+    Posted(form): Posted<RerunForm>,
 ) -> PageResult {
     check_form(&viewer, &headers, &form.csrf)?;
     let id = operation_id(&id).or_page(&viewer)?;
@@ -619,6 +656,8 @@ async fn download(State(app): State<AppState>, viewer: Viewer, Path((id, name)):
 
 #[derive(Debug, Deserialize)]
 struct KeyForm {
+    /// Missing is refused as a wrong token is: `403`.
+    #[serde(default)]
     csrf: String,
     role: String,
 }
@@ -628,7 +667,7 @@ async fn create_key(
     viewer: Viewer,
     headers: HeaderMap,
     Path(tenant): Path<String>,
-    Form(form): Form<KeyForm>,
+    Posted(form): Posted<KeyForm>,
 ) -> PageResult {
     check_form(&viewer, &headers, &form.csrf)?;
     viewer.require_admin().or_page(&viewer)?;
@@ -660,7 +699,7 @@ async fn revoke_key(
     viewer: Viewer,
     headers: HeaderMap,
     Path(id): Path<String>,
-    Form(form): Form<TokenOnly>,
+    Posted(form): Posted<TokenOnly>,
 ) -> PageResult {
     check_form(&viewer, &headers, &form.csrf)?;
     viewer.require_admin().or_page(&viewer)?;
@@ -676,7 +715,7 @@ async fn rotate_secret(
     viewer: Viewer,
     headers: HeaderMap,
     Path(tenant): Path<String>,
-    Form(form): Form<TokenOnly>,
+    Posted(form): Posted<TokenOnly>,
 ) -> PageResult {
     check_form(&viewer, &headers, &form.csrf)?;
     viewer.require_admin().or_page(&viewer)?;
@@ -697,6 +736,8 @@ async fn rotate_secret(
 
 #[derive(Debug, Deserialize)]
 struct DeleteForm {
+    /// Missing is refused as a wrong token is: `403`.
+    #[serde(default)]
     csrf: String,
     /// The tenant's name, typed again.
     confirm: String,
@@ -707,7 +748,7 @@ async fn delete_tenant(
     viewer: Viewer,
     headers: HeaderMap,
     Path(tenant): Path<String>,
-    Form(form): Form<DeleteForm>,
+    Posted(form): Posted<DeleteForm>,
 ) -> PageResult {
     check_form(&viewer, &headers, &form.csrf)?;
     viewer.require_admin().or_page(&viewer)?;
@@ -741,7 +782,7 @@ async fn resume_accepting(
     State(app): State<AppState>,
     viewer: Viewer,
     headers: HeaderMap,
-    Form(form): Form<ResumeForm>,
+    Posted(form): Posted<ResumeForm>,
 ) -> PageResult {
     check_form(&viewer, &headers, &form.csrf)?;
     viewer.require_admin().or_page(&viewer)?;

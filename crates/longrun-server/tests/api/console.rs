@@ -859,3 +859,180 @@ async fn sign_in_refusals_are_pages_and_failures_are_limited_per_source() {
     );
     app.shutdown().await;
 }
+
+/// Bad input to the console's forms, over plain HTTP: each refused with a
+/// page naming the problem, nothing changed.
+#[tokio::test]
+async fn malformed_oversized_and_unknown_form_posts_are_refused_and_change_nothing() {
+    let app = spawn_app().await;
+    let id = sleeping(&app, &app.client_key, "bad-forms").await;
+    let version = app.get_operation(&id).await["version"].as_i64().unwrap();
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let response = http
+        .post(app.url("/ui/sign-in"))
+        .form(&[("key", app.client_key.as_str())])
+        .send()
+        .await
+        .unwrap();
+    let cookie = response.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+    let page = http
+        .get(app.url(&format!("/ui/operations/{id}")))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let csrf = page
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap()
+        .to_owned();
+    let post = |path: String, form: Vec<(&'static str, String)>| {
+        http.post(app.url(&path)).header("cookie", &cookie).form(&form).send()
+    };
+    let edit = format!("/ui/operations/{id}/edit");
+    let v = version.to_string();
+    // What is wrong, where it is posted, the form, and the refusal.
+    type Case = (&'static str, String, Vec<(&'static str, String)>, StatusCode);
+    let cases: Vec<Case> = vec![
+        (
+            "no token",
+            edit.clone(),
+            vec![
+                ("version", v.clone()),
+                ("deadline_seconds", "60".into()),
+                ("labels", String::new()),
+            ],
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            "a wrong token",
+            edit.clone(),
+            vec![
+                ("csrf", "nope".into()),
+                ("version", v.clone()),
+                ("deadline_seconds", "60".into()),
+                ("labels", String::new()),
+            ],
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            "a version that is no number",
+            edit.clone(),
+            vec![
+                ("csrf", csrf.clone()),
+                ("version", "three".into()),
+                ("deadline_seconds", "60".into()),
+                ("labels", String::new()),
+            ],
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "a deadline that is no number",
+            edit.clone(),
+            vec![
+                ("csrf", csrf.clone()),
+                ("version", v.clone()),
+                ("deadline_seconds", "soon".into()),
+                ("labels", String::new()),
+            ],
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "a label line without =",
+            edit.clone(),
+            vec![
+                ("csrf", csrf.clone()),
+                ("version", v.clone()),
+                ("deadline_seconds", String::new()),
+                ("labels", "oops".into()),
+            ],
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "a label value too long",
+            edit.clone(),
+            vec![
+                ("csrf", csrf.clone()),
+                ("version", v.clone()),
+                ("deadline_seconds", String::new()),
+                ("labels", format!("k={}", "x".repeat(300))),
+            ],
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "an unknown operation",
+            "/ui/operations/op_aaaaaaaaaaaaaaaaaaaaaaaaaa/cancel".into(),
+            vec![("csrf", csrf.clone())],
+            StatusCode::NOT_FOUND,
+        ),
+        (
+            "a malformed id",
+            "/ui/operations/nonsense/cancel".into(),
+            vec![("csrf", csrf.clone())],
+            StatusCode::NOT_FOUND,
+        ),
+        (
+            "an intent that is neither",
+            format!("/ui/operations/{id}/intent"),
+            vec![
+                ("csrf", csrf.clone()),
+                ("version", v.clone()),
+                ("desired_state", "sideways".into()),
+            ],
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "a client at an admin form",
+            "/ui/tenants/acme/keys".into(),
+            vec![("csrf", csrf.clone()), ("role", "admin".into())],
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            "an oversized body",
+            format!("/ui/operations/{id}/cancel"),
+            vec![("csrf", csrf.clone()), ("reason", "r".repeat(2 * 1024 * 1024))],
+            StatusCode::PAYLOAD_TOO_LARGE,
+        ),
+    ];
+    for (what, path, form, status) in cases {
+        let response = post(path, form).await.unwrap();
+        assert_eq!(response.status(), status, "{what}");
+        let kind = response.headers()["content-type"].to_str().unwrap().to_owned();
+        assert!(kind.starts_with("text/html"), "{what}: a page, not {kind}");
+        let page = response.text().await.unwrap();
+        assert!(
+            page.contains("Problem code"),
+            "{what}: the page names the problem: {page}"
+        );
+    }
+    let json = http
+        .post(app.url(&format!("/ui/operations/{id}/cancel")))
+        .header("cookie", &cookie)
+        .json(&json!({"csrf": csrf}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(json.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE, "a form sent as JSON");
+    let after = app.get_operation(&id).await;
+    assert_eq!(after["version"].as_i64().unwrap(), version, "nothing changed: {after}");
+    assert_eq!(after["state"], "running");
+    let keys = app.store.api_key_list().await.unwrap();
+    assert!(
+        keys.iter().all(|k| k.role != Role::Admin || k.tenant != "acme"),
+        "no key was made"
+    );
+    app.shutdown().await;
+}
