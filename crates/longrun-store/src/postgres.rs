@@ -163,6 +163,12 @@ impl PostgresStore {
         let pool = PgPoolOptions::new()
             .max_connections(config.max_connections)
             .acquire_timeout(ACQUIRE_TIMEOUT)
+            // sqlx pings every connection it hands out by default: a round
+            // trip to the server before each call's own. A connection that
+            // died while idle fails its call's first statement instead, which
+            // is refused as unavailable (`db`) before anything is applied,
+            // and sqlx drops it.
+            .test_before_acquire(false)
             .connect_with(options)
             .await
             .map_err(db)?;
