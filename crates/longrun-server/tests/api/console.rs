@@ -866,7 +866,8 @@ async fn sign_in_refusals_are_pages_and_failures_are_limited_per_source() {
 async fn malformed_oversized_and_unknown_form_posts_are_refused_and_change_nothing() {
     let app = spawn_app().await;
     let id = sleeping(&app, &app.client_key, "bad-forms").await;
-    let version = app.get_operation(&id).await["version"].as_i64().unwrap();
+    // Once running, only the refused posts below could change its version.
+    let version = app.wait_for_state(&id, "running").await["version"].as_i64().unwrap();
     let http = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .build()
