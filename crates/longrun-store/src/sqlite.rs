@@ -144,10 +144,7 @@ impl SqliteStore {
     /// blocks the async thread for microseconds; reads that may walk many
     /// rows go through [`Self::read`].
     fn read_now<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
-        let conn = self.readers.take()?;
-        let out = f(&conn);
-        self.readers.give_back(conn);
-        out
+        self.readers.with(f)
     }
 
     async fn read<T, F>(&self, f: F) -> Result<T>
@@ -157,14 +154,9 @@ impl SqliteStore {
     {
         let pool = self.readers.clone();
         let span = tracing::Span::current();
-        tokio::task::spawn_blocking(move || {
-            let conn = pool.take()?;
-            let out = span.in_scope(|| f(&conn));
-            pool.give_back(conn);
-            out
-        })
-        .await
-        .map_err(|_| StoreError::Stopped("a SQLite read task"))?
+        tokio::task::spawn_blocking(move || span.in_scope(|| pool.with(f)))
+            .await
+            .map_err(|_| StoreError::Stopped("a SQLite read task"))?
     }
 }
 
@@ -296,6 +288,14 @@ struct ReaderPool {
 }
 
 impl ReaderPool {
+    /// Runs `f` on an idle connection (a new one if none is), then keeps it.
+    fn with<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
+        let conn = self.take()?;
+        let out = f(&conn);
+        self.give_back(conn);
+        out
+    }
+
     fn take(&self) -> Result<Connection> {
         let idle = self.idle.lock().expect("reader pool poisoned").pop();
         match idle {
@@ -640,6 +640,49 @@ mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
 
     use super::*;
+
+    /// A read by key runs on the caller's thread, beside the writer: while
+    /// a write to the same operation is held open mid-transaction, the read
+    /// answers at once with what was committed, and sees the write after.
+    #[tokio::test]
+    async fn a_point_read_answers_while_the_writer_holds_a_transaction() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(SqliteConfig::new(dir.path().join("longrun.db"))).unwrap();
+        let params = crate::conformance::accept_params("t1", "k", None, serde_json::json!({}));
+        let id = params.id.clone();
+        store.operation_accept(params).await.unwrap();
+
+        let (inside, wait_inside) = std::sync::mpsc::channel::<()>();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let held = tokio::spawn({
+            let writer = store.writer.clone();
+            let id = id.clone();
+            async move {
+                writer
+                    .write(move |c| {
+                        c.execute(
+                            "UPDATE operations SET labels = '{\"held\":\"yes\"}' WHERE id = ?1",
+                            [id.as_str()],
+                        )?;
+                        inside.send(()).unwrap();
+                        released.recv().unwrap();
+                        Ok(())
+                    })
+                    .await
+            }
+        });
+        tokio::task::spawn_blocking(move || wait_inside.recv().unwrap())
+            .await
+            .unwrap();
+        // The writer is inside its transaction and cannot commit before the
+        // read has answered: a read that queued behind it would never return.
+        let during = store.operation_get("t1", &id).await.unwrap().unwrap();
+        assert!(during.labels.is_empty(), "the uncommitted write is not seen");
+        release.send(()).unwrap();
+        held.await.unwrap().unwrap();
+        let after = store.operation_get("t1", &id).await.unwrap().unwrap();
+        assert_eq!(after.labels.get("held").map(String::as_str), Some("yes"));
+    }
 
     /// The log's length in pages, as a PASSIVE checkpoint reports it.
     fn wal_pages(conn: &Connection) -> i64 {
