@@ -211,3 +211,58 @@ async fn an_outage_is_refused_as_unavailable_and_recovers_without_reopening() {
     }
     cluster.stop_immediately();
 }
+
+/// The pool does not ping a connection before handing it out. Connections
+/// that died while idle (here: terminated by an administrator) fail the
+/// first statement of the call that takes them, refused as `Unavailable`
+/// before anything is applied; sqlx drops them, and the store works again
+/// within as many calls as it had connections, with nothing half-written.
+#[tokio::test]
+async fn connections_killed_while_idle_are_refused_as_unavailable_then_replaced() {
+    use longrun_store::{AcceptOutcome, StoreError};
+    let Some(cluster) = longrun_store::pgtest::cluster() else {
+        return;
+    };
+    let url = cluster.database().await;
+    let mut config = PostgresConfig::new(url.clone());
+    config.max_connections = 4;
+    let store = PostgresStore::open(config).await.unwrap();
+    let op = longrun_store::conformance::create(&store, "t1", "before").await;
+    // Every connection of the pool opened, then idle.
+    let reads = (0..8).map(|_| store.operation_get("t1", &op.id));
+    for read in futures_util::future::join_all(reads).await {
+        read.unwrap().unwrap();
+    }
+    let mut admin = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await.unwrap();
+    let killed: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = current_database() AND pid <> pg_backend_pid() AND query NOT LIKE 'LISTEN%' \
+           AND backend_type = 'client backend'",
+    )
+    .fetch_all(&mut admin)
+    .await
+    .unwrap();
+    assert!(!killed.is_empty() && killed.iter().all(|k| *k), "{killed:?}");
+
+    // A keyed submission, retried as a client would until it is answered.
+    let params = || longrun_store::conformance::accept_params("t1", "k", Some("after-kill"), serde_json::json!({}));
+    let mut refused = 0;
+    let created = loop {
+        match store.operation_accept(params()).await {
+            Ok(AcceptOutcome::Created(op)) => break op,
+            Ok(other) => panic!("a refused attempt applied something: {other:?}"),
+            Err(StoreError::Unavailable(_)) => refused += 1,
+            Err(e) => panic!("a dead connection must read as unavailable, not {e:?}"),
+        }
+        assert!(refused <= 4, "more refusals than connections in the pool");
+    };
+    // Without a ping the first call takes a dead connection: refused, not
+    // handed a fresh one behind a hidden round trip.
+    assert!(refused >= 1, "no call met a dead connection");
+    // Nothing was applied twice, and reads work again.
+    match store.operation_accept(params()).await.unwrap() {
+        AcceptOutcome::Replayed(again) => assert_eq!(again.id, created.id),
+        other => panic!("expected the replay of {}, got {other:?}", created.id),
+    }
+    assert_eq!(store.operation_get("t1", &op.id).await.unwrap().unwrap().id, op.id);
+}
