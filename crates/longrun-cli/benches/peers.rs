@@ -508,19 +508,26 @@ impl Handler for Noop {
 /// straight into the store's tables (through the API it would take longer
 /// than the rest of the bench), created over the last `rows` seconds.
 fn history_sql(rows: usize, now_ms: i64, postgres: bool) -> String {
-    let (series, id, fingerprint) = if postgres {
+    // SQLite keys an operation's events by its `seq`, PostgreSQL by its id.
+    let (series, id, fingerprint, event_key) = if postgres {
         (
             format!("SELECT i FROM generate_series(1, {rows}) AS g(i)"),
             "'op_h' || lpad(i::text, 25, '0')",
             "decode(md5(i::text) || md5(i::text), 'hex')",
+            ("operation_id", "'op_h' || lpad(i::text, 25, '0')"),
         )
     } else {
         (
             format!("WITH RECURSIVE g(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM g WHERE i < {rows}) SELECT i FROM g"),
             "'op_h' || printf('%025d', i)",
             "randomblob(32)",
+            (
+                "op_seq",
+                "(SELECT seq FROM operations WHERE id = 'op_h' || printf('%025d', i))",
+            ),
         )
     };
+    let (event_column, event_value) = event_key;
     let at = format!("({now_ms} - ({rows} - i) * 1000)");
     format!(
         "INSERT INTO operations (id, tenant, kind, state, version, attempt, labels, result, idempotency_key,
@@ -529,8 +536,8 @@ fn history_sql(rows: usize, now_ms: i64, postgres: bool) -> String {
                 {at}, {at} + 1, {at} + 2, {at} + 2, 4102444800000 FROM ({series}) s;
          INSERT INTO idempotency_keys (tenant, kind, key, fingerprint, operation_id, created_at)
          SELECT 'bench', 'noop', 'h-' || i, {fingerprint}, {id}, {at} FROM ({series}) s;
-         INSERT INTO operation_events (operation_id, version, type, state, at, data, snapshot)
-         SELECT {id}, v.n, v.type, v.state, {at} + v.n, '{{}}', '{{}}' FROM ({series}) s,
+         INSERT INTO operation_events ({event_column}, version, type, state, at, data, snapshot)
+         SELECT {event_value}, v.n, v.type, v.state, {at} + v.n, '{{}}', '{{}}' FROM ({series}) s,
                 (SELECT 1 AS n, 'created' AS type, 'queued' AS state UNION ALL SELECT 2, 'started', 'running'
                  UNION ALL SELECT 3, 'succeeded', 'succeeded') v;
          ANALYZE;"

@@ -34,6 +34,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (10, include_str!("sqlite/migrations/0010_paused.sql")),
     (11, include_str!("sqlite/migrations/0011_checkpoints.sql")),
     (12, include_str!("sqlite/migrations/0012_console.sql")),
+    (13, include_str!("sqlite/migrations/0013_events_append.sql")),
 ];
 
 #[derive(Debug, Clone)]
@@ -682,6 +683,75 @@ mod tests {
         held.await.unwrap().unwrap();
         let after = store.operation_get("t1", &id).await.unwrap().unwrap();
         assert_eq!(after.labels.get("held").map(String::as_str), Some("yes"));
+    }
+
+    /// Migration 0013 re-keys events by the operation's `seq`: a store
+    /// written before it keeps every operation's history, in version order,
+    /// and drops only events no operation owns.
+    #[tokio::test]
+    async fn events_written_before_the_append_only_table_keep_their_history() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("longrun.db");
+        {
+            let conn = open_connection(&path, false).unwrap();
+            conn.execute_batch(
+                "CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)",
+            )
+            .unwrap();
+            for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v < 13) {
+                conn.execute_batch(sql).unwrap();
+                conn.execute("INSERT INTO schema_migrations VALUES (?1, 0)", [version])
+                    .unwrap();
+            }
+            let op = |id: &str| {
+                format!(
+                    "INSERT INTO operations (id, tenant, kind, state, version, attempt, labels, result,
+                                             idempotency_key, created_at, started_at, completed_at, updated_at)
+                     VALUES ('{id}', 't1', 'noop', 'succeeded', 3, 1, '{{}}', 'null', NULL, 1, 2, 3, 3)"
+                )
+            };
+            conn.execute_batch(&op("op_older")).unwrap();
+            conn.execute_batch(&op("op_newer")).unwrap();
+            // Written out of order, as concurrent batches could: the history
+            // still comes back by version.
+            conn.execute_batch(
+                "INSERT INTO operation_events (operation_id, version, type, state, at, data, snapshot) VALUES
+                   ('op_newer', 2, 'started', 'running', 5, '{}', NULL),
+                   ('op_older', 1, 'created', 'queued', 1, '{}', NULL),
+                   ('op_newer', 1, 'created', 'queued', 4, '{}', NULL),
+                   ('op_older', 3, 'succeeded', 'succeeded', 3, '{}', NULL),
+                   ('op_older', 2, 'started', 'running', 2, '{}', NULL),
+                   ('op_gone', 1, 'created', 'queued', 1, '{}', NULL)",
+            )
+            .unwrap();
+        }
+        let store = SqliteStore::open(SqliteConfig::new(path.clone())).unwrap();
+        let versions = |events: Vec<Event>| {
+            events
+                .iter()
+                .map(|e| (e.version, e.event_type.clone()))
+                .collect::<Vec<_>>()
+        };
+        let older = store
+            .operation_history("t1", &Id::from_trusted("op_older".into()))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            versions(older),
+            [(1, "created".into()), (2, "started".into()), (3, "succeeded".into())]
+        );
+        let newer = store
+            .operation_events_after("t1", &Id::from_trusted("op_newer".into()), 1, 10)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(versions(newer), [(2, "started".into())]);
+        let conn = open_connection(&path, true).unwrap();
+        let total: i64 = conn
+            .query_row("SELECT COUNT(*) FROM operation_events", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(total, 5, "the orphan event is gone, every other one kept");
     }
 
     /// The log's length in pages, as a PASSIVE checkpoint reports it.

@@ -570,7 +570,7 @@ async fn deleting_a_tenant_leaves_no_row_and_no_file_of_it() {
         ("operations", "SELECT COUNT(*) FROM operations WHERE tenant = ?1"),
         (
             "events",
-            "SELECT COUNT(*) FROM operation_events e WHERE e.operation_id LIKE 'op_%' AND ?1 = ?1 AND NOT EXISTS (SELECT 1 FROM operations o WHERE o.id = e.operation_id)",
+            "SELECT COUNT(*) FROM operation_events e WHERE ?1 = ?1 AND NOT EXISTS (SELECT 1 FROM operations o WHERE o.seq = e.op_seq)",
         ),
         ("idempotency", "SELECT COUNT(*) FROM idempotency_keys WHERE tenant = ?1"),
         ("tasks", "SELECT COUNT(*) FROM tasks WHERE tenant = ?1"),

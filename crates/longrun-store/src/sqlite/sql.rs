@@ -106,8 +106,8 @@ fn operation_from_row(r: &Row) -> rusqlite::Result<Operation> {
 /// the input), and notes the change for subscribers once the batch commits.
 fn event_insert(c: &Connection, op: &Operation, event_type: &str, data: &Value) -> Result<()> {
     c.prepare_cached(
-        "INSERT INTO operation_events (operation_id, version, type, state, at, data, snapshot)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        "INSERT INTO operation_events (op_seq, version, type, state, at, data, snapshot)
+         VALUES ((SELECT seq FROM operations WHERE id = ?1), ?2, ?3, ?4, ?5, ?6, ?7)",
     )?
     .execute(params![
         op.id.as_str(),
@@ -360,7 +360,8 @@ pub(super) fn operation_history(c: &Connection, tenant: &str, id: &Id) -> Result
         return Ok(None);
     }
     let mut stmt = c.prepare_cached(
-        "SELECT version, type, state, at, data FROM operation_events WHERE operation_id = ?1 ORDER BY version",
+        "SELECT version, type, state, at, data FROM operation_events
+          WHERE op_seq = (SELECT seq FROM operations WHERE id = ?1) ORDER BY version",
     )?;
     let events = stmt
         .query_map(params![id.as_str()], |r| {
@@ -1190,7 +1191,8 @@ pub(super) fn operation_events_after(
     }
     let mut stmt = c.prepare_cached(
         "SELECT version, type, state, at, data, snapshot FROM operation_events
-          WHERE operation_id = ?1 AND version > ?2 ORDER BY version LIMIT ?3",
+          WHERE op_seq = (SELECT seq FROM operations WHERE id = ?1) AND version > ?2
+          ORDER BY version LIMIT ?3",
     )?;
     let events = stmt
         .query_map(params![id.as_str(), after_version, limit], |r| {
@@ -1617,7 +1619,7 @@ fn operation_remove(c: &Connection, id: &str, now: Timestamp) -> Result<()> {
     for sql in [
         "DELETE FROM results WHERE operation_id = ?1",
         "DELETE FROM operation_uploads WHERE operation_id = ?1",
-        "DELETE FROM operation_events WHERE operation_id = ?1",
+        "DELETE FROM operation_events WHERE op_seq = (SELECT seq FROM operations WHERE id = ?1)",
         "DELETE FROM webhook_attempts WHERE operation_id = ?1",
         "DELETE FROM webhook_deliveries WHERE operation_id = ?1",
         "DELETE FROM tasks WHERE operation_id = ?1",
