@@ -27,6 +27,9 @@
 //! It prints the medians and the ratios. Longrun keeps every operation and
 //! its history; graphile-worker deletes finished jobs.
 //!
+//! `LONGRUN_PEER_CONCURRENCY` (64) sets the servers' `--worker-concurrency`
+//! (the in-process drains' slots).
+//!
 //! `LONGRUN_PEER_ONLY` (comma-separated groups: `graphile`, `pgbench`,
 //! `axum`, `pg`, `sqlite`, or one of `pg-in-process`, `pg-remote`,
 //! `pg-submits`, `pg-reads`, `pg-pickup`, `pg-history` and the same for `sqlite`) runs
@@ -168,7 +171,7 @@ async fn serve_store(store: &[String], port: u16, builtin: bool) -> Child {
     let mut args = vec![
         format!("--builtin-workers={builtin}"),
         "--worker-concurrency".into(),
-        "64".into(),
+        env_number("LONGRUN_PEER_CONCURRENCY", 64).to_string(),
     ];
     args.extend(store.iter().cloned());
     serve(port, &args).await
