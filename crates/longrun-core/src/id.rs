@@ -1,15 +1,20 @@
 //! Opaque, prefixed, unguessable identifiers: `op_…`, `res_…`, `evt_…`.
 //!
-//! 128 bits written in lowercase base32 without padding (26 characters):
-//! the creation second (32 bits) then 96 random bits from a
-//! cryptographically secure generator (rand's `ThreadRng`: ChaCha12 seeded
-//! and periodically reseeded from the operating system, so no syscall per
-//! id). The alphabet is RFC 4648's letters and digits in ASCII order, so
-//! ids sort by creation second: new rows land together at one end of every
-//! index keyed by an id (operations, tasks, events, deliveries) instead of
-//! on a random page of each. The second is not a meaning — nothing reads it
-//! back — and the 96 random bits keep ids unguessable (CONTRACT §1). Ids
-//! generated before this were 128 random bits of the same shape, and parse.
+//! 144 bits written in lowercase base32 without padding (29 characters):
+//! the creation time in milliseconds since the Unix epoch (48 bits, as in a
+//! ULID) then 96 random bits from a cryptographically secure generator
+//! (rand's `ThreadRng`: ChaCha12 seeded and periodically reseeded from the
+//! operating system, so no syscall per id). The alphabet is RFC 4648's
+//! letters and digits in ASCII order, so ids sort by creation millisecond:
+//! new rows land together at the right-hand end of every index keyed by an
+//! id (operations, tasks, events, idempotency records, deliveries) instead
+//! of on a random page of each. The time is not a meaning — nothing reads
+//! it back — and the 96 random bits keep ids unguessable (CONTRACT §1).
+//!
+//! Two older shapes still parse (26 characters, 128 bits): the creation
+//! second (32 bits) then 96 random bits, and before that 128 random bits.
+//! Whole seconds left the ids of one second in random order: a batch of
+//! submissions or claims touched as many index pages as it had ids.
 
 use std::fmt;
 
@@ -20,7 +25,10 @@ use data_encoding::{BASE32_NOPAD, Encoding, Specification};
 use rand::RngCore;
 
 /// Characters after the prefix and underscore.
-const BODY_LEN: usize = 26;
+const BODY_LEN: usize = 29;
+
+/// Characters after the prefix of ids made before millisecond ids.
+const OLD_BODY_LEN: usize = 26;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum IdKind {
@@ -51,15 +59,17 @@ pub struct Id(String);
 
 impl Id {
     pub fn generate(kind: IdKind) -> Self {
-        let second = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        Self::generate_at(kind, second)
+        let millis = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis());
+        Self::generate_at(kind, u64::try_from(millis).unwrap_or(u64::MAX))
     }
 
-    /// An id created in `unix_second` (see the module documentation).
-    pub fn generate_at(kind: IdKind, unix_second: u64) -> Self {
-        let mut bytes = [0u8; 16];
-        bytes[..4].copy_from_slice(&(unix_second as u32).to_be_bytes());
-        bytes[4..].copy_from_slice(&random_bytes::<12>());
+    /// An id created at `unix_millis` (see the module documentation).
+    pub fn generate_at(kind: IdKind, unix_millis: u64) -> Self {
+        let mut bytes = [0u8; 18];
+        bytes[..6].copy_from_slice(&unix_millis.to_be_bytes()[2..]);
+        bytes[6..].copy_from_slice(&random_bytes::<12>());
         Self(format!("{}_{}", kind.prefix(), SORTED_BASE32.encode(&bytes)))
     }
 
@@ -67,7 +77,7 @@ impl Id {
     /// so malformed ids are rejected before any lookup.
     pub fn parse(kind: IdKind, s: &str) -> Option<Self> {
         let body = s.strip_prefix(kind.prefix())?.strip_prefix('_')?;
-        let well_formed = body.len() == BODY_LEN
+        let well_formed = (body.len() == BODY_LEN || body.len() == OLD_BODY_LEN)
             && body
                 .bytes()
                 .all(|b| b.is_ascii_lowercase() || (b'2'..=b'7').contains(&b));
@@ -130,39 +140,49 @@ mod tests {
     }
 
     #[test]
-    fn ids_sort_by_creation_second_and_stay_unguessable() {
-        let seconds = [
+    fn ids_sort_by_creation_millisecond_and_stay_unguessable() {
+        let millis = [
             0,
             1,
             31,
             32,
-            1_700_000_000,
-            1_800_000_000,
-            1_800_000_001,
-            u64::from(u32::MAX),
+            1_700_000_000_000,
+            1_800_000_000_000,
+            1_800_000_000_001,
+            1_800_000_000_002,
+            (1 << 48) - 1,
         ];
-        let ids: Vec<Id> = seconds.iter().map(|&s| Id::generate_at(IdKind::Operation, s)).collect();
+        let ids: Vec<Id> = millis
+            .iter()
+            .map(|&ms| Id::generate_at(IdKind::Operation, ms))
+            .collect();
         for pair in ids.windows(2) {
             assert!(pair[0] < pair[1], "{} then {}", pair[0], pair[1]);
         }
         for id in &ids {
             assert_eq!(Id::parse(IdKind::Operation, id.as_str()).as_ref(), Some(id));
         }
-        // One second, many ids: the same prefix, 96 random bits after it.
+        // One millisecond, many ids: the same 48-bit prefix (9 characters
+        // and 3 bits of the tenth), 96 random bits after it.
         let same: std::collections::HashSet<String> = (0..1000)
-            .map(|_| Id::generate_at(IdKind::Operation, 1_800_000_000).into_string())
+            .map(|_| Id::generate_at(IdKind::Operation, 1_800_000_000_000).into_string())
             .collect();
         assert_eq!(same.len(), 1000);
         assert_eq!(
             same.iter()
-                .map(|id| &id[..3 + 6])
+                .map(|id| &id[..3 + 9])
                 .collect::<std::collections::HashSet<_>>()
                 .len(),
             1
         );
-        // Ids from before, 128 random bits, still parse.
+        // Ids from before, second-prefixed or 128 random bits, still parse.
         let old = format!("op_{}", random_base32::<16>());
         assert!(Id::parse(IdKind::Operation, &old).is_some());
+        let second = format!(
+            "op_{}",
+            SORTED_BASE32.encode(&[0x65, 0x5f, 0x0c, 0x00, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12])
+        );
+        assert!(Id::parse(IdKind::Operation, &second).is_some());
     }
 
     #[test]
