@@ -1,5 +1,14 @@
 //! `longrun`: the one binary (CONTRACT §1). A thin clap layer over the server,
-//! the store and (later) the client SDK.
+//! the store and the client SDK.
+//!
+//! # Layout
+//!
+//! - this file: the commands and their flags (`serve`, `migrate`, `keys`,
+//!   `kinds`, `tenants`, `admin`, `worker`), opening the store a `--database`
+//!   names, and one clear line (with the problem code) for a failed
+//!   command, never a backtrace.
+//! - `client`: the client commands (`submit`, `get`, `wait`, `cancel`,
+//!   `list`, `result`) over the SDK; their exit codes are their interface.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -11,6 +11,14 @@
 //! - [`webhooks`] verifies Standard Webhooks signatures and dedupes deliveries.
 //!
 //! Errors are typed by the problem `code`; nothing parses English text.
+//!
+//! # Layout
+//!
+//! - this file: [`Client`], its retry policy, and the response bodies it
+//!   reads; a retried submission always carries the same idempotency key.
+//! - `webhooks`: receiving Longrun webhooks — signature check over several
+//!   secrets during a rotation, timestamp tolerance, and a bounded dedupe of
+//!   delivery ids, so each event is applied once.
 
 pub mod webhooks;
 
