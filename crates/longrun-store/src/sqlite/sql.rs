@@ -122,15 +122,20 @@ fn event_insert(c: &Connection, op: &Operation, event_type: &str, data: &Value) 
     Ok(())
 }
 
-/// Runs `sql`, an UPDATE of the one operation whose id is `id` (its `?1`),
-/// and returns the new row, or `None` if the update matched nothing.
+/// Runs `sql`, an UPDATE of the one operation `WHERE id = ?1`, with `id`
+/// bound as `?1` and `rest` as `?2`…, and returns the new row, or `None` if
+/// the update matched nothing. The id is bound here, once, so the row
+/// updated and the row read back are the same one.
 ///
 /// Read back by id rather than with `RETURNING`: SQLite gathers returned
 /// rows in an ephemeral table, and opening and closing one (a pager and
 /// page cache of its own) cost more than the indexed read — a profile of
 /// the in-process drain put ~6 % of the writer there.
-fn update_returning(c: &Connection, id: &str, sql: &str, args: impl rusqlite::Params) -> Result<Option<Operation>> {
-    if c.prepare_cached(sql)?.execute(args)? == 0 {
+fn update_and_read(c: &Connection, id: &str, sql: &str, rest: &[&dyn rusqlite::ToSql]) -> Result<Option<Operation>> {
+    let mut args: Vec<&dyn rusqlite::ToSql> = Vec::with_capacity(1 + rest.len());
+    args.push(&id);
+    args.extend_from_slice(rest);
+    if c.prepare_cached(sql)?.execute(&*args)? == 0 {
         return Ok(None);
     }
     operation_by_id(c, id)
@@ -393,7 +398,7 @@ pub(super) fn operation_history(c: &Connection, tenant: &str, id: &Id) -> Result
 fn operation_end(c: &Connection, policy: WritePolicy, id: &str, ending: &Ending, now: Timestamp) -> Result<Operation> {
     debug_assert!(ending.to.is_terminal());
     let expires_at = now.plus(policy.operation_retention);
-    let ended = update_returning(
+    let ended = update_and_read(
         c,
         id,
         "UPDATE operations
@@ -403,7 +408,6 @@ fn operation_end(c: &Connection, policy: WritePolicy, id: &str, ending: &Ending,
                 progress = COALESCE(?10, progress)
           WHERE id = ?1 AND state IN ('queued', 'running', 'paused')",
         params![
-            id,
             ending.to.as_str(),
             ending.result.as_ref().map(Value::to_string),
             ending.error.as_ref().map(|e| e.code.as_str()),
@@ -587,14 +591,14 @@ fn lease_task(
           WHERE operation_id = ?1 AND status = 'ready'",
     )?
     .execute(params![id, token, lease_expires_at.0, p.worker_id, lease_ms(p.lease)])?;
-    let started = update_returning(
+    let started = update_and_read(
         c,
         id,
         "UPDATE operations
             SET state = 'running', attempt = MAX(attempt, 1), started_at = COALESCE(started_at, ?2),
                 version = version + 1, updated_at = ?2
           WHERE id = ?1 AND state IN ('queued', 'running')",
-        params![id, p.now.0],
+        params![p.now.0],
     )?
     .ok_or(StoreError::NotFound)?;
     let data = json!({"attempt": started.attempt, "worker_id": p.worker_id});
@@ -680,14 +684,13 @@ pub(super) fn task_heartbeat(c: &Connection, p: &HeartbeatParams) -> Result<Hear
     let effect = heartbeat_effect(&current, p);
     let mut version = current.version;
     if let Some(data) = &effect.event {
-        let updated = update_returning(
+        let updated = update_and_read(
             c,
             p.operation_id.as_str(),
             "UPDATE operations SET progress = ?2, cost_units = ?3, cancellable = ?4, version = version + 1,
                     updated_at = ?5
               WHERE id = ?1 AND state = 'running'",
             params![
-                p.operation_id.as_str(),
                 effect.progress.as_ref().map(|p| progress_to_json(p).to_string()),
                 effect.cost_units,
                 effect.cancellable,
@@ -717,13 +720,13 @@ pub(super) fn task_heartbeat(c: &Connection, p: &HeartbeatParams) -> Result<Hear
 
 /// Records a cancellation request on a running operation; returns the new version.
 fn cancel_request(c: &Connection, id: &str, by: &str, reason: Option<&str>, now: Timestamp) -> Result<i64> {
-    let requested = update_returning(
+    let requested = update_and_read(
         c,
         id,
         "UPDATE operations SET cancel_requested_at = ?2, cancel_requested_by = ?3, cancel_reason = ?4,
                 version = version + 1, updated_at = ?2
           WHERE id = ?1 AND state = 'running'",
-        params![id, now.0, by, reason],
+        params![now.0, by, reason],
     )?
     .ok_or(StoreError::NotFound)?;
     let data = json!({"requested_by": by, "reason": reason});
@@ -768,7 +771,7 @@ fn operation_pause(
     data: &Value,
     now: Timestamp,
 ) -> Result<Operation> {
-    let paused = update_returning(
+    let paused = update_and_read(
         c,
         id,
         "UPDATE operations SET state = 'paused', version = version + 1, updated_at = ?2,
@@ -776,7 +779,6 @@ fn operation_pause(
                 checkpoint = COALESCE(?5, checkpoint), pause_requested_at = NULL
           WHERE id = ?1 AND state IN ('queued', 'running')",
         params![
-            id,
             now.0,
             attempt,
             progress.map(|p| progress_to_json(p).to_string()),
@@ -808,18 +810,13 @@ fn requeue(
           WHERE operation_id = ?1",
     )?
     .execute(params![id, available_at.0])?;
-    let requeued = update_returning(
+    let requeued = update_and_read(
         c,
         id,
         "UPDATE operations SET attempt = ?2, version = version + 1, updated_at = ?3,
                 progress = COALESCE(?4, progress)
           WHERE id = ?1 AND state = 'running'",
-        params![
-            id,
-            next_attempt,
-            now.0,
-            progress.map(|p| progress_to_json(p).to_string())
-        ],
+        params![next_attempt, now.0, progress.map(|p| progress_to_json(p).to_string())],
     )?
     .ok_or(StoreError::NotFound)?;
     let mut data = data.clone();
@@ -1009,24 +1006,24 @@ pub(super) fn operation_intent(c: &Connection, p: &IntentParams) -> Result<Opera
         IntentChange::Pause => operation_pause(c, id, None, None, None, &json!({}), p.now),
         IntentChange::RequestPause | IntentChange::WithdrawPause => {
             let (requested_at, event) = change.pause_request(p.now);
-            let changed = update_returning(
+            let changed = update_and_read(
                 c,
                 id,
                 "UPDATE operations SET pause_requested_at = ?2, version = version + 1, updated_at = ?3
                   WHERE id = ?1 AND state IN ('queued', 'running')",
-                params![id, requested_at.map(|t| t.0), p.now.0],
+                params![requested_at.map(|t| t.0), p.now.0],
             )?
             .ok_or(StoreError::NotFound)?;
             event_insert(c, &changed, event, &json!({}))?;
             Ok(changed)
         }
         IntentChange::Resume => {
-            let resumed = update_returning(
+            let resumed = update_and_read(
                 c,
                 id,
                 "UPDATE operations SET state = 'queued', version = version + 1, updated_at = ?2
                   WHERE id = ?1 AND state = 'paused'",
-                params![id, p.now.0],
+                params![p.now.0],
             )?
             .ok_or(StoreError::NotFound)?;
             c.prepare_cached(
@@ -1060,12 +1057,12 @@ pub(super) fn operation_update(c: &Connection, p: &UpdateParams) -> Result<Opera
         return Ok(op);
     }
     let labels_json = serde_json::to_string(labels).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-    let updated = update_returning(
+    let updated = update_and_read(
         c,
         p.id.as_str(),
         "UPDATE operations SET deadline_at = ?2, labels = ?3, version = version + 1, updated_at = ?4
           WHERE id = ?1 AND state IN ('queued', 'running')",
-        params![p.id.as_str(), deadline_at.map(|t| t.0), labels_json, p.now.0],
+        params![deadline_at.map(|t| t.0), labels_json, p.now.0],
     )?
     .ok_or(StoreError::NotFound)?;
     let data = json!({
@@ -1147,12 +1144,12 @@ pub(super) fn deadline_enforce(c: &Connection, policy: WritePolicy, p: &EnforceP
         .query_map(params![cutoff.0, p.limit], |r| Ok((r.get(0)?, r.get(1)?)))?
         .collect::<rusqlite::Result<_>>()?;
     for (id, requested_at) in unanswered {
-        let withdrawn = update_returning(
+        let withdrawn = update_and_read(
             c,
             &id,
             "UPDATE operations SET pause_requested_at = NULL, version = version + 1, updated_at = ?2
               WHERE id = ?1 AND state = 'running'",
-            params![id, p.now.0],
+            params![p.now.0],
         )?
         .ok_or(StoreError::NotFound)?;
         let data = pause_not_honoured_data(Timestamp(requested_at), p.grace);
@@ -1417,7 +1414,7 @@ fn result_publish(c: &Connection, policy: WritePolicy, op: Operation, now: Times
     let expires_at = result_expires_at(now, policy.result_retention, policy.operation_retention);
     // Read, then updated (only if there is something to publish): most
     // operations have no artifact, and an UPDATE … RETURNING opens an
-    // ephemeral table even when it returns nothing (see `update_returning`).
+    // ephemeral table even when it returns nothing (see `update_and_read`).
     let published: Vec<(String, ArtifactRef)> = c
         .prepare_cached(
             "SELECT name, id, content_type, size_bytes, sha256 FROM results
@@ -1643,6 +1640,7 @@ fn operation_remove(c: &Connection, id: &str, now: Timestamp) -> Result<()> {
     for sql in [
         "DELETE FROM results WHERE operation_id = ?1",
         "DELETE FROM operation_uploads WHERE operation_id = ?1",
+        // Found through the operation's row, so before it goes (below).
         "DELETE FROM operation_events WHERE op_seq = (SELECT seq FROM operations WHERE id = ?1)",
         "DELETE FROM webhook_attempts WHERE operation_id = ?1",
         "DELETE FROM webhook_deliveries WHERE operation_id = ?1",
