@@ -261,6 +261,11 @@ fn open_connection(path: &Path, read_only: bool) -> Result<Connection> {
 }
 
 fn migrate_connection(conn: &mut Connection) -> Result<usize> {
+    migrate_connection_to(conn, i64::MAX)
+}
+
+/// Applies the migrations after the store's version up to `last`.
+fn migrate_connection_to(conn: &mut Connection, last: i64) -> Result<usize> {
     conn.execute_batch(
         "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)",
     )?;
@@ -269,7 +274,7 @@ fn migrate_connection(conn: &mut Connection) -> Result<usize> {
         r.get(0)
     })?;
     let mut applied = 0;
-    for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > current) {
+    for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > current && *v <= last) {
         tx.execute_batch(sql)?;
         tx.execute(
             "INSERT INTO schema_migrations (version, applied_at) VALUES (?1, ?2)",
@@ -699,16 +704,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("longrun.db");
         {
-            let conn = open_connection(&path, false).unwrap();
-            conn.execute_batch(
-                "CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)",
-            )
-            .unwrap();
-            for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v < 13) {
-                conn.execute_batch(sql).unwrap();
-                conn.execute("INSERT INTO schema_migrations VALUES (?1, 0)", [version])
-                    .unwrap();
-            }
+            let mut conn = open_connection(&path, false).unwrap();
+            migrate_connection_to(&mut conn, 12).unwrap();
             let op = |id: &str| {
                 format!(
                     "INSERT INTO operations (id, tenant, kind, state, version, attempt, labels, result,
