@@ -511,26 +511,25 @@ impl Handler for Noop {
 /// straight into the store's tables (through the API it would take longer
 /// than the rest of the bench), created over the last `rows` seconds.
 fn history_sql(rows: usize, now_ms: i64, postgres: bool) -> String {
-    // SQLite keys an operation's events by its `seq`, PostgreSQL by its id.
-    let (series, id, fingerprint, event_key) = if postgres {
+    let (series, id, fingerprint) = if postgres {
         (
             format!("SELECT i FROM generate_series(1, {rows}) AS g(i)"),
             "'op_h' || lpad(i::text, 25, '0')",
             "decode(md5(i::text) || md5(i::text), 'hex')",
-            ("operation_id", "'op_h' || lpad(i::text, 25, '0')"),
         )
     } else {
         (
             format!("WITH RECURSIVE g(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM g WHERE i < {rows}) SELECT i FROM g"),
             "'op_h' || printf('%025d', i)",
             "randomblob(32)",
-            (
-                "op_seq",
-                "(SELECT seq FROM operations WHERE id = 'op_h' || printf('%025d', i))",
-            ),
         )
     };
-    let (event_column, event_value) = event_key;
+    // SQLite keys an operation's events by its `seq`, PostgreSQL by its id.
+    let (event_column, event_value) = if postgres {
+        ("operation_id", id.to_owned())
+    } else {
+        ("op_seq", format!("(SELECT seq FROM operations WHERE id = {id})"))
+    };
     let at = format!("({now_ms} - ({rows} - i) * 1000)");
     format!(
         "INSERT INTO operations (id, tenant, kind, state, version, attempt, labels, result, idempotency_key,
