@@ -219,3 +219,49 @@ async fn worker_and_foreign_keys_cannot_submit_as_a_client() {
     assert_eq!(app.operation_count("acme").await, 0);
     app.shutdown().await;
 }
+
+/// Ids changed shape (a millisecond prefix, 29 characters): an operation
+/// stored under an id of the older shape (26 characters) is still found by
+/// URL, runs to its end and keeps its history.
+#[tokio::test]
+async fn an_operation_with_an_id_of_the_older_shape_is_still_served() {
+    let app = spawn_app().await;
+    let old = format!("op_{}", longrun_core::id::random_base32::<16>());
+    assert_eq!(old.len(), 3 + 26);
+    let id = longrun_core::Id::parse(longrun_core::IdKind::Operation, &old).expect("the older shape parses");
+    app.store
+        .operation_accept(longrun_store::AcceptParams {
+            id,
+            tenant: "acme".into(),
+            kind: "sleep".into(),
+            input: json!({"duration_ms": 0}),
+            callback_url: None,
+            deadline_at: None,
+            budget_max_cost: None,
+            labels: Default::default(),
+            idempotency: None,
+            uploads: Vec::new(),
+            rerun_of: None,
+            from_checkpoint: false,
+            now: longrun_core::Clock::now(&longrun_core::SystemClock),
+        })
+        .await
+        .unwrap();
+    let op = app.wait_for_state(&old, "succeeded").await;
+    assert_eq!(op["id"], old.as_str());
+    let history: Value = app
+        .request(Method::GET, &format!("/v1/operations/{old}/history"), &app.client_key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let versions: Vec<i64> = history["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["version"].as_i64().unwrap())
+        .collect();
+    assert_eq!(versions, (1..=op["version"].as_i64().unwrap()).collect::<Vec<_>>());
+}
