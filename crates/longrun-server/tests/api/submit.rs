@@ -249,14 +249,7 @@ async fn an_operation_with_an_id_of_the_older_shape_is_still_served() {
         .unwrap();
     let op = app.wait_for_state(&old, "succeeded").await;
     assert_eq!(op["id"], old.as_str());
-    let history: Value = app
-        .request(Method::GET, &format!("/v1/operations/{old}/history"), &app.client_key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let history = app.get_json(&format!("/v1/operations/{old}/history")).await;
     let versions: Vec<i64> = history["events"]
         .as_array()
         .unwrap()
