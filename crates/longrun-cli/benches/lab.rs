@@ -574,7 +574,7 @@ async fn submit_until_answered(
             Submitter::Sdk => {
                 let sdk = longrun_client::Client::with_http(lab_http(), front, token);
                 let submission = longrun_client::Submission {
-                    labels: [("lab".to_owned(), tag.to_owned())].into(),
+                    labels: Some([("lab".to_owned(), tag.to_owned())].into()),
                     idempotency_key: Some(key),
                     ..longrun_client::Submission::new("agent", json!({"run": i}))
                 };

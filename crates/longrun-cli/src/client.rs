@@ -268,7 +268,7 @@ fn read_input(input: &str) -> Result<Value, String> {
 }
 
 fn exit_for(operation: &Operation) -> i32 {
-    match operation.state.as_str() {
+    match &*operation.state {
         "succeeded" => EXIT_OK,
         "cancelled" => EXIT_CANCELLED,
         "failed" => EXIT_FAILED,
@@ -427,10 +427,10 @@ async fn execute(client: &Client, output: Output, command: ClientCommand) -> Res
             let submission = Submission {
                 kind: kind.unwrap_or_default(),
                 input,
-                callback: callback.map(|url| serde_json::json!({"url": url})),
+                callback: callback.map(|url| longrun_client::CallbackRequest { url }),
                 deadline_seconds,
                 budget: None,
-                labels: parsed_labels,
+                labels: (!parsed_labels.is_empty()).then_some(parsed_labels),
                 idempotency_key,
             };
             let submitted = client.submit(&submission).await?;
@@ -468,9 +468,11 @@ async fn execute(client: &Client, output: Output, command: ClientCommand) -> Res
             ..
         } => {
             let rerun = longrun_client::Rerun {
-                from_checkpoint,
+                request: longrun_client::RerunRequest {
+                    from_checkpoint,
+                    ..Default::default()
+                },
                 idempotency_key,
-                ..Default::default()
             };
             let submitted = client.rerun(&id, &rerun).await?;
             if output == Output::Text {

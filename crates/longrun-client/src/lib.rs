@@ -14,23 +14,31 @@
 //!
 //! # Layout
 //!
-//! - this file: [`Client`], its retry policy, and the response bodies it
-//!   reads; a retried submission always carries the same idempotency key.
+//! - this file: [`Client`] and its retry policy; a retried submission always
+//!   carries the same idempotency key. The bodies it writes and reads are
+//!   the server's own wire types ([`api`], from `longrun-api`), so the SDK
+//!   cannot drift from the server.
 //! - `webhooks`: receiving Longrun webhooks — signature check over several
 //!   secrets during a rotation, timestamp tolerance, and a bounded dedupe of
 //!   delivery ids, so each event is applied once.
 
 pub mod webhooks;
 
-use std::collections::BTreeMap;
+/// The wire types the client reads and writes, shared with the server.
+pub use longrun_api as api;
+pub use longrun_api::{
+    BatchSubmitItem as Submission, BudgetRequest, CallbackRequest, ErrorBody as OperationError,
+    OperationBody as Operation, Problem, ProgressBody as Progress, RerunRequest, UploadBody as Upload,
+};
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use longrun_api::{ArtifactBody, BatchSubmitRequest, BatchSubmitResponse, OperationList, ResultBody};
 use rand::Rng;
 use reqwest::{Method, RequestBuilder, Response, StatusCode};
-use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde::Serialize;
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
@@ -66,40 +74,32 @@ impl RetryPolicy {
     }
 }
 
-/// A problem answered by the server (RFC 9457 with Longrun's `code`).
-#[derive(Debug, Clone, Deserialize)]
-pub struct Problem {
-    pub code: String,
-    #[serde(default)]
-    pub status: u16,
-    #[serde(default)]
-    pub title: String,
-    #[serde(default)]
-    pub detail: String,
-    #[serde(default)]
-    pub request_id: String,
-    #[serde(default)]
-    pub operation_id: Option<String>,
-    #[serde(default)]
-    pub retryable: bool,
-}
-
+/// What a call can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The server refused; decide on `problem.code`.
     #[error("{} ({}): {}", .problem.code, .problem.status, .problem.detail)]
     Api {
+        /// The server's problem body.
         problem: Problem,
+        /// How long the server asked to wait (`Retry-After`), if it did.
         retry_after: Option<Duration>,
     },
     /// The request did not get an answer (after the retries it was allowed).
     #[error("transport: {0}")]
     Transport(#[from] reqwest::Error),
+    /// An answer the client cannot use (a body that is not the promised shape).
     #[error("unexpected answer: {0}")]
     Unexpected(String),
     /// A download's bytes do not match the published SHA-256.
     #[error("the download does not match its SHA-256 (expected {expected}, got {actual})")]
-    Integrity { expected: String, actual: String },
+    Integrity {
+        /// The published SHA-256.
+        expected: String,
+        /// The SHA-256 of the bytes received.
+        actual: String,
+    },
+    /// Writing the download (or reading the upload) failed.
     #[error("writing the download failed: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -114,128 +114,23 @@ impl Error {
     }
 }
 
+/// A call's result, failing with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// The operation representation (CONTRACT §3).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Operation {
-    pub id: String,
-    pub kind: String,
-    /// The operation this one re-runs.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rerun_of: Option<String>,
-    /// Its re-runs, oldest first (present when one operation is read).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reruns: Option<Vec<String>>,
-    pub state: String,
-    /// `running`, `paused`, or `cancelled` once cancellation is requested.
-    #[serde(default)]
-    pub desired_state: Option<String>,
-    pub terminal: bool,
-    #[serde(default)]
-    pub cancel_requested: bool,
-    pub version: i64,
-    #[serde(default)]
-    pub attempt: i64,
-    pub created_at: String,
-    #[serde(default)]
-    pub started_at: Option<String>,
-    #[serde(default)]
-    pub completed_at: Option<String>,
-    #[serde(default)]
-    pub updated_at: Option<String>,
-    #[serde(default)]
-    pub deadline_at: Option<String>,
-    #[serde(default)]
-    pub progress: Option<Progress>,
-    #[serde(default)]
-    pub result: Option<Value>,
-    #[serde(default)]
-    pub error: Option<OperationError>,
-    #[serde(default)]
-    pub labels: BTreeMap<String, String>,
-    #[serde(default)]
-    pub expires_at: Option<String>,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Progress {
-    #[serde(default)]
-    pub completed_units: Option<f64>,
-    #[serde(default)]
-    pub total_units: Option<f64>,
-    #[serde(default)]
-    pub unit: Option<String>,
-    #[serde(default)]
-    pub phase: Option<String>,
-    #[serde(default)]
-    pub details: Option<Value>,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct OperationError {
-    pub code: String,
-    #[serde(default)]
-    pub message: String,
-    #[serde(default)]
-    pub retryable: bool,
-}
-
-/// One logical submission. It reads from the JSON of a submission plus an
-/// optional `idempotency_key` (the lines of `longrun submit --batch`),
-/// refusing unknown fields; it writes the request body, without the key.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Submission {
-    pub kind: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub input: Option<Value>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub callback: Option<Value>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub deadline_seconds: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub budget: Option<Value>,
-    #[serde(skip_serializing_if = "BTreeMap::is_empty", default)]
-    pub labels: BTreeMap<String, String>,
-    /// Reuse a key from an earlier run of the same logical submission; a new
-    /// one is made otherwise.
-    #[serde(skip_serializing, default)]
-    pub idempotency_key: Option<String>,
-}
-
-impl Submission {
-    pub fn new(kind: impl Into<String>, input: Value) -> Self {
-        Self {
-            kind: kind.into(),
-            input: Some(input),
-            ..Self::default()
-        }
-    }
-}
-
-/// A re-run of an operation (`Client::rerun`): each field left out is the
-/// original's.
-#[derive(Debug, Clone, Default, Serialize)]
+/// A re-run of an operation (`Client::rerun`): each field of `request`
+/// left out is the original's.
+#[derive(Debug, Clone, Default)]
 pub struct Rerun {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub deadline_seconds: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub budget: Option<Value>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub labels: Option<BTreeMap<String, String>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub callback: Option<Value>,
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub from_checkpoint: bool,
+    /// The body sent.
+    pub request: RerunRequest,
     /// Reuse the key of an earlier attempt of this same re-run.
-    #[serde(skip_serializing)]
     pub idempotency_key: Option<String>,
 }
 
 /// What a submission came back with.
 #[derive(Debug, Clone)]
 pub struct Submitted {
+    /// The operation, as the server answered it.
     pub operation: Operation,
     /// The server had seen this key: this is the original operation.
     pub replayed: bool,
@@ -243,103 +138,52 @@ pub struct Submitted {
     pub idempotency_key: String,
 }
 
-#[derive(Debug, Deserialize)]
-struct BatchAnswer {
-    results: Vec<BatchItemAnswer>,
-}
-
-#[derive(Debug, Deserialize)]
-struct BatchItemAnswer {
-    status: u16,
-    #[serde(default)]
-    replayed: bool,
-    #[serde(default)]
-    operation: Option<Operation>,
-    #[serde(default)]
-    problem: Option<Problem>,
-}
-
 /// A result download that checked out.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Downloaded {
+    /// Bytes written.
     pub bytes: u64,
+    /// Lowercase hex SHA-256 of them (the published one).
     pub sha256: String,
     /// Connections that broke and were resumed with `Range`.
     pub resumed: u32,
 }
 
-/// One artifact of the result resource.
-#[derive(Debug, Clone, Deserialize)]
-struct ArtifactResource {
-    sha256: String,
-    size_bytes: u64,
-    download: DownloadLink,
-}
-
-/// The result resource: the default artifact's fields at the top, named
-/// ones under `artifacts`.
-#[derive(Debug, Clone, Deserialize)]
-struct ResultResource {
-    #[serde(flatten)]
-    default: Option<ArtifactResource>,
-    #[serde(default)]
-    artifacts: BTreeMap<String, ArtifactResource>,
-}
-
-impl ResultResource {
-    fn artifact(&self, name: Option<&str>) -> Result<ArtifactResource, String> {
-        match name {
-            None => self.default.clone(),
-            Some(name) => self.artifacts.get(name).cloned(),
-        }
-        .ok_or_else(|| {
-            let names: Vec<&str> = self.artifacts.keys().map(String::as_str).collect();
-            format!(
-                "the result has no artifact {}; its named artifacts: {names:?}",
-                name.unwrap_or("(default)")
-            )
-        })
+/// The artifact `name` of the result resource (the default one for `None`).
+fn artifact(mut resource: ResultBody, name: Option<&str>) -> Result<ArtifactBody, String> {
+    match name {
+        None => resource.artifact.take(),
+        Some(name) => resource.artifacts.remove(name),
     }
-}
-
-/// An upload, as the server answers it.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-pub struct Upload {
-    pub id: String,
-    pub size_bytes: u64,
-    pub complete: bool,
-    pub sha256: Option<String>,
-    pub content_type: String,
-    pub expires_at: String,
+    .ok_or_else(|| {
+        let names: Vec<&str> = resource.artifacts.keys().map(String::as_str).collect();
+        format!(
+            "the result has no artifact {}; its named artifacts: {names:?}",
+            name.unwrap_or("(default)")
+        )
+    })
 }
 
 /// How [`Client::upload_file`] went.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Uploaded {
+    /// The upload, as the server answered it at the end.
     pub upload: Upload,
     /// How many times it resumed after a broken connection.
     pub resumed: u32,
 }
 
-#[derive(Debug, Clone, Deserialize)]
-struct DownloadLink {
-    url: String,
-}
-
 /// Filters of [`Client::list`].
 #[derive(Debug, Clone, Default)]
 pub struct ListFilter {
+    /// Only operations in this state.
     pub state: Option<String>,
+    /// Only operations of this kind.
     pub kind: Option<String>,
     /// `key:value`
     pub label: Option<String>,
+    /// Operations per page (the server bounds it).
     pub page_size: Option<u32>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-struct Page {
-    operations: Vec<Operation>,
-    next_page_token: Option<String>,
 }
 
 /// A Longrun client. Cheap to clone.
@@ -353,6 +197,7 @@ pub struct Client {
 }
 
 impl Client {
+    /// A client of the server at `base` (`http://host:port`) with API key `token`.
     pub fn new(base: impl Into<String>, token: impl Into<String>) -> Self {
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
@@ -373,6 +218,7 @@ impl Client {
         }
     }
 
+    /// With another retry policy for submissions.
     pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
         self.retry = retry;
         self
@@ -452,7 +298,8 @@ impl Client {
 
     /// Submits once, logically: one idempotency key for every attempt.
     pub async fn submit(&self, submission: &Submission) -> Result<Submitted> {
-        self.post_keyed("/v1/operations", Self::key_for(submission), submission)
+        let body = submission.clone().into_request();
+        self.post_keyed("/v1/operations", Self::key_for(submission), &body)
             .await
     }
 
@@ -490,7 +337,7 @@ impl Client {
             .idempotency_key
             .clone()
             .unwrap_or_else(|| format!("lrc-{}", longrun_core::id::random_base32::<16>()));
-        self.post_keyed(&format!("/v1/operations/{id}/reruns"), key, rerun)
+        self.post_keyed(&format!("/v1/operations/{id}/reruns"), key, &rerun.request)
             .await
     }
 
@@ -503,17 +350,17 @@ impl Client {
     #[allow(clippy::result_large_err)]
     pub async fn submit_batch(&self, submissions: &[Submission]) -> Result<Vec<Result<Submitted>>> {
         let keys: Vec<String> = submissions.iter().map(Self::key_for).collect();
-        let items: Vec<Value> = submissions
-            .iter()
-            .zip(&keys)
-            .map(|(s, key)| {
-                let mut item = serde_json::to_value(s).unwrap_or_default();
-                item["idempotency_key"] = Value::String(key.clone());
-                item
-            })
-            .collect();
-        let body = serde_json::json!({ "operations": items });
-        let answer: BatchAnswer = self
+        let body = BatchSubmitRequest {
+            operations: submissions
+                .iter()
+                .zip(&keys)
+                .map(|(s, key)| Submission {
+                    idempotency_key: Some(key.clone()),
+                    ..s.clone()
+                })
+                .collect(),
+        };
+        let answer: BatchSubmitResponse = self
             .send_with_retries(
                 || self.request(Method::POST, "/v1/operations/batch").json(&body),
                 async |response| response.json().await,
@@ -544,6 +391,7 @@ impl Client {
             .collect())
     }
 
+    /// Reads the operation once.
     pub async fn get(&self, id: &str) -> Result<Operation> {
         let response = self
             .request(Method::GET, &format!("/v1/operations/{id}"))
@@ -663,18 +511,15 @@ impl Client {
         let mut hasher = Sha256::new();
         let mut written: u64 = 0;
         let mut resumed = 0;
-        let mut expected: Option<ArtifactResource> = None;
+        let mut expected: Option<ArtifactBody> = None;
         loop {
             // A fresh link each time: links are short-lived.
             let response = self
                 .request(Method::GET, &format!("/v1/operations/{id}/result"))
                 .send()
                 .await?;
-            let resource = ok_json::<ResultResource>(response)
-                .await?
-                .artifact(name)
-                .map_err(Error::Unexpected)?;
-            let total = resource.size_bytes;
+            let resource = artifact(ok_json::<ResultBody>(response).await?, name).map_err(Error::Unexpected)?;
+            let total = u64::try_from(resource.size_bytes).unwrap_or(0);
             if expected.as_ref().is_some_and(|e| e.sha256 != resource.sha256) {
                 return Err(Error::Unexpected("the result changed during the download".into()));
             }
@@ -883,7 +728,7 @@ impl Pager {
             .query(&query)
             .send()
             .await?;
-        let page: Page = ok_json(response).await?;
+        let page: OperationList = ok_json(response).await?;
         self.token = page.next_page_token;
         self.done = self.token.is_none();
         Ok(Some(page.operations))

@@ -7,38 +7,26 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use longrun_core::webhook::{self, WebhookSecret};
-use serde::Deserialize;
 
+pub use longrun_api::{WebhookData, WebhookEvent};
 pub use longrun_core::webhook::VerifyError;
 
 /// The default tolerance between the `webhook-timestamp` and now.
 pub const DEFAULT_TOLERANCE: Duration = Duration::from_secs(300);
 
-/// A verified webhook body.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-pub struct WebhookEvent {
-    #[serde(rename = "type")]
-    pub event_type: String,
-    pub timestamp: String,
-    pub data: WebhookData,
-}
-
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-pub struct WebhookData {
-    pub operation_id: String,
-    pub version: i64,
-    pub state: String,
-    pub kind: String,
-}
-
+/// Why a delivery is not accepted.
 #[derive(Debug, thiserror::Error)]
 pub enum WebhookError {
+    /// The receiver's secret is not a `whsec_…` secret (a setup mistake).
     #[error("the secret is not a whsec_ secret")]
     BadSecret,
+    /// A Standard Webhooks header is missing.
     #[error("a webhook header is missing: {0}")]
     MissingHeader(&'static str),
+    /// The signature or timestamp does not verify: refuse the delivery.
     #[error(transparent)]
     Verify(#[from] VerifyError),
+    /// Signed, but not a Longrun event body.
     #[error("the body is not a Longrun event: {0}")]
     Body(String),
 }
@@ -72,6 +60,7 @@ pub struct Dedupe {
 }
 
 impl Dedupe {
+    /// Remembers up to `capacity` delivery ids (the oldest are forgotten first).
     pub fn new(capacity: usize) -> Self {
         Self {
             capacity: capacity.max(1),

@@ -11,10 +11,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use longrun_api::{
+    ArtifactUploadBody, ClaimRequest, ClaimResponse, ErrorRequest, HeartbeatRequest, HeartbeatResponse, JoinRequest,
+    OutcomeItem, OutcomeKind, OutcomesRequest, OutcomesResponse, PieceStoredBody, Problem, ProgressRequest, TaskBody,
+};
 use longrun_core::{Id, IdKind, Timestamp};
 use longrun_store::{HeartbeatAck, Outcome, ProgressUpdate, StoreError};
-use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -25,13 +28,18 @@ use crate::worker::{
     IN_FLIGHT_PER_SLOT, StopFlags, TaskContext, TaskLink, UploadedArtifact, run_handler, send_and_log,
 };
 
+/// How a remote worker connects and runs.
 #[derive(Debug, Clone)]
 pub struct RemoteConfig {
     /// e.g. `http://127.0.0.1:8080`
     pub server: String,
+    /// A key of role `worker`.
     pub token: String,
+    /// Names the worker in leases and logs.
     pub worker_id: String,
+    /// Tasks run at once.
     pub concurrency: usize,
+    /// How long each lease lasts without a heartbeat (heartbeats go every third of it).
     pub lease: Duration,
     /// How long one claim request long-polls.
     pub claim_wait: Duration,
@@ -43,6 +51,7 @@ pub struct RemoteConfig {
 }
 
 impl RemoteConfig {
+    /// Defaults for the server at `server` with key `token`.
     pub fn new(server: impl Into<String>, token: impl Into<String>) -> Self {
         Self {
             server: server.into().trim_end_matches('/').to_owned(),
@@ -55,36 +64,6 @@ impl RemoteConfig {
             progress_interval: crate::worker::DEFAULT_PROGRESS_INTERVAL,
         }
     }
-}
-
-#[derive(Debug, Deserialize)]
-struct ClaimResponse {
-    tasks: Vec<ClaimedTask>,
-}
-
-#[derive(Debug, Deserialize)]
-struct ClaimedTask {
-    operation_id: String,
-    kind: String,
-    input: Value,
-    attempt: i64,
-    lease_token: String,
-    #[serde(default)]
-    checkpoint: Option<Value>,
-}
-
-#[derive(Debug, Deserialize)]
-struct HeartbeatResponse {
-    cancel_requested: bool,
-    cancel_reason: Option<String>,
-    #[serde(default)]
-    pause_requested: bool,
-}
-
-/// The problem body's `code`, which is all a client decides on.
-#[derive(Debug, Deserialize)]
-struct ProblemCode {
-    code: String,
 }
 
 /// A task's link to the server over HTTP.
@@ -102,7 +81,7 @@ const OUTCOME_BATCH: usize = 100;
 /// How long an outcome waits for others to share its request.
 const OUTCOME_LINGER: Duration = Duration::from_millis(2);
 
-type OutcomeJob = (Value, tokio::sync::oneshot::Sender<Result<(), StoreError>>);
+type OutcomeJob = (OutcomeItem, tokio::sync::oneshot::Sender<Result<(), StoreError>>);
 
 /// Coalesces the outcomes of a worker's tasks: whatever finishes within a
 /// couple of milliseconds (up to 100) goes to the server in one
@@ -126,7 +105,7 @@ impl OutcomeBatcher {
                         _ => break,
                     }
                 }
-                let (items, replies): (Vec<Value>, Vec<_>) = batch.into_iter().unzip();
+                let (items, replies): (Vec<OutcomeItem>, Vec<_>) = batch.into_iter().unzip();
                 let answers = post_outcomes(&http, &base, &token, items).await;
                 for (reply, answer) in replies.into_iter().zip(answers) {
                     let _ = reply.send(answer);
@@ -136,7 +115,7 @@ impl OutcomeBatcher {
         Self { queue }
     }
 
-    async fn send(&self, item: Value) -> Result<(), StoreError> {
+    async fn send(&self, item: OutcomeItem) -> Result<(), StoreError> {
         let (reply, answer) = tokio::sync::oneshot::channel();
         self.queue
             .send((item, reply))
@@ -148,30 +127,21 @@ impl OutcomeBatcher {
     }
 }
 
-#[derive(Debug, Deserialize)]
-struct OutcomesResponse {
-    results: Vec<OutcomeResult>,
-}
-
-#[derive(Debug, Deserialize)]
-struct OutcomeResult {
-    status: u16,
-    #[serde(default)]
-    problem: Option<ProblemCode>,
-}
-
 async fn post_outcomes(
     http: &reqwest::Client,
     base: &str,
     token: &str,
-    items: Vec<Value>,
+    items: Vec<OutcomeItem>,
 ) -> Vec<Result<(), StoreError>> {
     let count = items.len();
     let all_failed = |why: String| (0..count).map(|_| Err(StoreError::Remote(why.clone()))).collect();
     let response = match http
         .post(format!("{base}/v1/worker/outcomes"))
         .bearer_auth(token)
-        .json(&json!({"outcomes": items}))
+        .json(&OutcomesRequest {
+            // The server reads each item alone, so the body holds them as objects.
+            outcomes: items.iter().map(as_object).collect(),
+        })
         .send()
         .await
     {
@@ -200,11 +170,24 @@ async fn post_outcomes(
     }
 }
 
+/// An item as the JSON object it is on the wire (a struct of plain fields
+/// always serializes to one).
+fn as_object(item: &OutcomeItem) -> serde_json::Map<String, Value> {
+    match serde_json::to_value(item) {
+        Ok(Value::Object(map)) => map,
+        _ => serde_json::Map::new(),
+    }
+}
+
 /// What a refused worker request means to the task: `lease_lost` fences it
 /// out; anything else is a failure to report (logged by the caller).
 async fn refusal(what: &str, response: reqwest::Response) -> StoreError {
     let status = response.status();
-    let code = response.json::<ProblemCode>().await.map(|p| p.code).unwrap_or_default();
+    let code = response
+        .json::<Problem>()
+        .await
+        .map(|p| p.code.into_owned())
+        .unwrap_or_default();
     match code.as_str() {
         "lease_lost" => StoreError::LeaseLost,
         _ => StoreError::Remote(format!("{what} answered {status} {code}")),
@@ -213,11 +196,14 @@ async fn refusal(what: &str, response: reqwest::Response) -> StoreError {
 
 /// The artifact an upload or a join answered with.
 async fn uploaded_artifact(response: reqwest::Response) -> Result<UploadedArtifact, StoreError> {
-    let uploaded: Value = response.json().await.map_err(|e| StoreError::Remote(e.to_string()))?;
+    let uploaded: ArtifactUploadBody = response
+        .json()
+        .await
+        .map_err(|e| StoreError::Remote(format!("bad upload answer: {e}")))?;
     Ok(UploadedArtifact {
-        id: uploaded["id"].as_str().unwrap_or_default().to_owned(),
-        size_bytes: uploaded["size_bytes"].as_u64().unwrap_or(0),
-        sha256: uploaded["sha256"].as_str().unwrap_or_default().to_owned(),
+        id: uploaded.id,
+        size_bytes: uploaded.size_bytes,
+        sha256: uploaded.sha256,
     })
 }
 
@@ -246,13 +232,13 @@ impl HttpLink {
             .map_err(|e| StoreError::Remote(format!("{what} failed: {e}")))
     }
 
-    async fn post(&self, action: &str, body: Value) -> Result<reqwest::Response, StoreError> {
+    async fn post(&self, action: &str, body: &impl serde::Serialize) -> Result<reqwest::Response, StoreError> {
         let url = format!("{}/v1/worker/tasks/{}/{action}", self.base, self.operation_id);
         let response = self
             .http
             .post(url)
             .bearer_auth(&self.token)
-            .json(&body)
+            .json(body)
             .send()
             .await
             .map_err(|e| StoreError::Remote(format!("{action} request failed: {e}")))?;
@@ -272,21 +258,15 @@ impl TaskLink for HttpLink {
         cancellable: Option<bool>,
         checkpoint: Option<Value>,
     ) -> Result<HeartbeatAck, StoreError> {
-        let mut body = json!({"lease_token": self.lease_token});
-        if let Some(checkpoint) = checkpoint {
-            body["checkpoint"] = checkpoint;
-        }
-        if let Some(p) = progress {
-            body["progress"] = progress_body(&p);
-        }
-        if let Some(cost) = cost_units {
-            body["cost_units"] = json!(cost);
-        }
-        if let Some(c) = cancellable {
-            body["cancellable"] = json!(c);
-        }
+        let body = HeartbeatRequest {
+            lease_token: self.lease_token.clone(),
+            progress: progress.map(progress_request),
+            cost_units,
+            cancellable,
+            checkpoint,
+        };
         let ack: HeartbeatResponse = self
-            .post("heartbeat", body)
+            .post("heartbeat", &body)
             .await?
             .json()
             .await
@@ -335,8 +315,11 @@ impl TaskLink for HttpLink {
         if !response.status().is_success() {
             return Err(refusal("piece upload", response).await);
         }
-        let stored: Value = response.json().await.map_err(|e| StoreError::Remote(e.to_string()))?;
-        Ok(stored["upload_offset"].as_u64().unwrap_or(0))
+        let stored: PieceStoredBody = response
+            .json()
+            .await
+            .map_err(|e| StoreError::Remote(format!("bad piece answer: {e}")))?;
+        Ok(stored.upload_offset)
     }
 
     async fn join_pieces(
@@ -349,7 +332,11 @@ impl TaskLink for HttpLink {
             "{}/v1/worker/tasks/{}/artifacts/{name}/join",
             self.base, self.operation_id
         );
-        let body = json!({"lease_token": self.lease_token, "content_type": content_type, "size_bytes": size_bytes});
+        let body = JoinRequest {
+            lease_token: self.lease_token.clone(),
+            content_type: Some(content_type.to_owned()),
+            size_bytes,
+        };
         let response = self
             .http
             .post(url)
@@ -389,32 +376,39 @@ impl TaskLink for HttpLink {
     }
 
     async fn finish(&self, outcome: Outcome, progress: Option<ProgressUpdate>) -> Result<(), StoreError> {
+        let item = |kind| OutcomeItem::new(self.operation_id.as_str(), self.lease_token.clone(), kind);
         let mut item = match outcome {
-            Outcome::Succeeded { result } => json!({"outcome": "complete", "result": result}),
-            Outcome::Failed { error } => json!({
-                "outcome": "fail",
-                "error": {"code": error.code, "message": error.message, "retryable": error.retryable},
-            }),
-            Outcome::Cancelled => json!({"outcome": "cancelled"}),
-            Outcome::Paused { checkpoint } => json!({"outcome": "paused", "checkpoint": checkpoint}),
+            Outcome::Succeeded { result } => OutcomeItem {
+                result,
+                ..item(OutcomeKind::Complete)
+            },
+            Outcome::Failed { error } => OutcomeItem {
+                error: Some(ErrorRequest {
+                    code: error.code,
+                    message: error.message,
+                    retryable: error.retryable,
+                }),
+                ..item(OutcomeKind::Fail)
+            },
+            Outcome::Cancelled => item(OutcomeKind::Cancelled),
+            Outcome::Paused { checkpoint } => OutcomeItem {
+                checkpoint,
+                ..item(OutcomeKind::Paused)
+            },
         };
-        item["operation_id"] = json!(self.operation_id.as_str());
-        item["lease_token"] = json!(self.lease_token);
-        if let Some(p) = progress {
-            item["progress"] = progress_body(&p);
-        }
+        item.progress = progress.map(progress_request);
         self.outcomes.send(item).await
     }
 }
 
-fn progress_body(p: &ProgressUpdate) -> Value {
-    json!({
-        "completed_units": p.completed_units,
-        "total_units": p.total_units,
-        "unit": p.unit,
-        "phase": p.phase,
-        "details": p.details,
-    })
+fn progress_request(p: ProgressUpdate) -> ProgressRequest {
+    ProgressRequest {
+        completed_units: p.completed_units,
+        total_units: p.total_units,
+        unit: p.unit,
+        phase: p.phase,
+        details: p.details,
+    }
 }
 
 /// Claims tasks of its handlers' kinds over HTTP and runs them.
@@ -425,6 +419,7 @@ pub struct RemoteWorker {
 }
 
 impl RemoteWorker {
+    /// A worker running `registry`'s handlers.
     pub fn new(config: RemoteConfig, registry: Registry) -> Self {
         let http = reqwest::Client::builder()
             .timeout(config.claim_wait + Duration::from_secs(30))
@@ -501,26 +496,26 @@ impl RemoteWorker {
         }
     }
 
-    async fn claim(&self, max_tasks: usize) -> Result<Vec<ClaimedTask>, reqwest::Error> {
-        let kinds = self.registry.kinds();
+    async fn claim(&self, max_tasks: usize) -> Result<Vec<TaskBody>, reqwest::Error> {
+        let request = ClaimRequest {
+            kinds: self.registry.kinds(),
+            max_tasks: max_tasks.min(100) as u32,
+            lease_seconds: self.config.lease.as_secs(),
+            wait_seconds: self.config.claim_wait.as_secs(),
+            worker_id: Some(self.config.worker_id.clone()),
+        };
         let response = self
             .http
             .post(format!("{}/v1/worker/claims", self.config.server))
             .bearer_auth(&self.config.token)
-            .json(&json!({
-                "kinds": kinds,
-                "max_tasks": max_tasks.min(100),
-                "lease_seconds": self.config.lease.as_secs(),
-                "wait_seconds": self.config.claim_wait.as_secs(),
-                "worker_id": self.config.worker_id,
-            }))
+            .json(&request)
             .send()
             .await?
             .error_for_status()?;
         Ok(response.json::<ClaimResponse>().await?.tasks)
     }
 
-    fn link(&self, task: &ClaimedTask, outcomes: &OutcomeBatcher) -> Arc<HttpLink> {
+    fn link(&self, task: &TaskBody, outcomes: &OutcomeBatcher) -> Arc<HttpLink> {
         Arc::new(HttpLink {
             http: self.http.clone(),
             base: self.config.server.clone(),
@@ -534,7 +529,7 @@ impl RemoteWorker {
 
     fn start(
         &self,
-        task: ClaimedTask,
+        task: TaskBody,
         link: Arc<HttpLink>,
         (running, in_flight): (OwnedSemaphorePermit, OwnedSemaphorePermit),
         tracker: &TaskTracker,

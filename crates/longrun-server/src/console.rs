@@ -286,7 +286,7 @@ pub(crate) fn error_page(viewer: Option<&Viewer>, error: ApiError) -> Response {
             p { a href="/ui/" { "Back to the overview" } }
         }
     };
-    page(status, pages::layout(problem.title, viewer, body))
+    page(status, pages::layout(&problem.title, viewer, body))
 }
 
 /// A posted form, or its refusal as a page with the problem's code (axum's

@@ -37,16 +37,23 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (8, include_str!("postgres/0008_console.sql")),
 ];
 
+/// How to reach and use a PostgreSQL database.
 #[derive(Debug, Clone)]
 pub struct PostgresConfig {
+    /// A `postgres://` URL.
     pub url: String,
+    /// Connections in this process's pool.
     pub max_connections: u32,
+    /// How long terminal operations are kept.
     pub operation_retention: Duration,
+    /// How long published results are kept.
     pub result_retention: Duration,
+    /// Keep inputs after success (for re-runs); dropped otherwise.
     pub keep_inputs: bool,
 }
 
 impl PostgresConfig {
+    /// Defaults for the database at `url`.
     pub fn new(url: impl Into<String>) -> Self {
         Self {
             url: url.into(),
@@ -65,6 +72,7 @@ struct Policy {
     keep_inputs: bool,
 }
 
+/// The PostgreSQL backend: many nodes on one database.
 pub struct PostgresStore {
     pool: PgPool,
     policy: Policy,
@@ -1164,11 +1172,7 @@ async fn outbox_insert(c: &mut PgConnection, op: &Operation) -> Result<()> {
 async fn outbox_insert_as(c: &mut PgConnection, op: &Operation, event_type: &str) -> Result<()> {
     let Some(url) = &op.callback_url else { return Ok(()) };
     let event_id = Id::generate(IdKind::Event);
-    let payload = json!({
-        "type": event_type,
-        "timestamp": op.updated_at.to_rfc3339(),
-        "data": {"operation_id": op.id.as_str(), "version": op.version, "state": op.state.as_str(), "kind": op.kind},
-    });
+    let payload = crate::shared::webhook_payload(op, event_type);
     sqlx::query(
         "INSERT INTO webhook_deliveries (event_id, operation_id, tenant, url, type, payload, created_at, status, next_attempt_at)
          VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', $7)",
@@ -1178,7 +1182,7 @@ async fn outbox_insert_as(c: &mut PgConnection, op: &Operation, event_type: &str
     .bind(&op.tenant)
     .bind(url)
     .bind(event_type)
-    .bind(payload.to_string())
+    .bind(payload)
     .bind(op.updated_at.0)
     .execute(&mut *c)
     .await

@@ -15,6 +15,23 @@ pub(crate) const SYSTEM: &str = "system";
 /// Cancel reasons that end the operation `failed` with the reason as its code.
 pub(crate) const FAILING_CANCEL_REASONS: [&str; 2] = ["deadline_exceeded", "budget_exhausted"];
 
+/// The body of the webhook `event_type` of `op`'s change, as queued (the
+/// same text on every attempt, so every attempt carries one signature
+/// input).
+pub(crate) fn webhook_payload(op: &Operation, event_type: &str) -> String {
+    let event = longrun_api::WebhookEvent {
+        event_type: event_type.to_owned(),
+        timestamp: op.updated_at.to_rfc3339(),
+        data: longrun_api::WebhookData {
+            operation_id: op.id.to_string(),
+            version: op.version,
+            state: op.state.as_str().to_owned(),
+            kind: op.kind.clone(),
+        },
+    };
+    serde_json::to_string(&event).expect("a webhook body serializes")
+}
+
 pub(crate) fn artifact_to_json(a: &ArtifactRef) -> Value {
     json!({
         "id": a.id.as_str(),

@@ -239,7 +239,7 @@ async fn submit_with_sdk(front: &str, token: &str, key: &str, counters: &Counter
         max_delay: Duration::from_millis(100),
     });
     let submission = longrun_client::Submission {
-        labels: [("drill_key".to_owned(), key.to_owned())].into(),
+        labels: Some([("drill_key".to_owned(), key.to_owned())].into()),
         idempotency_key: Some(key.to_owned()),
         ..longrun_client::Submission::new("noop", json!({}))
     };

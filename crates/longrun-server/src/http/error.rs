@@ -11,77 +11,156 @@ use std::time::Duration;
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+pub use longrun_api::Problem;
 use longrun_core::Id;
 use longrun_store::StoreError;
-use serde::Serialize;
 
+/// Every refusal of the HTTP edge, one variant per stable problem `code`
+/// (CONTRACT §6); `Display` is the problem's `detail`.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
+    /// `400 invalid_request`: the request breaks a rule of its own.
     #[error("{0}")]
     InvalidRequest(String),
+    /// `400 idempotency_key_required`.
     #[error("this endpoint requires an Idempotency-Key header")]
     IdempotencyKeyRequired,
+    /// `401 unauthenticated`.
     #[error("missing or invalid API key")]
     Unauthenticated,
+    /// `403 forbidden`: the key's role may not.
     #[error("this API key's role may not do that")]
     Forbidden,
+    /// `404 not_found` (also for other tenants' ids).
     #[error("no such resource")]
     NotFound,
+    /// `405 method_not_allowed`.
     #[error("the HTTP method is not allowed on this resource")]
     MethodNotAllowed,
+    /// `409 idempotency_key_reused`: the key named another request.
     #[error("this Idempotency-Key was used with a different request")]
-    IdempotencyKeyReused { operation_id: Id },
+    IdempotencyKeyReused {
+        /// The operation the key made.
+        operation_id: Id,
+    },
+    /// `409 operation_not_cancellable`: past its commit point.
     #[error("the operation passed its commit point and can no longer be cancelled")]
-    OperationNotCancellable { operation_id: Id },
+    OperationNotCancellable {
+        /// The operation.
+        operation_id: Id,
+    },
+    /// `409 lease_lost`: a stale lease token.
     #[error("the lease is no longer held by this worker")]
-    LeaseLost { operation_id: Id },
+    LeaseLost {
+        /// The task's operation.
+        operation_id: Id,
+    },
+    /// `410 gone`: removed by retention.
     #[error("the resource was removed")]
     Gone,
-    /// A download link that is tampered with or expired.
+    /// `403 forbidden`: a download link that is tampered with or expired.
     #[error("{0}")]
     LinkRefused(String),
+    /// `410 result_expired`.
     #[error("the result has expired")]
-    ResultExpired { operation_id: Id },
+    ResultExpired {
+        /// The operation.
+        operation_id: Id,
+    },
+    /// `412 precondition_failed`: `If-Match` named an older version.
     #[error("If-Match names version {given}, the current version is {current}")]
-    PreconditionFailed { given: i64, current: i64 },
+    PreconditionFailed {
+        /// The version `If-Match` named.
+        given: i64,
+        /// The current version.
+        current: i64,
+    },
+    /// `412 precondition_failed` for a change to a terminal operation.
     #[error("the operation is terminal (version {current}); terminal intent wins over this change")]
-    TerminalIntentWins { current: i64 },
+    TerminalIntentWins {
+        /// The current version.
+        current: i64,
+    },
+    /// `428 precondition_required`: `If-Match` is missing.
     #[error("this request requires an If-Match header")]
     PreconditionRequired,
+    /// `413 payload_too_large`.
     #[error("{0}")]
     PayloadTooLarge(String),
+    /// `415 unsupported_media_type`.
     #[error("{0}")]
     UnsupportedMediaType(String),
+    /// `422 invalid_input`: the kind refused the input.
     #[error("{0}")]
     InvalidInput(String),
+    /// `422 unsupported_kind`.
     #[error("{0}")]
     UnsupportedKind(String),
+    /// `422 invalid_callback_url`.
     #[error("{0}")]
     InvalidCallbackUrl(String),
+    /// `429 quota_exceeded`: the tenant is at `max_active`.
     #[error("{detail}")]
-    QuotaExceeded { detail: String, retry_after: Duration },
+    QuotaExceeded {
+        /// Which quota.
+        detail: String,
+        /// When to try again.
+        retry_after: Duration,
+    },
+    /// `429 rate_limited`.
     #[error("{detail}")]
-    RateLimited { detail: String, retry_after: Duration },
+    RateLimited {
+        /// Which limit.
+        detail: String,
+        /// When to try again.
+        retry_after: Duration,
+    },
+    /// `503 temporarily_unavailable`: nothing was applied.
     #[error("{detail}")]
-    TemporarilyUnavailable { detail: String, retry_after: Duration },
+    TemporarilyUnavailable {
+        /// What is unavailable.
+        detail: String,
+        /// When to try again.
+        retry_after: Duration,
+    },
+    /// `409 input_not_kept`: a re-run of an operation whose input is gone.
     #[error(
         "the operation's input is no longer kept (a success drops it unless the server keeps inputs); it cannot be re-run"
     )]
-    InputNotKept { operation_id: Id },
+    InputNotKept {
+        /// The original.
+        operation_id: Id,
+    },
+    /// `409 intent_conflict`: cancellation was requested or the work ended.
     #[error("cancellation was requested or the operation ended (version {current}): no pause or resume is applied")]
-    IntentConflict { current: i64 },
+    IntentConflict {
+        /// The current version.
+        current: i64,
+    },
+    /// `409 not_pausable`: running work of a kind that cannot pause.
     #[error("the operation is running and its kind cannot pause")]
-    NotPausable { current: i64 },
+    NotPausable {
+        /// The current version.
+        current: i64,
+    },
+    /// `400 digest_mismatch`: the bytes do not match their digest.
     #[error("{0}")]
     DigestMismatch(String),
+    /// `409 upload_offset_mismatch`, with `Upload-Offset`.
     #[error("the upload's offset is {offset}{}", if *complete { " and it is complete" } else { "" })]
-    UploadOffsetMismatch { offset: i64, complete: bool },
+    UploadOffsetMismatch {
+        /// Where the stored bytes end.
+        offset: i64,
+        /// Whether the upload is complete.
+        complete: bool,
+    },
     /// The message is logged, never shown.
     #[error("internal error")]
     Internal(String),
 }
 
 impl ApiError {
+    /// The stable problem code.
     pub fn code(&self) -> &'static str {
         match self {
             ApiError::InvalidRequest(_) => "invalid_request",
@@ -114,6 +193,7 @@ impl ApiError {
         }
     }
 
+    /// The HTTP status.
     pub fn status(&self) -> StatusCode {
         match self {
             ApiError::InvalidRequest(_) | ApiError::IdempotencyKeyRequired | ApiError::DigestMismatch(_) => {
@@ -209,6 +289,7 @@ impl ApiError {
         }
     }
 
+    /// The problem body (without its request id, which the edge adds).
     pub fn problem(&self) -> Problem {
         let detail = match self {
             ApiError::Internal(_) => "the server failed to handle the request; it has been logged".to_owned(),
@@ -216,9 +297,9 @@ impl ApiError {
         };
         Problem {
             problem_type: format!("urn:longrun:problem:{}", self.code()),
-            title: self.title(),
+            title: self.title().into(),
             status: self.status().as_u16(),
-            code: self.code(),
+            code: self.code().into(),
             detail,
             request_id: String::new(),
             operation_id: self.operation_id().map(|id| id.to_string()),
@@ -241,55 +322,6 @@ impl ApiError {
             _ => ApiError::Internal(format!("an unexpected {status} response")),
         }
     }
-}
-
-/// Every stable problem code (CONTRACT §6; `method_not_allowed` is ours).
-#[derive(utoipa::ToSchema)]
-#[allow(non_camel_case_types, dead_code)]
-pub enum ProblemCode {
-    invalid_request,
-    idempotency_key_required,
-    unauthenticated,
-    forbidden,
-    not_found,
-    method_not_allowed,
-    idempotency_key_reused,
-    operation_not_cancellable,
-    lease_lost,
-    gone,
-    result_expired,
-    precondition_failed,
-    precondition_required,
-    payload_too_large,
-    unsupported_media_type,
-    invalid_input,
-    unsupported_kind,
-    invalid_callback_url,
-    quota_exceeded,
-    rate_limited,
-    internal,
-    temporarily_unavailable,
-    digest_mismatch,
-    upload_offset_mismatch,
-    input_not_kept,
-    intent_conflict,
-    not_pausable,
-}
-
-/// The problem+json body (RFC 9457 plus our `code`, `request_id`, `retryable`).
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
-pub struct Problem {
-    #[serde(rename = "type")]
-    pub problem_type: String,
-    pub title: &'static str,
-    pub status: u16,
-    #[schema(value_type = ProblemCode)]
-    pub code: &'static str,
-    pub detail: String,
-    pub request_id: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub operation_id: Option<String>,
-    pub retryable: bool,
 }
 
 impl IntoResponse for ApiError {

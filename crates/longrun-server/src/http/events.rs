@@ -21,7 +21,7 @@ use crate::AppState;
 use crate::changes::Waiter;
 use crate::http::auth::Caller;
 use crate::http::error::{ApiError, Problem};
-use crate::http::wire::OperationBody;
+use crate::http::wire;
 
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
 /// Events read from the store at a time.
@@ -101,7 +101,7 @@ async fn events(
                 cursor.last = event.version;
                 let Some(snapshot) = event.snapshot else { continue };
                 cursor.finished = snapshot.state.is_terminal();
-                let body = serde_json::to_string(&OperationBody::from(&snapshot)).unwrap_or_default();
+                let body = serde_json::to_string(&wire::operation(&snapshot)).unwrap_or_default();
                 let sse = Event::default()
                     .id(event.version.to_string())
                     .event("operation.updated")

@@ -9,7 +9,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use crate::AppState;
-use crate::http::{admin, error, events, health, operations, results, uploads, wire, workers};
+use crate::http::{admin, events, health, operations, results, uploads, workers};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -26,7 +26,7 @@ use crate::http::{admin, error, events, health, operations, results, uploads, wi
         uploads::create, uploads::append, uploads::offset, uploads::show, workers::claim, workers::heartbeat, workers::complete,
         workers::fail, workers::cancelled, workers::paused, workers::outcomes, operations::submit_batch, health::healthz, health::readyz, admin::metrics,
     ),
-    components(schemas(error::Problem, error::ProblemCode, wire::OperationBody, wire::SubmitRequest, workers::OutcomeItem)),
+    components(schemas(longrun_api::Problem, longrun_api::ProblemCode, longrun_api::OperationBody, longrun_api::SubmitRequest, longrun_api::OutcomeItem)),
     modifiers(&BearerAuth),
     tags(
         (name = "operations", description = "Submit, observe and cancel operations (role client)"),

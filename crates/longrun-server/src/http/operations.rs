@@ -22,9 +22,9 @@ use crate::http::auth::Caller;
 use crate::http::error::{ApiError, Problem};
 use crate::http::extract::{JsonBody, OptionalJsonBody, QueryParams};
 use crate::http::wire::{
-    BatchItemResult, BatchSubmitRequest, BatchSubmitResponse, BudgetRequest, CallbackRequest, CancelRequestBody,
-    CancellationBody, DeliveryBody, DeliveryLog, DesiredStateBody, EventBody, History, OperationBody, OperationList,
-    RerunRequest, SubmitRequest, UpdateRequest,
+    self, BatchItemResult, BatchSubmitRequest, BatchSubmitResponse, BudgetRequest, CallbackRequest, CancelRequestBody,
+    CancellationBody, DeliveryLog, DesiredStateBody, History, OperationBody, OperationList, RerunRequest,
+    SubmitRequest, UpdateRequest,
 };
 
 pub const DEFAULT_PAGE_SIZE: u32 = 50;
@@ -144,7 +144,7 @@ async fn set_observation_headers(app: &AppState, op: &Operation, headers: &mut H
 /// The representation of `op` with its ETag and, while it is not terminal,
 /// a `Retry-After`.
 async fn operation_response(app: &AppState, op: &Operation, status: StatusCode) -> Response {
-    let mut response = (status, Json(OperationBody::from(op))).into_response();
+    let mut response = (status, Json(wire::operation(op))).into_response();
     set_observation_headers(app, op, response.headers_mut()).await;
     response
 }
@@ -545,7 +545,7 @@ async fn submit_batch(
         {
             Ok(key) => key,
             Err(e) => {
-                results[i] = Some(BatchItemResult::refused(
+                results[i] = Some(item_refused(
                     &ApiError::InvalidRequest(format!("idempotency_key: {e}")),
                     &request_id.0,
                 ));
@@ -557,17 +557,15 @@ async fn submit_batch(
                 slots.push(i);
                 accepts.push(params);
             }
-            Err(e) => results[i] = Some(BatchItemResult::refused(&e, &request_id.0)),
+            Err(e) => results[i] = Some(item_refused(&e, &request_id.0)),
         }
     }
     for (slot, outcome) in slots.into_iter().zip(app.store.operation_accept_many(accepts).await) {
         results[slot] = Some(match outcome.map_err(accept_error).and_then(|o| accepted(&app, o)) {
             // A replay of an ended operation is 200, as a single submission's.
-            Ok((op, replayed)) if replayed && op.state.is_terminal() => {
-                BatchItemResult::operation(StatusCode::OK, &op, true)
-            }
-            Ok((op, replayed)) => BatchItemResult::operation(StatusCode::ACCEPTED, &op, replayed),
-            Err(e) => BatchItemResult::refused(&e, &request_id.0),
+            Ok((op, replayed)) if replayed && op.state.is_terminal() => item_accepted(StatusCode::OK, &op, true),
+            Ok((op, replayed)) => item_accepted(StatusCode::ACCEPTED, &op, replayed),
+            Err(e) => item_refused(&e, &request_id.0),
         });
     }
     Ok(Json(BatchSubmitResponse {
@@ -575,25 +573,25 @@ async fn submit_batch(
     }))
 }
 
-impl BatchItemResult {
-    fn operation(status: StatusCode, op: &Operation, replayed: bool) -> Self {
-        Self {
-            status: status.as_u16(),
-            replayed,
-            operation: Some(OperationBody::from(op)),
-            problem: None,
-        }
+/// A batch item answered with its operation.
+fn item_accepted(status: StatusCode, op: &Operation, replayed: bool) -> BatchItemResult {
+    BatchItemResult {
+        status: status.as_u16(),
+        replayed,
+        operation: Some(wire::operation(op)),
+        problem: None,
     }
+}
 
-    fn refused(error: &ApiError, request_id: &str) -> Self {
-        let mut problem = error.problem();
-        problem.request_id = request_id.to_owned();
-        Self {
-            status: problem.status,
-            replayed: false,
-            operation: None,
-            problem: Some(problem),
-        }
+/// A batch item refused.
+fn item_refused(error: &ApiError, request_id: &str) -> BatchItemResult {
+    let mut problem = error.problem();
+    problem.request_id = request_id.to_owned();
+    BatchItemResult {
+        status: problem.status,
+        replayed: false,
+        operation: None,
+        problem: Some(problem),
     }
 }
 
@@ -752,7 +750,7 @@ async fn list(
         })
         .await?;
     Ok(Json(OperationList {
-        operations: page.operations.iter().map(OperationBody::from).collect(),
+        operations: page.operations.iter().map(wire::operation).collect(),
         next_page_token: page.next_before_seq.map(encode_page_token),
     }))
 }
@@ -771,7 +769,7 @@ async fn history(
     let events = app.found(&caller.tenant, &id, events).await?;
     Ok(Json(History {
         operation_id: id.to_string(),
-        events: events.iter().map(EventBody::from).collect(),
+        events: events.iter().map(wire::event).collect(),
     }))
 }
 
@@ -880,7 +878,7 @@ async fn cancellation(
     caller.require_client()?;
     let id = parse_operation_id(&id)?;
     let op = app.operation(&caller.tenant, &id).await?;
-    Ok(Json(CancellationBody::from(&op)))
+    Ok(Json(wire::cancellation(&op)))
 }
 
 /// `PATCH /v1/operations/{id}`: a new `deadline_seconds` (counted from
@@ -1031,7 +1029,7 @@ async fn deliveries(
     let log = app.store.webhook_log(&caller.tenant, &id).await?;
     let log = app.found(&caller.tenant, &id, log).await?;
     Ok(Json(DeliveryLog {
-        deliveries: log.iter().map(DeliveryBody::from).collect(),
+        deliveries: log.iter().map(wire::delivery).collect(),
     }))
 }
 

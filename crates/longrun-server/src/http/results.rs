@@ -21,11 +21,12 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use futures_util::TryStreamExt;
+use longrun_api::{ArtifactBody, ArtifactUploadBody, Download, JoinRequest, PieceStoredBody, ResultBody};
 use longrun_core::{Id, IdKind, links};
 use longrun_engine::artifacts::ArtifactError;
 use longrun_engine::dispatcher::{TaskArtifact, store_upload};
 use longrun_store::{DEFAULT_ARTIFACT, ResultRecord, StoreError};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use crate::AppState;
 use crate::http::auth::Caller;
@@ -50,14 +51,6 @@ pub fn router() -> Router<AppState> {
         .route("/v1/worker/tasks/{id}/uploads/{upload_id}", get(read_upload))
         .route("/v1/operations/{id}/result", get(result))
         .route("/v1/results/{id}/content", get(content))
-}
-
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-struct ArtifactUploadBody {
-    id: String,
-    content_type: String,
-    size_bytes: u64,
-    sha256: String,
 }
 
 #[utoipa::path(put, path = "/v1/worker/tasks/{id}/artifact", tag = "workers", security(("bearer" = [])),
@@ -106,12 +99,6 @@ fn check_artifact_name(name: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-struct PieceStoredBody {
-    /// Where the artifact's stored pieces now end: the next piece's offset.
-    upload_offset: u64,
-}
-
 #[utoipa::path(put, path = "/v1/worker/tasks/{id}/artifacts/{name}/pieces/{offset}", tag = "workers", security(("bearer" = [])),
     params(("id" = String, Path, description = "The operation id (op_…)"),
         ("name" = String, Path, description = "The artifact's name (`default` for `result.artifact`)", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$"),
@@ -150,20 +137,6 @@ async fn upload_piece(
     .await
     .map_err(task_error(&id))?;
     Ok(Json(PieceStoredBody { upload_offset: end }).into_response())
-}
-
-#[derive(Debug, serde::Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-struct JoinRequest {
-    lease_token: String,
-    /// The artifact's content type (kept, as an upload's `Content-Type` is).
-    #[serde(default)]
-    #[schema(min_length = 1, max_length = 255, pattern = "^[\\x20-\\x7e]+$")]
-    content_type: Option<String>,
-    /// What the pieces must hold, all told.
-    #[serde(deserialize_with = "crate::http::wire::required_whole_number")]
-    #[schema(minimum = 0, maximum = 9_223_372_036_854_775_807_i64)]
-    size_bytes: u64,
 }
 
 #[utoipa::path(post, path = "/v1/worker/tasks/{id}/artifacts/{name}/join", tag = "workers", security(("bearer" = [])),
@@ -325,35 +298,6 @@ async fn read_upload(
 
 fn too_large(max: u64) -> ApiError {
     ApiError::PayloadTooLarge(format!("artifacts are limited to {max} bytes"))
-}
-
-/// The result resource: the default artifact's fields at the top (when the
-/// result has one, as before named artifacts existed), and every named one
-/// under `artifacts`, each with a download link.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct ResultBody {
-    pub operation_id: String,
-    #[serde(flatten)]
-    pub artifact: Option<ArtifactBody>,
-    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
-    pub artifacts: std::collections::BTreeMap<String, ArtifactBody>,
-}
-
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct ArtifactBody {
-    pub id: String,
-    pub content_type: String,
-    pub size_bytes: i64,
-    pub sha256: String,
-    pub created_at: String,
-    pub expires_at: Option<String>,
-    pub download: Download,
-}
-
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct Download {
-    pub url: String,
-    pub expires_at: String,
 }
 
 #[utoipa::path(get, path = "/v1/operations/{id}/result", tag = "results", security(("bearer" = [])), params(("id" = String, Path, description = "The operation id (op_…)")),

@@ -35,12 +35,12 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use futures_util::TryStreamExt;
+use longrun_api::UploadBody;
 use longrun_core::validate::MAX_NAMED_UPLOADS;
 use longrun_core::{Id, IdKind, Timestamp};
 use longrun_engine::artifacts::ArtifactError;
 use longrun_engine::uploads::{self, Piece};
 use longrun_store::{StoreError, UploadAppendParams, UploadCompleteParams, UploadCreateParams, UploadRecord};
-use serde::Serialize;
 use std::sync::Arc;
 
 use crate::AppState;
@@ -59,35 +59,16 @@ pub fn router() -> Router<AppState> {
         )
 }
 
-/// An upload, as clients see it.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct UploadBody {
-    /// `upl_…`
-    pub id: String,
-    /// Bytes received so far; the size once complete.
-    pub size_bytes: i64,
-    /// Whether every byte was received (`Upload-Complete: ?1`).
-    pub complete: bool,
-    /// Lowercase hex SHA-256 of the whole upload, once complete.
-    pub sha256: Option<String>,
-    pub content_type: String,
-    pub created_at: String,
-    /// When the upload goes if no operation names it (one an operation names
-    /// lives as long as the operation).
-    pub expires_at: String,
-}
-
-impl From<&UploadRecord> for UploadBody {
-    fn from(u: &UploadRecord) -> Self {
-        Self {
-            id: u.id.to_string(),
-            size_bytes: u.offset,
-            complete: u.complete,
-            sha256: u.sha256.clone(),
-            content_type: u.content_type.clone(),
-            created_at: u.created_at.to_rfc3339(),
-            expires_at: u.expires_at.to_rfc3339(),
-        }
+/// An upload as clients see it.
+pub fn upload_body(u: &UploadRecord) -> UploadBody {
+    UploadBody {
+        id: u.id.to_string(),
+        size_bytes: u.offset,
+        complete: u.complete,
+        sha256: u.sha256.clone(),
+        content_type: u.content_type.clone(),
+        created_at: u.created_at.to_rfc3339(),
+        expires_at: u.expires_at.to_rfc3339(),
     }
 }
 
@@ -135,7 +116,7 @@ impl Drop for Settled<'_> {
 }
 
 fn upload_response(status: StatusCode, upload: &UploadRecord) -> Response {
-    let mut response = (status, Json(UploadBody::from(upload))).into_response();
+    let mut response = (status, Json(upload_body(upload))).into_response();
     let h = response.headers_mut();
     h.insert("upload-offset", HeaderValue::from(upload.offset));
     h.insert(

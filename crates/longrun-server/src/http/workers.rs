@@ -5,22 +5,26 @@
 //! operator's fleet); claims are fair across tenants and honour each
 //! tenant's `max_running`.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use axum::extract::{Path, State};
 use axum::routing::post;
 use axum::{Json, Router};
+use longrun_api::{
+    BudgetBody, CancelledRequest, ClaimRequest, ClaimResponse, CompleteRequest, ErrorRequest, FailRequest,
+    HeartbeatRequest, HeartbeatResponse, OutcomeItem, OutcomeItemResult, OutcomeKind, OutcomeResponse, OutcomesRequest,
+    OutcomesResponse, PausedRequest, Problem, ProgressRequest, TaskBody,
+};
 use longrun_core::lease::{MAX_LEASE, MIN_LEASE};
 use longrun_core::{Id, IdKind, validate};
 use longrun_store::{ClaimParams, FinishParams, HeartbeatParams, OperationError, Outcome, ProgressUpdate, StoreError};
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::AppState;
 use crate::http::auth::Caller;
-use crate::http::error::{ApiError, Problem};
+use crate::http::error::ApiError;
 use crate::http::extract::JsonBody;
-use crate::http::wire::{object, required_object};
 
 pub const MAX_TASKS_PER_CLAIM: u32 = 100;
 pub const MAX_CLAIM_WAIT_SECONDS: u64 = 60;
@@ -51,55 +55,6 @@ fn require_worker(caller: &Caller) -> Result<(), ApiError> {
         longrun_core::apikey::Role::Worker | longrun_core::apikey::Role::Admin => Ok(()),
         longrun_core::apikey::Role::Client => Err(ApiError::Forbidden),
     }
-}
-
-fn default_max_tasks() -> u32 {
-    1
-}
-
-fn default_lease_seconds() -> u64 {
-    30
-}
-
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ClaimRequest {
-    pub kinds: Vec<String>,
-    #[serde(default = "default_max_tasks")]
-    pub max_tasks: u32,
-    #[serde(default = "default_lease_seconds")]
-    pub lease_seconds: u64,
-    #[serde(default)]
-    pub wait_seconds: u64,
-    #[serde(default)]
-    pub worker_id: Option<String>,
-}
-
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct ClaimResponse {
-    pub tasks: Vec<TaskBody>,
-}
-
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct TaskBody {
-    pub operation_id: String,
-    pub kind: String,
-    pub input: Value,
-    pub attempt: i64,
-    pub lease_token: String,
-    pub lease_expires_at: String,
-    pub deadline_at: Option<String>,
-    pub budget: Option<BudgetBody>,
-    /// Where to resume from: the last checkpoint saved for the operation
-    /// (an earlier attempt's, one saved before a pause, or one a
-    /// `from_checkpoint` re-run copied); absent for a fresh start.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub checkpoint: Option<Value>,
-}
-
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct BudgetBody {
-    pub max_cost_units: f64,
 }
 
 #[utoipa::path(post, path = "/v1/worker/claims", tag = "workers", security(("bearer" = [])), request_body = ClaimRequest,
@@ -182,51 +137,6 @@ async fn claim(
     }
 }
 
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ProgressRequest {
-    #[serde(default)]
-    #[schema(minimum = 0)]
-    pub completed_units: Option<f64>,
-    #[serde(default)]
-    #[schema(minimum = 0)]
-    pub total_units: Option<f64>,
-    #[serde(default)]
-    #[schema(min_length = 1, max_length = 32)]
-    pub unit: Option<String>,
-    #[serde(default)]
-    #[schema(min_length = 1, max_length = 64)]
-    pub phase: Option<String>,
-    #[serde(default)]
-    pub details: Option<Value>,
-}
-
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct HeartbeatRequest {
-    pub lease_token: String,
-    #[serde(default, deserialize_with = "object")]
-    pub progress: Option<ProgressRequest>,
-    #[serde(default)]
-    #[schema(minimum = 0)]
-    pub cost_units: Option<f64>,
-    #[serde(default)]
-    pub cancellable: Option<bool>,
-    /// Where to resume from if this attempt ends early (JSON, at most
-    /// 64 KiB): kept with the operation and handed to the next claim.
-    #[serde(default)]
-    pub checkpoint: Option<Value>,
-}
-
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct HeartbeatResponse {
-    pub lease_expires_at: String,
-    pub cancel_requested: bool,
-    pub cancel_reason: Option<String>,
-    /// A client asked to pause: save a checkpoint and report `paused`.
-    pub pause_requested: bool,
-}
-
 /// A task id in a worker path. An unknown id is answered like a stale lease:
 /// the worker cannot hold a lease on it.
 fn task_id(raw: &str) -> Result<Id, ApiError> {
@@ -303,78 +213,13 @@ async fn heartbeat(
     }))
 }
 
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CompleteRequest {
-    pub lease_token: String,
-    #[serde(default)]
-    pub result: Option<Value>,
-    /// The last progress report, stored with the outcome.
-    #[serde(default, deserialize_with = "object")]
-    pub progress: Option<ProgressRequest>,
-}
-
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct FailRequest {
-    pub lease_token: String,
-    #[serde(deserialize_with = "required_object")]
-    pub error: ErrorRequest,
-    /// The last progress report, stored with the outcome.
-    #[serde(default, deserialize_with = "object")]
-    pub progress: Option<ProgressRequest>,
-}
-
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ErrorRequest {
-    #[schema(pattern = "^[a-z0-9][a-z0-9_.-]{0,63}$")]
-    pub code: String,
-    #[serde(default)]
-    #[schema(max_length = 4096)]
-    pub message: String,
-    #[serde(default)]
-    pub retryable: bool,
-}
-
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct PausedRequest {
-    pub lease_token: String,
-    /// Where to resume from (JSON, at most 64 KiB); without it the last
-    /// checkpoint saved with a heartbeat is kept.
-    #[serde(default)]
-    pub checkpoint: Option<Value>,
-    /// The last progress report, stored with the outcome.
-    #[serde(default, deserialize_with = "object")]
-    pub progress: Option<ProgressRequest>,
-}
-
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CancelledRequest {
-    pub lease_token: String,
-    /// The last progress report, stored with the outcome.
-    #[serde(default, deserialize_with = "object")]
-    pub progress: Option<ProgressRequest>,
-}
-
-/// What an outcome call answers: the operation's new state and version.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct OutcomeResponse {
-    pub operation_id: String,
-    pub state: &'static str,
-    pub version: i64,
-    pub attempt: i64,
-}
-
 async fn finish(app: &AppState, params: FinishParams) -> Result<Json<OutcomeResponse>, ApiError> {
     let id = params.operation_id.clone();
     let op = app.store.task_finish(params).await.map_err(lease_error(&id))?;
     count_pause(&op);
     // A slot of the tenant's max_running (or a retry) may now be claimable.
     app.signals.work_available();
-    Ok(Json(OutcomeResponse::of(&op)))
+    Ok(Json(outcome_response(&op)))
 }
 
 /// Counts a pause a worker honoured (`/metrics`), as `PATCH` counts the others.
@@ -398,14 +243,13 @@ fn check_checkpoint(checkpoint: Option<Value>) -> Result<Option<Value>, ApiError
     Ok(checkpoint)
 }
 
-impl OutcomeResponse {
-    fn of(op: &longrun_store::Operation) -> Self {
-        Self {
-            operation_id: op.id.to_string(),
-            state: op.state.as_str(),
-            version: op.version,
-            attempt: op.attempt,
-        }
+/// What an outcome call answers for `op`.
+fn outcome_response(op: &longrun_store::Operation) -> OutcomeResponse {
+    OutcomeResponse {
+        operation_id: op.id.to_string(),
+        state: Cow::Borrowed(op.state.as_str()),
+        version: op.version,
+        attempt: op.attempt,
     }
 }
 
@@ -486,13 +330,12 @@ fn check_outcome(
     })
 }
 
-impl From<ErrorRequest> for OperationError {
-    fn from(e: ErrorRequest) -> Self {
-        OperationError {
-            code: e.code,
-            message: e.message,
-            retryable: e.retryable,
-        }
+/// A worker's error as the store keeps it.
+fn operation_error(e: ErrorRequest) -> OperationError {
+    OperationError {
+        code: e.code,
+        message: e.message,
+        retryable: e.retryable,
     }
 }
 
@@ -526,7 +369,7 @@ async fn fail(
 ) -> Result<Json<OutcomeResponse>, ApiError> {
     require_worker(&caller)?;
     let outcome = Outcome::Failed {
-        error: request.error.into(),
+        error: operation_error(request.error),
     };
     let params = check_outcome(
         &app,
@@ -578,95 +421,15 @@ async fn paused(
     finish(&app, params).await
 }
 
-/// What one item of a batch reports.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum OutcomeKind {
-    Complete,
-    Fail,
-    Cancelled,
-    Heartbeat,
-    Paused,
-}
-
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct OutcomesRequest {
-    /// 1–1,000 items, each an `OutcomeItem` fenced by its own lease token,
-    /// each read, checked and answered alone (a malformed item, or one
-    /// breaking an item rule, refuses only itself).
-    #[schema(min_items = 1, max_items = 1000, value_type = Vec<Object>)]
-    pub outcomes: Vec<serde_json::Map<String, Value>>,
-}
-
-/// One report: the fields of the single endpoint its `outcome` names.
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct OutcomeItem {
-    pub operation_id: String,
-    pub lease_token: String,
-    pub outcome: OutcomeKind,
-    /// `complete`: the inline result.
-    #[serde(default)]
-    pub result: Option<Value>,
-    /// `fail`: the error.
-    #[serde(default, deserialize_with = "object")]
-    pub error: Option<ErrorRequest>,
-    #[serde(default, deserialize_with = "object")]
-    pub progress: Option<ProgressRequest>,
-    /// `heartbeat`: total cost so far.
-    #[serde(default)]
-    #[schema(minimum = 0)]
-    pub cost_units: Option<f64>,
-    /// `heartbeat`: `false` marks the commit point.
-    #[serde(default)]
-    pub cancellable: Option<bool>,
-    /// `heartbeat` and `paused`: where to resume from (JSON, at most 64 KiB).
-    #[serde(default)]
-    pub checkpoint: Option<Value>,
-}
-
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct OutcomesResponse {
-    /// One per item, in item order.
-    pub results: Vec<OutcomeItemResult>,
-}
-
-/// One item's answer: its HTTP status, and the single endpoint's body or its problem.
-#[derive(Debug, Default, Serialize, utoipa::ToSchema)]
-pub struct OutcomeItemResult {
-    pub status: u16,
-    pub operation_id: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub problem: Option<Problem>,
-    /// Outcomes: the operation's state after it.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub state: Option<&'static str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub version: Option<i64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub attempt: Option<i64>,
-    /// Heartbeats: the renewed lease and whether to stop.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub lease_expires_at: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub cancel_requested: Option<bool>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub cancel_reason: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub pause_requested: Option<bool>,
-}
-
-impl OutcomeItemResult {
-    fn refused(operation_id: String, error: &ApiError, request_id: &str) -> Self {
-        let mut problem = error.problem();
-        problem.request_id = request_id.to_owned();
-        Self {
-            status: problem.status,
-            operation_id,
-            problem: Some(problem),
-            ..Self::default()
-        }
+/// An item's answer when it is refused.
+fn refused_item(operation_id: String, error: &ApiError, request_id: &str) -> OutcomeItemResult {
+    let mut problem = error.problem();
+    problem.request_id = request_id.to_owned();
+    OutcomeItemResult {
+        status: problem.status,
+        operation_id,
+        problem: Some(problem),
+        ..OutcomeItemResult::default()
     }
 }
 
@@ -712,10 +475,10 @@ fn check_item(app: &AppState, item: OutcomeItem) -> Result<Checked, ApiError> {
         },
         OutcomeKind::Complete => Outcome::Succeeded { result: item.result },
         OutcomeKind::Fail => Outcome::Failed {
-            error: item
-                .error
-                .ok_or_else(|| ApiError::InvalidRequest("a `fail` item needs `error`".into()))?
-                .into(),
+            error: operation_error(
+                item.error
+                    .ok_or_else(|| ApiError::InvalidRequest("a `fail` item needs `error`".into()))?,
+            ),
         },
         OutcomeKind::Cancelled => Outcome::Cancelled,
     };
@@ -757,12 +520,12 @@ async fn outcomes(
                 finishes.push((slot, p));
                 OutcomeItemResult::default()
             }
-            Err(e) => OutcomeItemResult::refused(operation_id, &e, &request_id.0),
+            Err(e) => refused_item(operation_id, &e, &request_id.0),
         });
     }
     let refused = |id: &Id, e: StoreError| {
         let error = lease_error(id)(e);
-        OutcomeItemResult::refused(id.to_string(), &error, &request_id.0)
+        refused_item(id.to_string(), &error, &request_id.0)
     };
     let (slots, params): (Vec<usize>, Vec<HeartbeatParams>) = heartbeats.into_iter().unzip();
     let ids: Vec<Id> = params.iter().map(|p| p.operation_id.clone()).collect();
@@ -792,7 +555,7 @@ async fn outcomes(
         results[slot] = match op {
             Ok(op) => {
                 count_pause(&op);
-                let body = OutcomeResponse::of(&op);
+                let body = outcome_response(&op);
                 OutcomeItemResult {
                     status: 200,
                     operation_id: body.operation_id,

@@ -1251,16 +1251,7 @@ fn outbox_insert(c: &Connection, op: &Operation) -> Result<()> {
 fn outbox_insert_as(c: &Connection, op: &Operation, event_type: &str) -> Result<()> {
     let Some(url) = &op.callback_url else { return Ok(()) };
     let event_id = Id::generate(IdKind::Event);
-    let payload = json!({
-        "type": event_type,
-        "timestamp": op.updated_at.to_rfc3339(),
-        "data": {
-            "operation_id": op.id.as_str(),
-            "version": op.version,
-            "state": op.state.as_str(),
-            "kind": op.kind,
-        },
-    });
+    let payload = crate::shared::webhook_payload(op, event_type);
     c.prepare_cached(
         "INSERT INTO webhook_deliveries (event_id, operation_id, tenant, url, type, payload, created_at, status,
                                          next_attempt_at)
@@ -1272,7 +1263,7 @@ fn outbox_insert_as(c: &Connection, op: &Operation, event_type: &str) -> Result<
         op.tenant,
         url,
         event_type,
-        payload.to_string(),
+        payload,
         op.updated_at.0
     ])?;
     Ok(())

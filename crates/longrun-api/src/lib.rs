@@ -1,0 +1,38 @@
+//! Longrun's wire types: the JSON bodies of the public protocol (CONTRACT
+//! §3, §9) and of the worker protocol (§4), each with its serde and OpenAPI
+//! derives. The server renders and reads them, the SDK and remote workers
+//! write and read them: one definition, so the three cannot drift, and what
+//! the OpenAPI document states is what the server checks.
+//!
+//! Requests read strictly (unknown fields are refused, a nested object must
+//! be an object) and write compactly (an absent optional field is left
+//! out). Responses are built by the server from its records; mapping a
+//! record to a body is the server's, because only it knows the records.
+//!
+//! # Layout
+//!
+//! - `de`: the readers the request bodies share — a whole number also
+//!   spelled `326.0`, a nested field that must be an object (never an
+//!   array in field order), "present but null" told from "absent".
+//! - `operations`: submissions (single and batch), re-runs, `PATCH`,
+//!   cancellation, and the operation, its history and its delivery log.
+//! - `worker`: claims, heartbeats, outcomes (single and batch) and the
+//!   artifact bodies of the worker protocol, each outcome fenced by its
+//!   lease token.
+//! - `results`: the result resource with its download links, and uploads.
+//! - `problem`: the problem+json body and every stable problem code.
+//! - `webhook`: the body of a webhook, as the store queues it and a
+//!   receiver reads it.
+
+pub mod de;
+mod operations;
+mod problem;
+mod results;
+mod webhook;
+mod worker;
+
+pub use operations::*;
+pub use problem::{Problem, ProblemCode};
+pub use results::*;
+pub use webhook::{WebhookData, WebhookEvent};
+pub use worker::*;
