@@ -404,7 +404,7 @@ fn fail(e: &anyhow::Error) -> std::process::ExitCode {
     let line = format!("{e:#}").replace('\n', " ");
     match e.downcast_ref::<longrun_store::StoreError>() {
         Some(store) => {
-            let code = longrun_server::http::error::ApiError::of_store(store.clone()).code();
+            let code = longrun_server::ApiError::of_store(store.clone()).code();
             eprintln!("error: {line} [{code}]");
         }
         None => eprintln!("error: {line}"),

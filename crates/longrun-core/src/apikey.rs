@@ -16,14 +16,19 @@ const PREFIX: &str = "lr_";
 /// Roles of CONTRACT §2.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Role {
+    /// Submits, reads and cancels its tenant's operations.
     Client,
+    /// Claims tasks and reports on them (the operator's fleet).
     Worker,
+    /// Everything, including keys, tenants and the console.
     Admin,
 }
 
 impl Role {
+    /// Every role, in the order the CLI lists them.
     pub const ALL: [Role; 3] = [Role::Client, Role::Worker, Role::Admin];
 
+    /// The role as stored and shown (`client`, `worker`, `admin`).
     pub fn as_str(self) -> &'static str {
         match self {
             Role::Client => "client",
@@ -32,6 +37,7 @@ impl Role {
         }
     }
 
+    /// The role named `s`, if it is one.
     pub fn parse(s: &str) -> Option<Role> {
         Role::ALL.into_iter().find(|r| r.as_str() == s)
     }
@@ -39,12 +45,16 @@ impl Role {
 
 /// A freshly minted key: the full token is shown once, only the hash is kept.
 pub struct NewApiKey {
+    /// The key's id (`key_…`), stored in the clear.
     pub id: Id,
+    /// The whole token (`lr_…`): shown once, never stored.
     pub token: String,
+    /// SHA-256 of the secret part: what is stored.
     pub secret_hash: [u8; 32],
 }
 
 impl NewApiKey {
+    /// A new key with a fresh id and 160 random bits of secret.
     pub fn generate() -> Self {
         let id = Id::generate(IdKind::ApiKey);
         let secret = random_base32::<32>();
@@ -58,11 +68,13 @@ impl NewApiKey {
 /// A presented token split into the id to look up and the secret to check.
 #[derive(Debug)]
 pub struct PresentedKey {
+    /// The id to look the key up by.
     pub id: Id,
     secret: String,
 }
 
 impl PresentedKey {
+    /// Splits a bearer token; `None` if it is not shaped like a key.
     pub fn parse(token: &str) -> Option<Self> {
         let rest = token.strip_prefix(PREFIX)?;
         let (body, secret) = rest.split_once('_')?;

@@ -12,18 +12,22 @@ use time::OffsetDateTime;
 pub struct Timestamp(pub i64);
 
 impl Timestamp {
+    /// The instant `ms` milliseconds after the Unix epoch.
     pub fn from_millis(ms: i64) -> Self {
         Self(ms)
     }
 
+    /// Milliseconds since the Unix epoch.
     pub fn as_millis(self) -> i64 {
         self.0
     }
 
+    /// `d` later (saturating).
     pub fn plus(self, d: Duration) -> Self {
         Self(self.0.saturating_add(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)))
     }
 
+    /// `d` earlier (saturating).
     pub fn minus(self, d: Duration) -> Self {
         Self(self.0.saturating_sub(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)))
     }
@@ -54,6 +58,7 @@ impl Timestamp {
 
 /// A source of "now".
 pub trait Clock: Send + Sync + std::fmt::Debug {
+    /// The current instant.
     fn now(&self) -> Timestamp;
 }
 
@@ -77,17 +82,20 @@ pub struct ManualClock {
 }
 
 impl ManualClock {
+    /// A clock standing still at `start`.
     pub fn new(start: Timestamp) -> Self {
         Self {
             now: Arc::new(AtomicI64::new(start.0)),
         }
     }
 
+    /// Moves the clock forward by `d`.
     pub fn advance(&self, d: Duration) {
         self.now
             .fetch_add(i64::try_from(d.as_millis()).unwrap_or(i64::MAX), Ordering::SeqCst);
     }
 
+    /// Sets the clock to `t` (also backwards, to test clock skew).
     pub fn set(&self, t: Timestamp) {
         self.now.store(t.0, Ordering::SeqCst);
     }
@@ -109,6 +117,7 @@ pub struct ScaledClock {
 }
 
 impl ScaledClock {
+    /// A clock at `start` now, running `factor` times as fast as the wall clock.
     pub fn new(start: Timestamp, factor: f64) -> Self {
         Self {
             start,

@@ -2,10 +2,12 @@
 
 use std::time::Duration;
 
+/// A duration flag that does not parse; the text says why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0:?} is not a duration like 90s, 5m, 12h or 30d")]
 pub struct InvalidDuration(pub String);
 
+/// Parses a whole number with its unit: `250ms`, `90s`, `5m`, `12h` or `30d`.
 pub fn parse_duration(text: &str) -> Result<Duration, InvalidDuration> {
     let invalid = || InvalidDuration(text.to_owned());
     let text = text.trim();

@@ -35,12 +35,14 @@ pub struct Fingerprinter {
 }
 
 impl Fingerprinter {
+    /// A fingerprinter keyed with the server's fingerprint secret.
     pub fn new(secret: &[u8]) -> Self {
         Self {
             mac: Hmac::new_from_slice(secret).expect("HMAC accepts keys of any length"),
         }
     }
 
+    /// The fingerprint of a submission's semantic request (canonical JSON, HMAC-SHA-256).
     pub fn fingerprint(&self, semantic_request: &Value) -> Fingerprint {
         let mut mac = self.mac.clone();
         mac.update(canonical_json(semantic_request).as_bytes());

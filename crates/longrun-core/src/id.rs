@@ -30,17 +30,25 @@ const BODY_LEN: usize = 29;
 /// Characters after the prefix of ids made before millisecond ids.
 const OLD_BODY_LEN: usize = 26;
 
+/// What an id names; each kind has its own prefix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum IdKind {
+    /// `op_`: an operation.
     Operation,
+    /// `res_`: a result artifact.
     Result,
+    /// `evt_`: a webhook event.
     Event,
+    /// `key_`: an API key.
     ApiKey,
+    /// `req_`: a request (`X-Request-Id`).
     Request,
+    /// `upl_`: an upload.
     Upload,
 }
 
 impl IdKind {
+    /// The prefix, without its underscore (`op`, `res`, …).
     pub fn prefix(self) -> &'static str {
         match self {
             IdKind::Operation => "op",
@@ -58,6 +66,7 @@ impl IdKind {
 pub struct Id(String);
 
 impl Id {
+    /// A new id of `kind`: a millisecond prefix, then random bits.
     pub fn generate(kind: IdKind) -> Self {
         let millis = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -89,10 +98,12 @@ impl Id {
         Self(s)
     }
 
+    /// The id as text.
     pub fn as_str(&self) -> &str {
         &self.0
     }
 
+    /// The id's text, without copying it.
     pub fn into_string(self) -> String {
         self.0
     }

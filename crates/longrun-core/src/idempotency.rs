@@ -2,22 +2,29 @@
 
 use std::fmt;
 
+/// The longest key accepted, in characters.
 pub const MAX_KEY_LEN: usize = 255;
 
+/// A checked `Idempotency-Key`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct IdempotencyKey(String);
 
+/// Why an `Idempotency-Key` is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum InvalidIdempotencyKey {
+    /// No characters.
     #[error("the Idempotency-Key header is empty")]
     Empty,
+    /// More than [`MAX_KEY_LEN`] characters.
     #[error("the Idempotency-Key header is longer than {MAX_KEY_LEN} characters")]
     TooLong,
+    /// A character outside 0x21–0x7E.
     #[error("the Idempotency-Key header may contain only visible ASCII characters")]
     NotVisibleAscii,
 }
 
 impl IdempotencyKey {
+    /// Checks a header's raw bytes.
     pub fn parse(raw: &[u8]) -> Result<Self, InvalidIdempotencyKey> {
         if raw.is_empty() {
             return Err(InvalidIdempotencyKey::Empty);
@@ -32,6 +39,7 @@ impl IdempotencyKey {
         Ok(Self(String::from_utf8_lossy(raw).into_owned()))
     }
 
+    /// The key as text.
     pub fn as_str(&self) -> &str {
         &self.0
     }

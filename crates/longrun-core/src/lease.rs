@@ -4,6 +4,7 @@ use std::time::Duration;
 
 /// Shortest and longest lease a worker may ask for.
 pub const MIN_LEASE: Duration = Duration::from_secs(5);
+/// The longest lease a worker may ask for.
 pub const MAX_LEASE: Duration = Duration::from_secs(600);
 
 /// Delay before attempt `next_attempt` (2, 3, …) of a re-run-safe operation

@@ -22,10 +22,13 @@ pub fn sign(key: &[u8], result_id: &str, expires: i64) -> String {
     BASE64URL_NOPAD.encode(&mac(key, result_id, expires))
 }
 
+/// Why a download link is refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum LinkError {
+    /// The signature does not match the id and expiry (or the key is unknown).
     #[error("the link's signature does not match")]
     Tampered,
+    /// The link's expiry has passed.
     #[error("the link has expired")]
     Expired,
 }

@@ -10,7 +10,9 @@
 
 use std::time::Duration;
 
+/// The shortest `Retry-After` the server asks for.
 pub const MIN: Duration = Duration::from_secs(1);
+/// The longest `Retry-After` the server asks for.
 pub const MAX: Duration = Duration::from_secs(60);
 
 /// The `Retry-After` for an operation of `age`, of a kind whose typical

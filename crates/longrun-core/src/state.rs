@@ -11,18 +11,25 @@
 use std::fmt;
 use std::str::FromStr;
 
+/// An operation's state (CONTRACT §5); the transition table is [`State::can_become`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum State {
+    /// Waiting for a worker.
     Queued,
+    /// Leased to a worker.
     Running,
+    /// Ended with a result (terminal).
     Succeeded,
+    /// Ended with an error (terminal).
     Failed,
+    /// Ended by a cancel request (terminal).
     Cancelled,
     /// Held back from claims until resumed (non-terminal).
     Paused,
 }
 
 impl State {
+    /// Every state.
     pub const ALL: [State; 6] = [
         State::Queued,
         State::Running,
@@ -32,6 +39,7 @@ impl State {
         State::Paused,
     ];
 
+    /// The state as stored and shown.
     pub fn as_str(self) -> &'static str {
         match self {
             State::Queued => "queued",
@@ -43,6 +51,7 @@ impl State {
         }
     }
 
+    /// Whether no transition leaves it.
     pub fn is_terminal(self) -> bool {
         matches!(self, State::Succeeded | State::Failed | State::Cancelled)
     }
@@ -68,6 +77,7 @@ impl fmt::Display for State {
     }
 }
 
+/// A stored state this version does not know.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("unknown operation state {0:?}")]
 pub struct UnknownState(pub String);
@@ -86,18 +96,24 @@ impl FromStr for State {
 /// A checked transition: constructing one proves it is in the table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Transition {
+    /// The state before.
     pub from: State,
+    /// The state after.
     pub to: State,
 }
 
+/// A transition outside the table.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("illegal transition {from} → {to}")]
 pub struct IllegalTransition {
+    /// The state before.
     pub from: State,
+    /// The state asked for.
     pub to: State,
 }
 
 impl Transition {
+    /// The transition `from` → `to`, if the table has it.
     pub fn new(from: State, to: State) -> Result<Self, IllegalTransition> {
         if from.can_become(to) {
             Ok(Self { from, to })

@@ -6,19 +6,26 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
+/// The longest kind name.
 pub const MAX_KIND_LEN: usize = 64;
+/// The most labels one operation may carry.
 pub const MAX_LABELS: usize = 32;
+/// The longest label key.
 pub const MAX_LABEL_KEY_LEN: usize = 63;
+/// The longest label value, in characters.
 pub const MAX_LABEL_VALUE_LEN: usize = 256;
 /// The serialized `input` may not exceed this, whatever the body limit is.
 pub const MAX_INPUT_BYTES: usize = 256 * 1024;
 /// The longest deadline any kind may be given: 30 days.
 pub const MAX_DEADLINE_SECONDS: u64 = 30 * 24 * 3600;
 
+/// A field that breaks its rule: answered `400 invalid_request`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{field}: {message}")]
 pub struct Invalid {
+    /// The field, as the request names it.
     pub field: &'static str,
+    /// What is wrong with it.
     pub message: String,
 }
 
@@ -85,6 +92,7 @@ pub fn label_selector(selector: &str) -> Result<(String, String), Invalid> {
     Ok((k.to_owned(), v.to_owned()))
 }
 
+/// An input within [`MAX_INPUT_BYTES`] as compact JSON.
 pub fn input_size(input: &Value) -> Result<(), Invalid> {
     let len = serde_json::to_string(input).map(|s| s.len()).unwrap_or(usize::MAX);
     if len > MAX_INPUT_BYTES {
@@ -118,6 +126,7 @@ pub fn named_uploads(input: &Value) -> Vec<crate::Id> {
     ids
 }
 
+/// A deadline of 1 to `max` seconds.
 pub fn deadline_seconds(seconds: u64, max: u64) -> Result<(), Invalid> {
     if seconds == 0 || seconds > max {
         return Err(invalid("deadline_seconds", format!("must be between 1 and {max}")));
@@ -125,6 +134,7 @@ pub fn deadline_seconds(seconds: u64, max: u64) -> Result<(), Invalid> {
     Ok(())
 }
 
+/// A budget that is a finite number above zero.
 pub fn max_cost_units(units: f64) -> Result<(), Invalid> {
     if !(units.is_finite() && units > 0.0) {
         return Err(invalid("budget.max_cost_units", "must be a positive number"));

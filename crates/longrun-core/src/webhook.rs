@@ -31,6 +31,7 @@ impl std::fmt::Debug for WebhookSecret {
 }
 
 impl WebhookSecret {
+    /// A new secret of 256 random bits.
     pub fn generate() -> Self {
         Self {
             key: random_bytes::<32>().to_vec(),
@@ -73,12 +74,16 @@ pub fn signature_header(secrets: &[WebhookSecret], msg_id: &str, timestamp: i64,
         .join(" ")
 }
 
+/// Why a webhook does not verify.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum VerifyError {
+    /// `webhook-timestamp` is not a number.
     #[error("the webhook-timestamp is not a number")]
     BadTimestamp,
+    /// `webhook-timestamp` is outside the tolerance (a replay, or clock skew).
     #[error("the webhook-timestamp is outside the tolerance")]
     StaleTimestamp,
+    /// No signature matches any of the secrets.
     #[error("no signature matches")]
     NoMatch,
 }

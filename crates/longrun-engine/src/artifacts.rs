@@ -14,19 +14,28 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 /// A stream of bytes to store or serve.
 pub type ByteReader = Pin<Box<dyn AsyncRead + Send>>;
 
+/// What a finished write stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stored {
+    /// Bytes written.
     pub size_bytes: u64,
     /// Lowercase hex.
     pub sha256: String,
 }
 
+/// Why an artifact store call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ArtifactError {
+    /// Larger than allowed: nothing is kept.
     #[error("the artifact is larger than {max_bytes} bytes")]
-    TooLarge { max_bytes: u64 },
+    TooLarge {
+        /// The limit it broke.
+        max_bytes: u64,
+    },
+    /// No object under that key.
     #[error("no such artifact")]
     NotFound,
+    /// The storage failed (disk, network, the object store's answer).
     #[error("artifact storage failed: {0}")]
     Io(String),
 }
@@ -41,6 +50,7 @@ impl From<std::io::Error> for ArtifactError {
     }
 }
 
+/// Where result artifacts and upload pieces live: a directory or an S3 bucket.
 #[async_trait]
 pub trait ArtifactStore: Send + Sync + 'static {
     /// Streams `body` into `key` (at most `max_bytes`); the object becomes
@@ -65,6 +75,7 @@ pub struct FileArtifacts {
 }
 
 impl FileArtifacts {
+    /// Artifacts under `root` (made on first write).
     pub fn new(root: impl Into<PathBuf>) -> Self {
         Self { root: root.into() }
     }
@@ -250,11 +261,17 @@ mod tests {
 /// Explicit S3 settings.
 #[derive(Debug, Clone)]
 pub struct S3Settings {
+    /// The bucket.
     pub bucket: String,
+    /// Prefixed to every key (`longrun/`, say); may be empty.
     pub prefix: String,
+    /// An S3-compatible endpoint (MinIO, say) instead of AWS.
     pub endpoint: Option<String>,
+    /// The access key's id.
     pub access_key_id: String,
+    /// The access key's secret.
     pub secret_access_key: String,
+    /// The bucket's region.
     pub region: String,
 }
 

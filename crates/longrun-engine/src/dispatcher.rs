@@ -25,16 +25,19 @@ use crate::worker::{IN_FLIGHT_PER_SLOT, TaskContext, TaskLink, run_handler, send
 /// How long a busy dispatcher lets freed slots gather before it claims.
 const CLAIM_GATHER: Duration = Duration::from_millis(1);
 
+/// How the in-process dispatcher runs.
 #[derive(Debug, Clone)]
 pub struct Config {
     /// Tasks running at once in this process.
     pub concurrency: usize,
+    /// How long each claimed task's lease lasts without a heartbeat.
     pub lease: Duration,
     /// How often to look for work when no wake-up arrives.
     pub poll_interval: Duration,
     /// How long shutdown waits for running tasks before leaving them to the
     /// reaper (built-in kinds are safe to re-run).
     pub shutdown_grace: Duration,
+    /// Names this process in leases and logs.
     pub worker_id: String,
     /// Largest result artifact a task may upload.
     pub max_artifact_bytes: u64,
@@ -57,6 +60,7 @@ impl Default for Config {
     }
 }
 
+/// Claims the built-in kinds in batches up to its free slots and runs them in process.
 pub struct Dispatcher {
     store: Arc<dyn Store>,
     artifacts: Arc<dyn ArtifactStore>,
@@ -76,6 +80,7 @@ pub struct Dispatcher {
 }
 
 impl Dispatcher {
+    /// A dispatcher of `registry`'s kinds over `store`.
     pub fn new(
         store: Arc<dyn Store>,
         artifacts: Arc<dyn ArtifactStore>,
@@ -379,10 +384,13 @@ impl TaskLink for StoreLink {
 
 /// Which artifact of which task an upload is.
 pub struct TaskArtifact<'a> {
+    /// The task's operation.
     pub operation_id: &'a Id,
+    /// The task's lease token: a stale one stores nothing.
     pub lease_token: &'a str,
     /// `default` or the artifact's name.
     pub name: &'a str,
+    /// The artifact's content type, kept with it.
     pub content_type: &'a str,
 }
 

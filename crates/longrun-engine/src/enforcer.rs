@@ -10,11 +10,14 @@ use longrun_core::Clock;
 use longrun_store::{EnforceCounts, EnforceParams, Store, StoreError};
 use tokio_util::sync::CancellationToken;
 
+/// How the deadline enforcer runs.
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// Longest wait between rounds.
     pub interval: Duration,
     /// How long a worker has to acknowledge a server-requested stop.
     pub grace: Duration,
+    /// Most operations handled per round.
     pub batch: u32,
 }
 
@@ -28,6 +31,7 @@ impl Default for Config {
     }
 }
 
+/// Fails operations past their deadline and ends work that ignored a stop.
 pub struct Enforcer {
     store: Arc<dyn Store>,
     clock: Arc<dyn Clock>,
@@ -35,10 +39,12 @@ pub struct Enforcer {
 }
 
 impl Enforcer {
+    /// An enforcer over `store`, reading time from `clock`.
     pub fn new(store: Arc<dyn Store>, clock: Arc<dyn Clock>, config: Config) -> Self {
         Self { store, clock, config }
     }
 
+    /// One round: what it ended.
     #[tracing::instrument(name = "enforce", skip_all)]
     pub async fn run_once(&self) -> Result<EnforceCounts, StoreError> {
         let counts = self
@@ -66,6 +72,7 @@ impl Enforcer {
         Ok(counts)
     }
 
+    /// Rounds every `interval` until `shutdown`.
     pub async fn run(self, shutdown: CancellationToken) {
         crate::service::run_every("enforcing deadlines", self.config.interval, shutdown, || {
             self.run_once()

@@ -31,8 +31,11 @@ use crate::worker::{Handler, KindInfo, TaskContext, TaskError};
 /// How much of stderr a failure message keeps (the end of it).
 const STDERR_TAIL: usize = 2048;
 
+/// A kind run by a shell command (`longrun worker --exec`).
 pub struct ExecHandler {
+    /// The kind it runs.
     pub kind: String,
+    /// The command, run by `sh -c` with the input on stdin.
     pub command: String,
     /// Between SIGTERM and SIGKILL.
     pub grace: Duration,

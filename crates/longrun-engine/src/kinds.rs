@@ -27,14 +27,17 @@ impl Registry {
         registry
     }
 
+    /// Adds `handler` under the kind its info names (replacing one of that name).
     pub fn register(&mut self, handler: Arc<dyn Handler>) {
         self.handlers.insert(handler.info().name, handler);
     }
 
+    /// The handler of `kind`.
     pub fn get(&self, kind: &str) -> Option<&Arc<dyn Handler>> {
         self.handlers.get(kind)
     }
 
+    /// The kinds registered.
     pub fn kinds(&self) -> Vec<String> {
         self.handlers.keys().cloned().collect()
     }

@@ -11,8 +11,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::signals::Signals;
 
+/// How the reaper runs.
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// Longest wait between rounds.
     pub interval: Duration,
     /// Most leases handled per round.
     pub batch: u32,
@@ -27,6 +29,7 @@ impl Default for Config {
     }
 }
 
+/// Ends leases that were not renewed: the task is retried or ends `outcome_unknown`.
 pub struct Reaper {
     store: Arc<dyn Store>,
     signals: Signals,
@@ -35,6 +38,7 @@ pub struct Reaper {
 }
 
 impl Reaper {
+    /// A reaper over `store`, waking claimers through `signals` when it requeues work.
     pub fn new(store: Arc<dyn Store>, signals: Signals, clock: Arc<dyn Clock>, config: Config) -> Self {
         Self {
             store,
@@ -73,6 +77,7 @@ impl Reaper {
         Ok(counts)
     }
 
+    /// Rounds every `interval` until `shutdown`.
     pub async fn run(self, shutdown: CancellationToken) {
         crate::service::run_every("reaping leases", self.config.interval, shutdown, || self.run_once()).await;
     }

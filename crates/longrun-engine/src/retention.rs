@@ -14,10 +14,14 @@ use tokio_util::sync::CancellationToken;
 
 use crate::artifacts::ArtifactStore;
 
+/// How retention runs.
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// Longest wait between passes.
     pub interval: Duration,
+    /// How long the tombstone of a removed operation still answers `410`.
     pub tombstone_retention: Duration,
+    /// How long webhook delivery records are kept.
     pub delivery_retention: Duration,
     /// Rows of each kind per store call.
     pub batch: u32,
@@ -37,10 +41,13 @@ impl Default for Config {
 /// What a pass did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Report {
+    /// Rows removed, by kind.
     pub records: RetentionCounts,
+    /// Artifact objects deleted.
     pub objects_deleted: u64,
 }
 
+/// Removes expired operations, results, uploads and records, and their objects.
 pub struct Retention {
     store: Arc<dyn Store>,
     artifacts: Arc<dyn ArtifactStore>,
@@ -49,6 +56,7 @@ pub struct Retention {
 }
 
 impl Retention {
+    /// Retention over `store` and `artifacts`.
     pub fn new(
         store: Arc<dyn Store>,
         artifacts: Arc<dyn ArtifactStore>,
@@ -123,6 +131,7 @@ impl Retention {
         }
     }
 
+    /// Passes every `interval` until `shutdown`.
     pub async fn run(self, shutdown: CancellationToken) {
         crate::service::run_every("the retention pass", self.config.interval, shutdown, || self.run_once()).await;
     }

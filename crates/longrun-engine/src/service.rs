@@ -7,6 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+/// Runs `round` every `interval` until `shutdown`, logging failures as [`Failures`] says.
 pub async fn run_every<F, Fut, T, E>(what: &'static str, interval: Duration, shutdown: CancellationToken, mut round: F)
 where
     F: FnMut() -> Fut,
@@ -43,6 +44,7 @@ pub struct Failures {
 }
 
 impl Failures {
+    /// Counts a failed round; `true` when it should be logged now.
     pub fn failed(&mut self, what: &str, error: &dyn Display) -> bool {
         let now = Instant::now();
         let (count, since) = self.run.get_or_insert((0, now));
@@ -62,6 +64,7 @@ impl Failures {
         due
     }
 
+    /// Ends a run of failures; `true` when it ended one (and logged that).
     pub fn succeeded(&mut self, what: &str) -> bool {
         let Some((count, since)) = self.run.take() else {
             return false;

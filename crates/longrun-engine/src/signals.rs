@@ -11,6 +11,7 @@ use tokio::sync::watch;
 
 use crate::worker::StopFlags;
 
+/// In-process wake-ups: new work for claimers, cancel and pause for running tasks. Cheap to clone.
 #[derive(Clone)]
 pub struct Signals {
     inner: Arc<Inner>,
@@ -53,6 +54,7 @@ impl Signals {
         self.inner.work.send_modify(|n| *n = n.wrapping_add(1));
     }
 
+    /// Subscribes to new work; subscribe before looking, so nothing is missed.
     pub fn watch_work(&self) -> WorkWatch {
         WorkWatch(self.inner.work.subscribe())
     }
@@ -69,6 +71,7 @@ impl Signals {
         flag
     }
 
+    /// Forgets a task that stopped running here.
     pub fn untrack(&self, id: &Id) {
         self.inner.running.lock().expect("signals poisoned").remove(id);
     }

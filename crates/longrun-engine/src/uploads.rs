@@ -23,6 +23,7 @@ use crate::artifacts::{ArtifactError, ArtifactStore, ByteReader};
 /// One request's body, stored.
 #[derive(Debug, Clone)]
 pub struct Piece {
+    /// Where the piece is stored and how long it is.
     pub chunk: UploadChunk,
     /// Lowercase hex SHA-256 of the piece.
     pub sha256: String,

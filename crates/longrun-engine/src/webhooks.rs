@@ -26,23 +26,31 @@ use tokio_util::sync::CancellationToken;
 /// What destinations are allowed (`--webhook-allow-http`, `--webhook-allow-private`).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DeliveryPolicy {
+    /// Allow `http://` receivers (not only `https://`).
     pub allow_http: bool,
+    /// Allow receivers at private, loopback and link-local addresses.
     pub allow_private: bool,
 }
 
+/// How the webhook deliverer runs.
 #[derive(Debug, Clone)]
 pub struct Config {
     /// Delays before each attempt; the first attempt is immediate whatever
     /// the first entry says, and there are as many attempts as entries.
     pub schedule: Vec<Duration>,
+    /// Deliveries in flight at once.
     pub concurrency: usize,
+    /// Longest an attempt may take.
     pub attempt_timeout: Duration,
+    /// Most bytes of a receiver's answer read.
     pub max_response_bytes: usize,
+    /// Most events taken per round.
     pub batch: u32,
     /// How long an event is reserved for the deliverer working on it.
     pub lease: Duration,
     /// Longest wait between looks for due events.
     pub interval: Duration,
+    /// Which destinations are allowed.
     pub policy: DeliveryPolicy,
     /// Keep connections to receivers open between deliveries.
     pub reuse_connections: bool,
@@ -50,6 +58,7 @@ pub struct Config {
     pub secret_cache: Duration,
 }
 
+/// `0s,5s,5m,30m,2h,5h,10h,10h`: 8 attempts over about a day.
 pub fn default_schedule() -> Vec<Duration> {
     longrun_core::webhook::parse_schedule("0s,5s,5m,30m,2h,5h,10h,10h").expect("the default schedule parses")
 }
@@ -74,6 +83,7 @@ impl Default for Config {
 /// Name resolution, injectable so tests can make a name resolve to a private
 /// address without touching the machine's DNS.
 pub trait HostLookup: Send + Sync + 'static {
+    /// The addresses `host` resolves to.
     fn lookup(&self, host: String) -> Pin<Box<dyn Future<Output = io::Result<Vec<IpAddr>>> + Send>>;
 }
 
@@ -148,11 +158,15 @@ pub fn check_destination(url: &str, policy: DeliveryPolicy) -> Result<reqwest::U
 /// What one round did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DeliveryCounts {
+    /// Events acknowledged with a 2xx.
     pub delivered: u64,
+    /// Attempts that failed with attempts left.
     pub retrying: u64,
+    /// Events whose last attempt failed.
     pub given_up: u64,
 }
 
+/// Delivers due webhooks: signed (Standard Webhooks), retried on its schedule, to allowed destinations only.
 pub struct Deliverer {
     store: Arc<dyn Store>,
     clock: Arc<dyn Clock>,
@@ -162,10 +176,12 @@ pub struct Deliverer {
 }
 
 impl Deliverer {
+    /// A deliverer resolving names with the operating system.
     pub fn new(store: Arc<dyn Store>, clock: Arc<dyn Clock>, config: Config) -> Self {
         Self::with_lookup(store, clock, config, Arc::new(SystemLookup))
     }
 
+    /// A deliverer resolving names with `lookup`.
     pub fn with_lookup(
         store: Arc<dyn Store>,
         clock: Arc<dyn Clock>,

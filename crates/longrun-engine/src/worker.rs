@@ -25,7 +25,12 @@ pub enum TaskError {
     Retryable(String),
     /// Final: the operation fails with this code.
     #[error("{code}: {message}")]
-    Fatal { code: String, message: String },
+    Fatal {
+        /// The operation's `error.code`.
+        code: String,
+        /// Its `error.message`.
+        message: String,
+    },
     /// The handler stopped because cancellation was requested.
     #[error("cancelled")]
     Cancelled,
@@ -36,6 +41,7 @@ pub enum TaskError {
 }
 
 impl TaskError {
+    /// A final failure with `code` and `message`.
     pub fn fatal(code: impl Into<String>, message: impl Into<String>) -> Self {
         TaskError::Fatal {
             code: code.into(),
@@ -68,8 +74,11 @@ impl TaskError {
 /// What a kind declares about itself.
 #[derive(Debug, Clone)]
 pub struct KindInfo {
+    /// The kind's name.
     pub name: String,
+    /// Running it twice is harmless, so a lost worker's task is retried.
     pub rerun_safe: bool,
+    /// Attempts in all, the first included.
     pub max_attempts: i64,
     /// Its handler saves checkpoints and honours pause requests (and
     /// resumes from [`TaskContext::checkpoint`]).
@@ -79,11 +88,13 @@ pub struct KindInfo {
 /// One operation kind's code.
 #[async_trait]
 pub trait Handler: Send + Sync + 'static {
+    /// What the kind declares.
     fn info(&self) -> KindInfo;
 
     /// Cheap, deterministic checks of `input`, run at submission.
     fn validate(&self, input: &Value) -> Result<(), Invalid>;
 
+    /// Runs one attempt: the result, or why it stopped.
     async fn run(&self, ctx: TaskContext) -> Result<Option<Value>, TaskError>;
 }
 
@@ -91,6 +102,7 @@ pub trait Handler: Send + Sync + 'static {
 /// over HTTP for remote workers.
 #[async_trait]
 pub trait TaskLink: Send + Sync + 'static {
+    /// Renews the lease, with progress, cost, the commit point and a checkpoint.
     async fn heartbeat(
         &self,
         progress: Option<ProgressUpdate>,
@@ -129,8 +141,11 @@ pub trait TaskLink: Send + Sync + 'static {
 /// An artifact uploaded for the current task.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UploadedArtifact {
+    /// `res_…`
     pub id: String,
+    /// Its size.
     pub size_bytes: u64,
+    /// Lowercase hex SHA-256.
     pub sha256: String,
 }
 
@@ -162,7 +177,9 @@ fn fold_progress(older: Option<ProgressUpdate>, newer: ProgressUpdate) -> Progre
 /// signal).
 #[derive(Debug)]
 pub struct StopFlags {
+    /// Turns `true` on a cancel request.
     pub cancel: watch::Sender<bool>,
+    /// Turns `true` on a pause request.
     pub pause: watch::Sender<bool>,
 }
 
@@ -297,10 +314,12 @@ impl TaskContext {
         &self.operation_id
     }
 
+    /// 1 for the first attempt.
     pub fn attempt(&self) -> i64 {
         self.attempt
     }
 
+    /// The submission's input.
     pub fn input(&self) -> &Value {
         &self.input
     }

@@ -11,6 +11,8 @@ use url::{Host, Url};
 use crate::http::error::ApiError;
 use crate::http::operations::MAX_CALLBACK_URL_LEN;
 
+/// Which callback URLs a submission may name (checked when it is accepted;
+/// the deliverer checks the resolved address again).
 #[derive(Debug, Clone, Default)]
 pub struct CallbackPolicy {
     /// `--webhook-allow-http`

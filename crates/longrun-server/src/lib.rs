@@ -7,9 +7,13 @@
 //!
 //! # Layout
 //!
-//! - `http` (public: the CLI names its problem codes): the routes, one
-//!   module per resource; handlers parse, call the store (or the engine),
-//!   render. `http::error::ApiError` is the one place a problem is rendered.
+//! - `http` (private; [`ApiError`] is re-exported, as the CLI names the
+//!   problem codes of store errors with it): the routes, one module per
+//!   resource; handlers parse, call the store (or the engine), render, with
+//!   the bodies of `longrun-api`. `ApiError` is the one place a problem is
+//!   rendered.
+//! - `console` (private): the web console at `/ui/`, server-rendered pages
+//!   over the same store calls as the API.
 //! - `listen` (public: its `Limits` are the server's flags): the listener;
 //!   every bound against hostile clients lives there.
 //! - `cache`, `ratelimit`, `changes`, `callback`, `metrics` (private): TTL
@@ -23,8 +27,8 @@
 mod cache;
 mod callback;
 mod changes;
-pub mod console;
-pub mod http;
+mod console;
+mod http;
 pub mod listen;
 mod metrics;
 mod ratelimit;
@@ -46,6 +50,7 @@ use tower_http::timeout::RequestBodyTimeoutLayer;
 use cache::TtlCache;
 pub use callback::CallbackPolicy;
 use changes::ChangeHub;
+pub use http::error::ApiError;
 use ratelimit::{InFlight, RateLimiter, TenantsInFlight};
 pub use server::{BootstrapKeys, HARD_STOP_AFTER, RunningServer, ServeOptions, add_link_key, shutdown_signal, start};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -53,11 +58,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// Settings of the HTTP edge.
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// Largest request body accepted (`--max-body-bytes`).
     pub max_body_bytes: usize,
     /// Refuse submissions without `Idempotency-Key` (the default).
     pub require_idempotency_key: bool,
     /// Retention of terminal operations (and so of their idempotency records).
     pub operation_retention: Duration,
+    /// Which callback URLs a submission may name.
     pub callback_policy: CallbackPolicy,
     /// How long a verified API key is trusted before it is read again (so how
     /// long a revocation may take to bite).
@@ -123,13 +130,14 @@ const TYPICAL_DURATION_TTL: Duration = Duration::from_secs(5);
 #[derive(Clone)]
 pub struct AppState(Arc<Inner>);
 
+/// What [`AppState`] shares; its parts are the crate's own.
 pub struct Inner {
-    pub store: Arc<dyn Store>,
-    pub artifacts: Arc<dyn ArtifactStore>,
-    pub clock: Arc<dyn Clock>,
-    pub registry: Registry,
-    pub signals: Signals,
-    pub fingerprinter: Fingerprinter,
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) artifacts: Arc<dyn ArtifactStore>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) registry: Registry,
+    pub(crate) signals: Signals,
+    pub(crate) fingerprinter: Fingerprinter,
     /// Verified key records (revoked ones too).
     pub(crate) keys: TtlCache<Id, ApiKeyRecord>,
     /// Key ids the store does not know: a flood of one bad key reads once.
@@ -153,7 +161,7 @@ pub struct Inner {
     pub(crate) stats: Arc<console::stats::ConsoleStats>,
     /// Console pages following live changes.
     pub(crate) console_streams: InFlight,
-    pub config: Config,
+    pub(crate) config: Config,
 }
 
 impl std::ops::Deref for AppState {
@@ -165,6 +173,7 @@ impl std::ops::Deref for AppState {
 }
 
 impl AppState {
+    /// The state of a server over `store` and `artifacts`.
     pub fn new(
         store: Arc<dyn Store>,
         artifacts: Arc<dyn ArtifactStore>,
@@ -266,7 +275,8 @@ impl AppState {
         self.changes.waiting(tenant)
     }
 
-    pub async fn operation(&self, tenant: &str, id: &Id) -> Result<Operation, http::error::ApiError> {
+    /// The tenant's operation `id`: `404` for another tenant's, `410` once removed.
+    pub(crate) async fn operation(&self, tenant: &str, id: &Id) -> Result<Operation, http::error::ApiError> {
         let op = self.store.operation_get(tenant, id).await?;
         let op = self.found(tenant, id, op).await?;
         self.visible(op)
@@ -340,7 +350,8 @@ impl AppState {
         Ok(find(&fresh))
     }
 
-    pub async fn tenant_limits(&self, tenant: &str) -> Result<Option<TenantLimits>, StoreError> {
+    /// The tenant's quotas (cached briefly).
+    pub(crate) async fn tenant_limits(&self, tenant: &str) -> Result<Option<TenantLimits>, StoreError> {
         self.tenants
             .get_or_load(&tenant.to_owned(), || self.store.tenant_get(tenant))
             .await

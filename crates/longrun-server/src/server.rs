@@ -24,16 +24,25 @@ use tokio::task::JoinHandle;
 
 use crate::{AppState, Config, app};
 
+/// How `longrun serve` runs: every flag, as the CLI parsed it.
 pub struct ServeOptions {
+    /// Where to listen.
     pub listen: SocketAddr,
+    /// The embedded database (used unless `postgres` is set).
     pub sqlite: SqliteConfig,
+    /// The HTTP edge's settings.
     pub http: Config,
     /// Run the built-in kinds in this process.
     pub builtin_workers: bool,
+    /// The in-process workers.
     pub dispatcher: dispatcher::Config,
+    /// The reaper of lapsed leases.
     pub reaper: reaper::Config,
+    /// The deadline enforcer.
     pub enforcer: enforcer::Config,
+    /// The webhook deliverer.
     pub webhooks: webhooks::Config,
+    /// Retention.
     pub retention: retention::Config,
     /// Where result artifacts are stored (`--data-dir/artifacts`) unless
     /// `artifact_store` names another store.
@@ -46,10 +55,12 @@ pub struct ServeOptions {
     pub postgres: Option<PostgresConfig>,
     /// Run the webhook deliverer in this process.
     pub deliver_webhooks: bool,
+    /// Where time comes from (a `ManualClock` in tests).
     pub clock: Arc<dyn Clock>,
 }
 
 impl ServeOptions {
+    /// The defaults, listening on `listen` over the SQLite database `sqlite`.
     pub fn new(listen: SocketAddr, sqlite: SqliteConfig) -> Self {
         let artifacts_dir = sqlite
             .path
@@ -79,14 +90,21 @@ impl ServeOptions {
 /// The keys created on first start, shown once.
 #[derive(Debug, Clone)]
 pub struct BootstrapKeys {
+    /// The tenant made for them.
     pub tenant: String,
+    /// A key of role `admin`.
     pub admin: String,
+    /// A key of role `client`.
     pub client: String,
 }
 
+/// A server started by [`start`].
 pub struct RunningServer {
+    /// The address it listens on (the port chosen, for port 0).
     pub addr: SocketAddr,
+    /// The keys made on first start; `None` on later starts.
     pub bootstrap: Option<BootstrapKeys>,
+    /// The store it serves.
     pub store: Arc<dyn Store>,
     /// The handlers' state, for tests and embedding.
     pub state: AppState,
@@ -110,6 +128,7 @@ impl RunningServer {
         self.handle.await.context("the server task panicked")?
     }
 
+    /// Cancelling it starts the shutdown (as a signal would).
     pub fn shutdown_token(&self) -> CancellationToken {
         self.shutdown.clone()
     }

@@ -3,8 +3,11 @@
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 use std::sync::Arc;
 
+/// What a store call can refuse, besides failing on IO. Callers decide on
+/// the variant, never on the message.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
+    /// No such record (or another tenant's).
     #[error("not found")]
     NotFound,
     /// The lease token is not the current one, or the task is no longer running.
@@ -15,30 +18,55 @@ pub enum StoreError {
     NotCancellable,
     /// `If-Match` named a version that is not the current one.
     #[error("precondition failed: current version is {current_version}")]
-    PreconditionFailed { current_version: i64 },
+    PreconditionFailed {
+        /// The current version.
+        current_version: i64,
+    },
     /// The tenant is at its `max_active` quota (the submission is rolled back).
     #[error("quota exceeded: {active} of {max_active} active operations")]
-    QuotaExceeded { active: i64, max_active: i64 },
+    QuotaExceeded {
+        /// Operations of the tenant not yet ended.
+        active: i64,
+        /// The quota.
+        max_active: i64,
+    },
     /// An upload was larger than allowed.
     #[error("larger than {max_bytes} bytes")]
-    TooLarge { max_bytes: u64 },
+    TooLarge {
+        /// The limit.
+        max_bytes: u64,
+    },
     /// An upload's append named another offset than the current one, or the
     /// upload is already complete.
     #[error("the upload's offset is {offset}")]
-    UploadOffsetMismatch { offset: i64, complete: bool },
+    UploadOffsetMismatch {
+        /// Where the stored bytes end.
+        offset: i64,
+        /// Whether the upload is complete.
+        complete: bool,
+    },
     /// The operation was removed by retention; its tombstone still answers.
     #[error("the operation was removed")]
     Gone,
     /// Cancellation was requested or the operation ended: no pause or
     /// resume is applied (terminal intent dominates).
     #[error("the operation's terminal intent is already set (version {current_version})")]
-    IntentConflict { current_version: i64 },
+    IntentConflict {
+        /// The current version.
+        current_version: i64,
+    },
     /// Running work whose kind cannot pause.
     #[error("the running operation cannot pause (version {current_version})")]
-    NotPausable { current_version: i64 },
+    NotPausable {
+        /// The current version.
+        current_version: i64,
+    },
     /// The operation is terminal: its intent can no longer change.
     #[error("the operation is terminal")]
-    Terminal { current_version: i64 },
+    Terminal {
+        /// The current version.
+        current_version: i64,
+    },
     /// The schema's guard refused a change (a state change outside the
     /// transition table, a change to a terminal operation, a version that
     /// does not move by one): a bug in the caller if ever seen.

@@ -24,7 +24,9 @@
 //! - `conformance` and `pgtest` (feature `test-support`): the suite every
 //!   backend passes, and a throwaway PostgreSQL cluster.
 
+// Each case is a `pub async fn` whose name says what it checks.
 #[cfg(feature = "test-support")]
+#[allow(missing_docs)]
 pub mod conformance;
 mod error;
 #[cfg(feature = "test-support")]
@@ -45,8 +47,12 @@ pub use types::*;
 use async_trait::async_trait;
 use longrun_core::Id;
 
+/// A store call's result.
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
+/// The durable state of Longrun: one trait, two backends (SQLite, PostgreSQL),
+/// one conformance suite judging both. A call applies all of its change or
+/// none (a batch call: each item alone), and callers pass `now`.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
     /// Accepts a submission: operation row, idempotency record, first event
@@ -124,18 +130,27 @@ pub trait Store: Send + Sync + 'static {
     /// deadline to stop, and ends work whose worker ignored such a request.
     async fn deadline_enforce(&self, params: EnforceParams) -> Result<EnforceCounts>;
 
+    /// Sets a tenant's limits (creating the tenant).
     async fn tenant_set(&self, limits: TenantLimits) -> Result<()>;
+    /// A tenant's limits, if it has any.
     async fn tenant_get(&self, name: &str) -> Result<Option<TenantLimits>>;
 
+    /// Stores a new API key.
     async fn api_key_create(&self, params: ApiKeyCreateParams) -> Result<()>;
+    /// The key `id`, revoked or not.
     async fn api_key_get(&self, id: &Id) -> Result<Option<ApiKeyRecord>>;
+    /// Every key, revoked ones too.
     async fn api_key_list(&self) -> Result<Vec<ApiKeyRecord>>;
     /// `true` if a key was revoked now, `false` if unknown or already revoked.
     async fn api_key_revoke(&self, id: &Id, now: longrun_core::Timestamp) -> Result<bool>;
+    /// How many keys exist (bootstrap makes keys only on an empty store).
     async fn api_key_count(&self) -> Result<u64>;
 
+    /// Declares a kind, or changes its declaration.
     async fn kind_upsert(&self, spec: KindSpec) -> Result<()>;
+    /// The kind `name`, if declared.
     async fn kind_get(&self, name: &str) -> Result<Option<KindSpec>>;
+    /// Every declared kind.
     async fn kind_list(&self) -> Result<Vec<KindSpec>>;
 
     /// The server-wide secret `name`: `candidate` is stored if there is none

@@ -9,7 +9,10 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+/// A throwaway PostgreSQL cluster, run as the unprivileged `postgres` user
+/// and stopped and removed when the process that started it exits.
 pub struct Cluster {
+    /// The port it listens on (127.0.0.1).
     pub port: u16,
     base: PathBuf,
     pg_ctl: PathBuf,

@@ -37,8 +37,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (13, include_str!("sqlite/migrations/0013_events_append.sql")),
 ];
 
+/// How to open the embedded database.
 #[derive(Debug, Clone)]
 pub struct SqliteConfig {
+    /// The database file (`longrun.db`).
     pub path: PathBuf,
     /// How long a terminal operation (and its idempotency record) is kept.
     pub operation_retention: Duration,
@@ -55,6 +57,7 @@ pub struct SqliteConfig {
 }
 
 impl SqliteConfig {
+    /// Defaults for the file at `path`.
     pub fn new(path: impl Into<PathBuf>) -> Self {
         Self {
             path: path.into(),
@@ -75,6 +78,7 @@ pub(crate) struct WritePolicy {
     pub keep_inputs: bool,
 }
 
+/// The SQLite backend: one writer thread committing in groups, pooled WAL readers.
 pub struct SqliteStore {
     writer: Writer,
     /// Stops the checkpointer thread when the store is dropped.

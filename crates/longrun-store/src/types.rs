@@ -12,27 +12,47 @@ use serde_json::Value;
 /// An operation as stored.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Operation {
+    /// `op_…`
     pub id: Id,
+    /// The owning tenant.
     pub tenant: String,
+    /// The operation kind.
     pub kind: String,
+    /// The operation's state.
     pub state: State,
+    /// Moves by one with every change; the ETag.
     pub version: i64,
+    /// Attempts started so far (1 for the first).
     pub attempt: i64,
     /// Dropped (None) once the operation ends, unless inputs are kept.
     pub input: Option<Value>,
+    /// Where its webhooks go.
     pub callback_url: Option<String>,
+    /// When it fails with `deadline_exceeded` if not finished.
     pub deadline_at: Option<Timestamp>,
+    /// The budget: most cost units the work may report.
     pub budget_max_cost: Option<f64>,
+    /// Cost reported so far.
     pub cost_units: f64,
+    /// Labels to filter lists by.
     pub labels: BTreeMap<String, String>,
+    /// The latest stored progress.
     pub progress: Option<Progress>,
+    /// The inline result (or the members beside its artifacts).
     pub result: Option<Value>,
+    /// Why it failed.
     pub error: Option<OperationError>,
+    /// The cancel request, once made.
     pub cancel: Option<CancelRequest>,
+    /// Whether a cancel request can still stop the work (`false` past the commit point).
     pub cancellable: bool,
+    /// When it was created.
     pub created_at: Timestamp,
+    /// When the first attempt started.
     pub started_at: Option<Timestamp>,
+    /// When it became terminal.
     pub completed_at: Option<Timestamp>,
+    /// When it last changed.
     pub updated_at: Timestamp,
     /// When the record itself will be removed; set when it becomes terminal.
     pub expires_at: Option<Timestamp>,
@@ -68,39 +88,59 @@ impl Operation {
     }
 }
 
+/// Progress as stored: the latest report, merged field by field.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Progress {
+    /// Units done.
     pub completed_units: Option<f64>,
+    /// Units in all, when known.
     pub total_units: Option<f64>,
+    /// What a unit is (`rows`, `bytes`).
     pub unit: Option<String>,
+    /// The step the work is in.
     pub phase: Option<String>,
+    /// Kind-specific JSON.
     pub details: Option<Value>,
+    /// When it last changed.
     pub updated_at: Option<Timestamp>,
 }
 
+/// Why an operation failed.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OperationError {
+    /// A stable code (`deadline_exceeded`, `outcome_unknown`, or the worker's own).
     pub code: String,
+    /// For people.
     pub message: String,
+    /// Whether another attempt (or a re-run) may succeed.
     pub retryable: bool,
 }
 
+/// A cancel request: who asked, when, why.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CancelRequest {
+    /// When it was asked for.
     pub requested_at: Timestamp,
     /// The API key id (or `system`) that asked.
     pub requested_by: String,
+    /// The reason given.
     pub reason: Option<String>,
 }
 
 /// One entry of an operation's audit trail; `version` is unique per operation.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Event {
+    /// The operation.
     pub operation_id: Id,
+    /// The version this event made.
     pub version: i64,
+    /// The event's type (`created`, `started`, `progress`, `succeeded`, …).
     pub event_type: String,
+    /// The operation's state after it.
     pub state: State,
+    /// When.
     pub at: Timestamp,
+    /// What changed.
     pub data: Value,
     /// The operation as it was at this version (its input left out).
     pub snapshot: Option<Operation>,
@@ -110,17 +150,27 @@ pub struct Event {
 /// what metrics are derived from).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Change {
+    /// The operation.
     pub operation_id: Id,
+    /// The owning tenant.
     pub tenant: String,
+    /// The version the change made.
     pub version: i64,
     /// The event type: `created`, `started`, `progress`, `succeeded`, …
     pub event_type: String,
+    /// The operation kind.
     pub kind: String,
+    /// The operation's state after it.
     pub state: State,
+    /// Attempts started so far (1 for the first).
     pub attempt: i64,
+    /// When it was created.
     pub created_at: Timestamp,
+    /// When the first attempt started.
     pub started_at: Option<Timestamp>,
+    /// When it became terminal.
     pub completed_at: Option<Timestamp>,
+    /// When cancellation was requested.
     pub cancel_requested_at: Option<Timestamp>,
 }
 
@@ -163,6 +213,7 @@ impl Change {
         }
     }
 
+    /// Whether this is [`Change::resync`], not a change.
     pub fn is_resync(&self) -> bool {
         self.event_type == Self::RESYNC && self.operation_id.as_str().is_empty()
     }
@@ -183,15 +234,24 @@ pub struct Backlog {
     pub webhooks_failing: u64,
 }
 
+/// A submission, checked and ready to store (`operation_accept`).
 #[derive(Debug, Clone)]
 pub struct AcceptParams {
+    /// The new operation's id (made by the caller).
     pub id: Id,
+    /// The owning tenant.
     pub tenant: String,
+    /// The operation kind.
     pub kind: String,
+    /// Its input (already checked by the kind).
     pub input: Value,
+    /// Where its webhooks go.
     pub callback_url: Option<String>,
+    /// When it fails with `deadline_exceeded` if not finished.
     pub deadline_at: Option<Timestamp>,
+    /// The budget: most cost units the work may report.
     pub budget_max_cost: Option<f64>,
+    /// Its labels (already checked).
     pub labels: BTreeMap<String, String>,
     /// `None` only when the server's policy makes keys optional.
     pub idempotency: Option<(IdempotencyKey, Fingerprint)>,
@@ -202,27 +262,36 @@ pub struct AcceptParams {
     /// Start from `rerun_of`'s last checkpoint (copied in the same
     /// transaction), if it saved one.
     pub from_checkpoint: bool,
+    /// The instant of the call (callers pass time in; the store reads no clock).
     pub now: Timestamp,
 }
 
+/// What a submission came to.
 #[derive(Debug, Clone, PartialEq)]
 pub enum AcceptOutcome {
+    /// A new operation.
     Created(Operation),
     /// Same key, same canonical request: the original operation.
     Replayed(Operation),
     /// Same key, different request: nothing was created.
     KeyReused {
+        /// The operation the key made.
         operation_id: Id,
     },
 }
 
+/// A page of a list (`operation_list`).
 #[derive(Debug, Clone, Default)]
 pub struct ListParams {
     /// `None` lists every tenant's (the admin console only).
     pub tenant: Option<String>,
+    /// Only operations in this state.
     pub state: Option<State>,
+    /// Only operations of this kind.
     pub kind: Option<String>,
+    /// Only operations with this label (key, value).
     pub label: Option<(String, String)>,
+    /// Most operations in the page.
     pub page_size: u32,
     /// Exclusive upper bound on the internal sequence number (newest first).
     pub before_seq: Option<i64>,
@@ -235,23 +304,33 @@ pub struct ListParams {
     pub created_before: Option<Timestamp>,
 }
 
+/// A page of operations.
 #[derive(Debug, Clone)]
 pub struct OperationPage {
+    /// The operations, newest first.
     pub operations: Vec<Operation>,
     /// The cursor for the next page, if there may be one.
     pub next_before_seq: Option<i64>,
 }
 
+/// A cancel request (`operation_cancel`).
 #[derive(Debug, Clone)]
 pub struct CancelParams {
+    /// The owning tenant.
     pub tenant: String,
+    /// The operation.
     pub id: Id,
+    /// The API key id that asked.
     pub requested_by: String,
+    /// The client's reason.
     pub reason: Option<String>,
+    /// The version the client observed (`If-Match`): another one refuses the call.
     pub if_match: Option<i64>,
+    /// The instant of the call (callers pass time in; the store reads no clock).
     pub now: Timestamp,
 }
 
+/// What a cancel request came to.
 #[derive(Debug, Clone, PartialEq)]
 pub enum CancelOutcome {
     /// Was queued, is now `cancelled`.
@@ -264,26 +343,41 @@ pub enum CancelOutcome {
     AlreadyTerminal(Operation),
 }
 
+/// A claim (`task_claim`): lease up to `max_tasks` queued tasks of `kinds`.
 #[derive(Debug, Clone)]
 pub struct ClaimParams {
+    /// The kinds the worker runs.
     pub kinds: Vec<String>,
+    /// At most this many tasks.
     pub max_tasks: u32,
+    /// How long each lease lasts without a heartbeat.
     pub lease: Duration,
+    /// Names the worker in leases and logs.
     pub worker_id: String,
+    /// The instant of the call (callers pass time in; the store reads no clock).
     pub now: Timestamp,
 }
 
 /// A leased unit of work.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Task {
+    /// The operation.
     pub operation_id: Id,
+    /// The owning tenant.
     pub tenant: String,
+    /// The operation kind.
     pub kind: String,
+    /// The submission's input.
     pub input: Value,
+    /// Attempts started so far (1 for the first).
     pub attempt: i64,
+    /// The task's lease token: only the current lease's calls are applied.
     pub lease_token: String,
+    /// When the lease ends without a heartbeat.
     pub lease_expires_at: Timestamp,
+    /// When it fails with `deadline_exceeded` if not finished.
     pub deadline_at: Option<Timestamp>,
+    /// The budget: most cost units the work may report.
     pub budget_max_cost: Option<f64>,
     /// The last checkpoint a worker saved for this operation (in an earlier
     /// attempt, before a pause, or copied by a `from_checkpoint` re-run):
@@ -294,19 +388,29 @@ pub struct Task {
 /// Largest checkpoint a worker may save, as JSON text.
 pub const MAX_CHECKPOINT_BYTES: usize = 64 * 1024;
 
+/// A progress report: each field set replaces the stored one.
 #[derive(Debug, Clone, Default)]
 pub struct ProgressUpdate {
+    /// Units done.
     pub completed_units: Option<f64>,
+    /// Units in all, when known.
     pub total_units: Option<f64>,
+    /// What a unit is (`rows`, `bytes`).
     pub unit: Option<String>,
+    /// The step the work is in.
     pub phase: Option<String>,
+    /// Kind-specific JSON.
     pub details: Option<Value>,
 }
 
+/// A heartbeat (`task_heartbeat`): renews the lease.
 #[derive(Debug, Clone)]
 pub struct HeartbeatParams {
+    /// The operation.
     pub operation_id: Id,
+    /// The task's lease token: only the current lease's calls are applied.
     pub lease_token: String,
+    /// Progress to store (coalesced by the caller).
     pub progress: Option<ProgressUpdate>,
     /// Total cost so far (not an increment); never decreases.
     pub cost_units: Option<f64>,
@@ -315,25 +419,36 @@ pub struct HeartbeatParams {
     /// Where to resume from if this attempt ends early (a crash, a pause):
     /// replaces the stored one, without a new version.
     pub checkpoint: Option<Value>,
+    /// The instant of the call (callers pass time in; the store reads no clock).
     pub now: Timestamp,
 }
 
+/// What a heartbeat answers: the lease, and whether to stop.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HeartbeatAck {
+    /// The renewed lease's end.
     pub lease_expires_at: Timestamp,
+    /// A client (or the enforcer) asked to cancel: stop and report `cancelled`.
     pub cancel_requested: bool,
+    /// The reason given.
     pub cancel_reason: Option<String>,
     /// A client asked to pause: save a checkpoint and report `paused`.
     pub pause_requested: bool,
+    /// The operation's version after the heartbeat.
     pub version: i64,
 }
 
+/// How a worker ends its attempt.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
+    /// The work succeeded.
     Succeeded {
+        /// The inline result.
         result: Option<Value>,
     },
+    /// The work failed.
     Failed {
+        /// Why it failed; `retryable` asks for another attempt.
         error: OperationError,
     },
     /// The worker acknowledged a cancellation.
@@ -341,31 +456,43 @@ pub enum Outcome {
     /// The worker stopped as a pause asked, leaving where to resume from
     /// (or keeping the last checkpoint it saved when `None`).
     Paused {
+        /// Where to resume from.
         checkpoint: Option<Value>,
     },
 }
 
+/// An outcome (`task_finish`), fenced by the lease token.
 #[derive(Debug, Clone)]
 pub struct FinishParams {
+    /// The operation.
     pub operation_id: Id,
+    /// The task's lease token: only the current lease's calls are applied.
     pub lease_token: String,
+    /// What the worker reports.
     pub outcome: Outcome,
     /// The worker's last progress report, not yet stored (reports are
     /// coalesced): stored with the outcome, in the same transaction, without
     /// an event of its own.
     pub progress: Option<ProgressUpdate>,
+    /// The instant of the call (callers pass time in; the store reads no clock).
     pub now: Timestamp,
 }
 
+/// A reaper round (`task_reap`).
 #[derive(Debug, Clone)]
 pub struct ReapParams {
+    /// The instant of the call (callers pass time in; the store reads no clock).
     pub now: Timestamp,
+    /// Most lapsed leases handled in this call.
     pub limit: u32,
 }
 
+/// What a reaper round did with lapsed leases.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ReapCounts {
+    /// Kinds safe to re-run, with attempts left: queued again.
     pub requeued: u64,
+    /// The others: failed with `outcome_unknown`.
     pub failed_outcome_unknown: u64,
     /// Cancellation had been requested and the worker vanished: ended as asked.
     pub ended_cancel_requested: u64,
@@ -373,33 +500,52 @@ pub struct ReapCounts {
     pub paused: u64,
 }
 
+/// A new API key (`api_key_create`): only the secret's hash is stored.
 #[derive(Debug, Clone)]
 pub struct ApiKeyCreateParams {
+    /// `key_…`
     pub id: Id,
+    /// The owning tenant.
     pub tenant: String,
+    /// What the key may do.
     pub role: Role,
+    /// SHA-256 of the key's secret.
     pub secret_hash: [u8; 32],
+    /// The instant of the call (callers pass time in; the store reads no clock).
     pub now: Timestamp,
 }
 
+/// An API key as stored (the secret's hash, never the secret).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ApiKeyRecord {
+    /// `key_…`
     pub id: Id,
+    /// The owning tenant.
     pub tenant: String,
+    /// What the key may do.
     pub role: Role,
+    /// SHA-256 of the key's secret.
     pub secret_hash: Vec<u8>,
+    /// When it was created.
     pub created_at: Timestamp,
+    /// When it was revoked.
     pub revoked_at: Option<Timestamp>,
 }
 
 /// A declared operation kind.
 #[derive(Debug, Clone, PartialEq)]
 pub struct KindSpec {
+    /// The kind's name.
     pub name: String,
+    /// Declared by the server itself (`sleep`, `export`, `import`).
     pub builtin: bool,
+    /// Running it twice is harmless: a lost worker's task is retried.
     pub rerun_safe: bool,
+    /// Attempts in all, the first included.
     pub max_attempts: i64,
+    /// The deadline of a submission that names none.
     pub default_deadline_seconds: Option<i64>,
+    /// The longest deadline a submission may name.
     pub max_deadline_seconds: Option<i64>,
     /// Running work may be paused (its workers save checkpoints and
     /// answer `pause_requested`).
@@ -425,6 +571,7 @@ impl KindSpec {
 /// Per-tenant limits (`longrun tenants set`). `None` means unlimited.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct TenantLimits {
+    /// The tenant.
     pub name: String,
     /// Most operations not yet ended; more submissions get `quota_exceeded`.
     pub max_active: Option<i64>,
@@ -437,25 +584,33 @@ pub struct TenantLimits {
 /// `PATCH /v1/operations/{id}`: change intent of a live operation.
 #[derive(Debug, Clone)]
 pub struct UpdateParams {
+    /// The owning tenant.
     pub tenant: String,
+    /// The operation.
     pub id: Id,
     /// The version the client observed (required: `If-Match`).
     pub if_match: i64,
     /// `Some(None)` removes the deadline.
     pub deadline_at: Option<Option<Timestamp>>,
+    /// New labels, replacing the old ones whole.
     pub labels: Option<BTreeMap<String, String>>,
+    /// The instant of the call (callers pass time in; the store reads no clock).
     pub now: Timestamp,
 }
 
+/// An enforcer round (`operation_enforce`).
 #[derive(Debug, Clone)]
 pub struct EnforceParams {
+    /// The instant of the call (callers pass time in; the store reads no clock).
     pub now: Timestamp,
     /// How long a worker has to acknowledge a cancellation the server asked
     /// for (deadline, budget) before the operation is ended without it.
     pub grace: Duration,
+    /// Most operations handled in this call.
     pub limit: u32,
 }
 
+/// What an enforcer round did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct EnforceCounts {
     /// Queued (or waiting for a retry) past the deadline: failed, never started.
@@ -472,11 +627,17 @@ pub struct EnforceCounts {
 /// A webhook event due for (another) delivery attempt.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Delivery {
+    /// The event's id (the `webhook-id`, the same on every attempt).
     pub event_id: Id,
+    /// The operation it is about.
     pub operation_id: Id,
+    /// The owning tenant.
     pub tenant: String,
+    /// The receiver's URL.
     pub url: String,
+    /// `operation.{state}` or `operation.resumed`.
     pub event_type: String,
+    /// The body, signed as it is.
     pub payload: String,
     /// Attempts made before this one.
     pub attempts: i64,
@@ -485,23 +646,32 @@ pub struct Delivery {
 /// How one delivery attempt went.
 #[derive(Debug, Clone, PartialEq)]
 pub enum AttemptOutcome {
+    /// The receiver answered 2xx.
     Delivered {
+        /// What the receiver answered, if it answered.
         status_code: u16,
     },
     /// Try again at `next_attempt_at`, or give up when it is `None`.
     Failed {
+        /// What the receiver answered, if it answered.
         status_code: Option<u16>,
+        /// Why the attempt failed.
         error: String,
+        /// When the next attempt is due; `None` once delivered or given up.
         next_attempt_at: Option<Timestamp>,
     },
 }
 
+/// A delivery attempt to record (`webhook_record_attempt`).
 #[derive(Debug, Clone)]
 pub struct AttemptParams {
+    /// The event's id (the `webhook-id`, the same on every attempt).
     pub event_id: Id,
     /// 1-based number of this attempt.
     pub attempt: i64,
+    /// How it went.
     pub outcome: AttemptOutcome,
+    /// The instant of the call (callers pass time in; the store reads no clock).
     pub now: Timestamp,
     /// How long the attempt took, when it reached the network.
     pub latency_ms: Option<i64>,
@@ -510,12 +680,19 @@ pub struct AttemptParams {
 /// One line of the delivery log.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AttemptRecord {
+    /// The event's id (the `webhook-id`, the same on every attempt).
     pub event_id: Id,
+    /// The event's type (`created`, `started`, `progress`, `succeeded`, …).
     pub event_type: String,
+    /// 1 for the first attempt.
     pub attempt: i64,
+    /// What the receiver answered.
     pub status_code: Option<u16>,
+    /// Why it failed, if it did.
     pub error: Option<String>,
+    /// When it was made.
     pub at: Timestamp,
+    /// When the next attempt is due; `None` once delivered or given up.
     pub next_attempt_at: Option<Timestamp>,
     /// How long the attempt took.
     pub latency_ms: Option<i64>,
@@ -524,27 +701,39 @@ pub struct AttemptRecord {
 /// A published result artifact, as the operation shows it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ArtifactRef {
+    /// `res_…`
     pub id: Id,
+    /// Its content type.
     pub content_type: String,
+    /// Its size in bytes.
     pub size_bytes: i64,
+    /// Lowercase hex SHA-256 of its bytes.
     pub sha256: String,
+    /// When it is removed.
     pub expires_at: Timestamp,
 }
 
 /// What a client wants of an operation's run (`PATCH {"desired_state"}`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DesiredState {
+    /// Run (or resume) the work.
     Running,
+    /// Hold the work back.
     Paused,
 }
 
 /// Pauses or resumes an operation under `If-Match`.
 #[derive(Debug, Clone)]
 pub struct IntentParams {
+    /// The owning tenant.
     pub tenant: String,
+    /// Its id.
     pub id: Id,
+    /// What the client wants: `running` or `paused`.
     pub desired: DesiredState,
+    /// The version the client observed (`If-Match`): another one refuses the call.
     pub if_match: Option<i64>,
+    /// The instant of the call (callers pass time in; the store reads no clock).
     pub now: Timestamp,
 }
 
@@ -554,18 +743,27 @@ pub const DEFAULT_ARTIFACT: &str = "default";
 /// A stored result artifact.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ResultRecord {
+    /// `res_…`
     pub id: Id,
+    /// The operation it is a result of.
     pub operation_id: Id,
+    /// The owning tenant.
     pub tenant: String,
     /// [`DEFAULT_ARTIFACT`] or the name of a named artifact.
     pub name: String,
+    /// Where its bytes are in the artifact store.
     pub storage_key: String,
+    /// Its content type.
     pub content_type: String,
+    /// Its size in bytes.
     pub size_bytes: i64,
+    /// Lowercase hex SHA-256 of its bytes.
     pub sha256: String,
     /// `uploaded`, `published` or `expired`.
     pub state: String,
+    /// When it was stored.
     pub created_at: Timestamp,
+    /// When it expires (`410 result_expired` after); set when published.
     pub expires_at: Option<Timestamp>,
 }
 
@@ -579,20 +777,28 @@ impl ResultRecord {
 /// A worker's upload, recorded once the bytes are stored.
 #[derive(Debug, Clone)]
 pub struct ResultUploadParams {
+    /// The operation.
     pub operation_id: Id,
+    /// The task's lease token: only the current lease's calls are applied.
     pub lease_token: String,
     /// [`DEFAULT_ARTIFACT`] or a name; an upload replaces the current
     /// attempt's earlier one of the same name and every earlier attempt's.
     pub name: String,
+    /// The new result's id (`res_…`).
     pub result_id: Id,
+    /// Where its bytes are in the artifact store.
     pub storage_key: String,
+    /// Its content type.
     pub content_type: String,
+    /// Its size in bytes.
     pub size_bytes: i64,
+    /// Lowercase hex SHA-256 of its bytes.
     pub sha256: String,
     /// The object was joined from the task's pieces of `name`
     /// ([`ArtifactPieceParams`]): they are done with (their objects become
     /// garbage unless this is one of them, or another operation shares it).
     pub joins_pieces: bool,
+    /// The instant of the call (callers pass time in; the store reads no clock).
     pub now: Timestamp,
 }
 
@@ -603,16 +809,24 @@ pub struct ResultUploadParams {
 /// from there.
 #[derive(Debug, Clone)]
 pub struct ArtifactPieceParams {
+    /// The operation.
     pub operation_id: Id,
+    /// The task's lease token: only the current lease's calls are applied.
     pub lease_token: String,
+    /// The artifact's name.
     pub name: String,
+    /// Where the piece starts in the artifact.
     pub offset: i64,
+    /// The stored piece.
     pub piece: UploadChunk,
+    /// The instant of the call (callers pass time in; the store reads no clock).
     pub now: Timestamp,
 }
 
+/// A retention pass (`retention_sweep`).
 #[derive(Debug, Clone)]
 pub struct RetentionParams {
+    /// The instant of the call (callers pass time in; the store reads no clock).
     pub now: Timestamp,
     /// How long a removed operation answers `410 gone` (and keeps its key).
     pub tombstone_retention: Duration,
@@ -622,17 +836,23 @@ pub struct RetentionParams {
     pub limit: u32,
 }
 
+/// What a retention pass removed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RetentionCounts {
+    /// Result artifacts past their lifetime, marked expired (their objects become garbage).
     pub results_expired: u64,
+    /// Terminal operations past their retention, removed (a tombstone stays).
     pub operations_removed: u64,
+    /// Tombstones past their retention, removed.
     pub tombstones_removed: u64,
+    /// Finished webhook deliveries (and their attempts) removed.
     pub deliveries_removed: u64,
     /// Uploads past their expiry that no operation names any more.
     pub uploads_removed: u64,
 }
 
 impl RetentionCounts {
+    /// Rows removed in all.
     pub fn total(&self) -> u64 {
         self.results_expired
             + self.operations_removed
@@ -645,17 +865,24 @@ impl RetentionCounts {
 /// What `longrun tenants delete` removed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TenantDeleteCounts {
+    /// Operations removed.
     pub operations: u64,
+    /// Result records removed (their objects become garbage).
     pub results: u64,
+    /// API keys removed.
     pub keys: u64,
+    /// Webhook deliveries removed.
     pub deliveries: u64,
+    /// Uploads removed.
     pub uploads: u64,
 }
 
 /// One stored piece of an upload, in order.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct UploadChunk {
+    /// Where the piece's bytes are in the artifact store.
     pub storage_key: String,
+    /// The piece's size.
     pub size_bytes: i64,
 }
 
@@ -663,11 +890,15 @@ pub struct UploadChunk {
 /// naming it in a submission.
 #[derive(Debug, Clone, PartialEq)]
 pub struct UploadRecord {
+    /// `upl_…`
     pub id: Id,
+    /// The owning tenant.
     pub tenant: String,
+    /// As the creation's `Content-Type` said.
     pub content_type: String,
     /// Bytes received so far; the size once complete.
     pub offset: i64,
+    /// Whether every byte was received.
     pub complete: bool,
     /// Lowercase hex SHA-256 of the whole upload, once complete.
     pub sha256: Option<String>,
@@ -675,6 +906,7 @@ pub struct UploadRecord {
     pub expected_sha256: Option<String>,
     /// The stored pieces in order; exactly one once complete.
     pub chunks: Vec<UploadChunk>,
+    /// When it was created.
     pub created_at: Timestamp,
     /// When an upload no operation names is removed.
     pub expires_at: Timestamp,
@@ -689,13 +921,20 @@ impl UploadRecord {
     }
 }
 
+/// A new upload (`upload_create`).
 #[derive(Debug, Clone)]
 pub struct UploadCreateParams {
+    /// The new upload's id (`upl_…`).
     pub id: Id,
+    /// The owning tenant.
     pub tenant: String,
+    /// As the creation's `Content-Type` said.
     pub content_type: String,
+    /// The digest the client declared, checked when it completes.
     pub expected_sha256: Option<String>,
+    /// The instant of the call (callers pass time in; the store reads no clock).
     pub now: Timestamp,
+    /// When it goes if no operation names it.
     pub expires_at: Timestamp,
 }
 
@@ -705,13 +944,19 @@ pub struct UploadCreateParams {
 /// (offset 0), else complete with [`UploadCompleteParams`].
 #[derive(Debug, Clone)]
 pub struct UploadAppendParams {
+    /// The owning tenant.
     pub tenant: String,
+    /// The upload.
     pub id: Id,
+    /// Where the piece starts: must be the upload's current offset.
     pub offset: i64,
+    /// The stored piece.
     pub chunk: UploadChunk,
+    /// Set when the piece is the whole upload: completes it.
     pub sha256: Option<String>,
     /// A `Repr-Digest` sent with this request, if the upload had none yet.
     pub expected_sha256: Option<String>,
+    /// The instant of the call (callers pass time in; the store reads no clock).
     pub now: Timestamp,
 }
 
@@ -720,11 +965,17 @@ pub struct UploadAppendParams {
 /// `UploadOffsetMismatch` if the offset moved or it is already complete.
 #[derive(Debug, Clone)]
 pub struct UploadCompleteParams {
+    /// The owning tenant.
     pub tenant: String,
+    /// The upload.
     pub id: Id,
+    /// The whole upload's size; must be the current offset.
     pub size_bytes: i64,
+    /// The joined object.
     pub object: UploadChunk,
+    /// Lowercase hex SHA-256 of the whole upload.
     pub sha256: String,
+    /// The instant of the call (callers pass time in; the store reads no clock).
     pub now: Timestamp,
 }
 
@@ -732,38 +983,54 @@ pub struct UploadCompleteParams {
 /// is never stored) and the API key it was opened with.
 #[derive(Debug, Clone)]
 pub struct ConsoleSession {
+    /// SHA-256 of the cookie's token.
     pub token_hash: Vec<u8>,
+    /// The API key it was opened with.
     pub key_id: Id,
+    /// When it was opened.
     pub created_at: Timestamp,
+    /// When it stops working.
     pub expires_at: Timestamp,
 }
 
 /// Queued and running work of one kind in one state: how much, and since when.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ActiveGroup {
+    /// The kind.
     pub kind: String,
+    /// `queued` or `running`.
     pub state: State,
+    /// Operations in the group.
     pub count: u64,
+    /// When the oldest of them was created.
     pub oldest_created_at: Timestamp,
 }
 
 /// A live lease, as the console's workers page shows it.
 #[derive(Debug, Clone)]
 pub struct LeaseInfo {
+    /// The operation.
     pub operation_id: Id,
+    /// The owning tenant.
     pub tenant: String,
+    /// The operation kind.
     pub kind: String,
+    /// The worker holding it.
     pub worker_id: Option<String>,
+    /// Attempts started so far (1 for the first).
     pub attempt: i64,
+    /// When the lease ends without a heartbeat.
     pub lease_expires_at: Timestamp,
     /// When the lease was last taken or extended (its expiry less its length).
     pub last_heartbeat_at: Option<Timestamp>,
+    /// The operation's latest stored progress.
     pub progress: Option<Progress>,
 }
 
 /// A tenant's limits and how much of them it uses now.
 #[derive(Debug, Clone)]
 pub struct TenantUsage {
+    /// The tenant's limits.
     pub limits: TenantLimits,
     /// Operations queued or running.
     pub active: u64,
@@ -774,8 +1041,11 @@ pub struct TenantUsage {
 /// The idempotency record an operation was submitted under.
 #[derive(Debug, Clone)]
 pub struct IdempotencyRecord {
+    /// The `Idempotency-Key`.
     pub key: String,
+    /// The kind of the operation it made.
     pub kind: String,
+    /// When it was first used.
     pub created_at: Timestamp,
     /// Submissions answered with this operation after the first.
     pub replays: i64,

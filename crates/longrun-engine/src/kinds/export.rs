@@ -22,6 +22,7 @@ use tokio::io::AsyncWriteExt;
 
 use crate::worker::{Handler, KindInfo, TaskContext, TaskError};
 
+/// The most rows one export may ask for.
 pub const MAX_ROWS: u64 = 100_000_000;
 /// Rows generated between progress reports and cancellation checks.
 const CHUNK_ROWS: u64 = 50_000;
@@ -31,15 +32,20 @@ const PIECE_ROWS: u64 = 200_000;
 /// Bytes in flight between the generator and the upload.
 const PIPE_BYTES: usize = 1024 * 1024;
 
+/// The `export` kind: generated rows streamed to an artifact, in pieces it can resume from.
 pub struct Export;
 
+/// An export's file format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
+    /// Comma-separated, RFC 4180, with a header line.
     Csv,
+    /// One JSON object per line.
     JsonLines,
 }
 
 impl Format {
+    /// The artifact's content type.
     pub fn content_type(self) -> &'static str {
         match self {
             Format::Csv => "text/csv; charset=utf-8",
@@ -48,9 +54,12 @@ impl Format {
     }
 }
 
+/// A validated `export` input.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ExportInput {
+    /// Rows to generate.
     pub rows: u64,
+    /// Their format.
     pub format: Format,
 }
 
@@ -62,6 +71,7 @@ fn invalid(message: impl Into<String>) -> Invalid {
 }
 
 impl ExportInput {
+    /// Checks an `export` input.
     pub fn parse(input: &Value) -> Result<Self, Invalid> {
         let object = input.as_object().ok_or_else(|| invalid("must be an object"))?;
         if let Some(key) = object.keys().find(|k| !matches!(k.as_str(), "rows" | "format")) {
@@ -161,6 +171,7 @@ fn row(n: u64) -> Row {
     }
 }
 
+/// The first line of a CSV export.
 pub const CSV_HEADER: &str = "id,name,email,company,country,created_at,balance\r\n";
 
 /// RFC 4180: quote fields with a comma, quote, CR or LF; double inner quotes.

@@ -32,6 +32,7 @@ use tokio::sync::mpsc;
 use crate::artifacts::ByteReader;
 use crate::worker::{Handler, KindInfo, TaskContext, TaskError};
 
+/// The `import` kind: an uploaded CSV or JSON Lines file validated row by row.
 pub struct Import;
 
 const MAX_FIELDS: usize = 256;
@@ -105,40 +106,63 @@ fn read_line(reader: &mut impl BufRead, line: &mut Vec<u8>) -> std::io::Result<O
     }
 }
 
+/// An import's file format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
+    /// Comma-separated, RFC 4180, with a header line.
     Csv,
+    /// One JSON object per line.
     JsonLines,
 }
 
+/// What a field's values must be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FieldType {
+    /// Any text.
     String,
+    /// A whole number.
     Integer,
+    /// A finite number.
     Number,
+    /// `true` or `false`.
     Boolean,
+    /// An RFC 3339 timestamp.
     DateTime,
 }
 
+/// One field of an import's schema.
 #[derive(Debug, Clone)]
 pub struct Field {
+    /// Its name (a CSV header, a JSON member).
     pub name: String,
+    /// What its values must be.
     pub kind: FieldType,
+    /// A row without it is rejected.
     pub required: bool,
+    /// The only values allowed, if listed.
     pub allowed: Option<Vec<Value>>,
+    /// A text value must match it.
     pub pattern: Option<regex::Regex>,
+    /// The smallest number allowed.
     pub min: Option<f64>,
+    /// The largest number allowed.
     pub max: Option<f64>,
+    /// The longest text allowed, in characters.
     pub max_length: Option<usize>,
 }
 
+/// A validated `import` input.
 #[derive(Debug, Clone)]
 pub struct ImportInput {
+    /// The upload holding the file.
     pub upload: Id,
+    /// The file's format.
     pub format: Format,
     /// In name order.
     pub fields: Vec<Field>,
+    /// More rejected rows than this fail the import (`too_many_row_errors`).
     pub max_errors: Option<u64>,
+    /// A larger share of rejected rows (0–1) fails the import.
     pub max_error_rate: Option<f64>,
 }
 
@@ -160,6 +184,7 @@ fn only_keys(object: &serde_json::Map<String, Value>, allowed: &[&str], what: &s
 }
 
 impl ImportInput {
+    /// Checks an `import` input.
     pub fn parse(input: &Value) -> Result<Self, Invalid> {
         let object = input.as_object().ok_or_else(|| invalid("must be an object"))?;
         only_keys(
@@ -310,10 +335,12 @@ fn parse_field(name: &str, spec: &Value) -> Result<Field, Invalid> {
 /// Why a row was rejected: its first problem.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RowError {
+    /// The field at fault, if one is.
     pub field: Option<String>,
     /// Stable: `required`, `invalid_type`, `not_in_enum`, `pattern_mismatch`,
     /// `below_min`, `above_max`, `too_long`, `malformed_row`, `invalid_encoding`.
     pub code: &'static str,
+    /// For people.
     pub message: String,
 }
 
@@ -474,17 +501,22 @@ fn normalise<'a>(
 /// Counts of an import.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Summary {
+    /// Rows read.
     pub rows_total: u64,
+    /// Rows written to the accepted artifact.
     pub rows_accepted: u64,
+    /// Rows written to the rejected artifact.
     pub rows_rejected: u64,
 }
 
 /// Why an import stopped before the end of its file.
 #[derive(Debug)]
 pub enum Stop {
+    /// Cancellation was requested.
     Cancelled,
     /// The file cannot be read as its format says (not a row's fault).
     Unreadable(String),
+    /// Reading the upload or writing an artifact failed.
     Io(std::io::Error),
 }
 

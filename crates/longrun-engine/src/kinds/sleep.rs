@@ -14,16 +14,22 @@ use serde_json::{Value, json};
 
 use crate::worker::{Handler, KindInfo, TaskContext, TaskError};
 
+/// The longest `duration_ms` accepted: a day.
 pub const MAX_DURATION_MS: u64 = 24 * 3600 * 1000;
+/// The most progress steps accepted.
 pub const MAX_STEPS: u64 = 10_000;
 
+/// The `sleep` kind: waits, reporting progress in steps; the no-op of benches and tests.
 pub struct Sleep;
 
 /// A validated `sleep` input.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SleepInput {
+    /// How long to wait in all.
     pub duration: Duration,
+    /// Progress reports along the way.
     pub steps: u64,
+    /// Fail with this error code at the end instead of succeeding.
     pub fail_with: Option<String>,
 }
 
@@ -35,6 +41,7 @@ fn invalid(message: impl Into<String>) -> Invalid {
 }
 
 impl SleepInput {
+    /// Checks a `sleep` input.
     pub fn parse(input: &Value) -> Result<Self, Invalid> {
         let object = input.as_object().ok_or_else(|| invalid("must be an object"))?;
         for key in object.keys() {
