@@ -681,18 +681,7 @@ async fn tenants(global: &Global, command: TenantsCommand) -> anyhow::Result<()>
                 Some(url) => longrun_engine::artifacts::from_url(url)?,
                 None => std::sync::Arc::new(FileArtifacts::new(global.data_dir.join("artifacts"))),
             };
-            let mut objects = 0;
-            loop {
-                let keys = store.artifact_garbage(500).await?;
-                if keys.is_empty() {
-                    break;
-                }
-                for key in &keys {
-                    artifacts.delete(key).await?;
-                }
-                objects += keys.len();
-                store.artifact_garbage_done(keys).await?;
-            }
+            let objects = longrun_engine::retention::collect_garbage(store.as_ref(), artifacts.as_ref(), 500).await?;
             println!(
                 "deleted tenant {tenant}: {} operations, {} results ({objects} objects), {} keys, {} webhook deliveries",
                 counts.operations, counts.results, counts.keys, counts.deliveries

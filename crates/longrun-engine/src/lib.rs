@@ -10,9 +10,16 @@
 //!   never more than its slots.
 //! - [`remote`]: the same handlers over the worker protocol; [`exec`]: a
 //!   command per task (`longrun worker --exec`).
+//! - [`reports`]: the limits on what a worker reports (progress, cost,
+//!   checkpoints, outcomes), kept by the HTTP endpoints and the worker SDK
+//!   alike.
 //! - [`reaper`]: handles leases that were not renewed in time.
 //! - [`enforcer`]: deadlines, and stops the server asked for that were ignored.
-//! - [`retention`]: expiry and garbage, object first, then its row.
+//! - [`retention`]: expiry and garbage, object first, then its row
+//!   ([`retention::collect_garbage`] is the one garbage loop, also run by
+//!   `longrun tenants delete`).
+//! - [`results`]: a task's result artifacts, whole or in resumable pieces,
+//!   stored and recorded under its lease (in process and over HTTP alike).
 //! - [`webhooks`]: the deliverer (signing, retries, private addresses refused).
 //! - [`artifacts`]: where bytes live; an object appears whole or not at all.
 //! - [`uploads`]: an upload's pieces (a cut body keeps what arrived), joined
@@ -32,6 +39,8 @@ pub mod exec;
 pub mod kinds;
 pub mod reaper;
 pub mod remote;
+pub mod reports;
+pub mod results;
 pub mod retention;
 pub mod service;
 pub mod signals;

@@ -110,29 +110,37 @@ impl Retention {
 
     /// Deletes unreachable objects, then forgets them.
     pub async fn collect_garbage(&self) -> Result<u64, StoreError> {
-        let mut deleted = 0;
-        loop {
-            let keys = self.store.artifact_garbage(self.config.batch).await?;
-            if keys.is_empty() {
-                return Ok(deleted);
-            }
-            let mut done = Vec::with_capacity(keys.len());
-            for key in keys {
-                match self.artifacts.delete(&key).await {
-                    Ok(()) => done.push(key),
-                    Err(e) => tracing::warn!(key, error = %e, "could not delete an artifact; will retry"),
-                }
-            }
-            if done.is_empty() {
-                return Ok(deleted);
-            }
-            deleted += done.len() as u64;
-            self.store.artifact_garbage_done(done).await?;
-        }
+        collect_garbage(self.store.as_ref(), self.artifacts.as_ref(), self.config.batch).await
     }
 
     /// Passes every `interval` until `shutdown`.
     pub async fn run(self, shutdown: CancellationToken) {
         crate::service::run_every("the retention pass", self.config.interval, shutdown, || self.run_once()).await;
+    }
+}
+
+/// Deletes every unreachable object (`batch` at a time), then forgets it:
+/// the object goes before its garbage row, so a crash in between deletes it
+/// again rather than losing track of it. An object that cannot be deleted
+/// now is logged and left for the next pass. Returns how many were deleted.
+pub async fn collect_garbage(store: &dyn Store, artifacts: &dyn ArtifactStore, batch: u32) -> Result<u64, StoreError> {
+    let mut deleted = 0;
+    loop {
+        let keys = store.artifact_garbage(batch).await?;
+        if keys.is_empty() {
+            return Ok(deleted);
+        }
+        let mut done = Vec::with_capacity(keys.len());
+        for key in keys {
+            match artifacts.delete(&key).await {
+                Ok(()) => done.push(key),
+                Err(e) => tracing::warn!(key, error = %e, "could not delete an artifact; will retry"),
+            }
+        }
+        if done.is_empty() {
+            return Ok(deleted);
+        }
+        deleted += done.len() as u64;
+        store.artifact_garbage_done(done).await?;
     }
 }

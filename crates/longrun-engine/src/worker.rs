@@ -328,8 +328,12 @@ impl TaskContext {
     /// progress interval, always the newest, and the last one is stored
     /// with the outcome, so a task that ends within the interval stores no
     /// progress change of its own. A report that is sent also renews the
-    /// lease and learns of cancellation.
+    /// lease and learns of cancellation. A report that breaks a limit
+    /// ([`crate::reports`]) is refused with `invalid_progress`, as the
+    /// server would refuse it.
     pub async fn progress(&self, update: ProgressUpdate) -> Result<(), TaskError> {
+        let update =
+            crate::reports::check_progress(update).map_err(|e| TaskError::fatal("invalid_progress", e.to_string()))?;
         let due = {
             let mut state = self.coalesced.lock().expect("progress lock");
             let update = fold_progress(state.pending.take(), update);
@@ -364,8 +368,10 @@ impl TaskContext {
             || self.unsent_checkpoint.lock().expect("checkpoint lock").is_some()
     }
 
-    /// Adds to the cost reported to the server.
+    /// Adds to the cost reported to the server. `units` must be a finite
+    /// number, not below zero (else `invalid_cost`, and nothing is added).
     pub async fn add_cost(&self, units: f64) -> Result<(), TaskError> {
+        crate::reports::check_cost(Some(units)).map_err(|e| TaskError::fatal("invalid_cost", e.to_string()))?;
         let total = {
             let mut cost = self.cost.lock().await;
             *cost += units;
@@ -497,17 +503,23 @@ fn piece_error(e: StoreError, doing: &str) -> TaskError {
 }
 
 fn check_checkpoint(checkpoint: &Value) -> Result<(), TaskError> {
-    let size = checkpoint.to_string().len();
-    if size > longrun_store::MAX_CHECKPOINT_BYTES {
-        return Err(TaskError::fatal(
-            "checkpoint_too_large",
-            format!(
-                "a checkpoint of {size} bytes; at most {} are kept",
-                longrun_store::MAX_CHECKPOINT_BYTES
-            ),
-        ));
+    crate::reports::check_checkpoint(checkpoint).map_err(|e| TaskError::fatal("checkpoint_too_large", e.to_string()))
+}
+
+/// The outcome to report: `outcome` if it keeps the limits every worker
+/// keeps, else a failure that says which it broke (over HTTP the server
+/// would refuse it, and the task would only end when its lease lapsed).
+fn within_limits(operation_id: &Id, outcome: Outcome) -> Outcome {
+    match crate::reports::check_outcome(operation_id, &outcome) {
+        Ok(()) => outcome,
+        Err(e) => Outcome::Failed {
+            error: longrun_store::OperationError {
+                code: "invalid_outcome".into(),
+                message: format!("the worker's outcome broke a limit: {e}"),
+                retryable: false,
+            },
+        },
     }
-    Ok(())
 }
 
 /// Runs `handler` for one task and reports its outcome (see [`run_handler`]).
@@ -594,6 +606,7 @@ pub async fn run_handler(
         }
         Err(e) => e.into_outcome(ctx.checkpoint()),
     };
+    let outcome = within_limits(&ctx.operation_id, outcome);
     Ok(Report {
         link,
         outcome,
@@ -611,6 +624,7 @@ mod tests {
     struct Recorder {
         heartbeats: std::sync::Mutex<Vec<Option<f64>>>,
         finished: std::sync::Mutex<Option<Option<f64>>>,
+        outcome: std::sync::Mutex<Option<Outcome>>,
     }
 
     #[async_trait]
@@ -635,7 +649,8 @@ mod tests {
             })
         }
 
-        async fn finish(&self, _outcome: Outcome, progress: Option<ProgressUpdate>) -> Result<(), StoreError> {
+        async fn finish(&self, outcome: Outcome, progress: Option<ProgressUpdate>) -> Result<(), StoreError> {
+            *self.outcome.lock().unwrap() = Some(outcome);
             *self.finished.lock().unwrap() = Some(progress.and_then(|p| p.completed_units));
             Ok(())
         }
@@ -721,6 +736,77 @@ mod tests {
         // The outcome carries what was not sent yet, if anything.
         let finished = link.finished.lock().unwrap().unwrap();
         assert!(finished == Some(50.0) || values.last() == Some(&50.0));
+    }
+
+    /// Returns what it is given, after reporting the progress it is given.
+    struct Reports {
+        progress: ProgressUpdate,
+        result: Value,
+    }
+
+    #[async_trait]
+    impl Handler for Reports {
+        fn info(&self) -> KindInfo {
+            KindInfo {
+                name: "reports".into(),
+                rerun_safe: true,
+                max_attempts: 1,
+                pausable: false,
+            }
+        }
+
+        fn validate(&self, _: &Value) -> Result<(), Invalid> {
+            Ok(())
+        }
+
+        async fn run(&self, ctx: TaskContext) -> Result<Option<Value>, TaskError> {
+            ctx.progress(self.progress.clone()).await?;
+            Ok(Some(self.result.clone()))
+        }
+    }
+
+    async fn run_reports(progress: ProgressUpdate, result: Value) -> Outcome {
+        let link = Arc::new(Recorder::default());
+        let ctx = TaskContext::new(
+            Id::generate(longrun_core::IdKind::Operation),
+            1,
+            Value::Null,
+            link.clone(),
+            Arc::new(StopFlags::default()),
+        );
+        run_task(Arc::new(Reports { progress, result }), ctx, Duration::from_secs(10))
+            .await
+            .unwrap();
+        link.outcome.lock().unwrap().take().expect("an outcome was sent")
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn reports_past_a_limit_end_the_task_as_the_server_would_refuse_them() {
+        let failed_with = |outcome: Outcome| match outcome {
+            Outcome::Failed { error } => error.code,
+            other => panic!("expected a failure, got {other:?}"),
+        };
+        // An inline result past 64 KiB: a failure saying so, not a store write.
+        let big = Value::String("x".repeat(crate::reports::MAX_INLINE_RESULT_BYTES));
+        assert_eq!(failed_with(run_reports(units(1.0), big).await), "invalid_outcome");
+        // Progress details past 4 KiB: refused to the handler, which gives up.
+        let details = ProgressUpdate {
+            details: Some(Value::String("d".repeat(crate::reports::MAX_PROGRESS_DETAILS_BYTES))),
+            ..units(1.0)
+        };
+        assert_eq!(failed_with(run_reports(details, Value::Null).await), "invalid_progress");
+        // Within the limits, the outcome is what the handler returned.
+        let ok = run_reports(units(1.0), json_value()).await;
+        assert_eq!(
+            ok,
+            Outcome::Succeeded {
+                result: Some(json_value())
+            }
+        );
+    }
+
+    fn json_value() -> Value {
+        serde_json::json!({"rows": 3})
     }
 
     fn units(n: f64) -> ProgressUpdate {

@@ -15,8 +15,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use longrun_core::{Clock, Id, ManualClock, State, Timestamp};
 use longrun_engine::artifacts::{ArtifactStore, ByteReader, FileArtifacts};
-use longrun_engine::dispatcher::{TaskArtifact, join_artifact_pieces, store_artifact_piece};
 use longrun_engine::kinds::export::{CSV_HEADER, Export, Format, render};
+use longrun_engine::results::{TaskArtifact, join_artifact_pieces, store_artifact_piece};
 use longrun_engine::worker::{StopFlags, TaskContext, TaskLink, UploadedArtifact, run_task};
 use longrun_store::{
     AcceptOutcome, ClaimParams, DEFAULT_ARTIFACT, DesiredState, FinishParams, HeartbeatAck, HeartbeatParams,

@@ -24,7 +24,7 @@ use futures_util::TryStreamExt;
 use longrun_api::{ArtifactBody, ArtifactUploadBody, Download, JoinRequest, PieceStoredBody, ResultBody};
 use longrun_core::{Id, IdKind, links};
 use longrun_engine::artifacts::ArtifactError;
-use longrun_engine::dispatcher::{TaskArtifact, store_upload};
+use longrun_engine::results::{TaskArtifact, store_upload};
 use longrun_store::{DEFAULT_ARTIFACT, ResultRecord, StoreError};
 use serde::Deserialize;
 
@@ -120,7 +120,7 @@ async fn upload_piece(
         .map_err(|_| ApiError::InvalidRequest("the offset must be a whole number of bytes".into()))?;
     let stream = request.into_body().into_data_stream().map_err(std::io::Error::other);
     let body = Box::pin(tokio_util::io::StreamReader::new(stream));
-    let end = longrun_engine::dispatcher::store_artifact_piece(
+    let end = longrun_engine::results::store_artifact_piece(
         app.store.as_ref(),
         app.artifacts.as_ref(),
         TaskArtifact {
@@ -164,7 +164,7 @@ async fn join_pieces(
             "content_type must be 1–255 visible ASCII characters".into(),
         ));
     }
-    let joined = longrun_engine::dispatcher::join_artifact_pieces(
+    let joined = longrun_engine::results::join_artifact_pieces(
         app.store.as_ref(),
         app.artifacts.as_ref(),
         TaskArtifact {

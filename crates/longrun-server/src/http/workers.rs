@@ -18,6 +18,7 @@ use longrun_api::{
 };
 use longrun_core::lease::{MAX_LEASE, MIN_LEASE};
 use longrun_core::{Id, IdKind, validate};
+use longrun_engine::reports::{self, ReportError};
 use longrun_store::{ClaimParams, FinishParams, HeartbeatParams, OperationError, Outcome, ProgressUpdate, StoreError};
 use serde_json::Value;
 
@@ -29,10 +30,6 @@ use crate::http::extract::JsonBody;
 pub const MAX_TASKS_PER_CLAIM: u32 = 100;
 pub const MAX_CLAIM_WAIT_SECONDS: u64 = 60;
 pub const MAX_KINDS_PER_CLAIM: usize = 32;
-/// Largest inline result; anything bigger goes through an artifact upload.
-pub const MAX_INLINE_RESULT_BYTES: usize = 64 * 1024;
-pub const MAX_PROGRESS_DETAILS_BYTES: usize = 4 * 1024;
-pub const MAX_ERROR_MESSAGE_CHARS: usize = 4096;
 /// Most items in one `POST /v1/worker/outcomes`.
 pub const MAX_OUTCOMES_PER_BATCH: usize = 1000;
 /// While a claim long-polls, it also looks again this often: work can become
@@ -153,36 +150,24 @@ fn lease_error(id: &Id) -> impl FnOnce(StoreError) -> ApiError + '_ {
     }
 }
 
-fn check_progress(progress: &ProgressRequest) -> Result<ProgressUpdate, ApiError> {
-    let finite = |v: Option<f64>, field: &str| match v {
-        Some(x) if !x.is_finite() || x < 0.0 => Err(ApiError::InvalidRequest(format!(
-            "progress.{field} must be a non-negative number"
-        ))),
-        _ => Ok(v),
-    };
-    let short = |v: &Option<String>, field: &str, max: usize| match v {
-        Some(s) if s.is_empty() || s.chars().count() > max => Err(ApiError::InvalidRequest(format!(
-            "progress.{field} must be 1–{max} characters"
-        ))),
-        _ => Ok(()),
-    };
-    short(&progress.unit, "unit", 32)?;
-    short(&progress.phase, "phase", 64)?;
-    if let Some(details) = &progress.details {
-        let size = serde_json::to_string(details).map(|s| s.len()).unwrap_or(usize::MAX);
-        if size > MAX_PROGRESS_DETAILS_BYTES {
-            return Err(ApiError::PayloadTooLarge(format!(
-                "progress.details is {size} bytes; at most {MAX_PROGRESS_DETAILS_BYTES}"
-            )));
-        }
+/// What a broken limit is answered with.
+fn report_error(e: ReportError) -> ApiError {
+    match e {
+        ReportError::Invalid(message) => ApiError::InvalidRequest(message),
+        ReportError::TooLarge(message) => ApiError::PayloadTooLarge(message),
     }
-    Ok(ProgressUpdate {
-        completed_units: finite(progress.completed_units, "completed_units")?,
-        total_units: finite(progress.total_units, "total_units")?,
+}
+
+/// A progress report as the store takes it, within the limits every worker keeps.
+fn check_progress(progress: &ProgressRequest) -> Result<ProgressUpdate, ApiError> {
+    reports::check_progress(ProgressUpdate {
+        completed_units: progress.completed_units,
+        total_units: progress.total_units,
         unit: progress.unit.clone(),
         phase: progress.phase.clone(),
-        details: progress.details.clone().filter(|d| !d.is_null()),
+        details: progress.details.clone(),
     })
+    .map_err(report_error)
 }
 
 #[utoipa::path(post, path = "/v1/worker/tasks/{id}/heartbeat", tag = "workers", security(("bearer" = [])), params(("id" = String, Path, description = "The operation id (op_…)")), request_body = HeartbeatRequest,
@@ -232,13 +217,7 @@ fn count_pause(op: &longrun_store::Operation) {
 /// A checkpoint within its size bound.
 fn check_checkpoint(checkpoint: Option<Value>) -> Result<Option<Value>, ApiError> {
     if let Some(c) = &checkpoint {
-        let size = serde_json::to_string(c).map(|s| s.len()).unwrap_or(usize::MAX);
-        if size > longrun_store::MAX_CHECKPOINT_BYTES {
-            return Err(ApiError::PayloadTooLarge(format!(
-                "the checkpoint is {size} bytes; at most {} are kept",
-                longrun_store::MAX_CHECKPOINT_BYTES
-            )));
-        }
+        reports::check_checkpoint(c).map_err(report_error)?;
     }
     Ok(checkpoint)
 }
@@ -265,13 +244,7 @@ fn check_heartbeat(
 ) -> Result<HeartbeatParams, ApiError> {
     let progress = progress.map(check_progress).transpose()?;
     let checkpoint = check_checkpoint(checkpoint)?;
-    if let Some(cost) = cost_units
-        && (!cost.is_finite() || cost < 0.0)
-    {
-        return Err(ApiError::InvalidRequest(
-            "cost_units must be a non-negative number".into(),
-        ));
-    }
+    reports::check_cost(cost_units).map_err(report_error)?;
     Ok(HeartbeatParams {
         operation_id,
         lease_token,
@@ -292,35 +265,7 @@ fn check_outcome(
     outcome: Outcome,
     progress: Option<&ProgressRequest>,
 ) -> Result<FinishParams, ApiError> {
-    let outcome = match outcome {
-        Outcome::Paused { checkpoint } => Outcome::Paused {
-            checkpoint: check_checkpoint(checkpoint)?,
-        },
-        other => other,
-    };
-    match &outcome {
-        Outcome::Succeeded { result: Some(result) } => {
-            let size = serde_json::to_string(result).map(|s| s.len()).unwrap_or(usize::MAX);
-            if size > MAX_INLINE_RESULT_BYTES {
-                return Err(ApiError::PayloadTooLarge(format!(
-                    "the inline result is {size} bytes; at most {MAX_INLINE_RESULT_BYTES} may be inline. Upload \
-                     larger results as an artifact (PUT /v1/worker/tasks/{operation_id}/artifact) and complete \
-                     without `result`"
-                )));
-            }
-        }
-        Outcome::Failed { error } => {
-            validate::kind_name(&error.code).map_err(|_| {
-                ApiError::InvalidRequest("error.code must be 1–64 characters of a-z, 0-9, '_', '.', '-'".into())
-            })?;
-            if error.message.chars().count() > MAX_ERROR_MESSAGE_CHARS {
-                return Err(ApiError::InvalidRequest(format!(
-                    "error.message is longer than {MAX_ERROR_MESSAGE_CHARS} characters"
-                )));
-            }
-        }
-        Outcome::Succeeded { result: None } | Outcome::Cancelled | Outcome::Paused { .. } => {}
-    }
+    reports::check_outcome(&operation_id, &outcome).map_err(report_error)?;
     Ok(FinishParams {
         operation_id,
         lease_token,
