@@ -108,6 +108,11 @@ async fn claim(
             })
             .await?;
         let now = tokio::time::Instant::now();
+        // A claim leases many operations: each is named, so a trace of one
+        // follows it from its submission to this worker.
+        for t in &tasks {
+            tracing::debug!(op.id = %t.operation_id, attempt = t.attempt, worker = %worker_id, "leased");
+        }
         if !tasks.is_empty() || now >= give_up_at {
             return Ok(Json(ClaimResponse {
                 tasks: tasks
@@ -515,6 +520,9 @@ async fn outcomes(
     }
     if any_finish {
         app.signals.work_available();
+    }
+    for r in &results {
+        tracing::debug!(op.id = %r.operation_id, status = r.status, state = ?r.state, "reported");
     }
     Ok(Json(OutcomesResponse { results }))
 }
