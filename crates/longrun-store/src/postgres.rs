@@ -1914,22 +1914,10 @@ async fn task_reap(c: &mut PgConnection, ch: &mut Vec<Change>, policy: Policy, p
 
 async fn operation_update(c: &mut PgConnection, ch: &mut Vec<Change>, p: &UpdateParams) -> Result<Operation> {
     let op = lock_operation(c, &p.tenant, &p.id).await?;
-    if op.state.is_terminal() {
-        return Err(StoreError::Terminal {
-            current_version: op.version,
-        });
-    }
-    if p.if_match != op.version {
-        return Err(StoreError::PreconditionFailed {
-            current_version: op.version,
-        });
-    }
-    let deadline_at = p.deadline_at.unwrap_or(op.deadline_at);
-    let labels = p.labels.as_ref().unwrap_or(&op.labels);
-    if deadline_at == op.deadline_at && labels == &op.labels {
+    let Some(change) = crate::shared::decide_update(&op, p)? else {
         return Ok(op);
-    }
-    let labels_json = serde_json::to_string(labels).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    };
+    let labels_json = serde_json::to_string(&change.labels).map_err(|e| StoreError::Corrupt(e.to_string()))?;
     let sql = format!(
         "UPDATE operations SET deadline_at = $2, labels = $3, version = version + 1, updated_at = $4
           WHERE id = $1 AND state IN ('queued', 'running') RETURNING {OP_COLUMNS}"
@@ -1938,14 +1926,13 @@ async fn operation_update(c: &mut PgConnection, ch: &mut Vec<Change>, p: &Update
         c,
         sqlx::query(&sql)
             .bind(p.id.as_str())
-            .bind(deadline_at.map(|t| t.0))
+            .bind(change.deadline_at.map(|t| t.0))
             .bind(labels_json)
             .bind(p.now.0),
     )
     .await?
     .ok_or(StoreError::NotFound)?;
-    let data = json!({"deadline_at": deadline_at.map(|t| t.to_rfc3339()), "labels": labels});
-    event_insert(c, ch, &updated, "updated", &data).await?;
+    event_insert(c, ch, &updated, "updated", &change.data).await?;
     Ok(updated)
 }
 

@@ -655,6 +655,41 @@ pub(crate) struct Holder {
     pub pausable: bool,
 }
 
+/// What a `PATCH` of deadline and labels writes.
+#[derive(Debug, PartialEq)]
+pub(crate) struct UpdateChange {
+    pub deadline_at: Option<Timestamp>,
+    pub labels: BTreeMap<String, String>,
+    /// The `updated` event's data.
+    pub data: Value,
+}
+
+/// The rules of `PATCH` of deadline and labels, for every backend:
+/// terminal intent wins over any change, stale or not; then the version
+/// must be the current one; asking for what holds changes nothing (`None`).
+pub(crate) fn decide_update(op: &Operation, p: &UpdateParams) -> Result<Option<UpdateChange>> {
+    if op.state.is_terminal() {
+        return Err(StoreError::Terminal {
+            current_version: op.version,
+        });
+    }
+    if p.if_match != op.version {
+        return Err(StoreError::PreconditionFailed {
+            current_version: op.version,
+        });
+    }
+    let deadline_at = p.deadline_at.unwrap_or(op.deadline_at);
+    let labels = p.labels.as_ref().unwrap_or(&op.labels);
+    if deadline_at == op.deadline_at && labels == &op.labels {
+        return Ok(None);
+    }
+    Ok(Some(UpdateChange {
+        deadline_at,
+        labels: labels.clone(),
+        data: json!({"deadline_at": deadline_at.map(|t| t.to_rfc3339()), "labels": labels}),
+    }))
+}
+
 /// The rules of `PATCH {"desired_state"}`, for every backend: terminal
 /// intent dominates (an ended operation, or one asked to cancel, refuses
 /// whatever the version), then work a worker holds can pause only if its

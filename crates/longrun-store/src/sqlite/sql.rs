@@ -1040,36 +1040,19 @@ pub(super) fn operation_intent(c: &Connection, p: &IntentParams) -> Result<Opera
 
 pub(super) fn operation_update(c: &Connection, p: &UpdateParams) -> Result<Operation> {
     let op = operation_get(c, &p.tenant, &p.id)?.ok_or(StoreError::NotFound)?;
-    // Terminal intent wins over any change, stale or not.
-    if op.state.is_terminal() {
-        return Err(StoreError::Terminal {
-            current_version: op.version,
-        });
-    }
-    if p.if_match != op.version {
-        return Err(StoreError::PreconditionFailed {
-            current_version: op.version,
-        });
-    }
-    let deadline_at = p.deadline_at.unwrap_or(op.deadline_at);
-    let labels = p.labels.as_ref().unwrap_or(&op.labels);
-    if deadline_at == op.deadline_at && labels == &op.labels {
+    let Some(change) = crate::shared::decide_update(&op, p)? else {
         return Ok(op);
-    }
-    let labels_json = serde_json::to_string(labels).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    };
+    let labels_json = serde_json::to_string(&change.labels).map_err(|e| StoreError::Corrupt(e.to_string()))?;
     let updated = update_and_read(
         c,
         p.id.as_str(),
         "UPDATE operations SET deadline_at = ?2, labels = ?3, version = version + 1, updated_at = ?4
           WHERE id = ?1 AND state IN ('queued', 'running')",
-        params![deadline_at.map(|t| t.0), labels_json, p.now.0],
+        params![change.deadline_at.map(|t| t.0), labels_json, p.now.0],
     )?
     .ok_or(StoreError::NotFound)?;
-    let data = json!({
-        "deadline_at": deadline_at.map(|t| t.to_rfc3339()),
-        "labels": labels,
-    });
-    event_insert(c, &updated, "updated", &data)?;
+    event_insert(c, &updated, "updated", &change.data)?;
     Ok(updated)
 }
 
