@@ -1353,21 +1353,8 @@ async fn operation_cancel(
 ) -> Result<CancelOutcome> {
     // Lock the row: a cancel and a worker's outcome must not interleave.
     let op = lock_operation(c, &p.tenant, &p.id).await?;
-    if op.state.is_terminal() {
-        return Ok(CancelOutcome::AlreadyTerminal(op));
-    }
-    if let Some(expected) = p.if_match
-        && expected != op.version
-    {
-        return Err(StoreError::PreconditionFailed {
-            current_version: op.version,
-        });
-    }
-    if op.cancel.is_some() {
-        return Ok(CancelOutcome::AlreadyRequested(op));
-    }
-    if !op.cancellable {
-        return Err(StoreError::NotCancellable);
+    if let std::ops::ControlFlow::Break(answered) = crate::shared::cancel_checks(op, p)? {
+        return Ok(answered);
     }
     let leased: Option<bool> = sqlx::query_scalar("SELECT status = 'leased' FROM tasks WHERE operation_id = $1")
         .bind(p.id.as_str())

@@ -3,6 +3,7 @@
 //! for how a stop the server asked for ends.
 
 use std::collections::BTreeMap;
+use std::ops::ControlFlow;
 use std::time::Duration;
 
 use longrun_core::{Id, State, Timestamp};
@@ -653,6 +654,31 @@ pub(crate) struct Holder {
     pub leased: bool,
     /// Its kind is declared pausable.
     pub pausable: bool,
+}
+
+/// The rules a cancel request meets before it changes anything, for every
+/// backend: an ended operation answers as it is (nothing would change, so
+/// a stale `If-Match` cannot lose an update); then `If-Match`, when given,
+/// must name the current version; a second request changes nothing; work
+/// past its commit point refuses. `Continue`: go on and cancel it.
+pub(crate) fn cancel_checks(op: Operation, p: &CancelParams) -> Result<ControlFlow<CancelOutcome>> {
+    if op.state.is_terminal() {
+        return Ok(ControlFlow::Break(CancelOutcome::AlreadyTerminal(op)));
+    }
+    if let Some(expected) = p.if_match
+        && expected != op.version
+    {
+        return Err(StoreError::PreconditionFailed {
+            current_version: op.version,
+        });
+    }
+    if op.cancel.is_some() {
+        return Ok(ControlFlow::Break(CancelOutcome::AlreadyRequested(op)));
+    }
+    if !op.cancellable {
+        return Err(StoreError::NotCancellable);
+    }
+    Ok(ControlFlow::Continue(()))
 }
 
 /// What a `PATCH` of deadline and labels writes.

@@ -440,22 +440,8 @@ fn operation_end(c: &Connection, policy: WritePolicy, id: &str, ending: &Ending,
 
 pub(super) fn operation_cancel(c: &Connection, policy: WritePolicy, p: &CancelParams) -> Result<CancelOutcome> {
     let op = operation_get(c, &p.tenant, &p.id)?.ok_or(StoreError::NotFound)?;
-    if op.state.is_terminal() {
-        // Nothing would change, so a stale If-Match cannot lose an update.
-        return Ok(CancelOutcome::AlreadyTerminal(op));
-    }
-    if let Some(expected) = p.if_match
-        && expected != op.version
-    {
-        return Err(StoreError::PreconditionFailed {
-            current_version: op.version,
-        });
-    }
-    if op.cancel.is_some() {
-        return Ok(CancelOutcome::AlreadyRequested(op));
-    }
-    if !op.cancellable {
-        return Err(StoreError::NotCancellable);
+    if let std::ops::ControlFlow::Break(answered) = crate::shared::cancel_checks(op, p)? {
+        return Ok(answered);
     }
     // Running work waiting for a retry has no worker to tell: like queued
     // work, it is cancelled at once.
