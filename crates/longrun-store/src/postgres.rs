@@ -2068,19 +2068,12 @@ fn result_from_row(r: &PgRow) -> Result<ResultRecord> {
 }
 
 async fn webhook_attempt(c: &mut PgConnection, p: &AttemptParams) -> Result<()> {
-    let (status, status_code, error, next) = match &p.outcome {
-        AttemptOutcome::Delivered { status_code } => ("delivered", Some(*status_code), None, None),
-        AttemptOutcome::Failed {
-            status_code,
-            error,
-            next_attempt_at: Some(next),
-        } => ("pending", *status_code, Some(error.clone()), Some(next.0)),
-        AttemptOutcome::Failed {
-            status_code,
-            error,
-            next_attempt_at: None,
-        } => ("given_up", *status_code, Some(error.clone()), None),
-    };
+    let crate::shared::AttemptRow {
+        status,
+        status_code,
+        error,
+        next_attempt_at: next,
+    } = crate::shared::attempt_row(&p.outcome);
     let row = sqlx::query(
         "UPDATE webhook_deliveries SET status = $2, attempts = $3, next_attempt_at = $4, lease_until = NULL
           WHERE event_id = $1 AND status = 'pending' RETURNING operation_id, type",

@@ -656,6 +656,43 @@ pub(crate) struct Holder {
     pub pausable: bool,
 }
 
+/// How one delivery attempt is recorded, for every backend.
+pub(crate) struct AttemptRow<'a> {
+    /// The delivery's status after it: `delivered`, `pending` (another
+    /// attempt is due) or `given_up`.
+    pub status: &'static str,
+    pub status_code: Option<u16>,
+    pub error: Option<&'a str>,
+    /// Milliseconds; `None` once delivered or given up.
+    pub next_attempt_at: Option<i64>,
+}
+
+/// What an attempt's outcome writes.
+pub(crate) fn attempt_row(outcome: &AttemptOutcome) -> AttemptRow<'_> {
+    match outcome {
+        AttemptOutcome::Delivered { status_code } => AttemptRow {
+            status: "delivered",
+            status_code: Some(*status_code),
+            error: None,
+            next_attempt_at: None,
+        },
+        AttemptOutcome::Failed {
+            status_code,
+            error,
+            next_attempt_at,
+        } => AttemptRow {
+            status: if next_attempt_at.is_some() {
+                "pending"
+            } else {
+                "given_up"
+            },
+            status_code: *status_code,
+            error: Some(error.as_str()),
+            next_attempt_at: next_attempt_at.map(|t| t.0),
+        },
+    }
+}
+
 /// The rules a cancel request meets before it changes anything, for every
 /// backend: an ended operation answers as it is (nothing would change, so
 /// a stale `If-Match` cannot lose an update); then `If-Match`, when given,

@@ -1268,19 +1268,12 @@ pub(super) fn webhook_due(c: &Connection, now: Timestamp, limit: u32, lease: Dur
 }
 
 pub(super) fn webhook_attempt(c: &Connection, p: &AttemptParams) -> Result<()> {
-    let (status, status_code, error, next) = match &p.outcome {
-        AttemptOutcome::Delivered { status_code } => ("delivered", Some(*status_code), None, None),
-        AttemptOutcome::Failed {
-            status_code,
-            error,
-            next_attempt_at: Some(next),
-        } => ("pending", *status_code, Some(error.as_str()), Some(next.0)),
-        AttemptOutcome::Failed {
-            status_code,
-            error,
-            next_attempt_at: None,
-        } => ("given_up", *status_code, Some(error.as_str()), None),
-    };
+    let crate::shared::AttemptRow {
+        status,
+        status_code,
+        error,
+        next_attempt_at: next,
+    } = crate::shared::attempt_row(&p.outcome);
     let updated: Option<(String, String)> = c
         .prepare_cached(
             "UPDATE webhook_deliveries SET status = ?2, attempts = ?3, next_attempt_at = ?4, lease_until = NULL
