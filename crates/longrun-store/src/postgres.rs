@@ -911,16 +911,7 @@ async fn operation_list(c: &mut PgConnection, p: &ListParams) -> Result<Operatio
         operations.push(operation_from_row(row)?);
         seqs.push(row.try_get::<i64, _>(OP_COLUMN_COUNT).map_err(db)?);
     }
-    let next_before_seq = if operations.len() as i64 > page_size {
-        operations.truncate(page_size as usize);
-        seqs.get(page_size as usize - 1).copied()
-    } else {
-        None
-    };
-    Ok(OperationPage {
-        operations,
-        next_before_seq,
-    })
+    Ok(crate::shared::page(operations, &seqs, page_size))
 }
 
 async fn events_of(

@@ -656,6 +656,21 @@ pub(crate) struct Holder {
     pub pausable: bool,
 }
 
+/// A page of a list read one row past `page_size` (with each row's `seq`):
+/// that extra row says another page follows, from the last kept row's seq.
+pub(crate) fn page(mut operations: Vec<Operation>, seqs: &[i64], page_size: i64) -> OperationPage {
+    let next_before_seq = if operations.len() as i64 > page_size {
+        operations.truncate(page_size as usize);
+        seqs.get(page_size as usize - 1).copied()
+    } else {
+        None
+    };
+    OperationPage {
+        operations,
+        next_before_seq,
+    }
+}
+
 /// How one delivery attempt is recorded, for every backend.
 pub(crate) struct AttemptRow<'a> {
     /// The delivery's status after it: `delivered`, `pending` (another

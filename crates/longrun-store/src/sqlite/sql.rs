@@ -346,16 +346,7 @@ pub(super) fn operation_list(c: &Connection, p: &ListParams) -> Result<Operation
         seqs.push(seq);
         operations.push(op);
     }
-    let next_before_seq = if operations.len() as i64 > page_size {
-        operations.truncate(page_size as usize);
-        seqs.get(page_size as usize - 1).copied()
-    } else {
-        None
-    };
-    Ok(OperationPage {
-        operations,
-        next_before_seq,
-    })
+    Ok(crate::shared::page(operations, &seqs, page_size))
 }
 
 /// Whether `id` is an operation of `tenant` (another tenant's id is unknown).
