@@ -15,7 +15,7 @@
 //!   another origin (`Origin`, `Sec-Fetch-Site`).
 //! - **One set of rules.** Pages read through the store calls the API uses;
 //!   every action calls the function its API endpoint calls
-//!   (`operations::cancel_operation`, `update_operation`, `prepare_rerun`,
+//!   (`operations::cancel_operation`, `update_operation`, `submissions::prepare_rerun`,
 //!   `results::result_links`), or for tenants and keys the store call the
 //!   CLI makes. A client key sees its tenant only (another tenant's id is
 //!   404, as in the API); an admin key sees every tenant and may filter.
@@ -51,8 +51,9 @@ use subtle::ConstantTimeEq;
 
 use crate::AppState;
 use crate::http::error::ApiError;
-use crate::http::operations::{self, cancel_operation, prepare_rerun, update_operation};
+use crate::http::operations::{cancel_operation, update_operation};
 use crate::http::wire::{DesiredStateBody, RerunRequest, UpdateRequest};
+use crate::submissions::{self, prepare_rerun};
 
 /// The session cookie.
 const COOKIE: &str = "longrun_session";
@@ -632,7 +633,7 @@ async fn rerun(
     let params = prepare_rerun(&app, &tenant, &id, Some(key), request, now)
         .await
         .or_page(&viewer)?;
-    let (op, _replayed) = operations::accept(&app, params).await.or_page(&viewer)?;
+    let (op, _replayed) = submissions::accept(&app, params).await.or_page(&viewer)?;
     Ok(to_operation(&op.id))
 }
 

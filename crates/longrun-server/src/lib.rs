@@ -14,6 +14,9 @@
 //!   rendered.
 //! - `console` (private): the web console at `/ui/`, server-rendered pages
 //!   over the same store calls as the API.
+//! - `submissions` (private): what a submission is — its checks, deadline
+//!   caps, callback policy and idempotency fingerprint — for the single,
+//!   batch and re-run endpoints and the console alike.
 //! - `listen` (public: its `Limits` are the server's flags): the listener;
 //!   every bound against hostile clients lives there.
 //! - `cache`, `ratelimit`, `changes`, `callback`, `metrics` (private): TTL
@@ -33,6 +36,7 @@ pub mod listen;
 mod metrics;
 mod ratelimit;
 mod server;
+mod submissions;
 
 use std::sync::Arc;
 use std::time::Duration;

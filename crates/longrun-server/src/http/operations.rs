@@ -11,21 +11,20 @@ use axum::{Json, Router};
 use longrun_core::validate::{self, MAX_DEADLINE_SECONDS};
 use longrun_core::{Id, IdKind, IdempotencyKey, State as OpState, Timestamp, retry_after};
 use longrun_store::{
-    AcceptOutcome, AcceptParams, CancelOutcome, CancelParams, DesiredState, IntentParams, ListParams, Operation,
-    StoreError, UpdateParams,
+    AcceptParams, CancelOutcome, CancelParams, DesiredState, IntentParams, ListParams, Operation, StoreError,
+    UpdateParams,
 };
 use serde::Deserialize;
-use serde_json::{Value, json};
 
 use crate::AppState;
 use crate::http::auth::Caller;
 use crate::http::error::{ApiError, Problem};
 use crate::http::extract::{JsonBody, OptionalJsonBody, QueryParams};
 use crate::http::wire::{
-    self, BatchItemResult, BatchSubmitRequest, BatchSubmitResponse, BudgetRequest, CallbackRequest, CancelRequestBody,
-    CancellationBody, DeliveryLog, DesiredStateBody, History, OperationBody, OperationList, RerunRequest,
-    SubmitRequest, UpdateRequest,
+    self, BatchItemResult, BatchSubmitRequest, BatchSubmitResponse, CancelRequestBody, CancellationBody, DeliveryLog,
+    DesiredStateBody, History, OperationBody, OperationList, RerunRequest, SubmitRequest, UpdateRequest,
 };
+use crate::submissions::{accept, accept_error, accepted, prepare_rerun, prepare_submission};
 
 pub const DEFAULT_PAGE_SIZE: u32 = 50;
 /// When a tenant is at `max_active`, when to try again.
@@ -340,181 +339,6 @@ async fn rerun(
     answer_submission(app, caller, &headers, params, now).await
 }
 
-/// A re-run of `id` as a submission: the original's fields, less what
-/// `request` overrides. The API and the console re-run through here.
-pub async fn prepare_rerun(
-    app: &AppState,
-    tenant: &str,
-    id: &Id,
-    key: Option<IdempotencyKey>,
-    request: RerunRequest,
-    now: Timestamp,
-) -> Result<AcceptParams, ApiError> {
-    let original = app.operation(tenant, id).await?;
-    let Some(input) = original.input.clone() else {
-        return Err(ApiError::InputNotKept {
-            operation_id: id.clone(),
-        });
-    };
-    // What is not overridden is the original's; its deadline counts again
-    // from now.
-    let deadline_seconds = request.deadline_seconds.or_else(|| {
-        original
-            .deadline_at
-            .map(|at| u64::try_from((at.0 - original.created_at.0).max(1000) / 1000).unwrap_or(1))
-    });
-    let submission = SubmitRequest {
-        kind: original.kind.clone(),
-        input: Some(input),
-        callback: request
-            .callback
-            .or_else(|| original.callback_url.clone().map(|url| CallbackRequest { url })),
-        deadline_seconds,
-        budget: request.budget.or(original
-            .budget_max_cost
-            .map(|units| BudgetRequest { max_cost_units: units })),
-        labels: request.labels.or_else(|| Some(original.labels.clone())),
-    };
-    let rerun = Rerun {
-        of: id.clone(),
-        from_checkpoint: request.from_checkpoint,
-    };
-    prepare_submission(app, tenant, key, submission, now, Some(rerun)).await
-}
-
-/// Until when the idempotency record is kept: as long as the operation's
-/// record. For an operation still running that is at least the retention
-/// period from now, which is what we promise.
-/// Checks a submission and turns it into what the store accepts: every
-/// cheap deterministic check of CONTRACT §3 (acceptance paused, key policy,
-/// kind, labels, input size and the kind's own validation, budget, deadline
-/// caps, callback policy), then the idempotency fingerprint over the
-/// semantic request. The single and the batch endpoint share it.
-async fn prepare_submission(
-    app: &AppState,
-    tenant: &str,
-    key: Option<IdempotencyKey>,
-    request: SubmitRequest,
-    now: Timestamp,
-    rerun: Option<Rerun>,
-) -> Result<AcceptParams, ApiError> {
-    app.check_accepting(&request.kind).await?;
-    if key.is_none() && app.config.require_idempotency_key {
-        return Err(ApiError::IdempotencyKeyRequired);
-    }
-    validate::kind_name(&request.kind).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
-    let labels = request.labels.unwrap_or_default();
-    validate::labels(&labels).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
-    let input = request.input.unwrap_or(Value::Null);
-    validate::input_size(&input).map_err(|e| ApiError::PayloadTooLarge(e.to_string()))?;
-    let budget = request.budget.map(|b| b.max_cost_units);
-    if let Some(units) = budget {
-        validate::max_cost_units(units).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
-    }
-
-    let spec = app
-        .kind_spec(&request.kind)
-        .await?
-        .ok_or_else(|| ApiError::UnsupportedKind(format!("no kind named {:?} is declared", request.kind)))?;
-    if let Some(handler) = app.registry.get(&request.kind) {
-        handler
-            .validate(&input)
-            .map_err(|e| ApiError::InvalidInput(e.to_string()))?;
-    }
-    let max_deadline = spec
-        .max_deadline_seconds
-        .map_or(MAX_DEADLINE_SECONDS, |s| s as u64)
-        .min(MAX_DEADLINE_SECONDS);
-    let deadline_seconds = request
-        .deadline_seconds
-        .or(spec.default_deadline_seconds.map(|s| s as u64));
-    if let Some(seconds) = deadline_seconds {
-        validate::deadline_seconds(seconds, max_deadline).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
-    }
-    let callback_url = match request.callback {
-        Some(callback) => Some(crate::callback::check_url(&callback.url, &app.config.callback_policy)?),
-        None => None,
-    };
-    let uploads = crate::http::uploads::named_in(app, tenant, &input, now).await?;
-
-    // The semantic request: every field that changes what the work is, and
-    // nothing volatile. Omitted optional fields and their defaults agree.
-    let mut semantic = json!({
-        "api_version": "v1",
-        "kind": request.kind,
-        "input": input,
-        "callback": callback_url.as_ref().map(|url| json!({"url": url})),
-        "deadline_seconds": request.deadline_seconds,
-        "budget": budget.map(|units| json!({"max_cost_units": units})),
-        "labels": labels,
-    });
-    // A re-run is another request than a submission of the same input: the
-    // same key on both conflicts instead of replaying the other.
-    if let Some(rerun) = &rerun {
-        semantic["rerun_of"] = json!(rerun.of.as_str());
-        if rerun.from_checkpoint {
-            semantic["from_checkpoint"] = json!(true);
-        }
-    }
-    let from_checkpoint = rerun.as_ref().is_some_and(|r| r.from_checkpoint);
-    Ok(AcceptParams {
-        id: Id::generate(IdKind::Operation),
-        tenant: tenant.to_owned(),
-        kind: request.kind,
-        input,
-        callback_url,
-        deadline_at: deadline_seconds.map(|s| now.plus(Duration::from_secs(s))),
-        budget_max_cost: budget,
-        labels,
-        idempotency: key.map(|k| (k, app.fingerprinter.fingerprint(&semantic))),
-        uploads,
-        rerun_of: rerun.map(|r| r.of),
-        from_checkpoint,
-        now,
-    })
-}
-
-/// What a re-run adds to a submission: the original, and whether to start
-/// from its last checkpoint.
-struct Rerun {
-    of: Id,
-    from_checkpoint: bool,
-}
-
-/// Accepts a prepared submission: the operation, and whether it is a
-/// replay. The API and the console submit through here.
-pub async fn accept(app: &AppState, params: AcceptParams) -> Result<(Operation, bool), ApiError> {
-    let outcome = app.store.operation_accept(params).await.map_err(accept_error)?;
-    accepted(app, outcome)
-}
-
-/// What an acceptance means to the caller: the operation and whether it
-/// is a replay, or the refusal of a reused key. New work wakes the claimers.
-fn accepted(app: &AppState, outcome: AcceptOutcome) -> Result<(Operation, bool), ApiError> {
-    match outcome {
-        AcceptOutcome::Created(op) => {
-            app.signals.work_available();
-            Ok((op, false))
-        }
-        // A replay of an operation past its expiry answers as one already
-        // removed does.
-        AcceptOutcome::Replayed(op) => Ok((app.visible(op)?, true)),
-        AcceptOutcome::KeyReused { operation_id } => Err(ApiError::IdempotencyKeyReused { operation_id }),
-    }
-}
-
-/// What a refused acceptance answers.
-fn accept_error(e: StoreError) -> ApiError {
-    match e {
-        StoreError::Gone => ApiError::Gone,
-        StoreError::QuotaExceeded { active, max_active } => ApiError::QuotaExceeded {
-            detail: format!("the tenant has {active} operations not yet ended; its limit is {max_active}"),
-            retry_after: QUOTA_RETRY_AFTER,
-        },
-        other => other.into(),
-    }
-}
-
 /// Most submissions in one batch.
 pub const MAX_BATCH_SUBMISSIONS: usize = 1000;
 
@@ -595,6 +419,9 @@ fn item_refused(error: &ApiError, request_id: &str) -> BatchItemResult {
     }
 }
 
+/// Until when the idempotency record is kept: as long as the operation's
+/// record. For an operation still running that is at least the retention
+/// period from now, which is what we promise.
 pub(crate) fn idempotency_expires(app: &AppState, op: &Operation, now: Timestamp) -> Timestamp {
     let retention = app.config.operation_retention.max(MIN_IDEMPOTENCY_LIFETIME);
     op.expires_at.unwrap_or_else(|| now.plus(retention))
