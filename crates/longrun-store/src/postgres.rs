@@ -2059,20 +2059,15 @@ fn result_from_row(r: &PgRow) -> Result<ResultRecord> {
 }
 
 async fn webhook_attempt(c: &mut PgConnection, p: &AttemptParams) -> Result<()> {
-    let crate::shared::AttemptRow {
-        status,
-        status_code,
-        error,
-        next_attempt_at: next,
-    } = crate::shared::attempt_row(&p.outcome);
+    let attempt = crate::shared::attempt_row(&p.outcome);
     let row = sqlx::query(
         "UPDATE webhook_deliveries SET status = $2, attempts = $3, next_attempt_at = $4, lease_until = NULL
           WHERE event_id = $1 AND status = 'pending' RETURNING operation_id, type",
     )
     .bind(p.event_id.as_str())
-    .bind(status)
+    .bind(attempt.status)
     .bind(p.attempt)
-    .bind(next)
+    .bind(attempt.next_attempt_at)
     .fetch_optional(&mut *c)
     .await
     .map_err(db)?
@@ -2088,9 +2083,9 @@ async fn webhook_attempt(c: &mut PgConnection, p: &AttemptParams) -> Result<()> 
     .bind(operation_id)
     .bind(event_type)
     .bind(p.now.0)
-    .bind(status_code.map(i32::from))
-    .bind(error)
-    .bind(next)
+    .bind(attempt.status_code.map(i32::from))
+    .bind(attempt.error)
+    .bind(attempt.next_attempt_at)
     .bind(p.latency_ms)
     .execute(&mut *c)
     .await

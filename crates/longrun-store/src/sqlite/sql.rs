@@ -1259,20 +1259,16 @@ pub(super) fn webhook_due(c: &Connection, now: Timestamp, limit: u32, lease: Dur
 }
 
 pub(super) fn webhook_attempt(c: &Connection, p: &AttemptParams) -> Result<()> {
-    let crate::shared::AttemptRow {
-        status,
-        status_code,
-        error,
-        next_attempt_at: next,
-    } = crate::shared::attempt_row(&p.outcome);
+    let attempt = crate::shared::attempt_row(&p.outcome);
     let updated: Option<(String, String)> = c
         .prepare_cached(
             "UPDATE webhook_deliveries SET status = ?2, attempts = ?3, next_attempt_at = ?4, lease_until = NULL
               WHERE event_id = ?1 AND status = 'pending' RETURNING operation_id, type",
         )?
-        .query_row(params![p.event_id.as_str(), status, p.attempt, next], |r| {
-            Ok((r.get(0)?, r.get(1)?))
-        })
+        .query_row(
+            params![p.event_id.as_str(), attempt.status, p.attempt, attempt.next_attempt_at],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
         .optional()?;
     let Some((operation_id, event_type)) = updated else {
         return Err(StoreError::NotFound);
@@ -1288,9 +1284,9 @@ pub(super) fn webhook_attempt(c: &Connection, p: &AttemptParams) -> Result<()> {
         operation_id,
         event_type,
         p.now.0,
-        status_code,
-        error,
-        next,
+        attempt.status_code,
+        attempt.error,
+        attempt.next_attempt_at,
         p.latency_ms
     ])?;
     Ok(())
