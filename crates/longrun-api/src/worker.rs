@@ -251,6 +251,15 @@ pub struct OutcomesRequest {
     pub outcomes: Vec<serde_json::Map<String, Value>>,
 }
 
+/// The same document as [`OutcomesRequest`], written straight from typed
+/// items: what a worker sends. (The server reads each item as an object
+/// first, so one malformed item refuses only itself.)
+#[derive(Debug, Serialize)]
+pub struct OutcomesBody<'a> {
+    /// The items, in the order their answers come back.
+    pub outcomes: &'a [OutcomeItem],
+}
+
 /// One report: the fields of the single endpoint its `outcome` names.
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -374,4 +383,35 @@ pub struct JoinRequest {
     #[serde(deserialize_with = "required_whole_number")]
     #[schema(minimum = 0, maximum = 9_223_372_036_854_775_807_i64)]
     pub size_bytes: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_a_worker_writes_the_server_reads_item_by_item() {
+        let items = [
+            OutcomeItem {
+                result: Some(serde_json::json!({"rows": 3})),
+                ..OutcomeItem::new("op_1", "lease-1", OutcomeKind::Complete)
+            },
+            OutcomeItem {
+                cost_units: Some(2.5),
+                ..OutcomeItem::new("op_2", "lease-2", OutcomeKind::Heartbeat)
+            },
+        ];
+        let text = serde_json::to_string(&OutcomesBody { outcomes: &items }).unwrap();
+        let read: OutcomesRequest = serde_json::from_str(&text).unwrap();
+        assert_eq!(read.outcomes.len(), 2);
+        for (map, item) in read.outcomes.into_iter().zip(&items) {
+            let back: OutcomeItem = serde_json::from_value(Value::Object(map)).unwrap();
+            assert_eq!(
+                serde_json::to_value(&back).unwrap(),
+                serde_json::to_value(item).unwrap()
+            );
+        }
+        // Unset fields are left out, not sent as `null`.
+        assert!(!text.contains("null"), "{text}");
+    }
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use longrun_api::{
     ArtifactUploadBody, ClaimRequest, ClaimResponse, ErrorRequest, HeartbeatRequest, HeartbeatResponse, JoinRequest,
-    OutcomeItem, OutcomeKind, OutcomesRequest, OutcomesResponse, PieceStoredBody, Problem, ProgressRequest, TaskBody,
+    OutcomeItem, OutcomeKind, OutcomesBody, OutcomesResponse, PieceStoredBody, Problem, ProgressRequest, TaskBody,
 };
 use longrun_core::{Id, IdKind, Timestamp};
 use longrun_store::{HeartbeatAck, Outcome, ProgressUpdate, StoreError};
@@ -138,10 +138,7 @@ async fn post_outcomes(
     let response = match http
         .post(format!("{base}/v1/worker/outcomes"))
         .bearer_auth(token)
-        .json(&OutcomesRequest {
-            // The server reads each item alone, so the body holds them as objects.
-            outcomes: items.iter().map(as_object).collect(),
-        })
+        .json(&OutcomesBody { outcomes: &items })
         .send()
         .await
     {
@@ -167,15 +164,6 @@ async fn post_outcomes(
             .collect(),
         Ok(_) => all_failed("the outcomes answer does not match the request".into()),
         Err(e) => all_failed(format!("bad outcomes answer: {e}")),
-    }
-}
-
-/// An item as the JSON object it is on the wire (a struct of plain fields
-/// always serializes to one).
-fn as_object(item: &OutcomeItem) -> serde_json::Map<String, Value> {
-    match serde_json::to_value(item) {
-        Ok(Value::Object(map)) => map,
-        _ => serde_json::Map::new(),
     }
 }
 
