@@ -30,8 +30,21 @@ pub enum ReportError {
     TooLarge(String),
 }
 
+/// The length of `value` as compact JSON text, counted as it is written
+/// rather than built: these checks run on every report.
 fn json_len(value: &Value) -> usize {
-    serde_json::to_string(value).map_or(usize::MAX, |s| s.len())
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.len();
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    serde_json::to_writer(&mut count, value).map_or(usize::MAX, |()| count.0)
 }
 
 /// A progress report within its limits, with `details: null` read as none.
@@ -178,6 +191,13 @@ mod tests {
         let checkpoint = big(longrun_store::MAX_CHECKPOINT_BYTES - 1);
         assert!(check_checkpoint(&checkpoint).is_err());
         assert!(check_checkpoint(&big(longrun_store::MAX_CHECKPOINT_BYTES - 2)).is_ok());
+    }
+
+    #[test]
+    fn lengths_are_those_of_the_compact_text() {
+        for value in [json!(null), json!("é\"\n"), json!({"a": [1, 2.5, true], "b": {"c": "x"}})] {
+            assert_eq!(json_len(&value), serde_json::to_string(&value).unwrap().len());
+        }
     }
 
     #[test]
