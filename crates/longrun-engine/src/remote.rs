@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use longrun_api::{
-    ArtifactUploadBody, ClaimRequest, ClaimResponse, ErrorRequest, HeartbeatRequest, HeartbeatResponse, JoinRequest,
-    OutcomeItem, OutcomeKind, OutcomesBody, OutcomesResponse, PieceStoredBody, Problem, ProgressRequest, TaskBody,
+    ArtifactUploadBody, ClaimRequest, ClaimResponse, HeartbeatRequest, HeartbeatResponse, JoinRequest, OutcomeItem,
+    OutcomeKind, OutcomesBody, OutcomesResponse, PieceStoredBody, Problem, TaskBody,
 };
 use longrun_core::{Id, IdKind, Timestamp};
 use longrun_store::{HeartbeatAck, Outcome, ProgressUpdate, StoreError};
@@ -24,6 +24,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::artifacts::ByteReader;
 use crate::kinds::Registry;
+use crate::reports;
 use crate::worker::{
     IN_FLIGHT_PER_SLOT, StopFlags, TaskContext, TaskLink, UploadedArtifact, run_handler, send_and_log,
 };
@@ -248,7 +249,7 @@ impl TaskLink for HttpLink {
     ) -> Result<HeartbeatAck, StoreError> {
         let body = HeartbeatRequest {
             lease_token: self.lease_token.clone(),
-            progress: progress.map(progress_request),
+            progress: progress.map(reports::progress_to_wire),
             cost_units,
             cancellable,
             checkpoint,
@@ -371,11 +372,7 @@ impl TaskLink for HttpLink {
                 ..item(OutcomeKind::Complete)
             },
             Outcome::Failed { error } => OutcomeItem {
-                error: Some(ErrorRequest {
-                    code: error.code,
-                    message: error.message,
-                    retryable: error.retryable,
-                }),
+                error: Some(reports::error_to_wire(error)),
                 ..item(OutcomeKind::Fail)
             },
             Outcome::Cancelled => item(OutcomeKind::Cancelled),
@@ -384,18 +381,8 @@ impl TaskLink for HttpLink {
                 ..item(OutcomeKind::Paused)
             },
         };
-        item.progress = progress.map(progress_request);
+        item.progress = progress.map(reports::progress_to_wire);
         self.outcomes.send(item).await
-    }
-}
-
-fn progress_request(p: ProgressUpdate) -> ProgressRequest {
-    ProgressRequest {
-        completed_units: p.completed_units,
-        total_units: p.total_units,
-        unit: p.unit,
-        phase: p.phase,
-        details: p.details,
     }
 }
 

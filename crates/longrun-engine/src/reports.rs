@@ -4,8 +4,9 @@
 //! before sending, so a built-in kind cannot store what a remote worker
 //! could not.
 
+use longrun_api::{ErrorRequest, ProgressRequest};
 use longrun_core::validate;
-use longrun_store::{Outcome, ProgressUpdate};
+use longrun_store::{OperationError, Outcome, ProgressUpdate};
 use serde_json::Value;
 
 /// Largest inline result; anything bigger goes through an artifact upload.
@@ -28,6 +29,46 @@ pub enum ReportError {
     /// A value over its size (`413 payload_too_large` over HTTP).
     #[error("{0}")]
     TooLarge(String),
+}
+
+/// A progress report as the worker protocol carries it.
+pub fn progress_to_wire(p: ProgressUpdate) -> ProgressRequest {
+    ProgressRequest {
+        completed_units: p.completed_units,
+        total_units: p.total_units,
+        unit: p.unit,
+        phase: p.phase,
+        details: p.details,
+    }
+}
+
+/// A progress report as the store takes it (checked with [`check_progress`]).
+pub fn progress_from_wire(p: ProgressRequest) -> ProgressUpdate {
+    ProgressUpdate {
+        completed_units: p.completed_units,
+        total_units: p.total_units,
+        unit: p.unit,
+        phase: p.phase,
+        details: p.details,
+    }
+}
+
+/// A worker's error as the worker protocol carries it.
+pub fn error_to_wire(e: OperationError) -> ErrorRequest {
+    ErrorRequest {
+        code: e.code,
+        message: e.message,
+        retryable: e.retryable,
+    }
+}
+
+/// A worker's error as the store keeps it (checked with [`check_outcome`]).
+pub fn error_from_wire(e: ErrorRequest) -> OperationError {
+    OperationError {
+        code: e.code,
+        message: e.message,
+        retryable: e.retryable,
+    }
 }
 
 /// The length of `value` as compact JSON text, counted as it is written
@@ -137,7 +178,6 @@ pub fn check_outcome(operation_id: &longrun_core::Id, outcome: &Outcome) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
-    use longrun_store::OperationError;
     use serde_json::json;
 
     fn id() -> longrun_core::Id {
@@ -195,7 +235,11 @@ mod tests {
 
     #[test]
     fn lengths_are_those_of_the_compact_text() {
-        for value in [json!(null), json!("é\"\n"), json!({"a": [1, 2.5, true], "b": {"c": "x"}})] {
+        for value in [
+            json!(null),
+            json!("é\"\n"),
+            json!({"a": [1, 2.5, true], "b": {"c": "x"}}),
+        ] {
             assert_eq!(json_len(&value), serde_json::to_string(&value).unwrap().len());
         }
     }

@@ -12,14 +12,14 @@ use axum::extract::{Path, State};
 use axum::routing::post;
 use axum::{Json, Router};
 use longrun_api::{
-    BudgetBody, CancelledRequest, ClaimRequest, ClaimResponse, CompleteRequest, ErrorRequest, FailRequest,
-    HeartbeatRequest, HeartbeatResponse, OutcomeItem, OutcomeItemResult, OutcomeKind, OutcomeResponse, OutcomesRequest,
-    OutcomesResponse, PausedRequest, Problem, ProgressRequest, TaskBody,
+    BudgetBody, CancelledRequest, ClaimRequest, ClaimResponse, CompleteRequest, FailRequest, HeartbeatRequest,
+    HeartbeatResponse, OutcomeItem, OutcomeItemResult, OutcomeKind, OutcomeResponse, OutcomesRequest, OutcomesResponse,
+    PausedRequest, Problem, ProgressRequest, TaskBody,
 };
 use longrun_core::lease::{MAX_LEASE, MIN_LEASE};
 use longrun_core::{Id, IdKind, validate};
 use longrun_engine::reports::{self, ReportError};
-use longrun_store::{ClaimParams, FinishParams, HeartbeatParams, OperationError, Outcome, ProgressUpdate, StoreError};
+use longrun_store::{ClaimParams, FinishParams, HeartbeatParams, Outcome, ProgressUpdate, StoreError};
 use serde_json::Value;
 
 use crate::AppState;
@@ -164,15 +164,8 @@ fn report_error(e: ReportError) -> ApiError {
 }
 
 /// A progress report as the store takes it, within the limits every worker keeps.
-fn check_progress(progress: &ProgressRequest) -> Result<ProgressUpdate, ApiError> {
-    reports::check_progress(ProgressUpdate {
-        completed_units: progress.completed_units,
-        total_units: progress.total_units,
-        unit: progress.unit.clone(),
-        phase: progress.phase.clone(),
-        details: progress.details.clone(),
-    })
-    .map_err(report_error)
+fn check_progress(progress: ProgressRequest) -> Result<ProgressUpdate, ApiError> {
+    reports::check_progress(reports::progress_from_wire(progress)).map_err(report_error)
 }
 
 #[utoipa::path(post, path = "/v1/worker/tasks/{id}/heartbeat", tag = "workers", security(("bearer" = [])), params(("id" = String, Path, description = "The operation id (op_…)")), request_body = HeartbeatRequest,
@@ -189,7 +182,7 @@ async fn heartbeat(
         &app,
         id.clone(),
         request.lease_token,
-        request.progress.as_ref(),
+        request.progress,
         request.cost_units,
         request.cancellable,
         request.checkpoint,
@@ -242,7 +235,7 @@ fn check_heartbeat(
     app: &AppState,
     operation_id: Id,
     lease_token: String,
-    progress: Option<&ProgressRequest>,
+    progress: Option<ProgressRequest>,
     cost_units: Option<f64>,
     cancellable: Option<bool>,
     checkpoint: Option<Value>,
@@ -268,7 +261,7 @@ fn check_outcome(
     operation_id: Id,
     lease_token: String,
     outcome: Outcome,
-    progress: Option<&ProgressRequest>,
+    progress: Option<ProgressRequest>,
 ) -> Result<FinishParams, ApiError> {
     reports::check_outcome(&operation_id, &outcome).map_err(report_error)?;
     Ok(FinishParams {
@@ -278,15 +271,6 @@ fn check_outcome(
         progress: progress.map(check_progress).transpose()?,
         now: app.clock.now(),
     })
-}
-
-/// A worker's error as the store keeps it.
-fn operation_error(e: ErrorRequest) -> OperationError {
-    OperationError {
-        code: e.code,
-        message: e.message,
-        retryable: e.retryable,
-    }
 }
 
 #[utoipa::path(post, path = "/v1/worker/tasks/{id}/complete", tag = "workers", security(("bearer" = [])), params(("id" = String, Path, description = "The operation id (op_…)")), request_body = CompleteRequest,
@@ -299,13 +283,7 @@ async fn complete(
 ) -> Result<Json<OutcomeResponse>, ApiError> {
     require_worker(&caller)?;
     let outcome = Outcome::Succeeded { result: request.result };
-    let params = check_outcome(
-        &app,
-        task_id(&id)?,
-        request.lease_token,
-        outcome,
-        request.progress.as_ref(),
-    )?;
+    let params = check_outcome(&app, task_id(&id)?, request.lease_token, outcome, request.progress)?;
     finish(&app, params).await
 }
 
@@ -319,15 +297,9 @@ async fn fail(
 ) -> Result<Json<OutcomeResponse>, ApiError> {
     require_worker(&caller)?;
     let outcome = Outcome::Failed {
-        error: operation_error(request.error),
+        error: reports::error_from_wire(request.error),
     };
-    let params = check_outcome(
-        &app,
-        task_id(&id)?,
-        request.lease_token,
-        outcome,
-        request.progress.as_ref(),
-    )?;
+    let params = check_outcome(&app, task_id(&id)?, request.lease_token, outcome, request.progress)?;
     finish(&app, params).await
 }
 
@@ -345,7 +317,7 @@ async fn cancelled(
         task_id(&id)?,
         request.lease_token,
         Outcome::Cancelled,
-        request.progress.as_ref(),
+        request.progress,
     )?;
     finish(&app, params).await
 }
@@ -366,7 +338,7 @@ async fn paused(
         Outcome::Paused {
             checkpoint: request.checkpoint,
         },
-        request.progress.as_ref(),
+        request.progress,
     )?;
     finish(&app, params).await
 }
@@ -413,7 +385,7 @@ fn check_item(app: &AppState, item: OutcomeItem) -> Result<Checked, ApiError> {
                 app,
                 id,
                 item.lease_token,
-                item.progress.as_ref(),
+                item.progress,
                 item.cost_units,
                 item.cancellable,
                 item.checkpoint,
@@ -425,14 +397,14 @@ fn check_item(app: &AppState, item: OutcomeItem) -> Result<Checked, ApiError> {
         },
         OutcomeKind::Complete => Outcome::Succeeded { result: item.result },
         OutcomeKind::Fail => Outcome::Failed {
-            error: operation_error(
+            error: reports::error_from_wire(
                 item.error
                     .ok_or_else(|| ApiError::InvalidRequest("a `fail` item needs `error`".into()))?,
             ),
         },
         OutcomeKind::Cancelled => Outcome::Cancelled,
     };
-    check_outcome(app, id, item.lease_token, outcome, item.progress.as_ref()).map(Checked::Finish)
+    check_outcome(app, id, item.lease_token, outcome, item.progress).map(Checked::Finish)
 }
 
 #[utoipa::path(post, path = "/v1/worker/outcomes", tag = "workers", security(("bearer" = [])), request_body = OutcomesRequest,
