@@ -307,6 +307,15 @@ impl ApiError {
         }
     }
 
+    /// The problem body of one item of a batch, carrying the id of the
+    /// request it came in (the edge adds it only to whole responses).
+    pub(crate) fn item_problem(&self, request_id: &str) -> Problem {
+        Problem {
+            request_id: request_id.to_owned(),
+            ..self.problem()
+        }
+    }
+
     /// The problem for a response that did not come from an `ApiError`.
     pub fn for_status(status: StatusCode) -> ApiError {
         match status {

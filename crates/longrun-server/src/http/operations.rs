@@ -409,8 +409,7 @@ fn item_accepted(status: StatusCode, op: &Operation, replayed: bool) -> BatchIte
 
 /// A batch item refused.
 fn item_refused(error: &ApiError, request_id: &str) -> BatchItemResult {
-    let mut problem = error.problem();
-    problem.request_id = request_id.to_owned();
+    let problem = error.item_problem(request_id);
     BatchItemResult {
         status: problem.status,
         replayed: false,

@@ -345,8 +345,7 @@ async fn paused(
 
 /// An item's answer when it is refused.
 fn refused_item(operation_id: String, error: &ApiError, request_id: &str) -> OutcomeItemResult {
-    let mut problem = error.problem();
-    problem.request_id = request_id.to_owned();
+    let problem = error.item_problem(request_id);
     OutcomeItemResult {
         status: problem.status,
         operation_id,
