@@ -76,3 +76,32 @@ pub struct Problem {
     #[schema(required = true)]
     pub retryable: bool,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_problem_reads_from_its_code_alone_and_not_without_it() {
+        // A proxy or an older server may answer a bare problem: the code is
+        // what a client decides on, the rest defaults.
+        let bare: Problem = serde_json::from_str(r#"{"code":"rate_limited","extra":1}"#).unwrap();
+        assert_eq!(bare.code, "rate_limited");
+        assert_eq!((bare.status, bare.retryable, bare.request_id.as_str()), (0, false, ""));
+        assert!(serde_json::from_str::<Problem>(r#"{"title":"Bad Gateway","status":502}"#).is_err());
+
+        let full = Problem {
+            problem_type: "urn:longrun:problem:lease_lost".into(),
+            title: Cow::Borrowed("Lease lost"),
+            status: 409,
+            code: Cow::Borrowed("lease_lost"),
+            detail: "the lease is no longer held by this worker".into(),
+            request_id: "req_1".into(),
+            operation_id: None,
+            retryable: false,
+        };
+        let text = serde_json::to_string(&full).unwrap();
+        assert!(!text.contains("operation_id"), "absent, not null: {text}");
+        assert_eq!(serde_json::from_str::<Problem>(&text).unwrap(), full);
+    }
+}
