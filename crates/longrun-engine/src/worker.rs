@@ -672,6 +672,16 @@ mod tests {
         }
     }
 
+    /// A kind of one attempt, safe to re-run.
+    fn test_kind(name: &str) -> KindInfo {
+        KindInfo {
+            name: name.into(),
+            rerun_safe: true,
+            max_attempts: 1,
+            pausable: false,
+        }
+    }
+
     /// Reports `steps` progress updates, `every` apart.
     struct Steps {
         steps: u32,
@@ -681,12 +691,7 @@ mod tests {
     #[async_trait]
     impl Handler for Steps {
         fn info(&self) -> KindInfo {
-            KindInfo {
-                name: "steps".into(),
-                rerun_safe: true,
-                max_attempts: 1,
-                pausable: false,
-            }
+            test_kind("steps")
         }
 
         fn validate(&self, _: &Value) -> Result<(), Invalid> {
@@ -747,12 +752,7 @@ mod tests {
     #[async_trait]
     impl Handler for Reports {
         fn info(&self) -> KindInfo {
-            KindInfo {
-                name: "reports".into(),
-                rerun_safe: true,
-                max_attempts: 1,
-                pausable: false,
-            }
+            test_kind("reports")
         }
 
         fn validate(&self, _: &Value) -> Result<(), Invalid> {

@@ -232,18 +232,8 @@ async fn an_operation_with_an_id_of_the_older_shape_is_still_served() {
     app.store
         .operation_accept(longrun_store::AcceptParams {
             id,
-            tenant: "acme".into(),
-            kind: "sleep".into(),
-            input: json!({"duration_ms": 0}),
-            callback_url: None,
-            deadline_at: None,
-            budget_max_cost: None,
-            labels: Default::default(),
-            idempotency: None,
-            uploads: Vec::new(),
-            rerun_of: None,
-            from_checkpoint: false,
             now: longrun_core::Clock::now(&longrun_core::SystemClock),
+            ..longrun_store::conformance::accept_params("acme", "sleep", None, json!({"duration_ms": 0}))
         })
         .await
         .unwrap();

@@ -319,19 +319,9 @@ async fn with_30_percent_of_acks_dropped_every_event_is_applied_exactly_once() {
             let now = SystemClock.now();
             let AcceptOutcome::Created(op) = store
                 .operation_accept(AcceptParams {
-                    id: longrun_core::Id::generate(longrun_core::IdKind::Operation),
-                    tenant: "acme".into(),
-                    kind: "sleep".into(),
-                    input: json!({"duration_ms": 1}),
                     callback_url: Some(url),
-                    deadline_at: None,
-                    budget_max_cost: None,
-                    labels: Default::default(),
-                    idempotency: None,
-                    uploads: Vec::new(),
-                    rerun_of: None,
-                    from_checkpoint: false,
                     now,
+                    ..longrun_store::conformance::accept_params("acme", "sleep", None, json!({"duration_ms": 1}))
                 })
                 .await
                 .unwrap()

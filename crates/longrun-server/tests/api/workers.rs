@@ -661,19 +661,8 @@ async fn a_big_backlog_does_not_starve_a_small_tenant() {
         pending.push(tokio::spawn(async move {
             store
                 .operation_accept(AcceptParams {
-                    id: longrun_core::Id::generate(longrun_core::IdKind::Operation),
-                    tenant: "big".into(),
-                    kind: "fair".into(),
-                    input: json!({"i": i}),
-                    callback_url: None,
-                    deadline_at: None,
-                    budget_max_cost: None,
-                    labels: Default::default(),
-                    idempotency: None,
-                    uploads: Vec::new(),
-                    rerun_of: None,
-                    from_checkpoint: false,
                     now: longrun_core::Timestamp(1),
+                    ..longrun_store::conformance::accept_params("big", "fair", None, json!({"i": i}))
                 })
                 .await
                 .unwrap()
