@@ -686,6 +686,14 @@ async fn tenants(global: &Global, command: TenantsCommand) -> anyhow::Result<()>
                 "deleted tenant {tenant}: {} operations, {} results ({objects} objects), {} keys, {} webhook deliveries",
                 counts.operations, counts.results, counts.keys, counts.deliveries
             );
+            // An object the artifact store refused stays queued as garbage:
+            // say so, since the command will not retry it (retention will).
+            let left = store.backlog(SystemClock.now()).await?.garbage_objects;
+            if left > 0 {
+                eprintln!(
+                    "warning: {left} stored objects could not be deleted now; the server's retention pass retries them"
+                );
+            }
         }
         TenantsCommand::WebhookSecret {
             tenant,
