@@ -346,6 +346,68 @@ async fn after_a_sigkill_every_in_flight_operation_still_ends() {
 }
 
 /// Waits (bounded) until every operation satisfies `done`; returns them.
+/// Files below `dir`, at any depth.
+fn files_below(dir: &Path) -> Vec<std::path::PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .flat_map(|e| {
+            let path = e.path();
+            if path.is_dir() { files_below(&path) } else { vec![path] }
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn tenants_delete_removes_a_tenants_rows_and_files_and_asks_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_server(dir.path(), &[]).await;
+    let created = run_cli(
+        dir.path(),
+        &["keys", "create", "--tenant", "doomed", "--role", "client"],
+    );
+    assert!(created.status.success(), "{created:?}");
+    let token = String::from_utf8(created.stdout).unwrap().trim().to_owned();
+    let http = reqwest::Client::new();
+    let op: Value = http
+        .post(format!("{}/v1/operations", server.base))
+        .bearer_auth(&token)
+        .header("Idempotency-Key", "doomed-export")
+        .json(&json!({"kind": "export", "input": {"rows": 100}}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = op["id"].as_str().unwrap().to_owned();
+    wait_until(&server.base, &token, &[id], |op| op["state"] == "succeeded").await;
+    let artifacts = dir.path().join("artifacts");
+    assert_eq!(files_below(&artifacts).len(), 1, "the export's artifact is stored");
+
+    let unasked = run_cli(dir.path(), &["tenants", "delete", "doomed"]);
+    assert!(!unasked.status.success(), "deleting a tenant needs --yes");
+    assert_eq!(files_below(&artifacts).len(), 1, "and without it nothing goes");
+
+    let deleted = run_cli(dir.path(), &["tenants", "delete", "doomed", "--yes"]);
+    assert!(deleted.status.success(), "{deleted:?}");
+    let said = String::from_utf8(deleted.stdout).unwrap();
+    assert!(
+        said.contains("deleted tenant doomed: 1 operations, 1 results"),
+        "{said}"
+    );
+    let warned = String::from_utf8(deleted.stderr).unwrap();
+    assert!(!warned.contains("could not be deleted"), "every object went: {warned}");
+    assert_eq!(files_below(&artifacts), Vec::<std::path::PathBuf>::new());
+    // Its keys went too (a running server trusts a verified key for up to
+    // its key-cache TTL, so ask the store, not the server).
+    let keys = String::from_utf8(run_cli(dir.path(), &["keys", "list"]).stdout).unwrap();
+    assert!(!keys.contains("doomed"), "{keys}");
+    drop(server);
+}
+
 async fn wait_until(base: &str, token: &str, ids: &[String], done: impl Fn(&Value) -> bool) -> Vec<Value> {
     let http = reqwest::Client::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
