@@ -15,7 +15,7 @@
 //!   another origin (`Origin`, `Sec-Fetch-Site`).
 //! - **One set of rules.** Pages read through the store calls the API uses;
 //!   every action calls the function its API endpoint calls
-//!   (`operations::cancel_operation`, `update_operation`, `submissions::prepare_rerun`,
+//!   (`commands::cancel`, `commands::update`, `submissions::prepare_rerun`,
 //!   `results::result_links`), or for tenants and keys the store call the
 //!   CLI makes. A client key sees its tenant only (another tenant's id is
 //!   404, as in the API); an admin key sees every tenant and may filter.
@@ -50,8 +50,8 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::AppState;
+use crate::commands;
 use crate::http::error::ApiError;
-use crate::http::operations::{cancel_operation, update_operation};
 use crate::http::wire::{DesiredStateBody, RerunRequest, UpdateRequest};
 use crate::submissions::{self, prepare_rerun};
 
@@ -493,7 +493,7 @@ async fn cancel(
     let id = operation_id(&id).or_page(&viewer)?;
     let tenant = viewer.tenant_of(&app, &id).await.or_page(&viewer)?;
     let reason = form.reason.filter(|r| !r.trim().is_empty());
-    cancel_operation(&app, &tenant, viewer.key_id.as_str(), &id, reason, None)
+    commands::cancel(&app, &tenant, viewer.key_id.as_str(), &id, reason, None)
         .await
         .or_page(&viewer)?;
     Ok(to_operation(&id))
@@ -547,7 +547,7 @@ async fn edit(
         labels: Some(parse_labels(&form.labels).or_page(&viewer)?),
         desired_state: None,
     };
-    match update_operation(&app, &tenant, id.clone(), form.version, request).await {
+    match commands::update(&app, &tenant, id.clone(), form.version, request).await {
         Ok(_) => Ok(to_operation(&id)),
         // A stale edit is shown against what the operation is now.
         Err(e @ (ApiError::PreconditionFailed { .. } | ApiError::TerminalIntentWins { .. })) => {
@@ -592,7 +592,7 @@ async fn intent(
         labels: None,
         desired_state: Some(desired),
     };
-    match update_operation(&app, &tenant, id.clone(), form.version, request).await {
+    match commands::update(&app, &tenant, id.clone(), form.version, request).await {
         Ok(_) => Ok(to_operation(&id)),
         Err(e @ ApiError::PreconditionFailed { .. }) => {
             Err(pages::operation_page(&app, &viewer, &tenant, &id, Some(e)).await)

@@ -17,6 +17,9 @@
 //! - `submissions` (private): what a submission is — its checks, deadline
 //!   caps, callback policy and idempotency fingerprint — for the single,
 //!   batch and re-run endpoints and the console alike.
+//! - `commands` (private): what a change to an existing operation means —
+//!   cancel, deadline and label updates, pause and resume — for the API and
+//!   the console alike.
 //! - `listen` (public: its `Limits` are the server's flags): the listener;
 //!   every bound against hostile clients lives there.
 //! - `cache`, `ratelimit`, `changes`, `callback`, `metrics` (private): TTL
@@ -30,6 +33,7 @@
 mod cache;
 mod callback;
 mod changes;
+mod commands;
 mod console;
 mod http;
 pub mod listen;

@@ -8,21 +8,19 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
-use longrun_core::validate::{self, MAX_DEADLINE_SECONDS};
+use longrun_core::validate;
 use longrun_core::{Id, IdKind, IdempotencyKey, State as OpState, Timestamp, retry_after};
-use longrun_store::{
-    AcceptParams, CancelOutcome, CancelParams, DesiredState, IntentParams, ListParams, Operation, StoreError,
-    UpdateParams,
-};
+use longrun_store::{AcceptParams, ListParams, Operation};
 use serde::Deserialize;
 
 use crate::AppState;
+use crate::commands;
 use crate::http::auth::Caller;
 use crate::http::error::{ApiError, Problem};
 use crate::http::extract::{JsonBody, OptionalJsonBody, QueryParams};
 use crate::http::wire::{
     self, BatchItemResult, BatchSubmitRequest, BatchSubmitResponse, CancelRequestBody, CancellationBody, DeliveryLog,
-    DesiredStateBody, History, OperationBody, OperationList, RerunRequest, SubmitRequest, UpdateRequest,
+    History, OperationBody, OperationList, RerunRequest, SubmitRequest, UpdateRequest,
 };
 use crate::submissions::{accept, accept_error, accepted, prepare_rerun, prepare_submission};
 
@@ -619,60 +617,8 @@ async fn cancel(
     record_operation_id(&id);
     let reason = body.unwrap_or_default().reason;
     let if_match = if_match(&headers)?;
-    let (op, status) = cancel_operation(&app, &caller.tenant, caller.key_id.as_str(), &id, reason, if_match).await?;
+    let (op, status) = commands::cancel(&app, &caller.tenant, caller.key_id.as_str(), &id, reason, if_match).await?;
     Ok(operation_response(&app, &op, status).await)
-}
-
-/// Cancels `id` on behalf of `requested_by`: `200` with the operation when it
-/// is cancelled now or already ended, `202` when its worker has been asked.
-/// The API and the console cancel through here.
-pub async fn cancel_operation(
-    app: &AppState,
-    tenant: &str,
-    requested_by: &str,
-    id: &Id,
-    reason: Option<String>,
-    if_match: Option<i64>,
-) -> Result<(Operation, StatusCode), ApiError> {
-    if reason
-        .as_ref()
-        .is_some_and(|r| r.chars().count() > MAX_CANCEL_REASON_CHARS)
-    {
-        return Err(ApiError::InvalidRequest(format!(
-            "reason is longer than {MAX_CANCEL_REASON_CHARS} characters"
-        )));
-    }
-    let params = CancelParams {
-        tenant: tenant.to_owned(),
-        id: id.clone(),
-        requested_by: requested_by.to_owned(),
-        reason,
-        if_match,
-        now: app.clock.now(),
-    };
-    let outcome = app.store.operation_cancel(params).await;
-    if let Err(StoreError::NotFound) = outcome {
-        return Err(app.missing(tenant, id).await);
-    }
-    let outcome = outcome.map_err(|e| match e {
-        StoreError::NotCancellable => ApiError::OperationNotCancellable {
-            operation_id: id.clone(),
-        },
-        StoreError::PreconditionFailed { current_version } => ApiError::PreconditionFailed {
-            given: if_match.unwrap_or(0),
-            current: current_version,
-        },
-        other => other.into(),
-    })?;
-    Ok(match outcome {
-        CancelOutcome::AlreadyTerminal(op) => (app.visible(op)?, StatusCode::OK),
-        CancelOutcome::CancelledNow(op) => (op, StatusCode::OK),
-        CancelOutcome::Requested(op) => {
-            app.signals.cancel_requested(&op.id);
-            (op, StatusCode::ACCEPTED)
-        }
-        CancelOutcome::AlreadyRequested(op) => (op, StatusCode::ACCEPTED),
-    })
 }
 
 /// `DELETE /v1/operations/{id}`: the same as `PUT …/cancellation`.
@@ -725,120 +671,8 @@ async fn update(
     let id = parse_operation_id(&id)?;
     record_operation_id(&id);
     let if_match = if_match(&headers)?.ok_or(ApiError::PreconditionRequired)?;
-    let (op, status) = update_operation(&app, &caller.tenant, id, if_match, request).await?;
+    let (op, status) = commands::update(&app, &caller.tenant, id, if_match, request).await?;
     Ok(operation_response(&app, &op, status).await)
-}
-
-/// Applies a `PATCH` made at version `if_match`: a new deadline and/or
-/// labels, or a new `desired_state` (`202` when a worker has been asked to
-/// pause). The API and the console change operations through here.
-pub async fn update_operation(
-    app: &AppState,
-    tenant: &str,
-    id: Id,
-    if_match: i64,
-    request: UpdateRequest,
-) -> Result<(Operation, StatusCode), ApiError> {
-    if let Some(desired) = request.desired_state {
-        if request.deadline_seconds.is_some() || request.labels.is_some() {
-            return Err(ApiError::InvalidRequest(
-                "desired_state is changed on its own, not with deadline_seconds or labels".into(),
-            ));
-        }
-        return set_intent(app, tenant, id, desired, if_match).await;
-    }
-    if let Some(labels) = &request.labels {
-        validate::labels(labels).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
-    }
-    let current = app.operation(tenant, &id).await?;
-    let deadline_at = match request.deadline_seconds {
-        None => None,
-        Some(None) => Some(None),
-        Some(Some(seconds)) => {
-            let spec = app.kind_spec(&current.kind).await?;
-            let max = spec
-                .and_then(|s| s.max_deadline_seconds)
-                .map_or(MAX_DEADLINE_SECONDS, |s| s as u64)
-                .min(MAX_DEADLINE_SECONDS);
-            validate::deadline_seconds(seconds, max).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
-            Some(Some(current.created_at.plus(Duration::from_secs(seconds))))
-        }
-    };
-    let params = UpdateParams {
-        tenant: tenant.to_owned(),
-        id: id.clone(),
-        if_match,
-        deadline_at,
-        labels: request.labels,
-        now: app.clock.now(),
-    };
-    let op = app.store.operation_update(params).await.map_err(|e| match e {
-        StoreError::PreconditionFailed { current_version } => ApiError::PreconditionFailed {
-            given: if_match,
-            current: current_version,
-        },
-        StoreError::Terminal { current_version } => ApiError::TerminalIntentWins {
-            current: current_version,
-        },
-        other => other.into(),
-    })?;
-    Ok((op, StatusCode::OK))
-}
-
-/// `PATCH {"desired_state"}`: pause or resume (the rules are the store's,
-/// `Store::operation_intent`).
-async fn set_intent(
-    app: &AppState,
-    tenant: &str,
-    id: Id,
-    desired: DesiredStateBody,
-    if_match: i64,
-) -> Result<(Operation, StatusCode), ApiError> {
-    let desired = match desired {
-        DesiredStateBody::Paused => DesiredState::Paused,
-        DesiredStateBody::Running => DesiredState::Running,
-    };
-    // Unknown, foreign and removed ids answer as every read does (404, 410).
-    let before = app.operation(tenant, &id).await?;
-    let params = IntentParams {
-        tenant: tenant.to_owned(),
-        id,
-        desired,
-        if_match: Some(if_match),
-        now: app.clock.now(),
-    };
-    let op = app.store.operation_intent(params).await.map_err(|e| match e {
-        StoreError::PreconditionFailed { current_version } => ApiError::PreconditionFailed {
-            given: if_match,
-            current: current_version,
-        },
-        other => other.into(),
-    })?;
-    let asked_of_worker = op.pause_requested();
-    // A change is one version past the one the client named.
-    if op.version != if_match {
-        let what = match op.state {
-            longrun_core::State::Paused => "paused",
-            _ if asked_of_worker => "pause_requested",
-            _ if before.pause_requested() => "pause_withdrawn",
-            _ => "resumed",
-        };
-        metrics::counter!("longrun_operations_intents_total", "change" => what).increment(1);
-        if op.state == longrun_core::State::Queued {
-            app.signals.work_available();
-        }
-    }
-    if asked_of_worker {
-        // A task running in this process hears it now, not at its next heartbeat.
-        app.signals.pause_requested(&op.id);
-    }
-    // Asked of a worker, the pause is accepted, not done (as a cancel of running work).
-    let status = if asked_of_worker {
-        StatusCode::ACCEPTED
-    } else {
-        StatusCode::OK
-    };
-    Ok((op, status))
 }
 
 /// `GET /v1/operations/{id}/deliveries`: every webhook delivery attempt, oldest first.
