@@ -705,7 +705,7 @@ async fn insert_submissions(
             .collect::<Vec<_>>(),
     )
     .bind(batch.iter().map(|p| p.now.0).collect::<Vec<_>>())
-    .bind(created.iter().map(|op| snapshot_to_json(op).to_string()).collect::<Vec<_>>())
+    .bind(created.iter().map(snapshot_text).collect::<Vec<_>>())
     .bind(quota_checked)
     .bind(
         batch
@@ -1307,7 +1307,7 @@ async fn operation_pause(
         .bind(id)
         .bind(now.0)
         .bind(attempt)
-        .bind(progress.map(|p| progress_to_json(p).to_string()))
+        .bind(progress.map(progress_text))
         .bind(checkpoint.map(Value::to_string));
     let paused = update_returning(c, query).await?.ok_or(StoreError::NotFound)?;
     sqlx::query("DELETE FROM tasks WHERE operation_id = $1")
@@ -1607,7 +1607,7 @@ async fn events_insert(c: &mut PgConnection, ch: &mut Vec<Change>, events: &[(&O
         states.push(op.state.as_str());
         ats.push(op.updated_at.0);
         data.push(d.to_string());
-        snapshots.push(snapshot_to_json(op).to_string());
+        snapshots.push(snapshot_text(op));
     }
     sqlx::query(
         "INSERT INTO operation_events (operation_id, version, type, state, at, data, snapshot)
@@ -1714,7 +1714,7 @@ async fn task_heartbeat(c: &mut PgConnection, ch: &mut Vec<Change>, p: &Heartbea
             c,
             sqlx::query(&sql)
                 .bind(p.operation_id.as_str())
-                .bind(effect.progress.as_ref().map(|p| progress_to_json(p).to_string()))
+                .bind(effect.progress.as_ref().map(progress_text))
                 .bind(effect.cost_units)
                 .bind(effect.cancellable)
                 .bind(p.now.0),
@@ -1762,7 +1762,7 @@ async fn requeue(
         "UPDATE operations SET attempt = $2, version = version + 1, updated_at = $3, progress = COALESCE($4, progress)
           WHERE id = $1 AND state = 'running' RETURNING {OP_COLUMNS}"
     );
-    let progress = progress.map(|p| progress_to_json(p).to_string());
+    let progress = progress.map(progress_text);
     let requeued = update_returning(
         c,
         sqlx::query(&sql).bind(id).bind(next_attempt).bind(now.0).bind(progress),

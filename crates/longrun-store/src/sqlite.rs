@@ -35,6 +35,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (11, include_str!("sqlite/migrations/0011_checkpoints.sql")),
     (12, include_str!("sqlite/migrations/0012_console.sql")),
     (13, include_str!("sqlite/migrations/0013_events_append.sql")),
+    (14, include_str!("sqlite/migrations/0014_cheaper_checks.sql")),
 ];
 
 /// How to open the embedded database.

@@ -1,6 +1,14 @@
 //! The SQL of the SQLite backend. Every function runs on a connection handed
 //! to it by the writer thread (inside a savepoint of a group commit) or by the
 //! reader pool; none of them opens its own transaction.
+//!
+//! Every change of `operations` is `UPDATE OR FAIL` of one row by id, and
+//! the rules the schema enforces on it (migration 0014) refuse with
+//! `RAISE(FAIL)`: nothing then makes SQLite open a statement journal for the
+//! update (a third of its cost on the job path), and the savepoint every
+//! store write runs in is what rolls a refused write back whole. For the
+//! same reason a list of constants after `IN` has at most two: a longer one
+//! is evaluated through an ephemeral table built on every run.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -116,7 +124,7 @@ fn event_insert(c: &Connection, op: &Operation, event_type: &str, data: &Value) 
         op.state.as_str(),
         op.updated_at.0,
         data.to_string(),
-        snapshot_to_json(op).to_string()
+        snapshot_text(op)
     ])?;
     super::changes::record(op, event_type);
     Ok(())
@@ -265,7 +273,7 @@ pub(super) fn operation_accept(c: &Connection, p: &AcceptParams) -> Result<Accep
         && let Some(original) = &p.rerun_of
     {
         c.prepare_cached(
-            "UPDATE operations SET checkpoint = (SELECT checkpoint FROM operations WHERE id = ?2) WHERE id = ?1",
+            "UPDATE OR FAIL operations SET checkpoint = (SELECT checkpoint FROM operations WHERE id = ?2) WHERE id = ?1",
         )?
         .execute(params![p.id.as_str(), original.as_str()])?;
         // The pieces the checkpoint counts on, shared with the original.
@@ -387,30 +395,53 @@ pub(super) fn operation_history(c: &Connection, tenant: &str, id: &Id) -> Result
 /// record, drops its input (unless kept), records the event and its webhook,
 /// and returns the ended operation.
 fn operation_end(c: &Connection, policy: WritePolicy, id: &str, ending: &Ending, now: Timestamp) -> Result<Operation> {
+    let current = operation_by_id(c, id)?.ok_or(StoreError::LeaseLost)?;
+    end_operation(c, policy, current, ending, now)
+}
+
+/// [`operation_end`] of `current`, the operation's row as just read in
+/// this transaction. The ended row is [`Ending::apply`]'s, written as is
+/// (at the version read), so it is not read back.
+fn end_operation(
+    c: &Connection,
+    policy: WritePolicy,
+    current: Operation,
+    ending: &Ending,
+    now: Timestamp,
+) -> Result<Operation> {
     debug_assert!(ending.to.is_terminal());
-    let expires_at = now.plus(policy.operation_retention);
-    let ended = update_and_read(
-        c,
-        id,
-        "UPDATE operations
-            SET state = ?2, version = version + 1, result = ?3, error_code = ?4, error_message = ?5,
-                error_retryable = ?6, completed_at = ?7, updated_at = ?7, expires_at = ?8,
-                input = CASE WHEN ?9 OR ?2 <> 'succeeded' THEN input ELSE NULL END,
-                progress = COALESCE(?10, progress)
-          WHERE id = ?1 AND state IN ('queued', 'running', 'paused')",
-        params![
-            ending.to.as_str(),
-            ending.result.as_ref().map(Value::to_string),
-            ending.error.as_ref().map(|e| e.code.as_str()),
-            ending.error.as_ref().map(|e| e.message.as_str()),
-            ending.error.as_ref().map(|e| e.retryable),
+    if current.state.is_terminal() {
+        return Err(StoreError::LeaseLost);
+    }
+    let read_at = current.version;
+    let ended = ending.apply(current, now, policy.operation_retention, policy.keep_inputs);
+    let id = ended.id.clone();
+    let id = id.as_str();
+    let changed = c
+        .prepare_cached(
+            "UPDATE OR FAIL operations
+                SET state = ?2, version = ?3, result = ?4, error_code = ?5, error_message = ?6,
+                    error_retryable = ?7, completed_at = ?8, updated_at = ?8, expires_at = ?9,
+                    input = CASE WHEN ?10 THEN NULL ELSE input END, progress = COALESCE(?11, progress)
+              WHERE id = ?1 AND version = ?12",
+        )?
+        .execute(params![
+            id,
+            ended.state.as_str(),
+            ended.version,
+            ended.result.as_ref().map(Value::to_string),
+            ended.error.as_ref().map(|e| e.code.as_str()),
+            ended.error.as_ref().map(|e| e.message.as_str()),
+            ended.error.as_ref().map(|e| e.retryable),
             now.0,
-            expires_at.0,
-            policy.keep_inputs,
+            ended.expires_at.map(|t| t.0),
+            ending.drops_input(policy.keep_inputs),
             ending.progress_json(),
-        ],
-    )?
-    .ok_or(StoreError::LeaseLost)?;
+            read_at,
+        ])?;
+    if changed == 0 {
+        return Err(StoreError::LeaseLost);
+    }
     c.prepare_cached("DELETE FROM tasks WHERE operation_id = ?1")?
         .execute(params![id])?;
     let ended = if ending.publishes {
@@ -447,7 +478,7 @@ pub(super) fn operation_cancel(c: &Connection, policy: WritePolicy, p: &CancelPa
         return Ok(CancelOutcome::Requested(op));
     }
     c.prepare_cached(
-        "UPDATE operations SET cancel_requested_at = ?2, cancel_requested_by = ?3, cancel_reason = ?4 WHERE id = ?1",
+        "UPDATE OR FAIL operations SET cancel_requested_at = ?2, cancel_requested_by = ?3, cancel_reason = ?4 WHERE id = ?1",
     )?
     .execute(params![id, p.now.0, p.requested_by, p.reason])?;
     let op = operation_end(c, policy, id, &Ending::cancelled(), p.now)?;
@@ -554,30 +585,52 @@ fn lease_task(
     id: &str,
     lease_expires_at: Timestamp,
 ) -> Result<Option<Task>> {
-    let (deadline_at, was_queued, checkpoint): (Option<i64>, bool, Option<String>) = c
-        .prepare_cached("SELECT deadline_at, state = 'queued', checkpoint FROM operations WHERE id = ?1")?
-        .query_row(params![id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
-    if deadline_at.is_some_and(|d| d <= p.now.0) {
+    let sql = format!("SELECT {OP_COLUMNS}, checkpoint FROM operations WHERE id = ?1");
+    let (current, checkpoint): (Operation, Option<String>) = c
+        .prepare_cached(&sql)?
+        .query_row(params![id], |r| Ok((operation_from_row(r)?, r.get(OP_COLUMN_COUNT)?)))?;
+    if !matches!(current.state, State::Queued | State::Running) {
+        return Err(StoreError::NotFound);
+    }
+    let deadline_at = current.deadline_at;
+    if deadline_at.is_some_and(|d| d <= p.now) {
         // A queued operation whose deadline passed is never started.
-        operation_end(c, policy, id, &Ending::failed(deadline_error_before_start()), p.now)?;
+        end_operation(
+            c,
+            policy,
+            current,
+            &Ending::failed(deadline_error_before_start()),
+            p.now,
+        )?;
         return Ok(None);
     }
+    let was_queued = current.state == State::Queued;
     let token = random_base32::<16>();
     c.prepare_cached(
         "UPDATE tasks SET status = 'leased', lease_token = ?2, lease_expires_at = ?3, worker_id = ?4, lease_ms = ?5
           WHERE operation_id = ?1 AND status = 'ready'",
     )?
     .execute(params![id, token, lease_expires_at.0, p.worker_id, lease_ms(p.lease)])?;
-    let started = update_and_read(
-        c,
-        id,
-        "UPDATE operations
-            SET state = 'running', attempt = MAX(attempt, 1), started_at = COALESCE(started_at, ?2),
-                version = version + 1, updated_at = ?2
-          WHERE id = ?1 AND state IN ('queued', 'running')",
-        params![p.now.0],
-    )?
-    .ok_or(StoreError::NotFound)?;
+    // The started row is `started`'s, written as is (at the version read),
+    // so it is not read back.
+    let read_at = current.version;
+    let started = crate::shared::started(current, p.now);
+    let changed = c
+        .prepare_cached(
+            "UPDATE OR FAIL operations SET state = 'running', attempt = ?2, started_at = ?3, version = ?4, updated_at = ?5
+              WHERE id = ?1 AND version = ?6",
+        )?
+        .execute(params![
+            id,
+            started.attempt,
+            started.started_at.map(|t| t.0),
+            started.version,
+            p.now.0,
+            read_at
+        ])?;
+    if changed == 0 {
+        return Err(StoreError::NotFound);
+    }
     let data = json!({"attempt": started.attempt, "worker_id": p.worker_id});
     event_insert(c, &started, "started", &data)?;
     if was_queued {
@@ -591,7 +644,7 @@ fn lease_task(
         attempt: started.attempt,
         lease_token: token,
         lease_expires_at,
-        deadline_at: ts(deadline_at),
+        deadline_at,
         budget_max_cost: started.budget_max_cost,
         checkpoint: checkpoint.and_then(|text| serde_json::from_str(&text).ok()),
     }))
@@ -618,6 +671,32 @@ const FENCED: &str = "SELECT o.version, o.progress, o.cost_units, o.cancellable,
 const READY_HEADS: &str = "SELECT seq, operation_id FROM tasks
   WHERE status = 'ready' AND tenant = ?1 AND kind = ?2 AND available_at <= ?3
   ORDER BY seq";
+
+/// The fenced row in full, for an outcome that changes it: `None` from the
+/// lease subquery unless the caller holds the lease (as in [`FENCED`]).
+fn fenced_operation(c: &Connection, operation_id: &Id, lease_token: &str) -> Result<(Fenced, Operation)> {
+    c.prepare_cached(&fenced_operation_sql())?
+        .query_row(params![operation_id.as_str(), lease_token], |r| {
+            let Some(lease_ms) = r.get::<_, Option<i64>>(OP_COLUMN_COUNT + 1)? else {
+                return Ok(None);
+            };
+            let op = operation_from_row(r)?;
+            Ok(Some((Fenced::of(&op, r.get(OP_COLUMN_COUNT)?, lease_ms), op)))
+        })
+        .optional()?
+        .flatten()
+        .ok_or(StoreError::LeaseLost)
+}
+
+fn fenced_operation_sql() -> String {
+    format!(
+        "SELECT {OP_COLUMNS}, COALESCE((SELECT k.max_attempts FROM kinds k WHERE k.name = o.kind), 1),
+                (SELECT COALESCE(t.lease_ms, 30000) FROM tasks t
+                  WHERE t.operation_id = ?1 AND t.status = 'leased' AND t.lease_token = ?2)
+           FROM operations o
+          WHERE o.id = ?1 AND o.state = 'running'"
+    )
+}
 
 fn fenced(c: &Connection, operation_id: &Id, lease_token: &str) -> Result<Fenced> {
     c.prepare_cached(FENCED)?
@@ -654,7 +733,7 @@ pub(super) fn task_heartbeat(c: &Connection, p: &HeartbeatParams) -> Result<Hear
         .execute(params![p.operation_id.as_str(), lease_expires_at.0])?;
     if let Some(checkpoint) = &p.checkpoint {
         // Kept with the operation, not a change of its representation.
-        c.prepare_cached("UPDATE operations SET checkpoint = ?2 WHERE id = ?1")?
+        c.prepare_cached("UPDATE OR FAIL operations SET checkpoint = ?2 WHERE id = ?1")?
             .execute(params![p.operation_id.as_str(), checkpoint.to_string()])?;
     }
 
@@ -664,11 +743,11 @@ pub(super) fn task_heartbeat(c: &Connection, p: &HeartbeatParams) -> Result<Hear
         let updated = update_and_read(
             c,
             p.operation_id.as_str(),
-            "UPDATE operations SET progress = ?2, cost_units = ?3, cancellable = ?4, version = version + 1,
+            "UPDATE OR FAIL operations SET progress = ?2, cost_units = ?3, cancellable = ?4, version = version + 1,
                     updated_at = ?5
               WHERE id = ?1 AND state = 'running'",
             params![
-                effect.progress.as_ref().map(|p| progress_to_json(p).to_string()),
+                effect.progress.as_ref().map(progress_text),
                 effect.cost_units,
                 effect.cancellable,
                 p.now.0
@@ -700,7 +779,7 @@ fn cancel_request(c: &Connection, id: &str, by: &str, reason: Option<&str>, now:
     let requested = update_and_read(
         c,
         id,
-        "UPDATE operations SET cancel_requested_at = ?2, cancel_requested_by = ?3, cancel_reason = ?4,
+        "UPDATE OR FAIL operations SET cancel_requested_at = ?2, cancel_requested_by = ?3, cancel_reason = ?4,
                 version = version + 1, updated_at = ?2
           WHERE id = ?1 AND state = 'running'",
         params![now.0, by, reason],
@@ -712,12 +791,12 @@ fn cancel_request(c: &Connection, id: &str, by: &str, reason: Option<&str>, now:
 }
 
 pub(super) fn task_finish(c: &Connection, policy: WritePolicy, p: &FinishParams) -> Result<Operation> {
-    let current = fenced(c, &p.operation_id, &p.lease_token)?;
+    let (current, op) = fenced_operation(c, &p.operation_id, &p.lease_token)?;
     let id = p.operation_id.as_str();
     // The worker's last progress rides the outcome's own change.
     let progress = final_progress(&current, p.progress.as_ref(), p.now);
     match decide_finish(&current, &p.outcome)? {
-        Decision::End(ending) => operation_end(c, policy, id, &ending.with_progress(progress), p.now),
+        Decision::End(ending) => end_operation(c, policy, op, &ending.with_progress(progress), p.now),
         Decision::Retry { next_attempt, data } => requeue(c, id, next_attempt, progress.as_ref(), p.now, &data),
         Decision::Pause {
             attempt,
@@ -751,14 +830,14 @@ fn operation_pause(
     let paused = update_and_read(
         c,
         id,
-        "UPDATE operations SET state = 'paused', version = version + 1, updated_at = ?2,
+        "UPDATE OR FAIL operations SET state = 'paused', version = version + 1, updated_at = ?2,
                 attempt = COALESCE(?3, attempt), progress = COALESCE(?4, progress),
                 checkpoint = COALESCE(?5, checkpoint), pause_requested_at = NULL
           WHERE id = ?1 AND state IN ('queued', 'running')",
         params![
             now.0,
             attempt,
-            progress.map(|p| progress_to_json(p).to_string()),
+            progress.map(progress_text),
             checkpoint.map(Value::to_string)
         ],
     )?
@@ -790,10 +869,10 @@ fn requeue(
     let requeued = update_and_read(
         c,
         id,
-        "UPDATE operations SET attempt = ?2, version = version + 1, updated_at = ?3,
+        "UPDATE OR FAIL operations SET attempt = ?2, version = version + 1, updated_at = ?3,
                 progress = COALESCE(?4, progress)
           WHERE id = ?1 AND state = 'running'",
-        params![next_attempt, now.0, progress.map(|p| progress_to_json(p).to_string())],
+        params![next_attempt, now.0, progress.map(progress_text)],
     )?
     .ok_or(StoreError::NotFound)?;
     let mut data = data.clone();
@@ -986,7 +1065,7 @@ pub(super) fn operation_intent(c: &Connection, p: &IntentParams) -> Result<Opera
             let changed = update_and_read(
                 c,
                 id,
-                "UPDATE operations SET pause_requested_at = ?2, version = version + 1, updated_at = ?3
+                "UPDATE OR FAIL operations SET pause_requested_at = ?2, version = version + 1, updated_at = ?3
                   WHERE id = ?1 AND state IN ('queued', 'running')",
                 params![requested_at.map(|t| t.0), p.now.0],
             )?
@@ -998,7 +1077,7 @@ pub(super) fn operation_intent(c: &Connection, p: &IntentParams) -> Result<Opera
             let resumed = update_and_read(
                 c,
                 id,
-                "UPDATE operations SET state = 'queued', version = version + 1, updated_at = ?2
+                "UPDATE OR FAIL operations SET state = 'queued', version = version + 1, updated_at = ?2
                   WHERE id = ?1 AND state = 'paused'",
                 params![p.now.0],
             )?
@@ -1024,7 +1103,7 @@ pub(super) fn operation_update(c: &Connection, p: &UpdateParams) -> Result<Opera
     let updated = update_and_read(
         c,
         p.id.as_str(),
-        "UPDATE operations SET deadline_at = ?2, labels = ?3, version = version + 1, updated_at = ?4
+        "UPDATE OR FAIL operations SET deadline_at = ?2, labels = ?3, version = version + 1, updated_at = ?4
           WHERE id = ?1 AND state IN ('queued', 'running')",
         params![change.deadline_at.map(|t| t.0), labels_json, p.now.0],
     )?
@@ -1107,7 +1186,7 @@ pub(super) fn deadline_enforce(c: &Connection, policy: WritePolicy, p: &EnforceP
         let withdrawn = update_and_read(
             c,
             &id,
-            "UPDATE operations SET pause_requested_at = NULL, version = version + 1, updated_at = ?2
+            "UPDATE OR FAIL operations SET pause_requested_at = NULL, version = version + 1, updated_at = ?2
               WHERE id = ?1 AND state = 'running'",
             params![p.now.0],
         )?
@@ -1381,7 +1460,7 @@ fn result_publish(c: &Connection, policy: WritePolicy, op: Operation, now: Times
     )?
     .execute(params![op.id.as_str(), expires_at.0])?;
     let op = with_published(op, published);
-    c.prepare_cached("UPDATE operations SET artifact = ?2 WHERE id = ?1")?
+    c.prepare_cached("UPDATE OR FAIL operations SET artifact = ?2 WHERE id = ?1")?
         .execute(params![
             op.id.as_str(),
             artifacts_to_json(op.artifact.as_ref(), &op.artifacts).map(|v| v.to_string())
@@ -2111,7 +2190,7 @@ mod tests {
                 .unwrap();
             }
         }
-        let fenced = c.prepare_cached(FENCED).unwrap();
+        let fenced = c.prepare_cached(&fenced_operation_sql()).unwrap();
         assert_eq!(fenced.get_status(StatementStatus::Run), 5);
         drop(fenced);
         // Every statement the connection holds, with how often it was re-prepared.
