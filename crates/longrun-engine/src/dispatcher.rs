@@ -14,7 +14,7 @@ use longrun_store::{
 use crate::artifacts::{ArtifactStore, ByteReader};
 use crate::results::{TaskArtifact, join_artifact_pieces, store_artifact_piece, store_upload};
 use crate::worker::UploadedArtifact;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -74,9 +74,11 @@ pub struct Dispatcher {
     /// its handler returns, and up to this many outcomes may be committing.
     in_flight: Arc<Semaphore>,
     tracker: TaskTracker,
-    /// Where the tasks' outcomes go, gathered into batches (started with the
-    /// first task, inside the runtime).
-    outcomes: std::sync::OnceLock<OutcomeBatcher>,
+    /// Where the tasks' outcomes go: the run loop stores them a batch at a
+    /// time, with its next claim.
+    outcomes: OutcomeSender,
+    /// The loop's end of `outcomes`, taken by [`Dispatcher::run`].
+    pending_outcomes: std::sync::Mutex<Option<mpsc::Receiver<OutcomeJob>>>,
 }
 
 impl Dispatcher {
@@ -91,6 +93,7 @@ impl Dispatcher {
     ) -> Self {
         let slots = Arc::new(Semaphore::new(config.concurrency.max(1)));
         let in_flight = Arc::new(Semaphore::new(config.concurrency.max(1) * IN_FLIGHT_PER_SLOT));
+        let (jobs, pending) = mpsc::channel::<OutcomeJob>(OUTCOME_BATCH * 4);
         Self {
             store,
             artifacts,
@@ -101,7 +104,8 @@ impl Dispatcher {
             slots,
             in_flight,
             tracker: TaskTracker::new(),
-            outcomes: std::sync::OnceLock::new(),
+            outcomes: OutcomeSender { jobs },
+            pending_outcomes: std::sync::Mutex::new(Some(pending)),
         }
     }
 
@@ -110,50 +114,72 @@ impl Dispatcher {
         self.in_flight.available_permits() < self.config.concurrency.max(1) * IN_FLIGHT_PER_SLOT
     }
 
-    /// Claims as many tasks as there are free slots and starts them.
-    /// Returns how many were started.
-    pub async fn run_once(&self) -> Result<usize, StoreError> {
-        let free = self.slots.available_permits().min(self.in_flight.available_permits());
-        if free == 0 {
-            return Ok(0);
+    /// What a claim of up to `free` tasks asks for now.
+    fn claim_params(&self, free: usize) -> ClaimParams {
+        ClaimParams {
+            kinds: self.registry.kinds(),
+            max_tasks: u32::try_from(free).unwrap_or(u32::MAX),
+            lease: self.config.lease,
+            worker_id: self.config.worker_id.clone(),
+            now: self.clock.now(),
         }
-        let tasks = self
-            .store
-            .task_claim(ClaimParams {
-                kinds: self.registry.kinds(),
-                max_tasks: u32::try_from(free).unwrap_or(u32::MAX),
-                lease: self.config.lease,
-                worker_id: self.config.worker_id.clone(),
-                now: self.clock.now(),
-            })
-            .await?;
-        let started = tasks.len();
-        for task in tasks {
-            self.start(task);
-        }
-        Ok(started)
     }
 
-    fn start(&self, task: Task) {
+    /// Stores `outcomes` and, when `claiming`, claims as many tasks as there
+    /// are free slots and starts them — in one store call, so a busy
+    /// dispatcher pays one commit per cycle, not one for its outcomes and
+    /// another for its claim. Each outcome's task hears once it is stored.
+    /// Returns how many tasks were started.
+    async fn cycle(&self, outcomes: Vec<OutcomeJob>, claiming: bool) -> usize {
+        // The slots this cycle may fill, taken now: a cycle running beside
+        // it cannot claim them too.
+        let mut reserved: Vec<(OwnedSemaphorePermit, OwnedSemaphorePermit)> = Vec::new();
+        if claiming {
+            while let Ok(running) = self.slots.clone().try_acquire_owned() {
+                let Ok(in_flight) = self.in_flight.clone().try_acquire_owned() else {
+                    break;
+                };
+                reserved.push((running, in_flight));
+            }
+        }
+        let free = reserved.len();
+        let (params, replies): (Vec<FinishParams>, Vec<_>) = outcomes.into_iter().unzip();
+        let (finished, claimed) = match (params.is_empty(), free) {
+            (true, 0) => return 0,
+            (false, 0) => (self.store.task_finish_many(params).await, Ok(Vec::new())),
+            (true, _) => (Vec::new(), self.store.task_claim(self.claim_params(free)).await),
+            (false, _) => self.store.task_finish_and_claim(params, self.claim_params(free)).await,
+        };
+        for (stored, reply) in finished.into_iter().zip(replies) {
+            let _ = reply.send(stored.map(|_| ()));
+        }
+        match claimed {
+            Ok(tasks) => {
+                let started = tasks.len();
+                // A claim takes no more than it was asked for; what it did
+                // not fill goes back with the rest of `reserved`.
+                for (task, permits) in tasks.into_iter().zip(reserved.drain(..)) {
+                    self.start(task, permits);
+                }
+                started
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "claiming tasks failed");
+                0
+            }
+        }
+    }
+
+    /// Runs `task` in the slot `permits` hold: `running` until its handler
+    /// returns, `in_flight` until its outcome is stored.
+    fn start(&self, task: Task, permits: (OwnedSemaphorePermit, OwnedSemaphorePermit)) {
         let Some(handler) = self.registry.get(&task.kind).cloned() else {
             tracing::error!(kind = %task.kind, "claimed a task of a kind with no handler");
             return;
         };
-        let running = self
-            .slots
-            .clone()
-            .try_acquire_owned()
-            .expect("claimed no more tasks than free slots");
-        let in_flight = self
-            .in_flight
-            .clone()
-            .try_acquire_owned()
-            .expect("claimed no more tasks than free slots");
+        let (running, in_flight) = permits;
         let signals = self.signals.clone();
-        let outcomes = self
-            .outcomes
-            .get_or_init(|| OutcomeBatcher::spawn(self.store.clone()))
-            .clone();
+        let outcomes = self.outcomes.clone();
         let link = Arc::new(StoreLink {
             store: self.store.clone(),
             artifacts: self.artifacts.clone(),
@@ -189,37 +215,83 @@ impl Dispatcher {
         self.tracker.spawn(tracing::Instrument::instrument(run, span));
     }
 
-    /// Claims and runs tasks until `shutdown`; then stops claiming and waits
-    /// up to the grace period for running tasks.
+    /// Claims and runs tasks until `shutdown`, storing their outcomes as
+    /// they come; then stops claiming and, up to the grace period, waits for
+    /// running tasks and stores what they report.
+    ///
+    /// Up to [`CYCLES_IN_FLIGHT`] cycles run at once, so the tasks one
+    /// cycle started run, and their outcomes gather, while the store commits
+    /// the next: the store's work and the tasks' overlap instead of taking
+    /// turns.
     pub async fn run(self, shutdown: CancellationToken) {
+        let mut pending = self
+            .pending_outcomes
+            .lock()
+            .expect("the outcome queue's lock is never poisoned")
+            .take()
+            .expect("a dispatcher runs once");
+        let this = Arc::new(self);
+        let mut cycles = tokio::task::JoinSet::new();
+        let mut outcomes: Vec<OutcomeJob> = Vec::new();
         loop {
-            let mut work = self.signals.watch_work();
-            if let Err(e) = self.run_once().await {
-                tracing::error!(error = %e, "claiming tasks failed");
+            let mut work = this.signals.watch_work();
+            if cycles.len() < CYCLES_IN_FLIGHT {
+                gather(&mut pending, &mut outcomes);
+                let (this, outcomes) = (this.clone(), std::mem::take(&mut outcomes));
+                cycles.spawn(async move { this.cycle(outcomes, true).await });
             }
-            // A claim takes what is free and ready; the next is worth making
-            // once a slot frees or new work arrives.
+            // The next cycle is worth starting once an outcome arrives, a
+            // slot frees, new work does or a cycle ends.
             tokio::select! {
-                () = work.changed() => {}
-                () = tokio::time::sleep(self.config.poll_interval) => {}
                 () = shutdown.cancelled() => break,
+                Some(job) = pending.recv() => outcomes.push(job),
+                () = work.changed() => {}
+                Some(_) = cycles.join_next(), if !cycles.is_empty() => {}
+                () = tokio::time::sleep(this.config.poll_interval) => {}
             }
-            // Handlers end and outcomes commit a batch at a time: while tasks
-            // run, let the slots of one batch come free, so one claim fills
-            // them all.
-            if self.busy() {
+            while cycles.try_join_next().is_some() {}
+            // Handlers end and outcomes arrive a batch at a time: while tasks
+            // run, let the outcomes and slots of one batch come, so one cycle
+            // stores them all and one claim fills the slots.
+            if this.busy() {
                 tokio::time::sleep(CLAIM_GATHER).await;
             }
         }
-        self.tracker.close();
-        if tokio::time::timeout(self.config.shutdown_grace, self.tracker.wait())
+        while cycles.join_next().await.is_some() {}
+        this.tracker.close();
+        let finishing = async {
+            loop {
+                tokio::select! {
+                    () = this.tracker.wait() => break,
+                    Some(job) = pending.recv() => {
+                        outcomes.push(job);
+                        gather(&mut pending, &mut outcomes);
+                        this.cycle(std::mem::take(&mut outcomes), false).await;
+                    }
+                }
+            }
+        };
+        if tokio::time::timeout(this.config.shutdown_grace, finishing)
             .await
             .is_err()
         {
             tracing::warn!(
-                running = self.tracker.len(),
+                running = this.tracker.len(),
                 "shutdown grace ended; running tasks are left to the reaper"
             );
+        }
+    }
+}
+
+/// Cycles of [`Dispatcher::run`] at once: one storing, one gathering.
+const CYCLES_IN_FLIGHT: usize = 2;
+
+/// Adds the outcomes already waiting in `pending` to `outcomes`, up to a batch.
+fn gather(pending: &mut mpsc::Receiver<OutcomeJob>, outcomes: &mut Vec<OutcomeJob>) {
+    while outcomes.len() < OUTCOME_BATCH {
+        match pending.try_recv() {
+            Ok(job) => outcomes.push(job),
+            Err(_) => break,
         }
     }
 }
@@ -232,55 +304,35 @@ struct StoreLink {
     clock: Arc<dyn Clock>,
     operation_id: Id,
     lease_token: String,
-    outcomes: OutcomeBatcher,
+    outcomes: OutcomeSender,
 }
 
-/// Most outcomes of in-process tasks stored in one `task_finish_many`.
+/// Most outcomes of in-process tasks stored in one cycle.
 const OUTCOME_BATCH: usize = 256;
 
-type OutcomeJob = (FinishParams, tokio::sync::oneshot::Sender<Result<(), StoreError>>);
+type OutcomeJob = (FinishParams, oneshot::Sender<Result<(), StoreError>>);
 
-/// The in-process tasks' outcomes, stored a batch at a time through the
-/// store's batched path (`task_finish_many`: one savepoint for the batch on
-/// SQLite, set-based statements on PostgreSQL), as remote workers' go
-/// through `POST /v1/worker/outcomes`. Nothing lingers: whatever arrived
-/// while the previous batch was being stored is the next batch.
+/// A task's way to its outcome's storage: the dispatcher's run loop stores
+/// what has arrived a batch at a time through the store's batched path
+/// (with its next claim: `task_finish_and_claim`), as remote workers'
+/// outcomes go through `POST /v1/worker/outcomes`. Nothing lingers: what
+/// arrives while one cycle is stored is the next cycle's.
 #[derive(Clone)]
-struct OutcomeBatcher {
-    jobs: tokio::sync::mpsc::Sender<OutcomeJob>,
+struct OutcomeSender {
+    jobs: mpsc::Sender<OutcomeJob>,
 }
 
-impl OutcomeBatcher {
-    fn spawn(store: Arc<dyn Store>) -> Self {
-        let (jobs, mut rx) = tokio::sync::mpsc::channel::<OutcomeJob>(OUTCOME_BATCH * 4);
-        tokio::spawn(async move {
-            while let Some(first) = rx.recv().await {
-                let mut batch = vec![first];
-                while batch.len() < OUTCOME_BATCH {
-                    match rx.try_recv() {
-                        Ok(job) => batch.push(job),
-                        Err(_) => break,
-                    }
-                }
-                let (params, replies): (Vec<FinishParams>, Vec<_>) = batch.into_iter().unzip();
-                for (stored, reply) in store.task_finish_many(params).await.into_iter().zip(replies) {
-                    let _ = reply.send(stored.map(|_| ()));
-                }
-            }
-        });
-        Self { jobs }
-    }
-
-    /// Stores `params` with the next batch; done once it is.
+impl OutcomeSender {
+    /// Stores `params` with the next cycle; done once it is.
     async fn send(&self, params: FinishParams) -> Result<(), StoreError> {
-        let (reply, answer) = tokio::sync::oneshot::channel();
+        let (reply, answer) = oneshot::channel();
         self.jobs
             .send((params, reply))
             .await
-            .map_err(|_| StoreError::Stopped("the in-process outcome batcher"))?;
+            .map_err(|_| StoreError::Stopped("the in-process dispatcher"))?;
         answer
             .await
-            .map_err(|_| StoreError::Stopped("the in-process outcome batcher"))?
+            .map_err(|_| StoreError::Stopped("the in-process dispatcher"))?
     }
 }
 

@@ -79,6 +79,7 @@ macro_rules! store_conformance {
             a_batch_of_submissions_answers_each_alone,
             a_batch_past_a_quota_refuses_only_what_does_not_fit,
             a_batch_of_outcomes_applies_each_fenced_alone,
+            outcomes_and_a_claim_in_one_call_apply_then_claim,
             the_last_progress_is_stored_with_the_outcome,
             pausing_running_work_asks_its_worker_and_resumes_from_its_checkpoint,
             a_pause_of_running_work_meets_terminal_intent_and_completion,
@@ -2649,6 +2650,55 @@ pub async fn a_batch_of_outcomes_applies_each_fenced_alone(store: &dyn Store) {
         .unwrap()
         .unwrap();
     assert_eq!(history.iter().filter(|e| e.state == State::Succeeded).count(), 1);
+}
+
+pub async fn outcomes_and_a_claim_in_one_call_apply_then_claim(store: &dyn Store) {
+    for _ in 0..3 {
+        create(store, "t1", "q").await;
+    }
+    let tasks = claim(store, "q", 2, at(1)).await;
+    assert_eq!(tasks.len(), 2);
+    let forged = FinishParams {
+        lease_token: "forged".into(),
+        ..finish(&tasks[1], Outcome::Cancelled, at(2))
+    };
+    let claim_params = |max_tasks| ClaimParams {
+        kinds: vec!["q".into()],
+        max_tasks,
+        lease: LEASE,
+        worker_id: "conformance".into(),
+        now: at(2),
+    };
+    let (finished, claimed) = store
+        .task_finish_and_claim(
+            vec![finish(&tasks[0], Outcome::Succeeded { result: None }, at(2)), forged],
+            claim_params(5),
+        )
+        .await;
+    assert_eq!(finished.len(), 2);
+    assert_eq!(finished[0].as_ref().unwrap().state, State::Succeeded);
+    assert!(matches!(finished[1], Err(StoreError::LeaseLost)), "{:?}", finished[1]);
+    // The claim took the one task left ready: not the ended one, nor the
+    // one whose real holder still has it.
+    let mut claimed = claimed.unwrap();
+    assert_eq!(claimed.len(), 1);
+    let third = claimed.remove(0);
+    assert!(tasks.iter().all(|t| t.operation_id != third.operation_id));
+    // With nothing to report, it is a claim; with nothing to claim, the
+    // outcomes still apply.
+    let (finished, claimed) = store.task_finish_and_claim(Vec::new(), claim_params(5)).await;
+    assert!(finished.is_empty() && claimed.unwrap().is_empty());
+    let (finished, claimed) = store
+        .task_finish_and_claim(
+            vec![
+                finish(&tasks[1], Outcome::Succeeded { result: None }, at(3)),
+                finish(&third, Outcome::Cancelled, at(3)),
+            ],
+            claim_params(5),
+        )
+        .await;
+    assert!(finished.iter().all(Result::is_ok), "{finished:?}");
+    assert!(claimed.unwrap().is_empty());
 }
 
 pub async fn the_last_progress_is_stored_with_the_outcome(store: &dyn Store) {

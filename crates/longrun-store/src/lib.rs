@@ -99,6 +99,24 @@ pub trait Store: Send + Sync + 'static {
         futures_util::future::join_all(params.into_iter().map(|p| self.task_finish(p))).await
     }
 
+    /// Applies `outcomes` as [`Store::task_finish_many`] does, then claims
+    /// as [`Store::task_claim`] does, the claim seeing the outcomes applied.
+    /// A worker that reports and asks for more in one call lets a backend
+    /// pay one commit for both (SQLite does: one writer job); a failed claim
+    /// loses no outcome.
+    async fn task_finish_and_claim(
+        &self,
+        outcomes: Vec<FinishParams>,
+        claim: ClaimParams,
+    ) -> (Vec<Result<Operation>>, Result<Vec<Task>>) {
+        let finished = if outcomes.is_empty() {
+            Vec::new()
+        } else {
+            self.task_finish_many(outcomes).await
+        };
+        (finished, self.task_claim(claim).await)
+    }
+
     /// Applies many heartbeats, each fenced by its own lease token.
     async fn task_heartbeat_many(&self, params: Vec<HeartbeatParams>) -> Vec<Result<HeartbeatAck>> {
         futures_util::future::join_all(params.into_iter().map(|p| self.task_heartbeat(p))).await

@@ -379,6 +379,23 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn task_finish_and_claim(
+        &self,
+        outcomes: Vec<FinishParams>,
+        claim: ClaimParams,
+    ) -> (Vec<Result<Operation>>, Result<Vec<Task>>) {
+        let policy = self.policy;
+        let n = outcomes.len();
+        self.writer
+            .write(move |c| {
+                let finished = writer::each_isolated(c, &outcomes, |c, p| sql::task_finish(c, policy, p))?;
+                let claimed = writer::isolated(c, |c| sql::task_claim(c, policy, &claim))?;
+                Ok((finished, claimed))
+            })
+            .await
+            .unwrap_or_else(|e| ((0..n).map(|_| Err(e.clone())).collect(), Err(e)))
+    }
+
     async fn task_heartbeat_many(&self, params: Vec<HeartbeatParams>) -> Vec<Result<HeartbeatAck>> {
         self.write_each(params, sql::task_heartbeat).await
     }

@@ -212,23 +212,26 @@ pub(crate) fn each_isolated<P, T>(
     Ok(answers)
 }
 
+/// Runs `f` in a savepoint of its own: its failure rolls back only what it
+/// wrote (and the changes it recorded). The outer `Err` only when the
+/// savepoint itself could not be opened or closed.
+pub(crate) fn isolated<T>(conn: &Connection, f: impl FnOnce(&Connection) -> Result<T>) -> Result<Result<T>> {
+    control(conn, "SAVEPOINT item")?;
+    let mark = changes::mark();
+    let answer = f(conn);
+    if answer.is_ok() {
+        control(conn, "RELEASE item")?;
+    } else {
+        changes::rollback_to(mark);
+        roll_back(conn, "item")?;
+    }
+    Ok(answer)
+}
+
 fn each_in_its_savepoint<P, T>(
     conn: &Connection,
     items: &[P],
     f: impl Fn(&Connection, &P) -> Result<T>,
 ) -> Result<Vec<Result<T>>> {
-    let mut answers = Vec::with_capacity(items.len());
-    for item in items {
-        control(conn, "SAVEPOINT item")?;
-        let mark = changes::mark();
-        let answer = f(conn, item);
-        if answer.is_ok() {
-            control(conn, "RELEASE item")?;
-        } else {
-            changes::rollback_to(mark);
-            roll_back(conn, "item")?;
-        }
-        answers.push(answer);
-    }
-    Ok(answers)
+    items.iter().map(|item| isolated(conn, |c| f(c, item))).collect()
 }
