@@ -233,27 +233,36 @@ impl Dispatcher {
         let this = Arc::new(self);
         let mut cycles = tokio::task::JoinSet::new();
         let mut outcomes: Vec<OutcomeJob> = Vec::new();
+        // Whether a cycle is worth starting: at first, then once an outcome
+        // arrives, a slot frees, new work does or the poll interval passes —
+        // never merely because a cycle ended (an idle dispatcher would claim
+        // in a loop).
+        let mut wanted = true;
         loop {
             let mut work = this.signals.watch_work();
-            if cycles.len() < CYCLES_IN_FLIGHT {
+            if wanted && cycles.len() < CYCLES_IN_FLIGHT {
                 gather(&mut pending, &mut outcomes);
                 let (this, outcomes) = (this.clone(), std::mem::take(&mut outcomes));
                 cycles.spawn(async move { this.cycle(outcomes, true).await });
+                wanted = false;
             }
-            // The next cycle is worth starting once an outcome arrives, a
-            // slot frees, new work does or a cycle ends.
             tokio::select! {
                 () = shutdown.cancelled() => break,
-                Some(job) = pending.recv() => outcomes.push(job),
-                () = work.changed() => {}
-                Some(_) = cycles.join_next(), if !cycles.is_empty() => {}
-                () = tokio::time::sleep(this.config.poll_interval) => {}
+                Some(job) = pending.recv() => {
+                    outcomes.push(job);
+                    wanted = true;
+                }
+                () = work.changed() => wanted = true,
+                // A cycle ending makes room for one that was wanted, or for
+                // the outcomes that arrived meanwhile.
+                Some(_) = cycles.join_next(), if !cycles.is_empty() => wanted |= !outcomes.is_empty(),
+                () = tokio::time::sleep(this.config.poll_interval) => wanted = true,
             }
             while cycles.try_join_next().is_some() {}
             // Handlers end and outcomes arrive a batch at a time: while tasks
             // run, let the outcomes and slots of one batch come, so one cycle
             // stores them all and one claim fills the slots.
-            if this.busy() {
+            if wanted && this.busy() {
                 tokio::time::sleep(CLAIM_GATHER).await;
             }
         }
