@@ -144,8 +144,13 @@ impl Dispatcher {
         }
         let free = reserved.len();
         let (params, replies): (Vec<FinishParams>, Vec<_>) = outcomes.into_iter().unzip();
+        if params.is_empty() && free == 0 {
+            return 0;
+        }
+        // One per store call: jobs per cycle is how much a cycle batches,
+        // and an idle dispatcher makes one a poll interval.
+        metrics::counter!("longrun_dispatcher_cycles_total").increment(1);
         let (finished, claimed) = match (params.is_empty(), free) {
-            (true, 0) => return 0,
             (false, 0) => (self.store.task_finish_many(params).await, Ok(Vec::new())),
             (true, _) => (Vec::new(), self.store.task_claim(self.claim_params(free)).await),
             (false, _) => self.store.task_finish_and_claim(params, self.claim_params(free)).await,
@@ -292,8 +297,11 @@ impl Dispatcher {
     }
 }
 
-/// Cycles of [`Dispatcher::run`] at once: one storing, one gathering.
-const CYCLES_IN_FLIGHT: usize = 2;
+/// Cycles of [`Dispatcher::run`] at once: while some commit, the tasks the
+/// others started run and their outcomes gather. Two took the SQLite drain
+/// from 4.0–7.7 k to 9.0–9.7 k jobs/s; four gave another 2–10 % on
+/// PostgreSQL, whose commits run side by side, and 6 % on SQLite.
+const CYCLES_IN_FLIGHT: usize = 4;
 
 /// Adds the outcomes already waiting in `pending` to `outcomes`, up to a batch.
 fn gather(pending: &mut mpsc::Receiver<OutcomeJob>, outcomes: &mut Vec<OutcomeJob>) {

@@ -79,7 +79,7 @@ macro_rules! store_conformance {
             a_batch_of_submissions_answers_each_alone,
             a_batch_past_a_quota_refuses_only_what_does_not_fit,
             a_batch_of_outcomes_applies_each_fenced_alone,
-            outcomes_and_a_claim_in_one_call_apply_then_claim,
+            outcomes_and_a_claim_in_one_call_both_apply,
             the_last_progress_is_stored_with_the_outcome,
             pausing_running_work_asks_its_worker_and_resumes_from_its_checkpoint,
             a_pause_of_running_work_meets_terminal_intent_and_completion,
@@ -2652,7 +2652,7 @@ pub async fn a_batch_of_outcomes_applies_each_fenced_alone(store: &dyn Store) {
     assert_eq!(history.iter().filter(|e| e.state == State::Succeeded).count(), 1);
 }
 
-pub async fn outcomes_and_a_claim_in_one_call_apply_then_claim(store: &dyn Store) {
+pub async fn outcomes_and_a_claim_in_one_call_both_apply(store: &dyn Store) {
     for _ in 0..3 {
         create(store, "t1", "q").await;
     }

@@ -99,11 +99,13 @@ pub trait Store: Send + Sync + 'static {
         futures_util::future::join_all(params.into_iter().map(|p| self.task_finish(p))).await
     }
 
-    /// Applies `outcomes` as [`Store::task_finish_many`] does, then claims
-    /// as [`Store::task_claim`] does, the claim seeing the outcomes applied.
-    /// A worker that reports and asks for more in one call lets a backend
-    /// pay one commit for both (SQLite does: one writer job); a failed claim
-    /// loses no outcome.
+    /// Applies `outcomes` as [`Store::task_finish_many`] does and claims as
+    /// [`Store::task_claim`] does. A worker that reports and asks for more
+    /// in one call lets a backend pay for both at once: SQLite applies then
+    /// claims in one writer job and one commit; PostgreSQL runs the two side
+    /// by side on two connections, so the claim may not see the outcomes
+    /// (it never needs to: an ended task is not claimable, and a retry waits
+    /// for its backoff). A failed claim loses no outcome.
     async fn task_finish_and_claim(
         &self,
         outcomes: Vec<FinishParams>,
