@@ -1409,7 +1409,9 @@ async fn task_claim(c: &mut PgConnection, ch: &mut Vec<Change>, policy: Policy, 
     }
     let want = p.max_tasks as usize;
     let mut queues: Vec<std::collections::VecDeque<Picked>> = Vec::new();
-    for (tenant, max_running) in tenants_with_ready_work(c).await? {
+    let tenants = tenants_with_ready_work(c).await?;
+    let record_order = records_served_order(tenants.len());
+    for (tenant, max_running) in tenants {
         let mut allowance = want as i64;
         if let Some(max_running) = max_running {
             // Nodes claiming for the same capped tenant take turns, so
@@ -1492,6 +1494,9 @@ async fn task_claim(c: &mut PgConnection, ch: &mut Vec<Change>, policy: Policy, 
         return Ok(Vec::new());
     }
     let tasks = lease_tasks(c, ch, p, &live).await?;
+    if !record_order {
+        return Ok(tasks);
+    }
     let mut served: Vec<&str> = Vec::new();
     for task in &live {
         if !served.contains(&task.tenant.as_str()) {

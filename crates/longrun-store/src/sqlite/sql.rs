@@ -517,7 +517,9 @@ pub(super) fn task_claim(c: &Connection, policy: WritePolicy, p: &ClaimParams) -
     let want = p.max_tasks as usize;
     // Each tenant's oldest claimable tasks of the wanted kinds, up to what it may run.
     let mut queues: Vec<(String, std::collections::VecDeque<String>)> = Vec::new();
-    for (tenant, max_running, _) in tenants_with_ready_work(c)? {
+    let tenants = tenants_with_ready_work(c)?;
+    let record_order = records_served_order(tenants.len());
+    for (tenant, max_running, _) in tenants {
         let mut allowance = want as i64;
         if let Some(max_running) = max_running {
             let running: i64 = c
@@ -561,7 +563,7 @@ pub(super) fn task_claim(c: &Connection, policy: WritePolicy, p: &ClaimParams) -
     for (tenant, id) in picked {
         if let Some(task) = lease_task(c, policy, p, &id, lease_expires_at)? {
             tasks.push(task);
-            if !served.contains(&tenant) {
+            if record_order && !served.contains(&tenant) {
                 served.push(tenant);
             }
         }
