@@ -258,9 +258,9 @@ impl Dispatcher {
                     wanted = true;
                 }
                 () = work.changed() => wanted = true,
-                // A cycle ending makes room for one that was wanted, or for
-                // the outcomes that arrived meanwhile.
-                Some(_) = cycles.join_next(), if !cycles.is_empty() => wanted |= !outcomes.is_empty(),
+                // A cycle ending makes room for one that is wanted (outcomes
+                // that arrived while all were in flight left `wanted` set).
+                Some(_) = cycles.join_next(), if !cycles.is_empty() => {}
                 () = tokio::time::sleep(this.config.poll_interval) => wanted = true,
             }
             while cycles.try_join_next().is_some() {}
@@ -273,15 +273,18 @@ impl Dispatcher {
         }
         while cycles.join_next().await.is_some() {}
         this.tracker.close();
+        // Outcomes gathered while every cycle was in flight are stored
+        // first: their tasks wait for them, so the tracker would not end
+        // before the grace did.
         let finishing = async {
             loop {
+                gather(&mut pending, &mut outcomes);
+                if !outcomes.is_empty() {
+                    this.cycle(std::mem::take(&mut outcomes), false).await;
+                }
                 tokio::select! {
                     () = this.tracker.wait() => break,
-                    Some(job) = pending.recv() => {
-                        outcomes.push(job);
-                        gather(&mut pending, &mut outcomes);
-                        this.cycle(std::mem::take(&mut outcomes), false).await;
-                    }
+                    Some(job) = pending.recv() => outcomes.push(job),
                 }
             }
         };
