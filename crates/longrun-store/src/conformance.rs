@@ -166,16 +166,17 @@ async fn claim_one(store: &dyn Store, kind: &str, now: Timestamp) -> Task {
 }
 
 async fn claim(store: &dyn Store, kind: &str, max_tasks: u32, now: Timestamp) -> Vec<Task> {
-    store
-        .task_claim(ClaimParams {
-            kinds: vec![kind.into()],
-            max_tasks,
-            lease: LEASE,
-            worker_id: "conformance".into(),
-            now,
-        })
-        .await
-        .unwrap()
+    store.task_claim(claim_params(kind, max_tasks, now)).await.unwrap()
+}
+
+fn claim_params(kind: &str, max_tasks: u32, now: Timestamp) -> ClaimParams {
+    ClaimParams {
+        kinds: vec![kind.into()],
+        max_tasks,
+        lease: LEASE,
+        worker_id: "conformance".into(),
+        now,
+    }
 }
 
 fn finish(task: &Task, outcome: Outcome, now: Timestamp) -> FinishParams {
@@ -2662,17 +2663,10 @@ pub async fn outcomes_and_a_claim_in_one_call_both_apply(store: &dyn Store) {
         lease_token: "forged".into(),
         ..finish(&tasks[1], Outcome::Cancelled, at(2))
     };
-    let claim_params = |max_tasks| ClaimParams {
-        kinds: vec!["q".into()],
-        max_tasks,
-        lease: LEASE,
-        worker_id: "conformance".into(),
-        now: at(2),
-    };
     let (finished, claimed) = store
         .task_finish_and_claim(
             vec![finish(&tasks[0], Outcome::Succeeded { result: None }, at(2)), forged],
-            claim_params(5),
+            claim_params("q", 5, at(2)),
         )
         .await;
     assert_eq!(finished.len(), 2);
@@ -2686,7 +2680,9 @@ pub async fn outcomes_and_a_claim_in_one_call_both_apply(store: &dyn Store) {
     assert!(tasks.iter().all(|t| t.operation_id != third.operation_id));
     // With nothing to report, it is a claim; with nothing to claim, the
     // outcomes still apply.
-    let (finished, claimed) = store.task_finish_and_claim(Vec::new(), claim_params(5)).await;
+    let (finished, claimed) = store
+        .task_finish_and_claim(Vec::new(), claim_params("q", 5, at(2)))
+        .await;
     assert!(finished.is_empty() && claimed.unwrap().is_empty());
     let (finished, claimed) = store
         .task_finish_and_claim(
@@ -2694,7 +2690,7 @@ pub async fn outcomes_and_a_claim_in_one_call_both_apply(store: &dyn Store) {
                 finish(&tasks[1], Outcome::Succeeded { result: None }, at(3)),
                 finish(&third, Outcome::Cancelled, at(3)),
             ],
-            claim_params(5),
+            claim_params("q", 5, at(2)),
         )
         .await;
     assert!(finished.iter().all(Result::is_ok), "{finished:?}");
