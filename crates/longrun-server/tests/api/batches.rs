@@ -237,6 +237,48 @@ async fn a_batch_of_outcomes_is_fenced_item_by_item() {
     app.shutdown().await;
 }
 
+/// A batch of outcomes past 1,000 items, past the body limit or cut short is
+/// refused whole, and nothing in it applies: the lease holder still reports.
+#[tokio::test]
+async fn bad_batches_of_outcomes_are_refused_whole() {
+    let app = no_workers().await;
+    app.submit_ok("k", &json!({"kind": "sleep", "input": {"duration_ms": 1}}))
+        .await;
+    let task = app.claim("sleep", 1).await.remove(0);
+    let complete =
+        json!({"operation_id": task["operation_id"], "lease_token": task["lease_token"], "outcome": "complete"});
+    let too_many: Vec<Value> = (0..1001).map(|_| complete.clone()).collect();
+    let response = app
+        .worker_post("/v1/worker/outcomes", &json!({"outcomes": too_many}))
+        .await;
+    problem(response, StatusCode::BAD_REQUEST, "invalid_request").await;
+    // Larger than the body limit (1 MiB in tests), as schemathesis once sent.
+    let mut huge = complete.clone();
+    huge["result"] = json!({"pad": "x".repeat(2 << 20)});
+    let response = app
+        .worker_post("/v1/worker/outcomes", &json!({"outcomes": [huge]}))
+        .await;
+    problem(response, StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large").await;
+    let cut = app
+        .request(Method::POST, "/v1/worker/outcomes", &app.worker_key)
+        .header("content-type", "application/json")
+        .body(format!("{{\"outcomes\": [{complete}"))
+        .send()
+        .await
+        .unwrap();
+    problem(cut, StatusCode::BAD_REQUEST, "invalid_request").await;
+    let unknown = app
+        .worker_post("/v1/worker/outcomes", &json!({"outcomes": [complete], "extra": 1}))
+        .await;
+    problem(unknown, StatusCode::BAD_REQUEST, "invalid_request").await;
+    let op = app.get_operation(task["operation_id"].as_str().unwrap()).await;
+    assert_eq!(op["state"], "running", "no refused batch applied its outcome");
+    let last = outcomes(&app, json!([complete])).await;
+    assert_eq!(last[0]["status"], 200);
+    assert_eq!(last[0]["state"], "succeeded");
+    app.shutdown().await;
+}
+
 /// The built-in `sleep` of ten steps that ends within the progress
 /// interval stores no progress change of its own: created, started,
 /// succeeded, and the final progress rides the last one.
