@@ -200,7 +200,8 @@ struct ServeArgs {
     /// Run the built-in kinds (sleep) in this process.
     #[arg(long, env = "LONGRUN_BUILTIN_WORKERS", default_value_t = true, action = clap::ArgAction::Set)]
     builtin_workers: bool,
-    /// Built-in tasks run at once in this process.
+    /// Built-in tasks run at once in this process (quick work may be claimed
+    /// ahead of free slots, up to 3× this many more; see docs/workers.md).
     #[arg(long, env = "LONGRUN_WORKER_CONCURRENCY", default_value_t = 64)]
     worker_concurrency: usize,
     /// Refuse submissions without an Idempotency-Key header.

@@ -13,7 +13,7 @@ use longrun_core::Id;
 use longrun_core::validate::Invalid;
 use longrun_store::{HeartbeatAck, OperationError, Outcome, ProgressUpdate, StoreError};
 use serde_json::Value;
-use tokio::sync::{Mutex, watch};
+use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, watch};
 
 use crate::artifacts::ByteReader;
 
@@ -522,6 +522,51 @@ fn within_limits(operation_id: &Id, outcome: Outcome) -> Outcome {
     }
 }
 
+/// How a task's wait for a slot ended.
+pub(crate) enum Waited {
+    /// Its turn: its handler runs in this slot.
+    Slot(OwnedSemaphorePermit),
+    /// A cancel or pause was requested before it started: this is its
+    /// report, without running it (as its handler would have stopped at once).
+    Stopped(Report),
+    /// Its lease is gone: the task is someone else's.
+    LeaseLost,
+}
+
+/// Waits, in the order tasks came, for one of `slots`, renewing the task's
+/// lease every `heartbeat_every` meanwhile, which also learns of cancel and
+/// pause requests (in-process ones arrive on the task's flags directly).
+pub(crate) async fn wait_for_slot(slots: &Arc<Semaphore>, ctx: &TaskContext, heartbeat_every: Duration) -> Waited {
+    if let Ok(slot) = slots.clone().try_acquire_owned() {
+        return Waited::Slot(slot);
+    }
+    let stopped = |error: TaskError| {
+        Waited::Stopped(Report {
+            link: ctx.link.clone(),
+            outcome: error.into_outcome(ctx.checkpoint()),
+            progress: ctx.take_pending(),
+        })
+    };
+    let acquire = slots.clone().acquire_owned();
+    tokio::pin!(acquire);
+    loop {
+        tokio::select! {
+            slot = &mut acquire => match slot {
+                Ok(slot) => return Waited::Slot(slot),
+                // The slots are never closed; if they were, nothing would run.
+                Err(_) => return Waited::LeaseLost,
+            },
+            () = ctx.cancelled() => return stopped(TaskError::Cancelled),
+            () = ctx.pause_requested() => return stopped(TaskError::Paused),
+            () = tokio::time::sleep(heartbeat_every) => {
+                if ctx.send(ctx.take_pending(), None, None).await.is_err() {
+                    return Waited::LeaseLost;
+                }
+            }
+        }
+    }
+}
+
 /// Runs `handler` for one task and reports its outcome (see [`run_handler`]).
 pub async fn run_task(
     handler: Arc<dyn Handler>,
@@ -625,6 +670,10 @@ mod tests {
         heartbeats: std::sync::Mutex<Vec<Option<f64>>>,
         finished: std::sync::Mutex<Option<Option<f64>>>,
         outcome: std::sync::Mutex<Option<Outcome>>,
+        /// Heartbeats answer that a cancel was requested.
+        cancel: std::sync::atomic::AtomicBool,
+        /// Heartbeats answer that the lease is gone.
+        lease_lost: std::sync::atomic::AtomicBool,
     }
 
     #[async_trait]
@@ -636,13 +685,16 @@ mod tests {
             _cancellable: Option<bool>,
             _checkpoint: Option<Value>,
         ) -> Result<HeartbeatAck, StoreError> {
+            if self.lease_lost.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(StoreError::LeaseLost);
+            }
             self.heartbeats
                 .lock()
                 .unwrap()
                 .push(progress.and_then(|p| p.completed_units));
             Ok(HeartbeatAck {
                 lease_expires_at: longrun_core::Timestamp(0),
-                cancel_requested: false,
+                cancel_requested: self.cancel.load(std::sync::atomic::Ordering::SeqCst),
                 cancel_reason: None,
                 pause_requested: false,
                 version: 0,
@@ -721,6 +773,115 @@ mod tests {
             .await
             .unwrap();
         link
+    }
+
+    /// A context over `link`, and its flags.
+    fn context(link: Arc<Recorder>) -> (TaskContext, Arc<StopFlags>) {
+        let flags = Arc::new(StopFlags::default());
+        let ctx = TaskContext::new(
+            Id::generate(longrun_core::IdKind::Operation),
+            1,
+            Value::Null,
+            link,
+            flags.clone(),
+        );
+        (ctx, flags)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_task_waiting_for_a_slot_renews_its_lease_and_gets_the_slot_freed_first() {
+        let link = Arc::new(Recorder::default());
+        let (ctx, flags) = context(link.clone());
+        let slots = Arc::new(Semaphore::new(1));
+        let busy = slots.clone().try_acquire_owned().unwrap();
+        let waiting = tokio::spawn({
+            let slots = slots.clone();
+            async move { wait_for_slot(&slots, &ctx, Duration::from_secs(10)).await }
+        });
+        tokio::time::sleep(Duration::from_secs(25)).await;
+        assert_eq!(
+            link.heartbeats.lock().unwrap().len(),
+            2,
+            "one renewal per 10 s of waiting"
+        );
+        assert!(!*flags.cancel.borrow());
+
+        // The freed slot goes to the task that waited, not to a newcomer.
+        drop(busy);
+        assert!(slots.clone().try_acquire_owned().is_err());
+        assert!(matches!(waiting.await.unwrap(), Waited::Slot(_)));
+        assert_eq!(link.heartbeats.lock().unwrap().len(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_task_cancelled_while_it_waits_reports_cancelled_without_waiting_on() {
+        let link = Arc::new(Recorder::default());
+        let (ctx, flags) = context(link.clone());
+        let slots = Arc::new(Semaphore::new(1));
+        let _busy = slots.clone().try_acquire_owned().unwrap();
+        let waiting = tokio::spawn({
+            let slots = slots.clone();
+            async move { wait_for_slot(&slots, &ctx, Duration::from_secs(10)).await }
+        });
+        // A cancel a renewal learns of ends the wait at once.
+        link.cancel.store(true, std::sync::atomic::Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_secs(15)).await;
+        assert!(*flags.cancel.borrow(), "the renewal's answer reaches the task's flags");
+        let Waited::Stopped(report) = waiting.await.unwrap() else {
+            panic!("a report, with the slot still taken");
+        };
+        assert!(matches!(report.outcome, Outcome::Cancelled));
+        report.send().await.unwrap();
+        assert!(matches!(*link.outcome.lock().unwrap(), Some(Outcome::Cancelled)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_task_paused_while_it_waits_reports_paused_with_the_checkpoint_it_was_given() {
+        let link = Arc::new(Recorder::default());
+        let (ctx, flags) = context(link.clone());
+        let ctx = ctx.with_checkpoint(Some(serde_json::json!({"row": 7})));
+        let slots = Arc::new(Semaphore::new(0));
+        let waiting = tokio::spawn({
+            let slots = slots.clone();
+            async move { wait_for_slot(&slots, &ctx, Duration::from_secs(10)).await }
+        });
+        tokio::task::yield_now().await;
+        // An in-process pause request arrives on the flags, with no renewal.
+        flags.pause.send_replace(true);
+        let Waited::Stopped(report) = waiting.await.unwrap() else {
+            panic!("a report");
+        };
+        assert!(
+            matches!(&report.outcome, Outcome::Paused { checkpoint: Some(c) } if c["row"] == 7),
+            "{:?}",
+            report.outcome
+        );
+        assert!(link.heartbeats.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_task_whose_lease_is_lost_while_it_waits_gives_up_its_place() {
+        let link = Arc::new(Recorder::default());
+        let (ctx, _) = context(link.clone());
+        let slots = Arc::new(Semaphore::new(1));
+        let busy = slots.clone().try_acquire_owned().unwrap();
+        link.lease_lost.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert!(matches!(
+            wait_for_slot(&slots, &ctx, Duration::from_secs(10)).await,
+            Waited::LeaseLost
+        ));
+        drop(busy);
+        assert_eq!(slots.available_permits(), 1, "it left the queue");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_free_slot_is_taken_at_once_without_a_renewal() {
+        let link = Arc::new(Recorder::default());
+        let (ctx, _) = context(link.clone());
+        let slots = Arc::new(Semaphore::new(1));
+        let slot = wait_for_slot(&slots, &ctx, Duration::from_secs(10)).await;
+        assert!(matches!(slot, Waited::Slot(_)));
+        assert!(link.heartbeats.lock().unwrap().is_empty());
     }
 
     #[tokio::test(start_paused = true)]
