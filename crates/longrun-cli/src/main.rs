@@ -116,7 +116,8 @@ struct WorkerArgs {
     /// The command to run per task, through `sh -c`.
     #[arg(long)]
     exec: String,
-    /// Tasks run at once.
+    /// Tasks run at once (quick work may be claimed ahead of free slots, up
+    /// to 3× this many more; see docs/workers.md).
     #[arg(long, default_value_t = 1)]
     concurrency: usize,
     /// Lease length; heartbeats renew it every third of it.

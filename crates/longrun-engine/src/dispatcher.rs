@@ -3,7 +3,6 @@
 //! completion), with bounded concurrency.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -15,33 +14,17 @@ use longrun_store::{
 use crate::artifacts::{ArtifactStore, ByteReader};
 use crate::results::{TaskArtifact, join_artifact_pieces, store_artifact_piece, store_upload};
 use crate::worker::UploadedArtifact;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::kinds::Registry;
 use crate::signals::Signals;
-use crate::worker::{TaskContext, TaskLink, Waited, run_handler, send_and_log, wait_for_slot};
+use crate::slots::{Reserved, Slots};
+use crate::worker::{TaskContext, TaskLink, run_handler, send_and_log};
 
 /// How long a busy dispatcher lets freed slots gather before it claims.
 const CLAIM_GATHER: Duration = Duration::from_millis(1);
-
-/// A handler that ran for less than this is quick, and each quick one that
-/// ended within the last such window lets a cycle claim one task beyond
-/// the free slots (see [`QuickEnds`]).
-const QUICK: Duration = Duration::from_millis(100);
-
-/// Most tasks a cycle claims beyond the free slots, as a multiple of the
-/// concurrency. No-op drains of 20 k jobs, 64 slots, same runs: claiming
-/// ahead up to 1× took PostgreSQL from 3.3 k to 3.75 k jobs/s and SQLite
-/// from 5.4–5.9 k to 6.9–8.9 k; 3× took PostgreSQL from 5.1 k to 6.3–6.5 k
-/// and SQLite from 8.8–10.1 k to 12.4–12.6 k; 7× was within the noise.
-const AHEAD_PER_SLOT: usize = 3;
-
-/// Tasks the dispatcher holds at once, as a multiple of the concurrency:
-/// those claimed (running or waiting for a slot) and as many again whose
-/// outcomes are being stored.
-const IN_FLIGHT_PER_SLOT: usize = 2 * (1 + AHEAD_PER_SLOT);
 
 /// How the in-process dispatcher runs.
 #[derive(Debug, Clone)]
@@ -86,16 +69,8 @@ pub struct Dispatcher {
     signals: Signals,
     clock: Arc<dyn Clock>,
     config: Config,
-    /// Handlers running at once (`concurrency`), handed out in claim order.
-    slots: Arc<Semaphore>,
-    /// Tasks claimed whose handler has not returned: running, or claimed
-    /// ahead and waiting for a slot.
-    claimed: Arc<AtomicUsize>,
-    /// How far ahead of its free slots a cycle may claim.
-    quick_ends: Arc<QuickEnds>,
-    /// Tasks between claim and stored outcome: a slot is free again when
-    /// its handler returns, and up to this many outcomes may be committing.
-    in_flight: Arc<Semaphore>,
+    /// How many tasks it claims, holds and runs at once.
+    slots: Slots,
     tracker: TaskTracker,
     /// Where the tasks' outcomes go: the run loop stores them a batch at a
     /// time, with its next claim.
@@ -114,8 +89,7 @@ impl Dispatcher {
         clock: Arc<dyn Clock>,
         config: Config,
     ) -> Self {
-        let slots = Arc::new(Semaphore::new(config.concurrency.max(1)));
-        let in_flight = Arc::new(Semaphore::new(config.concurrency.max(1) * IN_FLIGHT_PER_SLOT));
+        let slots = Slots::new(config.concurrency);
         let (jobs, pending) = mpsc::channel::<OutcomeJob>(OUTCOME_BATCH * 4);
         Self {
             store,
@@ -125,18 +99,10 @@ impl Dispatcher {
             clock,
             config,
             slots,
-            claimed: Arc::new(AtomicUsize::new(0)),
-            quick_ends: Arc::new(QuickEnds::default()),
-            in_flight,
             tracker: TaskTracker::new(),
             outcomes: OutcomeSender { jobs },
             pending_outcomes: std::sync::Mutex::new(Some(pending)),
         }
-    }
-
-    /// Tasks running or reporting now.
-    fn busy(&self) -> bool {
-        self.in_flight.available_permits() < self.config.concurrency.max(1) * IN_FLIGHT_PER_SLOT
     }
 
     /// What a claim of up to `free` tasks asks for now.
@@ -150,40 +116,17 @@ impl Dispatcher {
         }
     }
 
-    /// Reserves what a claim may take now: the free slots, and as many
-    /// tasks beyond them as quick handlers ended in the last [`QUICK`] (at
-    /// most [`AHEAD_PER_SLOT`] × `concurrency` more). Quick work frees slots faster than a claim
-    /// commits, so tasks claimed ahead wait for a slot less than a claim
-    /// would take; slow work is never claimed ahead, so it stays in the
-    /// queue for a worker with a free slot. Taken at once: a cycle running
-    /// beside this one cannot claim them too.
-    fn reserve(&self) -> Vec<Reserved> {
-        let concurrency = self.config.concurrency.max(1);
-        let limit = concurrency + self.quick_ends.recent().min(AHEAD_PER_SLOT * concurrency);
-        let held = self
-            .claimed
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < limit).then_some(limit))
-            .unwrap_or(limit);
-        // Each count gives itself back when dropped: those not claimed at
-        // the end of the cycle, or once their handler returns.
-        let counts: Vec<ClaimedCount> = (held..limit).map(|_| ClaimedCount(self.claimed.clone())).collect();
-        let mut reserved = Vec::with_capacity(counts.len());
-        for count in counts {
-            let Ok(in_flight) = self.in_flight.clone().try_acquire_owned() else {
-                break;
-            };
-            reserved.push(Reserved { count, in_flight });
-        }
-        reserved
-    }
-
     /// Stores `outcomes` and, when `claiming`, claims as many tasks as
-    /// [`Dispatcher::reserve`] allows and starts them — in one store call,
+    /// its [`Slots`] allow and starts them — in one store call,
     /// so a busy dispatcher pays one commit per cycle, not one for its
     /// outcomes and another for its claim. Each outcome's task hears once
     /// it is stored. Returns how many tasks were started.
     async fn cycle(&self, outcomes: Vec<OutcomeJob>, claiming: bool) -> usize {
-        let mut reserved = if claiming { self.reserve() } else { Vec::new() };
+        let mut reserved = if claiming {
+            self.slots.reserve(usize::MAX)
+        } else {
+            Vec::new()
+        };
         let free = reserved.len();
         let (params, replies): (Vec<FinishParams>, Vec<_>) = outcomes.into_iter().unzip();
         if params.is_empty() && free == 0 {
@@ -218,15 +161,12 @@ impl Dispatcher {
     }
 
     /// Runs `task` once a slot is free (at once, unless it was claimed
-    /// ahead): its claimed count is held until its handler returns,
-    /// `in_flight` until its outcome is stored.
-    fn start(&self, task: Task, reserved: Reserved) {
+    /// ahead), holding what `reserved` holds until its outcome is stored.
+    fn start(&self, task: Task, mut reserved: Reserved) {
         let Some(handler) = self.registry.get(&task.kind).cloned() else {
             tracing::error!(kind = %task.kind, "claimed a task of a kind with no handler");
             return;
         };
-        let Reserved { count, in_flight } = reserved;
-        let (slots, quick_ends) = (self.slots.clone(), self.quick_ends.clone());
         let signals = self.signals.clone();
         let outcomes = self.outcomes.clone();
         let link = Arc::new(StoreLink {
@@ -248,35 +188,21 @@ impl Dispatcher {
             worker = "in-process",
         );
         let run = async move {
-            let _in_flight = in_flight;
             let flag = signals.track(&task.operation_id);
             let ctx = TaskContext::new(task.operation_id.clone(), task.attempt, task.input, link, flag)
                 .with_progress_interval(progress_interval)
                 .with_checkpoint(task.checkpoint);
-            let running = match wait_for_slot(&slots, &ctx, heartbeat_every).await {
-                Waited::Slot(running) => running,
-                Waited::Stopped(report) => {
-                    drop(count);
-                    send_and_log(&task.operation_id, Ok(report)).await;
-                    signals.untrack(&task.operation_id);
-                    return;
-                }
-                Waited::LeaseLost => {
-                    tracing::warn!("lease lost while waiting for a slot; the task is left to its new holder");
-                    signals.untrack(&task.operation_id);
-                    return;
-                }
+            let report = match reserved.wait(&ctx, heartbeat_every).await {
+                Some(ended) => ended,
+                None => run_handler(handler, ctx, heartbeat_every).await,
             };
-            let began = tokio::time::Instant::now();
-            let report = run_handler(handler, ctx, heartbeat_every).await;
-            quick_ends.record(began.elapsed());
             // The handler is done: its slot can take the next task while
             // the outcome commits.
-            drop(running);
-            drop(count);
+            reserved.handler_returned();
             signals.work_available();
             send_and_log(&task.operation_id, report).await;
             signals.untrack(&task.operation_id);
+            drop(reserved);
         };
         self.tracker.spawn(tracing::Instrument::instrument(run, span));
     }
@@ -328,7 +254,7 @@ impl Dispatcher {
             // Handlers end and outcomes arrive a batch at a time: while tasks
             // run, let the outcomes and slots of one batch come, so one cycle
             // stores them all and one claim fills the slots.
-            if wanted && this.busy() {
+            if wanted && this.slots.busy() {
                 tokio::time::sleep(CLAIM_GATHER).await;
             }
         }
@@ -366,71 +292,6 @@ impl Dispatcher {
 /// from 4.0–7.7 k to 9.0–9.7 k jobs/s; four gave another 2–10 % on
 /// PostgreSQL, whose commits run side by side, and 6 % on SQLite.
 const CYCLES_IN_FLIGHT: usize = 4;
-
-/// What a cycle holds for each task it may claim.
-struct Reserved {
-    count: ClaimedCount,
-    in_flight: OwnedSemaphorePermit,
-}
-
-/// One of [`Dispatcher::claimed`], given back when dropped.
-struct ClaimedCount(Arc<AtomicUsize>);
-
-impl Drop for ClaimedCount {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// Quick handlers (ran for less than [`QUICK`]) that ended in the current
-/// window of [`QUICK`] and in the one before it.
-#[derive(Default)]
-struct QuickEnds(std::sync::Mutex<QuickWindow>);
-
-struct QuickWindow {
-    start: tokio::time::Instant,
-    current: usize,
-    previous: usize,
-}
-
-impl Default for QuickWindow {
-    fn default() -> Self {
-        Self {
-            start: tokio::time::Instant::now(),
-            current: 0,
-            previous: 0,
-        }
-    }
-}
-
-impl QuickWindow {
-    fn roll(&mut self) {
-        let since = self.start.elapsed();
-        if since >= QUICK {
-            self.previous = if since < 2 * QUICK { self.current } else { 0 };
-            self.current = 0;
-            self.start = tokio::time::Instant::now();
-        }
-    }
-}
-
-impl QuickEnds {
-    /// A handler ended after running for `ran`.
-    fn record(&self, ran: Duration) {
-        if ran < QUICK {
-            let mut window = self.0.lock().expect("the window's lock is never poisoned");
-            window.roll();
-            window.current += 1;
-        }
-    }
-
-    /// Quick ends in the last window: the busier of the current and the one before.
-    fn recent(&self) -> usize {
-        let mut window = self.0.lock().expect("the window's lock is never poisoned");
-        window.roll();
-        window.current.max(window.previous)
-    }
-}
 
 /// Adds the outcomes already waiting in `pending` to `outcomes`, up to a batch.
 fn gather(pending: &mut mpsc::Receiver<OutcomeJob>, outcomes: &mut Vec<OutcomeJob>) {
@@ -577,88 +438,5 @@ impl TaskLink for StoreLink {
             upload_id,
         )
         .await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn dispatcher(dir: &std::path::Path, concurrency: usize) -> Dispatcher {
-        let store = longrun_store::SqliteStore::open(longrun_store::SqliteConfig::new(dir.join("longrun.db"))).unwrap();
-        Dispatcher::new(
-            Arc::new(store),
-            Arc::new(crate::artifacts::FileArtifacts::new(dir.join("artifacts"))),
-            Registry::builtin(),
-            Signals::default(),
-            Arc::new(longrun_core::SystemClock),
-            Config {
-                concurrency,
-                ..Config::default()
-            },
-        )
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_cycle_claims_ahead_of_its_free_slots_only_as_many_as_quick_handlers_just_ended() {
-        let dir = tempfile::tempdir().unwrap();
-        let d = dispatcher(dir.path(), 4);
-
-        // No handler has ended: the free slots, and once they are claimed, nothing.
-        let first = d.reserve();
-        assert_eq!(first.len(), 4);
-        assert!(d.reserve().is_empty());
-        drop(first);
-        let running = d.reserve();
-        assert_eq!(running.len(), 4, "what a cycle did not claim goes back");
-
-        // Slow handlers ending earn nothing ahead.
-        for _ in 0..10 {
-            d.quick_ends.record(QUICK);
-        }
-        assert!(d.reserve().is_empty());
-
-        // Quick ones do, one task each, up to AHEAD_PER_SLOT × `concurrency` more.
-        d.quick_ends.record(Duration::from_millis(1));
-        let ahead = d.reserve();
-        assert_eq!(ahead.len(), 1);
-        for _ in 0..20 {
-            d.quick_ends.record(Duration::from_millis(1));
-        }
-        let more = d.reserve();
-        assert_eq!(
-            more.len(),
-            11,
-            "at most AHEAD_PER_SLOT × `concurrency` beyond the slots"
-        );
-        assert!(d.reserve().is_empty());
-
-        // Within the window after the ends, they still count; then not.
-        drop((ahead, more));
-        tokio::time::advance(QUICK).await;
-        assert_eq!(d.reserve().len(), 12);
-        tokio::time::advance(QUICK).await;
-        assert!(d.reserve().is_empty(), "quick ends long past claim nothing ahead");
-        drop(running);
-        assert_eq!(d.claimed.load(Ordering::Acquire), 0);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn claims_ahead_never_take_more_than_the_tasks_in_flight_allow() {
-        let dir = tempfile::tempdir().unwrap();
-        let d = dispatcher(dir.path(), 1);
-        for _ in 0..10 {
-            d.quick_ends.record(Duration::ZERO);
-        }
-        // Outcomes still committing hold most of the in-flight permits.
-        let committing = d
-            .in_flight
-            .clone()
-            .try_acquire_many_owned(u32::try_from(IN_FLIGHT_PER_SLOT - 1).unwrap())
-            .unwrap();
-        let reserved = d.reserve();
-        assert_eq!(reserved.len(), 1);
-        assert_eq!(d.claimed.load(Ordering::Acquire), 1, "the count not reserved went back");
-        drop((committing, reserved));
     }
 }

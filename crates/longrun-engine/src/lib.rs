@@ -44,6 +44,9 @@ pub mod results;
 pub mod retention;
 pub mod service;
 pub mod signals;
+mod slots;
+#[cfg(feature = "test-support")]
+pub mod testing;
 pub mod uploads;
 pub mod webhooks;
 pub mod worker;

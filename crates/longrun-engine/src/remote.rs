@@ -10,6 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::slots::{Reserved, Slots};
 use async_trait::async_trait;
 use longrun_api::{
     ArtifactUploadBody, ClaimRequest, ClaimResponse, HeartbeatRequest, HeartbeatResponse, JoinRequest, OutcomeItem,
@@ -18,16 +19,13 @@ use longrun_api::{
 use longrun_core::{Id, IdKind, Timestamp};
 use longrun_store::{HeartbeatAck, Outcome, ProgressUpdate, StoreError};
 use serde_json::Value;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::artifacts::ByteReader;
 use crate::kinds::Registry;
 use crate::reports;
-use crate::worker::{
-    IN_FLIGHT_PER_SLOT, StopFlags, TaskContext, TaskLink, UploadedArtifact, run_handler, send_and_log,
-};
+use crate::worker::{StopFlags, TaskContext, TaskLink, UploadedArtifact, run_handler, send_and_log};
 
 /// How a remote worker connects and runs.
 #[derive(Debug, Clone)]
@@ -386,6 +384,9 @@ impl TaskLink for HttpLink {
     }
 }
 
+/// Most tasks one claim request asks for (the protocol's bound).
+const MAX_CLAIM: usize = 100;
+
 /// Claims tasks of its handlers' kinds over HTTP and runs them.
 pub struct RemoteWorker {
     http: reqwest::Client,
@@ -405,37 +406,25 @@ impl RemoteWorker {
 
     /// Runs until `shutdown`, then drains (see the module docs).
     pub async fn run(self, shutdown: CancellationToken) {
-        let slots = Arc::new(Semaphore::new(self.config.concurrency.max(1)));
-        // Tasks between claim and acknowledged outcome: a slot is free again
-        // when its handler returns, while its outcome is still being sent.
-        let in_flight = Arc::new(Semaphore::new(self.config.concurrency.max(1) * IN_FLIGHT_PER_SLOT));
+        let slots = Slots::new(self.config.concurrency);
         let tracker = TaskTracker::new();
         let abandon = CancellationToken::new();
         // One batcher for every task of this worker, so their outcomes share requests.
         let outcomes = OutcomeBatcher::spawn(self.http.clone(), self.config.server.clone(), self.config.token.clone());
-        let take = |slots: &Arc<Semaphore>, in_flight: &Arc<Semaphore>| {
-            let in_flight = in_flight.clone().try_acquire_owned().ok()?;
-            let running = slots.clone().try_acquire_owned().ok()?;
-            Some((running, in_flight))
-        };
         while !shutdown.is_cancelled() {
-            // Wait for a free slot (or shutdown) before asking for work.
-            let first = tokio::select! {
-                permits = async {
-                    let in_flight = in_flight.clone().acquire_owned().await.expect("semaphore open");
-                    let running = slots.clone().acquire_owned().await.expect("semaphore open");
-                    (running, in_flight)
-                } => permits,
+            // Wait for room (or shutdown) before asking for work: a free
+            // slot, or quick work's room to claim ahead (see `Slots`).
+            let reserved = tokio::select! {
+                reserved = slots.reserve_some(MAX_CLAIM) => reserved,
                 () = shutdown.cancelled() => break,
             };
-            let free = slots.available_permits().min(in_flight.available_permits()) + 1;
             // The claim itself is not cancelled by shutdown: tasks the server
             // leased to us must be run or given back, never dropped.
-            let tasks = match self.claim(free).await {
+            let tasks = match self.claim(reserved.len()).await {
                 Ok(tasks) => tasks,
                 Err(e) => {
                     tracing::warn!(error = %e, "claim failed; retrying");
-                    drop(first);
+                    drop(reserved);
                     tokio::select! {
                         () = tokio::time::sleep(Duration::from_secs(1)) => {}
                         () = shutdown.cancelled() => {}
@@ -443,18 +432,15 @@ impl RemoteWorker {
                     continue;
                 }
             };
-            let mut first = Some(first);
+            let mut reserved = reserved.into_iter();
             for task in tasks {
-                let permits = first
-                    .take()
-                    .or_else(|| take(&slots, &in_flight))
-                    .expect("claimed no more than free slots");
                 let link = self.link(&task, &outcomes);
-                if shutdown.is_cancelled() {
+                let Some(reserved) = reserved.next().filter(|_| !shutdown.is_cancelled()) else {
+                    // Shutting down, or more than was asked for: not ours to run.
                     give_back(&link, "the worker is shutting down").await;
                     continue;
-                }
-                self.start(task, link, permits, &tracker, abandon.clone());
+                };
+                self.start(task, link, reserved, &tracker, abandon.clone());
             }
         }
         tracker.close();
@@ -474,7 +460,7 @@ impl RemoteWorker {
     async fn claim(&self, max_tasks: usize) -> Result<Vec<TaskBody>, reqwest::Error> {
         let request = ClaimRequest {
             kinds: self.registry.kinds(),
-            max_tasks: max_tasks.min(100) as u32,
+            max_tasks: max_tasks.min(MAX_CLAIM) as u32,
             lease_seconds: self.config.lease.as_secs(),
             wait_seconds: self.config.claim_wait.as_secs(),
             worker_id: Some(self.config.worker_id.clone()),
@@ -506,7 +492,7 @@ impl RemoteWorker {
         &self,
         task: TaskBody,
         link: Arc<HttpLink>,
-        (running, in_flight): (OwnedSemaphorePermit, OwnedSemaphorePermit),
+        mut reserved: Reserved,
         tracker: &TaskTracker,
         abandon: CancellationToken,
     ) {
@@ -524,14 +510,19 @@ impl RemoteWorker {
             worker = %self.config.worker_id,
         );
         let run = async move {
-            let _in_flight = in_flight;
             let flags = Arc::new(StopFlags::default());
             let id = link.operation_id.clone();
             let ctx = TaskContext::new(id.clone(), task.attempt, task.input, link.clone(), flags)
                 .with_progress_interval(progress_interval)
                 .with_checkpoint(task.checkpoint);
+            let work = async {
+                match reserved.wait(&ctx, heartbeat_every).await {
+                    Some(ended) => ended,
+                    None => run_handler(handler, ctx, heartbeat_every).await,
+                }
+            };
             let report = tokio::select! {
-                report = run_handler(handler, ctx, heartbeat_every) => report,
+                report = work => report,
                 () = abandon.cancelled() => {
                     give_back(&link, "the worker shut down before the task finished").await;
                     return;
@@ -539,8 +530,9 @@ impl RemoteWorker {
             };
             // The handler is done: its slot can take the next task while
             // the outcome is sent.
-            drop(running);
+            reserved.handler_returned();
             send_and_log(&id, report).await;
+            drop(reserved);
         };
         tracker.spawn(tracing::Instrument::instrument(run, span));
     }

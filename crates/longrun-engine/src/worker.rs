@@ -576,10 +576,6 @@ pub async fn run_task(
     run_handler(handler, ctx, heartbeat_every).await?.send().await
 }
 
-/// Tasks a worker holds at once, as a multiple of its concurrency: those
-/// running and those whose outcome is still being stored.
-pub const IN_FLIGHT_PER_SLOT: usize = 4;
-
 /// A handler's finished run, not yet reported: its outcome and the last
 /// progress not yet sent.
 #[must_use = "an outcome must be sent"]

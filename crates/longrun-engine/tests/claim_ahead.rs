@@ -3,63 +3,23 @@
 //! claims, no more handlers run at once than its concurrency, and each task
 //! runs once and succeeds.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use longrun_core::validate::Invalid;
 use longrun_core::{Clock, Id, State, SystemClock};
 use longrun_engine::artifacts::FileArtifacts;
 use longrun_engine::dispatcher::{self, Dispatcher};
-use longrun_engine::worker::{Handler, KindInfo, TaskContext, TaskError};
+use longrun_engine::testing::Counting;
 use longrun_engine::{CancellationToken, Registry, Signals};
 use longrun_store::conformance::accept_params;
 use longrun_store::{AcceptOutcome, SqliteConfig, SqliteStore, Store};
-use serde_json::{Value, json};
-
-/// Counts its runs, by operation, and the most running at once.
-#[derive(Default)]
-struct Counting {
-    running: AtomicUsize,
-    most: AtomicUsize,
-    runs: Mutex<HashMap<Id, u32>>,
-}
-
-#[async_trait]
-impl Handler for Counting {
-    fn info(&self) -> KindInfo {
-        KindInfo {
-            name: "counting".into(),
-            rerun_safe: true,
-            max_attempts: 3,
-            pausable: false,
-        }
-    }
-
-    fn validate(&self, _: &Value) -> Result<(), Invalid> {
-        Ok(())
-    }
-
-    async fn run(&self, ctx: TaskContext) -> Result<Option<Value>, TaskError> {
-        let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
-        self.most.fetch_max(now, Ordering::SeqCst);
-        *self.runs.lock().unwrap().entry(ctx.operation_id().clone()).or_default() += 1;
-        // Let the other tasks of the batch start beside this one, if they could.
-        for _ in 0..3 {
-            tokio::task::yield_now().await;
-        }
-        self.running.fetch_sub(1, Ordering::SeqCst);
-        Ok(None)
-    }
-}
+use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quick_work_claimed_ahead_runs_once_each_and_never_past_the_concurrency() {
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn Store> = Arc::new(SqliteStore::open(SqliteConfig::new(dir.path().join("longrun.db"))).unwrap());
-    let handler = Arc::new(Counting::default());
+    let handler = Arc::new(Counting::new("counting"));
     let mut registry = Registry::default();
     registry.register(handler.clone());
     for spec in registry.specs() {
@@ -109,10 +69,10 @@ async fn quick_work_claimed_ahead_runs_once_each_and_never_past_the_concurrency(
             "{id} was claimed again: its lease lapsed while it waited"
         );
     }
-    let runs = handler.runs.lock().unwrap();
+    let runs = handler.runs();
     assert_eq!(runs.len(), ids.len());
     assert!(runs.values().all(|&n| n == 1), "a task ran twice");
-    let most = handler.most.load(Ordering::SeqCst);
+    let most = handler.most_at_once();
     assert!(
         (1..=concurrency).contains(&most),
         "{most} handlers ran at once, with concurrency {concurrency}"

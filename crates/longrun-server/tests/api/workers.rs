@@ -691,3 +691,46 @@ async fn a_big_backlog_does_not_starve_a_small_tenant() {
     assert_eq!(small_started, 10);
     app.shutdown().await;
 }
+
+/// A remote worker claims quick work ahead of its free slots (the same
+/// reservation as the in-process dispatcher's): each task runs once, on its
+/// first attempt, and never more handlers at once than its concurrency.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_worker_claiming_quick_work_ahead_runs_each_task_once_within_its_concurrency() {
+    use longrun_engine::testing::Counting;
+    let app = spawn_app_with(Options {
+        builtin_workers: false,
+        ..Options::default()
+    })
+    .await;
+    app.declare_kind("counting", true, 3).await;
+    let mut ids = Vec::new();
+    for i in 0..300 {
+        ids.push(submit_kind(&app, &format!("quick-{i}"), "counting", json!({})).await);
+    }
+    let handler = std::sync::Arc::new(Counting::new("counting"));
+    let mut registry = longrun_engine::kinds::Registry::default();
+    registry.register(handler.clone());
+    let mut config = longrun_engine::remote::RemoteConfig::new(app.base.clone(), app.worker_key.clone());
+    config.concurrency = 3;
+    config.claim_wait = Duration::from_millis(200);
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let worker = tokio::spawn(longrun_engine::remote::RemoteWorker::new(config, registry).run(shutdown.clone()));
+
+    app.wait_for_state(ids.last().unwrap(), "succeeded").await;
+    for id in &ids {
+        let op = app.wait_for_state(id, "succeeded").await;
+        assert_eq!(op["attempt"], 1, "{id} was claimed again: {op}");
+    }
+    shutdown.cancel();
+    worker.await.unwrap();
+    let runs = handler.runs();
+    assert_eq!(runs.len(), ids.len());
+    assert!(runs.values().all(|&n| n == 1), "a task ran twice");
+    let most = handler.most_at_once();
+    assert!(
+        (1..=3).contains(&most),
+        "{most} handlers ran at once, with concurrency 3"
+    );
+    app.shutdown().await;
+}
