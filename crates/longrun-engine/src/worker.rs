@@ -533,37 +533,23 @@ pub(crate) enum Waited {
     LeaseLost,
 }
 
-/// Waits, in the order tasks came, for one of `slots`, renewing the task's
-/// lease every `heartbeat_every` meanwhile, which also learns of cancel and
-/// pause requests (in-process ones arrive on the task's flags directly).
+/// Waits, in the order tasks came, for one of `slots`, keeping the task's
+/// lease as a running task does ([`keep_lease`], which also learns of
+/// cancel and pause requests; in-process ones arrive on its flags directly).
 pub(crate) async fn wait_for_slot(slots: &Arc<Semaphore>, ctx: &TaskContext, heartbeat_every: Duration) -> Waited {
     if let Ok(slot) = slots.clone().try_acquire_owned() {
         return Waited::Slot(slot);
     }
-    let stopped = |error: TaskError| {
-        Waited::Stopped(Report {
-            link: ctx.link.clone(),
-            outcome: error.into_outcome(ctx.checkpoint()),
-            progress: ctx.take_pending(),
-        })
+    let stopped = |error: TaskError| Report {
+        link: ctx.link.clone(),
+        outcome: error.into_outcome(ctx.checkpoint()),
+        progress: ctx.take_pending(),
     };
-    let acquire = slots.clone().acquire_owned();
-    tokio::pin!(acquire);
-    loop {
-        tokio::select! {
-            slot = &mut acquire => match slot {
-                Ok(slot) => return Waited::Slot(slot),
-                // The slots are never closed; if they were, nothing would run.
-                Err(_) => return Waited::LeaseLost,
-            },
-            () = ctx.cancelled() => return stopped(TaskError::Cancelled),
-            () = ctx.pause_requested() => return stopped(TaskError::Paused),
-            () = tokio::time::sleep(heartbeat_every) => {
-                if ctx.send(ctx.take_pending(), None, None).await.is_err() {
-                    return Waited::LeaseLost;
-                }
-            }
-        }
+    tokio::select! {
+        slot = slots.clone().acquire_owned() => Waited::Slot(slot.expect("a worker's slots are never closed")),
+        () = ctx.cancelled() => Waited::Stopped(stopped(TaskError::Cancelled)),
+        () = ctx.pause_requested() => Waited::Stopped(stopped(TaskError::Paused)),
+        () = keep_lease(ctx, heartbeat_every) => Waited::LeaseLost,
     }
 }
 
@@ -602,6 +588,30 @@ pub async fn send_and_log(id: &Id, report: Result<Report, StoreError>) {
     }
 }
 
+/// Renews `ctx`'s lease every `heartbeat_every`, sending its coalesced
+/// progress once its interval has passed (each answer also brings cancel
+/// and pause requests to its flags); returns once the lease is lost.
+async fn keep_lease(ctx: &TaskContext, heartbeat_every: Duration) {
+    let tick_every = if ctx.progress_interval.is_zero() {
+        heartbeat_every
+    } else {
+        heartbeat_every.min(ctx.progress_interval)
+    };
+    let mut tick = tokio::time::interval(tick_every);
+    tick.tick().await;
+    let mut last_beat = tokio::time::Instant::now();
+    loop {
+        tick.tick().await;
+        if !ctx.has_pending() && last_beat.elapsed() < heartbeat_every {
+            continue;
+        }
+        last_beat = tokio::time::Instant::now();
+        if ctx.send(ctx.take_pending(), None, None).await.is_err() {
+            return;
+        }
+    }
+}
+
 /// Runs `handler` for one task, renewing the lease in the background (which
 /// also learns of cancellation and sends coalesced progress once its
 /// interval has passed), and returns what to report. Workers free the
@@ -613,32 +623,9 @@ pub async fn run_handler(
     heartbeat_every: Duration,
 ) -> Result<Report, StoreError> {
     let link = ctx.link.clone();
-    let keepalive = {
-        let ctx = ctx.clone();
-        async move {
-            let tick_every = if ctx.progress_interval.is_zero() {
-                heartbeat_every
-            } else {
-                heartbeat_every.min(ctx.progress_interval)
-            };
-            let mut tick = tokio::time::interval(tick_every);
-            tick.tick().await;
-            let mut last_beat = tokio::time::Instant::now();
-            loop {
-                tick.tick().await;
-                if !ctx.has_pending() && last_beat.elapsed() < heartbeat_every {
-                    continue;
-                }
-                last_beat = tokio::time::Instant::now();
-                if ctx.send(ctx.take_pending(), None, None).await.is_err() {
-                    return;
-                }
-            }
-        }
-    };
     let outcome = tokio::select! {
         result = handler.run(ctx.clone()) => result,
-        () = keepalive => Err(TaskError::fatal("lease_lost", "the lease was lost")),
+        () = keep_lease(&ctx, heartbeat_every) => Err(TaskError::fatal("lease_lost", "the lease was lost")),
     };
     let outcome = match outcome {
         Ok(result) => Outcome::Succeeded { result },
