@@ -435,11 +435,14 @@ impl RemoteWorker {
             let mut reserved = reserved.into_iter();
             for task in tasks {
                 let link = self.link(&task, &outcomes);
-                let Some(reserved) = reserved.next().filter(|_| !shutdown.is_cancelled()) else {
-                    // Shutting down, or more than was asked for: not ours to run.
-                    give_back(&link, "the worker is shutting down").await;
+                let Some(reserved) = reserved.next() else {
+                    give_back(&link, "the claim brought more tasks than the worker asked for").await;
                     continue;
                 };
+                if shutdown.is_cancelled() {
+                    give_back(&link, "the worker is shutting down").await;
+                    continue;
+                }
                 self.start(task, link, reserved, &tracker, abandon.clone());
             }
         }

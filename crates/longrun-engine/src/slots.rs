@@ -80,30 +80,29 @@ impl Slots {
         let shared = &self.0;
         let ahead = shared.quick_ends.recent().min(AHEAD_PER_SLOT * shared.concurrency);
         let limit = shared.concurrency + ahead;
-        let held = shared
+        // How many more a claim may take with `held` already claimed.
+        let room = |held: usize| limit.min(held.saturating_add(max)).saturating_sub(held);
+        let took = shared
             .claimed
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < limit).then(|| limit.min(n.saturating_add(max)))
+                (room(n) > 0).then(|| n + room(n))
             })
-            .unwrap_or(limit);
-        let took = limit.min(held.saturating_add(max)).saturating_sub(held);
-        // Each count is given back by its `Reserved`; those without an
-        // in-flight place go back at once.
-        let mut counts = (0..took).map(|_| ClaimedCount(self.clone()));
+            .map_or(0, room);
         let mut reserved = Vec::with_capacity(took);
-        for count in counts.by_ref() {
+        while reserved.len() < took {
             let Ok(in_flight) = shared.in_flight.clone().try_acquire_owned() else {
-                drop(count);
                 break;
             };
             reserved.push(Reserved {
                 slots: self.clone(),
-                count: Some(count),
+                count: Some(ClaimedCount(self.clone())),
                 running: None,
                 in_flight: Some(in_flight),
             });
         }
-        counts.for_each(drop);
+        // The counts that found no in-flight place go back, silently as
+        // every unused count does (see `ClaimedCount`).
+        shared.claimed.fetch_sub(took - reserved.len(), Ordering::AcqRel);
         reserved
     }
 
