@@ -353,6 +353,42 @@ impl TestApp {
 }
 
 /// Reads a problem+json error and checks the parts every error must have.
+/// The SDK's remote worker, running one handler against a test server over
+/// real HTTP; [`RemoteWorkerRun::stop`] ends it as SIGTERM would.
+pub struct RemoteWorkerRun {
+    shutdown: tokio_util::sync::CancellationToken,
+    handle: tokio::task::JoinHandle<()>,
+}
+
+impl RemoteWorkerRun {
+    /// Stops claiming, lets running tasks finish (100 ms grace), and waits for it.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        self.handle.await.unwrap();
+    }
+}
+
+impl TestApp {
+    /// Starts a remote worker with `concurrency` slots running `handler`
+    /// against this server with the worker key. Its claims wait 200 ms
+    /// (the protocol's whole seconds make that 0: they do not long-poll).
+    pub fn remote_worker(
+        &self,
+        handler: Arc<dyn longrun_engine::worker::Handler>,
+        concurrency: usize,
+    ) -> RemoteWorkerRun {
+        let mut registry = longrun_engine::kinds::Registry::default();
+        registry.register(handler);
+        let mut config = longrun_engine::remote::RemoteConfig::new(self.base.clone(), self.worker_key.clone());
+        config.concurrency = concurrency;
+        config.claim_wait = Duration::from_millis(200);
+        config.shutdown_grace = Duration::from_millis(100);
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let handle = tokio::spawn(longrun_engine::remote::RemoteWorker::new(config, registry).run(shutdown.clone()));
+        RemoteWorkerRun { shutdown, handle }
+    }
+}
+
 pub async fn problem(response: Response, status: StatusCode, code: &str) -> Value {
     assert_eq!(response.status(), status, "status for {code}");
     let request_id = response

@@ -740,13 +740,7 @@ async fn remote_workers_read_named_uploads_and_store_named_artifacts() {
             &json!({"kind": "import", "input": import_input(&again, 5)}),
         )
         .await;
-    let mut registry = longrun_engine::kinds::Registry::default();
-    registry.register(Arc::new(longrun_engine::kinds::import::Import));
-    let mut config = longrun_engine::remote::RemoteConfig::new(app.base.clone(), app.worker_key.clone());
-    config.claim_wait = Duration::from_millis(200);
-    config.shutdown_grace = Duration::from_millis(100);
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let worker = tokio::spawn(longrun_engine::remote::RemoteWorker::new(config, registry).run(shutdown.clone()));
+    let worker = app.remote_worker(Arc::new(longrun_engine::kinds::import::Import), 4);
     let done = app.wait_for_state(op["id"].as_str().unwrap(), "succeeded").await;
     assert_eq!(
         done["result"]["summary"],
@@ -760,7 +754,6 @@ async fn remote_workers_read_named_uploads_and_store_named_artifacts() {
             .collect::<Vec<_>>(),
         vec![11, 21]
     );
-    shutdown.cancel();
-    worker.await.unwrap();
+    worker.stop().await;
     app.shutdown().await;
 }

@@ -705,20 +705,13 @@ async fn a_remote_worker_exports_through_pieces_and_a_join() {
         .submit_ok("remote-export", &json!({"kind": "export", "input": {"rows": rows}}))
         .await;
     let id = op["id"].as_str().unwrap().to_owned();
-    let mut registry = longrun_engine::kinds::Registry::default();
-    registry.register(std::sync::Arc::new(Export));
-    let mut config = longrun_engine::remote::RemoteConfig::new(app.base.clone(), app.worker_key.clone());
-    config.claim_wait = Duration::from_millis(200);
-    config.shutdown_grace = Duration::from_millis(100);
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let worker = tokio::spawn(longrun_engine::remote::RemoteWorker::new(config, registry).run(shutdown.clone()));
+    let worker = app.remote_worker(std::sync::Arc::new(Export), 4);
     let done = app.wait_for_state(&id, "succeeded").await;
     let expected = [CSV_HEADER.as_bytes(), render(Format::Csv, 0, rows).as_bytes()].concat();
     assert_eq!(done["result"]["artifact"]["sha256"], sha256_hex(&expected));
     let url = download_url(&app, &id).await;
     let bytes = app.http.get(url).send().await.unwrap().bytes().await.unwrap();
     assert_eq!(sha256_hex(&bytes), sha256_hex(&expected));
-    shutdown.cancel();
-    worker.await.unwrap();
+    worker.stop().await;
     app.shutdown().await;
 }

@@ -709,21 +709,14 @@ async fn a_remote_worker_claiming_quick_work_ahead_runs_each_task_once_within_it
         ids.push(submit_kind(&app, &format!("quick-{i}"), "counting", json!({})).await);
     }
     let handler = std::sync::Arc::new(Counting::new("counting"));
-    let mut registry = longrun_engine::kinds::Registry::default();
-    registry.register(handler.clone());
-    let mut config = longrun_engine::remote::RemoteConfig::new(app.base.clone(), app.worker_key.clone());
-    config.concurrency = 3;
-    config.claim_wait = Duration::from_millis(200);
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let worker = tokio::spawn(longrun_engine::remote::RemoteWorker::new(config, registry).run(shutdown.clone()));
+    let worker = app.remote_worker(handler.clone(), 3);
 
     app.wait_for_state(ids.last().unwrap(), "succeeded").await;
     for id in &ids {
         let op = app.wait_for_state(id, "succeeded").await;
         assert_eq!(op["attempt"], 1, "{id} was claimed again: {op}");
     }
-    shutdown.cancel();
-    worker.await.unwrap();
+    worker.stop().await;
     let runs = handler.runs();
     assert_eq!(runs.len(), ids.len());
     assert!(runs.values().all(|&n| n == 1), "a task ran twice");
