@@ -758,6 +758,12 @@ mod tests {
         link
     }
 
+    /// A task waiting for one of `slots`, renewing its lease every 10 s.
+    fn spawn_wait(slots: &Arc<Semaphore>, ctx: TaskContext) -> tokio::task::JoinHandle<Waited> {
+        let slots = slots.clone();
+        tokio::spawn(async move { wait_for_slot(&slots, &ctx, Duration::from_secs(10)).await })
+    }
+
     /// A context over `link`, and its flags.
     fn context(link: Arc<Recorder>) -> (TaskContext, Arc<StopFlags>) {
         let flags = Arc::new(StopFlags::default());
@@ -777,10 +783,7 @@ mod tests {
         let (ctx, flags) = context(link.clone());
         let slots = Arc::new(Semaphore::new(1));
         let busy = slots.clone().try_acquire_owned().unwrap();
-        let waiting = tokio::spawn({
-            let slots = slots.clone();
-            async move { wait_for_slot(&slots, &ctx, Duration::from_secs(10)).await }
-        });
+        let waiting = spawn_wait(&slots, ctx);
         tokio::time::sleep(Duration::from_secs(25)).await;
         assert_eq!(
             link.heartbeats.lock().unwrap().len(),
@@ -802,10 +805,7 @@ mod tests {
         let (ctx, flags) = context(link.clone());
         let slots = Arc::new(Semaphore::new(1));
         let _busy = slots.clone().try_acquire_owned().unwrap();
-        let waiting = tokio::spawn({
-            let slots = slots.clone();
-            async move { wait_for_slot(&slots, &ctx, Duration::from_secs(10)).await }
-        });
+        let waiting = spawn_wait(&slots, ctx);
         // A cancel a renewal learns of ends the wait at once.
         link.cancel.store(true, std::sync::atomic::Ordering::SeqCst);
         tokio::time::sleep(Duration::from_secs(15)).await;
@@ -824,10 +824,7 @@ mod tests {
         let (ctx, flags) = context(link.clone());
         let ctx = ctx.with_checkpoint(Some(serde_json::json!({"row": 7})));
         let slots = Arc::new(Semaphore::new(0));
-        let waiting = tokio::spawn({
-            let slots = slots.clone();
-            async move { wait_for_slot(&slots, &ctx, Duration::from_secs(10)).await }
-        });
+        let waiting = spawn_wait(&slots, ctx);
         tokio::task::yield_now().await;
         // An in-process pause request arrives on the flags, with no renewal.
         flags.pause.send_replace(true);

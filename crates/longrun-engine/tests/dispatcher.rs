@@ -4,15 +4,13 @@
 //! debugging recorder this test binary installs for itself (one test, so
 //! nothing else counts into it).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use longrun_core::{State, SystemClock};
-use longrun_engine::artifacts::FileArtifacts;
-use longrun_engine::dispatcher::{self, Dispatcher};
+use longrun_engine::dispatcher;
+use longrun_engine::testing::{new_dispatcher, queue, sqlite_store};
 use longrun_engine::{CancellationToken, Registry, Signals};
-use longrun_store::conformance::accept_params;
-use longrun_store::{AcceptOutcome, ClaimParams, SqliteConfig, SqliteStore, Store};
+use longrun_store::ClaimParams;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use serde_json::json;
 
@@ -37,25 +35,15 @@ async fn an_idle_dispatcher_makes_one_cycle_a_poll_and_new_work_starts_on_its_wa
     recorder.install().expect("the only recorder of this test binary");
 
     let dir = tempfile::tempdir().unwrap();
-    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(SqliteConfig::new(dir.path().join("longrun.db"))).unwrap());
     let registry = Registry::builtin();
-    for spec in registry.specs() {
-        store.kind_upsert(spec).await.unwrap();
-    }
+    let store = sqlite_store(dir.path(), &registry).await;
     let signals = Signals::default();
     let config = dispatcher::Config {
         // Nothing in this test may wait for the poll.
         poll_interval: Duration::from_secs(3600),
         ..dispatcher::Config::default()
     };
-    let dispatcher = Dispatcher::new(
-        store.clone(),
-        Arc::new(FileArtifacts::new(dir.path().join("artifacts"))),
-        registry,
-        signals.clone(),
-        Arc::new(SystemClock),
-        config,
-    );
+    let dispatcher = new_dispatcher(store.clone(), dir.path(), registry, signals.clone(), config);
     let stop = CancellationToken::new();
     let running = tokio::spawn(dispatcher.run(stop.clone()));
 
@@ -90,15 +78,13 @@ async fn an_idle_dispatcher_makes_one_cycle_a_poll_and_new_work_starts_on_its_wa
     assert_eq!(cycles(&snapshotter), 0, "an idle dispatcher waits for work or the poll");
 
     // New work starts on the wake-up (the poll is an hour away).
-    let mut params = accept_params("t1", "sleep", None, json!({"duration_ms": 0, "steps": 1}));
-    params.now = longrun_core::Clock::now(&SystemClock);
-    let AcceptOutcome::Created(op) = store.operation_accept(params).await.unwrap() else {
-        panic!("a new operation");
-    };
+    let id = queue(store.as_ref(), "sleep", json!({"duration_ms": 0, "steps": 1}), 1)
+        .await
+        .remove(0);
     signals.work_available();
     tokio::time::timeout(Duration::from_secs(10), async {
         loop {
-            let now = store.operation_get("t1", &op.id).await.unwrap().unwrap();
+            let now = store.operation_get("t1", &id).await.unwrap().unwrap();
             if now.state == State::Succeeded {
                 break;
             }

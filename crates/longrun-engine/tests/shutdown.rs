@@ -2,59 +2,32 @@
 //! stops claiming, and what the tasks it started report within the grace is
 //! stored, so no task it claimed is left running for the reaper.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use longrun_core::{Clock, Id, State, SystemClock};
-use longrun_engine::artifacts::FileArtifacts;
-use longrun_engine::dispatcher::{self, Dispatcher};
+use longrun_core::State;
+use longrun_engine::dispatcher;
+use longrun_engine::testing::{new_dispatcher, queue, sqlite_store, until_state};
 use longrun_engine::{CancellationToken, Registry, Signals};
-use longrun_store::conformance::accept_params;
-use longrun_store::{AcceptOutcome, SqliteConfig, SqliteStore, Store};
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shutdown_mid_drain_stores_every_outcome_of_what_it_claimed() {
     let dir = tempfile::tempdir().unwrap();
-    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(SqliteConfig::new(dir.path().join("longrun.db"))).unwrap());
     let registry = Registry::builtin();
-    for spec in registry.specs() {
-        store.kind_upsert(spec).await.unwrap();
-    }
-    let mut ids: Vec<Id> = Vec::new();
-    for _ in 0..400 {
-        let mut params = accept_params("t1", "sleep", None, json!({"duration_ms": 0, "steps": 1}));
-        params.now = SystemClock.now();
-        let AcceptOutcome::Created(op) = store.operation_accept(params).await.unwrap() else {
-            panic!("a new operation");
-        };
-        ids.push(op.id);
-    }
+    let store = sqlite_store(dir.path(), &registry).await;
+    let ids = queue(store.as_ref(), "sleep", json!({"duration_ms": 0, "steps": 1}), 400).await;
     let grace = Duration::from_secs(20);
     let config = dispatcher::Config {
         shutdown_grace: grace,
         ..dispatcher::Config::default()
     };
-    let dispatcher = Dispatcher::new(
-        store.clone(),
-        Arc::new(FileArtifacts::new(dir.path().join("artifacts"))),
-        registry,
-        Signals::default(),
-        Arc::new(SystemClock),
-        config,
-    );
+    let dispatcher = new_dispatcher(store.clone(), dir.path(), registry, Signals::default(), config);
     let stop = CancellationToken::new();
     let running = tokio::spawn(dispatcher.run(stop.clone()));
 
     // Stop mid-drain: once the first operation has ended, cycles are in
     // flight and outcomes are arriving.
-    tokio::time::timeout(Duration::from_secs(10), async {
-        while store.operation_get("t1", &ids[0]).await.unwrap().unwrap().state != State::Succeeded {
-            tokio::task::yield_now().await;
-        }
-    })
-    .await
-    .expect("the drain starts");
+    until_state(store.as_ref(), &ids[0], State::Succeeded).await;
     stop.cancel();
     tokio::time::timeout(grace * 2, running)
         .await
