@@ -1,15 +1,19 @@
 //! The in-process dispatcher claims quick work ahead of its free slots (see
 //! `longrun_engine::slots`) against a real SQLite store: however far ahead it
 //! claims, no more handlers run at once than its concurrency, and each task
-//! runs once and succeeds.
+//! runs once and succeeds; a task claimed ahead and cancelled while it waits
+//! ends at once, without running.
 
 use std::sync::Arc;
 
-use longrun_core::State;
+use longrun_core::validate::Invalid;
+use longrun_core::{Clock, Id, State, SystemClock};
 use longrun_engine::dispatcher;
 use longrun_engine::testing::{Counting, new_dispatcher, queue, sqlite_store, until_state};
+use longrun_engine::worker::{Handler, KindInfo, TaskContext, TaskError};
 use longrun_engine::{CancellationToken, Registry, Signals};
-use serde_json::json;
+use longrun_store::{CancelOutcome, CancelParams};
+use serde_json::{Value, json};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quick_work_claimed_ahead_runs_once_each_and_never_past_the_concurrency() {
@@ -48,4 +52,110 @@ async fn quick_work_claimed_ahead_runs_once_each_and_never_past_the_concurrency(
         (1..=concurrency).contains(&most),
         "{most} handlers ran at once, with concurrency {concurrency}"
     );
+}
+
+/// Holds its slot until the test opens the gate; says when each run starts.
+struct Held {
+    gate: Arc<tokio::sync::Semaphore>,
+    started: tokio::sync::mpsc::UnboundedSender<Id>,
+}
+
+#[async_trait::async_trait]
+impl Handler for Held {
+    fn info(&self) -> KindInfo {
+        KindInfo {
+            name: "held".into(),
+            rerun_safe: true,
+            max_attempts: 3,
+            pausable: false,
+        }
+    }
+
+    fn validate(&self, _: &Value) -> Result<(), Invalid> {
+        Ok(())
+    }
+
+    async fn run(&self, ctx: TaskContext) -> Result<Option<Value>, TaskError> {
+        let _ = self.started.send(ctx.operation_id().clone());
+        let _open = self.gate.acquire().await.expect("the gate stays open");
+        Ok(None)
+    }
+}
+
+/// One drain at concurrency 1: quick work, then `holder` (held at its gate)
+/// and `waiter` behind it. Cancels `waiter` once `holder` runs; `Some` with
+/// what followed if `waiter` had been claimed ahead (the cancel found it
+/// running), `None` if it was still queued.
+async fn cancel_behind_a_held_slot() -> Option<(State, State, Vec<Id>)> {
+    let dir = tempfile::tempdir().unwrap();
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let (started, mut starts) = tokio::sync::mpsc::unbounded_channel();
+    let mut registry = Registry::default();
+    registry.register(Arc::new(Counting::new("counting")));
+    registry.register(Arc::new(Held {
+        gate: gate.clone(),
+        started,
+    }));
+    let store = sqlite_store(dir.path(), &registry).await;
+    queue(store.as_ref(), "counting", json!({}), 300).await;
+    let holder = queue(store.as_ref(), "held", json!({}), 1).await.remove(0);
+    let waiter = queue(store.as_ref(), "held", json!({}), 1).await.remove(0);
+    let signals = Signals::default();
+    let config = dispatcher::Config {
+        concurrency: 1,
+        ..dispatcher::Config::default()
+    };
+    let dispatcher = new_dispatcher(store.clone(), dir.path(), registry, signals.clone(), config);
+    let stop = CancellationToken::new();
+    let running = tokio::spawn(dispatcher.run(stop.clone()));
+
+    assert_eq!(starts.recv().await, Some(holder.clone()), "the holder runs first");
+    // What the server does for `POST …/cancel`.
+    let outcome = store
+        .operation_cancel(CancelParams {
+            tenant: "t1".into(),
+            id: waiter.clone(),
+            requested_by: "test".into(),
+            reason: None,
+            if_match: None,
+            now: SystemClock.now(),
+        })
+        .await
+        .unwrap();
+    let claimed_ahead = matches!(outcome, CancelOutcome::Requested(_));
+    if claimed_ahead {
+        signals.cancel_requested(&waiter);
+        until_state(store.as_ref(), &waiter, State::Cancelled).await;
+    }
+    let holder_then = store.operation_get("t1", &holder).await.unwrap().unwrap().state;
+    gate.add_permits(1);
+    until_state(store.as_ref(), &holder, State::Succeeded).await;
+    stop.cancel();
+    running.await.unwrap();
+    let waiter_end = store.operation_get("t1", &waiter).await.unwrap().unwrap().state;
+    let mut others = Vec::new();
+    while let Ok(id) = starts.try_recv() {
+        others.push(id);
+    }
+    claimed_ahead.then_some((holder_then, waiter_end, others))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_claimed_ahead_and_cancelled_ends_at_once_without_running_and_without_its_slot() {
+    // Quick work just ended when the two are claimed, so the waiter is
+    // claimed ahead nearly always; a machine that stalls past the window
+    // leaves it queued, and the drain is tried again.
+    for _ in 0..5 {
+        if let Some((holder_then, waiter_end, others)) = cancel_behind_a_held_slot().await {
+            assert_eq!(
+                holder_then,
+                State::Running,
+                "the waiter ended while the holder still held the one slot"
+            );
+            assert_eq!(waiter_end, State::Cancelled);
+            assert!(others.is_empty(), "the cancelled waiter's handler ran: {others:?}");
+            return;
+        }
+    }
+    panic!("in 5 drains the waiter was never claimed ahead");
 }
