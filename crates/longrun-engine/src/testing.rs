@@ -17,6 +17,16 @@ use crate::dispatcher::{self, Dispatcher};
 use crate::worker::{Handler, KindInfo, TaskContext, TaskError};
 use crate::{Registry, Signals};
 
+/// What a test kind `name` declares: safe to re-run, three attempts, not pausable.
+pub fn kind(name: &str) -> KindInfo {
+    KindInfo {
+        name: name.into(),
+        rerun_safe: true,
+        max_attempts: 3,
+        pausable: false,
+    }
+}
+
 /// A quick handler of kind `kind` that counts its runs, by operation, and
 /// the most running at once.
 pub struct Counting {
@@ -51,12 +61,7 @@ impl Counting {
 #[async_trait]
 impl Handler for Counting {
     fn info(&self) -> KindInfo {
-        KindInfo {
-            name: self.kind.clone(),
-            rerun_safe: true,
-            max_attempts: 3,
-            pausable: false,
-        }
+        kind(&self.kind)
     }
 
     fn validate(&self, _: &Value) -> Result<(), Invalid> {

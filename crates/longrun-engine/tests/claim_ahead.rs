@@ -9,7 +9,7 @@ use std::sync::Arc;
 use longrun_core::validate::Invalid;
 use longrun_core::{Clock, Id, State, SystemClock};
 use longrun_engine::dispatcher;
-use longrun_engine::testing::{Counting, new_dispatcher, queue, sqlite_store, until_state};
+use longrun_engine::testing::{Counting, kind, new_dispatcher, queue, sqlite_store, until_state};
 use longrun_engine::worker::{Handler, KindInfo, TaskContext, TaskError};
 use longrun_engine::{CancellationToken, Registry, Signals};
 use longrun_store::{CancelOutcome, CancelParams};
@@ -63,12 +63,7 @@ struct Held {
 #[async_trait::async_trait]
 impl Handler for Held {
     fn info(&self) -> KindInfo {
-        KindInfo {
-            name: "held".into(),
-            rerun_safe: true,
-            max_attempts: 3,
-            pausable: false,
-        }
+        kind("held")
     }
 
     fn validate(&self, _: &Value) -> Result<(), Invalid> {
