@@ -90,22 +90,25 @@ fn headers_are_never_null(doc: &mut serde_json::Value) {
     }
 }
 
-/// Each event of `GET /v1/operations/{id}/events`: its `data` is the
-/// operation's JSON representation at the event's version (`id`). Stated in
-/// the JSON Schema 2020-12 way (`contentMediaType` / `contentSchema`), which
-/// utoipa cannot write.
-/// `PATCH` changes `desired_state` on its own: a body naming it with
-/// `deadline_seconds` or `labels` is `400`, and the document says so.
+/// `PATCH` changes `desired_state` on its own: a body giving it with
+/// `deadline_seconds` (whose `null` removes the deadline, so counts) or
+/// with `labels` is `400`, and the document says so. A `null`
+/// `desired_state` or `labels` is absent, as the server reads it.
 fn desired_state_stands_alone(doc: &mut serde_json::Value) {
     let schema = &mut doc["components"]["schemas"]["UpdateRequest"];
     if schema.is_object() {
+        let given = serde_json::json!({"type": "string"});
         schema["not"] = serde_json::json!({"anyOf": [
-            {"required": ["desired_state", "deadline_seconds"]},
-            {"required": ["desired_state", "labels"]},
+            {"required": ["desired_state", "deadline_seconds"], "properties": {"desired_state": given}},
+            {"required": ["desired_state", "labels"], "properties": {"desired_state": given, "labels": {"type": "object"}}},
         ]});
     }
 }
 
+/// Each event of `GET /v1/operations/{id}/events`: its `data` is the
+/// operation's JSON representation at the event's version (`id`). Stated in
+/// the JSON Schema 2020-12 way (`contentMediaType` / `contentSchema`), which
+/// utoipa cannot write.
 fn describe_event_stream(doc: &mut serde_json::Value) {
     let content =
         &mut doc["paths"]["/v1/operations/{id}/events"]["get"]["responses"]["200"]["content"]["text/event-stream"];

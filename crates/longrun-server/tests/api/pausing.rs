@@ -439,3 +439,56 @@ async fn a_running_sleep_pauses_in_process_and_resumes() {
     app.wait_for_state(&id, "cancelled").await;
     app.shutdown().await;
 }
+
+/// `desired_state` changes on its own, as the document's rule says: a
+/// `null` `desired_state` or `labels` is absent (SDKs that write every field
+/// send them), while `deadline_seconds: null` removes the deadline, so it
+/// counts as given.
+#[tokio::test]
+async fn nulls_in_a_patch_are_absent_but_a_null_deadline_is_a_change() {
+    let app = spawn_app_with(Options {
+        builtin_workers: false,
+        ..Options::default()
+    })
+    .await;
+    app.declare_kind("held", true, 3).await;
+    let op = app.submit_ok("nulls", &json!({"kind": "held"})).await;
+    let id = op["id"].as_str().unwrap().to_owned();
+
+    let relabelled = patch(
+        &app,
+        &id,
+        Some(1),
+        json!({"desired_state": null, "labels": {"team": "a"}, "deadline_seconds": null}),
+    )
+    .await;
+    assert_eq!(relabelled.status(), StatusCode::OK);
+    let relabelled: Value = relabelled.json().await.unwrap();
+    assert_eq!(
+        (relabelled["labels"].clone(), relabelled["version"].as_i64()),
+        (json!({"team": "a"}), Some(2))
+    );
+
+    let paused = patch(&app, &id, Some(2), json!({"desired_state": "paused", "labels": null})).await;
+    assert_eq!(paused.status(), StatusCode::OK);
+    let paused: Value = paused.json().await.unwrap();
+    assert_eq!(
+        (paused["state"].as_str(), paused["labels"].clone()),
+        (Some("paused"), json!({"team": "a"})),
+        "the null labels changed nothing"
+    );
+
+    problem(
+        patch(
+            &app,
+            &id,
+            Some(3),
+            json!({"desired_state": "running", "deadline_seconds": null}),
+        )
+        .await,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+    )
+    .await;
+    app.shutdown().await;
+}
