@@ -88,6 +88,7 @@ macro_rules! store_conformance {
             artifact_pieces_outlive_attempts_and_are_joined_once,
             console_sessions_expire_and_end,
             the_console_reads_are_bounded_by_live_work_and_keys,
+            a_read_after_each_kind_of_write_sees_it,
         );
     };
     (@cases $factory:path; $($case:ident),* $(,)?) => {
@@ -3320,4 +3321,59 @@ pub async fn the_console_reads_are_bounded_by_live_work_and_keys(store: &dyn Sto
         .await
         .unwrap();
     assert_eq!(page.operations.len(), 2);
+}
+
+/// Each backend keeps what `operation_get` read: a read right after any
+/// kind of write (claim, update, finish, re-run, retention, deletion) must
+/// see it, though the operation was read just before.
+pub async fn a_read_after_each_kind_of_write_sees_it(store: &dyn Store) {
+    let read = |tenant: &'static str, id: &Id| {
+        let id = id.clone();
+        async move { store.operation_get(tenant, &id).await.unwrap() }
+    };
+    let op = create(store, "t1", "seen").await;
+    assert_eq!(read("t1", &op.id).await.unwrap().state, State::Queued);
+    let task = claim_one(store, "seen", at(1)).await;
+    assert_eq!(read("t1", &op.id).await.unwrap().state, State::Running);
+    let labels = BTreeMap::from([("team".to_owned(), "a".to_owned())]);
+    let current = read("t1", &op.id).await.unwrap();
+    store
+        .operation_update(UpdateParams {
+            tenant: "t1".into(),
+            id: op.id.clone(),
+            if_match: current.version,
+            deadline_at: None,
+            labels: Some(labels.clone()),
+            now: at(2),
+        })
+        .await
+        .unwrap();
+    assert_eq!(read("t1", &op.id).await.unwrap().labels, labels);
+    store
+        .task_finish(finish(&task, Outcome::Succeeded { result: Some(json!(1)) }, at(3)))
+        .await
+        .unwrap();
+    let done = read("t1", &op.id).await.unwrap();
+    assert_eq!((done.state, done.result), (State::Succeeded, Some(json!(1))));
+    // A re-run changes what its source lists, not its version.
+    let mut params = accept_params("t1", "seen", None, json!({}));
+    params.rerun_of = Some(op.id.clone());
+    let AcceptOutcome::Created(rerun) = store.operation_accept(params).await.unwrap() else {
+        panic!("created")
+    };
+    let source = read("t1", &op.id).await.unwrap();
+    assert_eq!(
+        (source.version, source.reruns),
+        (done.version, Some(vec![rerun.id.clone()]))
+    );
+    // Removed by retention once expired: gone, though read just before.
+    let expires = done.expires_at.expect("an ended operation expires");
+    assert!(read("t1", &op.id).await.is_some());
+    store.retention_sweep(sweep(expires)).await.unwrap();
+    assert!(read("t1", &op.id).await.is_none(), "removed by retention");
+    // Deleted with its tenant.
+    let doomed = create(store, "doomed", "seen").await;
+    assert!(read("doomed", &doomed.id).await.is_some());
+    store.tenant_delete("doomed", at(4)).await.unwrap();
+    assert!(read("doomed", &doomed.id).await.is_none(), "deleted with its tenant");
 }

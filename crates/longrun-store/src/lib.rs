@@ -34,6 +34,8 @@ pub mod pgtest;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod reads;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod shared;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;

@@ -24,6 +24,40 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use crate::shared::*;
 use crate::*;
 
+use crate::reads::ReadCache;
+
+/// What a transaction changed, announced when it commits: its changes (a
+/// new version of an operation each), and the operations whose stored
+/// representation changed without one (a re-run's source gains a re-run; a
+/// removed operation is gone), which only read caches need to hear of.
+#[derive(Default)]
+struct Changes {
+    list: Vec<Change>,
+    touched: Vec<String>,
+}
+
+impl Changes {
+    /// The change `op` went through, as its event `event_type` records it.
+    fn record(&mut self, op: &Operation, event_type: &str) {
+        self.list.push(change_of(op, event_type));
+        if let Some(other) = Change::also_alters(op, event_type) {
+            self.touch(other.as_str());
+        }
+    }
+
+    fn touch(&mut self, id: &str) {
+        self.touched.push(id.to_owned());
+    }
+
+    /// Every operation the transaction changed.
+    fn ids(&self) -> impl Iterator<Item = &str> {
+        self.list
+            .iter()
+            .map(|c| c.operation_id.as_str())
+            .chain(self.touched.iter().map(String::as_str))
+    }
+}
+
 /// The schema, one step per version, applied in order from the database's
 /// current version.
 const MIGRATIONS: &[(i64, &str)] = &[
@@ -77,6 +111,8 @@ pub struct PostgresStore {
     pool: PgPool,
     policy: Policy,
     changes: broadcast::Sender<Change>,
+    /// What `operation_get` read, kept coherent by every commit and NOTIFY.
+    reads: Arc<ReadCache>,
     finishes: GroupCommit<FinishParams, Operation>,
     accepts: GroupCommit<AcceptParams, AcceptOutcome>,
 }
@@ -120,47 +156,58 @@ async fn listen(pool: &PgPool) -> std::result::Result<sqlx::postgres::PgListener
     Ok(listener)
 }
 
-/// Publishes every notification on `feed`. Notifications sent while the
-/// listening connection was down are gone, so once it is back a resync
-/// tells subscribers to re-read what they watch: a missed notification
-/// delays a waiter by one reconnect, not until its wait ends.
-async fn follow_notifications(pool: PgPool, mut listener: sqlx::postgres::PgListener, feed: broadcast::Sender<Change>) {
+/// Publishes every notification on `feed`, each after the read cache forgot
+/// what it changed. Notifications sent while the listening connection was
+/// down are gone: meanwhile the read cache serves nothing, and once the
+/// listener is back a resync tells subscribers to re-read what they watch
+/// (a missed notification delays a waiter by one reconnect, not until its
+/// wait ends).
+async fn follow_notifications(
+    pool: PgPool,
+    mut listener: sqlx::postgres::PgListener,
+    feed: broadcast::Sender<Change>,
+    reads: Arc<ReadCache>,
+) {
     loop {
-        match listener.try_recv().await {
+        let lost = match listener.try_recv().await {
             Ok(Some(notification)) => {
                 let Ok(Value::Array(items)) = serde_json::from_str::<Value>(notification.payload()) else {
                     continue;
                 };
                 for item in &items {
-                    if let Some(change) = change_from_json(item) {
+                    if let Some(id) = item.get("touched").and_then(Value::as_str) {
+                        reads.evict([id]);
+                    } else if let Some(change) = change_from_json(item) {
+                        reads.evict([change.operation_id.as_str()]);
                         let _ = feed.send(change);
                     }
                 }
+                continue;
             }
-            // Lost and already listening again on a new connection.
-            Ok(None) => {
-                tracing::warn!("the change listener lost its connection; resynchronising");
-                let _ = feed.send(Change::resync());
-            }
+            Ok(None) => "the change listener lost its connection; reconnecting".to_owned(),
             Err(_) if pool.is_closed() => return,
-            Err(e) => {
-                tracing::warn!(error = %e, "the change listener failed; reconnecting");
-                loop {
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                    if pool.is_closed() {
-                        return;
-                    }
-                    match listen(&pool).await {
-                        Ok(fresh) => {
-                            listener = fresh;
-                            break;
-                        }
-                        Err(e) => tracing::warn!(error = %e, "the change listener cannot reconnect yet"),
-                    }
-                }
-                let _ = feed.send(Change::resync());
+            Err(e) => format!("the change listener failed ({e}); reconnecting"),
+        };
+        reads.suspend();
+        tracing::warn!("{lost}");
+        // A new listener, rather than sqlx's reconnect inside `try_recv`:
+        // the cache may serve again only once it is known to listen.
+        drop(listener);
+        loop {
+            if pool.is_closed() {
+                return;
             }
+            match listen(&pool).await {
+                Ok(fresh) => {
+                    listener = fresh;
+                    break;
+                }
+                Err(e) => tracing::warn!(error = %e, "the change listener cannot reconnect yet"),
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
         }
+        reads.resume();
+        let _ = feed.send(Change::resync());
     }
 }
 
@@ -183,22 +230,29 @@ impl PostgresStore {
         migrate_pool(&pool).await?;
         let (changes, _) = broadcast::channel(4096);
         let listener = listen(&pool).await.map_err(db)?;
-        tokio::spawn(follow_notifications(pool.clone(), listener, changes.clone()));
+        let reads = Arc::new(ReadCache::default());
+        tokio::spawn(follow_notifications(
+            pool.clone(),
+            listener,
+            changes.clone(),
+            reads.clone(),
+        ));
         let policy = Policy {
             operation_retention: config.operation_retention,
             result_retention: config.result_retention,
             keep_inputs: config.keep_inputs,
         };
-        let finishes = GroupCommit::spawn(&pool, policy, FINISH, |c, ch, policy, batch| {
+        let finishes = GroupCommit::spawn(&pool, &reads, policy, FINISH, |c, ch, policy, batch| {
             Box::pin(task_finish_batch(c, ch, policy, batch))
         });
-        let accepts = GroupCommit::spawn(&pool, policy, ACCEPT, |c, ch, _, batch| {
+        let accepts = GroupCommit::spawn(&pool, &reads, policy, ACCEPT, |c, ch, _, batch| {
             Box::pin(operation_accept_batch(c, ch, batch))
         });
         Ok(Self {
             pool,
             policy,
             changes,
+            reads,
             finishes,
             accepts,
         })
@@ -213,20 +267,22 @@ impl PostgresStore {
     async fn tx<T, F>(&self, f: F) -> Result<T>
     where
         T: Send + 'static,
-        F: for<'c> FnOnce(&'c mut PgConnection, &'c mut Vec<Change>) -> futures_util::future::BoxFuture<'c, Result<T>>
+        F: for<'c> FnOnce(&'c mut PgConnection, &'c mut Changes) -> futures_util::future::BoxFuture<'c, Result<T>>
             + Send
             + 'static,
     {
-        let pool = self.pool.clone();
+        let (pool, reads) = (self.pool.clone(), self.reads.clone());
         let run = async move {
             let mut tx = pool.begin().await.map_err(db)?;
-            let mut changes = Vec::new();
+            let mut changes = Changes::default();
             let out = f(&mut tx, &mut changes).await;
             match out {
                 Ok(value) => {
                     announce(&mut tx, &changes).await?;
-                    tx.commit().await.map_err(db)?;
-                    Ok(value)
+                    let committed = tx.commit().await.map_err(db);
+                    // Even when the commit's outcome is unknown.
+                    reads.evict(changes.ids());
+                    committed.map(|()| value)
                 }
                 Err(e) => {
                     let _ = tx.rollback().await;
@@ -243,9 +299,13 @@ impl PostgresStore {
 /// Queues `changes` for every listener; they are delivered if and when the
 /// transaction commits. NOTIFY payloads are limited (8000 bytes): sent in
 /// chunks.
-async fn announce(c: &mut PgConnection, changes: &[Change]) -> Result<()> {
-    for chunk in changes.chunks(20) {
-        let payload: Vec<Value> = chunk.iter().map(change_to_json).collect();
+async fn announce(c: &mut PgConnection, changes: &Changes) -> Result<()> {
+    // What was touched first: a listener forgets it before it publishes a
+    // change that may send someone to read it (a re-run's `created`).
+    let touched = changes.touched.iter().map(|id| json!({ "touched": id }));
+    let items: Vec<Value> = touched.chain(changes.list.iter().map(change_to_json)).collect();
+    for chunk in items.chunks(20) {
+        let payload = chunk.to_vec();
         sqlx::query("SELECT pg_notify($1, $2)")
             .bind(CHANNEL)
             .bind(Value::Array(payload).to_string())
@@ -283,7 +343,7 @@ const ACCEPT: Batching = Batching {
 /// then retried in a transaction of its own, so only the bad one fails.
 type Apply<P, R> = for<'c> fn(
     &'c mut PgConnection,
-    &'c mut Vec<Change>,
+    &'c mut Changes,
     Policy,
     &'c [&'c P],
 ) -> futures_util::future::BoxFuture<'c, Result<Vec<Result<R>>>>;
@@ -304,11 +364,18 @@ struct GroupCommit<P, R> {
 }
 
 impl<P: Send + Sync + 'static, R: Send + 'static> GroupCommit<P, R> {
-    fn spawn(pool: &PgPool, policy: Policy, batching: Batching, apply: Apply<P, R>) -> Self {
+    fn spawn(pool: &PgPool, reads: &Arc<ReadCache>, policy: Policy, batching: Batching, apply: Apply<P, R>) -> Self {
         let (queue, rx) = mpsc::channel(4 * batching.max_batch);
         let rx = Arc::new(tokio::sync::Mutex::new(rx));
         for _ in 0..batching.writers {
-            tokio::spawn(group_writer(pool.clone(), policy, batching, apply, rx.clone()));
+            tokio::spawn(group_writer(
+                pool.clone(),
+                reads.clone(),
+                policy,
+                batching,
+                apply,
+                rx.clone(),
+            ));
         }
         Self { queue }
     }
@@ -338,6 +405,7 @@ impl<P: Send + Sync + 'static, R: Send + 'static> GroupCommit<P, R> {
 
 async fn group_writer<P, R>(
     pool: PgPool,
+    reads: Arc<ReadCache>,
     policy: Policy,
     batching: Batching,
     apply: Apply<P, R>,
@@ -361,14 +429,14 @@ async fn group_writer<P, R>(
             batch
         };
         let params: Vec<&P> = batch.iter().flat_map(|job| &job.params).collect();
-        let mut results = match commit_batch(&pool, policy, apply, &params).await {
+        let mut results = match commit_batch(&pool, &reads, policy, apply, &params).await {
             Ok(results) => results,
             // One bad item aborts the whole batch: each goes again in its
             // own transaction, so only the bad one fails.
             Err(_) if params.len() > 1 => {
                 let mut results = Vec::with_capacity(params.len());
                 for p in &params {
-                    results.push(match commit_batch(&pool, policy, apply, &[*p]).await {
+                    results.push(match commit_batch(&pool, &reads, policy, apply, &[*p]).await {
                         Ok(mut one) => one.pop().expect("one result per item"),
                         Err(e) => Err(e),
                     });
@@ -386,13 +454,21 @@ async fn group_writer<P, R>(
 }
 
 /// One transaction over `batch`; `Err` when the transaction itself failed.
-async fn commit_batch<P, R>(pool: &PgPool, policy: Policy, apply: Apply<P, R>, batch: &[&P]) -> Result<Vec<Result<R>>> {
+async fn commit_batch<P, R>(
+    pool: &PgPool,
+    reads: &ReadCache,
+    policy: Policy,
+    apply: Apply<P, R>,
+    batch: &[&P],
+) -> Result<Vec<Result<R>>> {
     let mut tx = pool.begin().await.map_err(db)?;
-    let mut changes = Vec::new();
+    let mut changes = Changes::default();
     let results = apply(&mut tx, &mut changes, policy, batch).await?;
     announce(&mut tx, &changes).await?;
-    tx.commit().await.map_err(db)?;
-    Ok(results)
+    let committed = tx.commit().await.map_err(db);
+    // Even when the commit's outcome is unknown.
+    reads.evict(changes.ids());
+    committed.map(|()| results)
 }
 
 /// Applies the schema once (an advisory lock keeps concurrent starts apart).
@@ -556,7 +632,7 @@ fn change_of(op: &Operation, event_type: &str) -> Change {
 
 async fn event_insert(
     c: &mut PgConnection,
-    ch: &mut Vec<Change>,
+    ch: &mut Changes,
     op: &Operation,
     event_type: &str,
     data: &Value,
@@ -602,7 +678,7 @@ async fn update_returning(
 /// batch needs no savepoints; a database error fails the whole batch.
 async fn operation_accept_batch(
     c: &mut PgConnection,
-    ch: &mut Vec<Change>,
+    ch: &mut Changes,
     batch: &[&AcceptParams],
 ) -> Result<Vec<Result<AcceptOutcome>>> {
     let written = insert_submissions(c, batch, false).await?;
@@ -610,7 +686,7 @@ async fn operation_accept_batch(
     for (p, written) in batch.iter().zip(written) {
         let outcome = match written {
             Inserted::Created(op) => {
-                ch.push(change_of(&op, "created"));
+                ch.record(&op, "created");
                 Ok(AcceptOutcome::Created(*op))
             }
             Inserted::Capped => accept_with_quota(c, ch, p).await,
@@ -791,7 +867,7 @@ const ACTIVE_TASKS: &str = "SELECT (SELECT COUNT(*) FROM tasks WHERE tenant = $1
 /// A tenant with a `max_active` quota: its row is locked while the quota is
 /// counted, so concurrent submissions cannot overshoot it. A replay still
 /// answers when the tenant is full.
-async fn accept_with_quota(c: &mut PgConnection, ch: &mut Vec<Change>, p: &AcceptParams) -> Result<AcceptOutcome> {
+async fn accept_with_quota(c: &mut PgConnection, ch: &mut Changes, p: &AcceptParams) -> Result<AcceptOutcome> {
     let max_active: Option<i64> = sqlx::query_scalar("SELECT max_active FROM tenants WHERE name = $1 FOR UPDATE")
         .bind(&p.tenant)
         .fetch_optional(&mut *c)
@@ -813,7 +889,7 @@ async fn accept_with_quota(c: &mut PgConnection, ch: &mut Vec<Change>, p: &Accep
     }
     match insert_submissions(c, &[p], true).await?.pop() {
         Some(Inserted::Created(op)) => {
-            ch.push(change_of(&op, "created"));
+            ch.record(&op, "created");
             Ok(AcceptOutcome::Created(*op))
         }
         _ => taken_key(c, p).await,
@@ -961,7 +1037,7 @@ async fn events_of(
 /// `sqlite/sql.rs`).
 async fn operation_end(
     c: &mut PgConnection,
-    ch: &mut Vec<Change>,
+    ch: &mut Changes,
     policy: Policy,
     id: &str,
     ending: &Ending,
@@ -980,7 +1056,7 @@ async fn operation_end(
 /// Each ends at its own `now`.
 async fn operations_end(
     c: &mut PgConnection,
-    ch: &mut Vec<Change>,
+    ch: &mut Changes,
     policy: Policy,
     endings: &[(&str, &Ending, Timestamp)],
 ) -> Result<std::collections::HashMap<String, Operation>> {
@@ -1183,7 +1259,7 @@ async fn outbox_insert_as(c: &mut PgConnection, op: &Operation, event_type: &str
 
 async fn cancel_request(
     c: &mut PgConnection,
-    ch: &mut Vec<Change>,
+    ch: &mut Changes,
     id: &str,
     by: &str,
     reason: Option<&str>,
@@ -1213,7 +1289,7 @@ async fn cancel_request(
 /// locks the task row first and the operation's after: its task is taken
 /// with `NOWAIT`, and a claim in progress means the work is being started —
 /// held by a worker, so not pausable — instead of a deadlock.
-async fn operation_intent(c: &mut PgConnection, ch: &mut Vec<Change>, p: &IntentParams) -> Result<Operation> {
+async fn operation_intent(c: &mut PgConnection, ch: &mut Changes, p: &IntentParams) -> Result<Operation> {
     let op = lock_operation(c, &p.tenant, &p.id).await?;
     let pausable: bool = sqlx::query_scalar("SELECT COALESCE((SELECT pausable FROM kinds WHERE name = $1), FALSE)")
         .bind(&op.kind)
@@ -1289,7 +1365,7 @@ async fn operation_intent(c: &mut PgConnection, ch: &mut Vec<Change>, p: &Intent
 #[allow(clippy::too_many_arguments)]
 async fn operation_pause(
     c: &mut PgConnection,
-    ch: &mut Vec<Change>,
+    ch: &mut Changes,
     id: &str,
     attempt: Option<i64>,
     progress: Option<&Progress>,
@@ -1338,7 +1414,7 @@ async fn lock_operation(c: &mut PgConnection, tenant: &str, id: &Id) -> Result<O
 
 async fn operation_cancel(
     c: &mut PgConnection,
-    ch: &mut Vec<Change>,
+    ch: &mut Changes,
     policy: Policy,
     p: &CancelParams,
 ) -> Result<CancelOutcome> {
@@ -1403,7 +1479,7 @@ struct Picked {
     was_queued: bool,
 }
 
-async fn task_claim(c: &mut PgConnection, ch: &mut Vec<Change>, policy: Policy, p: &ClaimParams) -> Result<Vec<Task>> {
+async fn task_claim(c: &mut PgConnection, ch: &mut Changes, policy: Policy, p: &ClaimParams) -> Result<Vec<Task>> {
     if p.kinds.is_empty() || p.max_tasks == 0 {
         return Ok(Vec::new());
     }
@@ -1519,12 +1595,7 @@ async fn task_claim(c: &mut PgConnection, ch: &mut Vec<Change>, policy: Policy, 
 /// Leases the picked tasks and starts their operations in one statement,
 /// then records their `started` events in one more: a claim's cost does not
 /// grow by a round trip per task.
-async fn lease_tasks(
-    c: &mut PgConnection,
-    ch: &mut Vec<Change>,
-    p: &ClaimParams,
-    picked: &[Picked],
-) -> Result<Vec<Task>> {
+async fn lease_tasks(c: &mut PgConnection, ch: &mut Changes, p: &ClaimParams, picked: &[Picked]) -> Result<Vec<Task>> {
     let lease_expires_at = p.now.plus(p.lease);
     let ids: Vec<&str> = picked.iter().map(|t| t.operation_id.as_str()).collect();
     let tokens: Vec<String> = picked.iter().map(|_| random_base32::<16>()).collect();
@@ -1598,7 +1669,7 @@ async fn lease_tasks(
 
 /// Records events, each with the representation at its version, and notes
 /// them as changes to announce; many in one statement.
-async fn events_insert(c: &mut PgConnection, ch: &mut Vec<Change>, events: &[(&Operation, &str, Value)]) -> Result<()> {
+async fn events_insert(c: &mut PgConnection, ch: &mut Changes, events: &[(&Operation, &str, Value)]) -> Result<()> {
     if events.is_empty() {
         return Ok(());
     }
@@ -1629,7 +1700,7 @@ async fn events_insert(c: &mut PgConnection, ch: &mut Vec<Change>, events: &[(&O
     .await
     .map_err(db)?;
     for (op, event_type, _) in events {
-        ch.push(change_of(op, event_type));
+        ch.record(op, event_type);
     }
     Ok(())
 }
@@ -1688,7 +1759,7 @@ async fn fenced_many(
         .collect()
 }
 
-async fn task_heartbeat(c: &mut PgConnection, ch: &mut Vec<Change>, p: &HeartbeatParams) -> Result<HeartbeatAck> {
+async fn task_heartbeat(c: &mut PgConnection, ch: &mut Changes, p: &HeartbeatParams) -> Result<HeartbeatAck> {
     let current = fenced(c, &p.operation_id, &p.lease_token).await?;
     let lease_expires_at = p
         .now
@@ -1746,7 +1817,7 @@ async fn task_heartbeat(c: &mut PgConnection, ch: &mut Vec<Change>, p: &Heartbea
 
 async fn requeue(
     c: &mut PgConnection,
-    ch: &mut Vec<Change>,
+    ch: &mut Changes,
     id: &str,
     next_attempt: i64,
     progress: Option<&Progress>,
@@ -1791,7 +1862,7 @@ async fn requeue(
 /// would one batch later.
 async fn task_finish_batch(
     c: &mut PgConnection,
-    ch: &mut Vec<Change>,
+    ch: &mut Changes,
     policy: Policy,
     batch: &[&FinishParams],
 ) -> Result<Vec<Result<Operation>>> {
@@ -1854,7 +1925,7 @@ async fn task_finish_batch(
     Ok(answers.into_iter().map(|a| a.expect("every item answered")).collect())
 }
 
-async fn task_reap(c: &mut PgConnection, ch: &mut Vec<Change>, policy: Policy, p: &ReapParams) -> Result<ReapCounts> {
+async fn task_reap(c: &mut PgConnection, ch: &mut Changes, policy: Policy, p: &ReapParams) -> Result<ReapCounts> {
     let rows = sqlx::query(
         "SELECT t.operation_id, o.attempt, o.cancel_requested_at IS NOT NULL, o.cancel_requested_by, o.cancel_reason,
                 COALESCE(k.rerun_safe, FALSE), COALESCE(k.max_attempts, 1), o.pause_requested_at IS NOT NULL
@@ -1895,7 +1966,7 @@ async fn task_reap(c: &mut PgConnection, ch: &mut Vec<Change>, policy: Policy, p
     Ok(counts)
 }
 
-async fn operation_update(c: &mut PgConnection, ch: &mut Vec<Change>, p: &UpdateParams) -> Result<Operation> {
+async fn operation_update(c: &mut PgConnection, ch: &mut Changes, p: &UpdateParams) -> Result<Operation> {
     let op = lock_operation(c, &p.tenant, &p.id).await?;
     let Some(change) = crate::shared::decide_update(&op, p)? else {
         return Ok(op);
@@ -1926,7 +1997,7 @@ async fn ids(c: &mut PgConnection, sql: &str, a: i64, b: i64) -> Result<Vec<Stri
 
 async fn deadline_enforce(
     c: &mut PgConnection,
-    ch: &mut Vec<Change>,
+    ch: &mut Changes,
     policy: Policy,
     p: &EnforceParams,
 ) -> Result<EnforceCounts> {
@@ -2098,7 +2169,8 @@ async fn webhook_attempt(c: &mut PgConnection, p: &AttemptParams) -> Result<()> 
     Ok(())
 }
 
-async fn operation_remove(c: &mut PgConnection, id: &str, now: Timestamp) -> Result<()> {
+async fn operation_remove(c: &mut PgConnection, ch: &mut Changes, id: &str, now: Timestamp) -> Result<()> {
+    ch.touch(id);
     sqlx::query(
         "INSERT INTO artifact_garbage (storage_key, created_at)
          SELECT storage_key, $2 FROM results WHERE operation_id = $1 AND state <> 'expired' ON CONFLICT DO NOTHING",
@@ -2123,7 +2195,7 @@ async fn operation_remove(c: &mut PgConnection, id: &str, now: Timestamp) -> Res
     Ok(())
 }
 
-async fn retention_sweep(c: &mut PgConnection, p: &RetentionParams) -> Result<RetentionCounts> {
+async fn retention_sweep(c: &mut PgConnection, ch: &mut Changes, p: &RetentionParams) -> Result<RetentionCounts> {
     let mut counts = RetentionCounts::default();
     let (now, limit) = (p.now.0, i64::from(p.limit));
     let rows = sqlx::query(
@@ -2167,7 +2239,7 @@ async fn retention_sweep(c: &mut PgConnection, p: &RetentionParams) -> Result<Re
         // see the operation gone, not from when this sweep got to it.
         let expired_at: i64 = r.try_get(2).map_err(db)?;
         let until = Timestamp(expired_at).plus(p.tombstone_retention).0;
-        operation_remove(c, &id, p.now).await?;
+        operation_remove(c, ch, &id, p.now).await?;
         sqlx::query(
             "INSERT INTO tombstones (operation_id, tenant, removed_at, expires_at) VALUES ($1, $2, $3, $4)
              ON CONFLICT (operation_id) DO UPDATE SET removed_at = excluded.removed_at, expires_at = excluded.expires_at",
@@ -2369,7 +2441,12 @@ async fn pieces_of(c: &mut PgConnection, operation_id: &str, name: &str) -> Resu
         .collect()
 }
 
-async fn tenant_delete(c: &mut PgConnection, tenant: &str, now: Timestamp) -> Result<TenantDeleteCounts> {
+async fn tenant_delete(
+    c: &mut PgConnection,
+    ch: &mut Changes,
+    tenant: &str,
+    now: Timestamp,
+) -> Result<TenantDeleteCounts> {
     let mut counts = TenantDeleteCounts::default();
     let rows = sqlx::query("SELECT id FROM operations WHERE tenant = $1")
         .bind(tenant)
@@ -2393,7 +2470,7 @@ async fn tenant_delete(c: &mut PgConnection, tenant: &str, now: Timestamp) -> Re
             .map_err(db)?,
     );
     for id in &op_ids {
-        operation_remove(c, id, now).await?;
+        operation_remove(c, ch, id, now).await?;
     }
     counts.operations = op_ids.len() as u64;
     let uploads: Vec<String> = sqlx::query_scalar("SELECT id FROM uploads WHERE tenant = $1")
@@ -2452,9 +2529,16 @@ impl Store for PostgresStore {
     }
 
     async fn operation_get(&self, tenant: &str, id: &Id) -> Result<Option<Operation>> {
-        // Its re-runs come from the partial index of `rerun_of`, in one statement.
+        if let Some(op) = self.reads.get(tenant, id.as_str()) {
+            return Ok(Some(op));
+        }
+        let ticket = self.reads.ticket();
+        // Its re-runs come from the partial index of `rerun_of`, in one
+        // statement; then the size of its JSON, for the read cache.
         let row = sqlx::query(&format!(
-            "SELECT {OP_COLUMNS}, ARRAY(SELECT r.id FROM operations r WHERE r.rerun_of = operations.id ORDER BY r.seq)
+            "SELECT {OP_COLUMNS}, ARRAY(SELECT r.id FROM operations r WHERE r.rerun_of = operations.id ORDER BY r.seq),
+                    COALESCE(octet_length(input), 0) + COALESCE(octet_length(result), 0)
+                      + COALESCE(octet_length(progress), 0) + COALESCE(octet_length(labels), 0)
                FROM operations WHERE id = $1 AND tenant = $2"
         ))
         .bind(id.as_str())
@@ -2466,6 +2550,9 @@ impl Store for PostgresStore {
         let mut op = operation_from_row(&row)?;
         let reruns: Vec<String> = row.try_get(OP_COLUMN_COUNT).map_err(db)?;
         op.reruns = Some(reruns.into_iter().map(Id::from_trusted).collect());
+        let json_bytes: i32 = row.try_get(OP_COLUMN_COUNT + 1).map_err(db)?;
+        self.reads
+            .keep(ticket, &op, usize::try_from(json_bytes).unwrap_or(usize::MAX));
         Ok(Some(op))
     }
 
@@ -2983,7 +3070,7 @@ impl Store for PostgresStore {
     }
 
     async fn retention_sweep(&self, params: RetentionParams) -> Result<RetentionCounts> {
-        in_tx!(self, |c, _ch| retention_sweep(c, &params).await)
+        in_tx!(self, |c, ch| retention_sweep(c, ch, &params).await)
     }
 
     async fn artifact_garbage(&self, limit: u32) -> Result<Vec<String>> {
@@ -3005,7 +3092,7 @@ impl Store for PostgresStore {
 
     async fn tenant_delete(&self, tenant: &str, now: Timestamp) -> Result<TenantDeleteCounts> {
         let tenant = tenant.to_owned();
-        in_tx!(self, |c, _ch| tenant_delete(c, &tenant, now).await)
+        in_tx!(self, |c, ch| tenant_delete(c, ch, &tenant, now).await)
     }
 
     async fn server_secret_list(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>> {

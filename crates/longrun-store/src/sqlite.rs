@@ -18,6 +18,7 @@ use async_trait::async_trait;
 use longrun_core::{Id, Timestamp};
 use rusqlite::{Connection, OpenFlags};
 
+use crate::reads::ReadCache;
 use crate::*;
 use writer::Writer;
 
@@ -85,6 +86,8 @@ pub struct SqliteStore {
     /// Stops the checkpointer thread when the store is dropped.
     _checkpointer: std::sync::mpsc::Sender<()>,
     changes: tokio::sync::broadcast::Sender<Change>,
+    /// What `operation_get` read; the writer evicts what each commit changed.
+    reads: Arc<ReadCache>,
     readers: Arc<ReaderPool>,
     policy: WritePolicy,
 }
@@ -111,10 +114,12 @@ impl SqliteStore {
         let checkpoints = open_connection(&config.path, false)?;
         checkpoints.busy_timeout(RESTART_WAIT)?;
         let (changes, _) = tokio::sync::broadcast::channel(4096);
+        let reads = Arc::new(ReadCache::default());
         Ok(Self {
-            writer: Writer::spawn(conn, config.max_batch.max(1), changes.clone()),
+            writer: Writer::spawn(conn, config.max_batch.max(1), changes.clone(), reads.clone()),
             _checkpointer: spawn_checkpointer(checkpoints),
             changes,
+            reads,
             readers: Arc::new(ReaderPool {
                 path: config.path.clone(),
                 idle: Mutex::new(Vec::new()),
@@ -340,7 +345,15 @@ impl Store for SqliteStore {
     }
 
     async fn operation_get(&self, tenant: &str, id: &Id) -> Result<Option<Operation>> {
-        self.read_now(|c| sql::operation_read(c, tenant, id))
+        if let Some(op) = self.reads.get(tenant, id.as_str()) {
+            return Ok(Some(op));
+        }
+        let ticket = self.reads.ticket();
+        let read = self.read_now(|c| sql::operation_read(c, tenant, id))?;
+        Ok(read.map(|(op, json_bytes)| {
+            self.reads.keep(ticket, &op, json_bytes);
+            op
+        }))
     }
 
     async fn operation_list(&self, params: ListParams) -> Result<OperationPage> {
@@ -698,6 +711,8 @@ mod tests {
                             "UPDATE operations SET labels = '{\"held\":\"yes\"}' WHERE id = ?1",
                             [id.as_str()],
                         )?;
+                        // As every write of the store notes what it changed.
+                        changes::touch(id.as_str());
                         inside.send(()).unwrap();
                         released.recv().unwrap();
                         Ok(())

@@ -192,6 +192,13 @@ impl Change {
         }
     }
 
+    /// The other operation whose representation the change `op` went
+    /// through alters without a version of its own: a re-run's source,
+    /// which lists its re-runs. (What read caches must forget with it.)
+    pub fn also_alters<'a>(op: &'a Operation, event_type: &str) -> Option<&'a Id> {
+        op.rerun_of.as_ref().filter(|_| event_type == "created")
+    }
+
     const RESYNC: &'static str = "resync";
 
     /// Not a change but a warning that the feed may have missed some: a

@@ -264,5 +264,145 @@ async fn connections_killed_while_idle_are_refused_as_unavailable_then_replaced(
         AcceptOutcome::Replayed(again) => assert_eq!(again.id, created.id),
         other => panic!("expected the replay of {}, got {other:?}", created.id),
     }
-    assert_eq!(store.operation_get("t1", &op.id).await.unwrap().unwrap().id, op.id);
+    // (Read from the database: `op` may be in the read cache.)
+    assert_eq!(
+        store.operation_get("t1", &created.id).await.unwrap().unwrap().id,
+        created.id
+    );
+}
+
+/// Two stores on one database (two nodes), each with its read cache.
+async fn two_nodes() -> Option<(PostgresStore, PostgresStore, String)> {
+    let cluster = longrun_store::pgtest::cluster()?;
+    let url = cluster.database().await;
+    let a = PostgresStore::open(PostgresConfig::new(url.clone())).await.unwrap();
+    let b = PostgresStore::open(PostgresConfig::new(url.clone())).await.unwrap();
+    Some((a, b, url))
+}
+
+/// Waits on `feed` for the change that made `id` version `version` (a
+/// guard against hanging, not a synchronisation).
+async fn heard(
+    feed: &mut tokio::sync::broadcast::Receiver<longrun_store::Change>,
+    id: &longrun_core::Id,
+    version: i64,
+) {
+    let within = std::time::Duration::from_secs(60);
+    tokio::time::timeout(within, async {
+        loop {
+            let change = feed.recv().await.unwrap();
+            if &change.operation_id == id && change.version == version {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("the change was published");
+}
+
+fn cancel(op: &longrun_store::Operation) -> longrun_store::CancelParams {
+    longrun_store::CancelParams {
+        tenant: op.tenant.clone(),
+        id: op.id.clone(),
+        requested_by: "key_test".into(),
+        reason: None,
+        if_match: None,
+        now: op.created_at,
+    }
+}
+
+/// `operation_get` answers from a read cache. A write is read at once on
+/// the node that made it, and on another node as soon as its notification
+/// is published there; nothing read before the write is served after it.
+/// (Whether this node's own notification arrives before its next read is a
+/// race, so the write is made many times: each must be read at once.)
+#[tokio::test]
+async fn cached_reads_see_a_write_at_once_here_and_once_notified_elsewhere() {
+    let Some((a, b, _)) = two_nodes().await else {
+        return;
+    };
+    let mut b_feed = b.subscribe_changes();
+    for _ in 0..50 {
+        let op = longrun_store::conformance::create(&a, "t1", "k").await;
+        // Both nodes read (and keep) version 1, twice.
+        for store in [&a, &b, &a, &b] {
+            assert_eq!(store.operation_get("t1", &op.id).await.unwrap().unwrap().version, 1);
+        }
+        assert!(
+            a.operation_get("t2", &op.id).await.unwrap().is_none(),
+            "another tenant's"
+        );
+        a.operation_cancel(cancel(&op)).await.unwrap();
+        let here = a.operation_get("t1", &op.id).await.unwrap().unwrap();
+        assert_eq!((here.state, here.version), (longrun_core::State::Cancelled, 2));
+        heard(&mut b_feed, &op.id, 2).await;
+        let there = b.operation_get("t1", &op.id).await.unwrap().unwrap();
+        assert_eq!(there, here);
+    }
+}
+
+/// A re-run changes its source's representation (its `reruns`) without a
+/// new version: both nodes forget the source too.
+#[tokio::test]
+async fn a_rerun_is_listed_by_its_source_on_every_node() {
+    use longrun_store::AcceptOutcome;
+    let Some((a, b, _)) = two_nodes().await else {
+        return;
+    };
+    let mut b_feed = b.subscribe_changes();
+    let source = longrun_store::conformance::create(&a, "t1", "k").await;
+    for store in [&a, &b] {
+        let read = store.operation_get("t1", &source.id).await.unwrap().unwrap();
+        assert_eq!(read.reruns, Some(vec![]));
+    }
+    let mut params = longrun_store::conformance::accept_params("t1", "k", None, serde_json::json!({}));
+    params.rerun_of = Some(source.id.clone());
+    let Ok(AcceptOutcome::Created(rerun)) = a.operation_accept(params).await else {
+        panic!("the re-run is accepted");
+    };
+    let here = a.operation_get("t1", &source.id).await.unwrap().unwrap();
+    assert_eq!(here.reruns, Some(vec![rerun.id.clone()]));
+    heard(&mut b_feed, &rerun.id, 1).await;
+    let there = b.operation_get("t1", &source.id).await.unwrap().unwrap();
+    assert_eq!(there.reruns, Some(vec![rerun.id.clone()]));
+}
+
+/// Notifications sent while a node's listener is down are lost: whatever it
+/// read before must not be served once it listens again.
+#[tokio::test]
+async fn a_node_whose_listener_was_cut_serves_nothing_it_read_before() {
+    let Some((a, b, url)) = two_nodes().await else {
+        return;
+    };
+    let mut a_feed = a.subscribe_changes();
+    let op = longrun_store::conformance::create(&b, "t1", "k").await;
+    // Read (and kept) once its own notification has come and gone.
+    heard(&mut a_feed, &op.id, 1).await;
+    assert_eq!(a.operation_get("t1", &op.id).await.unwrap().unwrap().version, 1);
+    // Cut node a's listener (the older of the two) and keep it from
+    // reconnecting while node b writes, so a cannot hear of the write.
+    let options: sqlx::postgres::PgConnectOptions = url.parse().unwrap();
+    let database = options.get_database().unwrap().to_owned();
+    let mut admin = <sqlx::PgConnection as sqlx::Connection>::connect_with(&options.database("postgres"))
+        .await
+        .unwrap();
+    let allow = |yes: bool| format!("ALTER DATABASE \"{database}\" ALLOW_CONNECTIONS {yes}");
+    sqlx::query(&allow(false)).execute(&mut admin).await.unwrap();
+    let killed: bool = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+          WHERE datname = $1 AND query LIKE 'LISTEN%' ORDER BY backend_start LIMIT 1",
+    )
+    .bind(&database)
+    .fetch_one(&mut admin)
+    .await
+    .unwrap();
+    assert!(killed);
+    b.operation_cancel(cancel(&op)).await.unwrap();
+    sqlx::query(&allow(true)).execute(&mut admin).await.unwrap();
+    let within = std::time::Duration::from_secs(60);
+    tokio::time::timeout(within, async { while !a_feed.recv().await.unwrap().is_resync() {} })
+        .await
+        .expect("node a resynchronised");
+    let read = a.operation_get("t1", &op.id).await.unwrap().unwrap();
+    assert_eq!((read.state, read.version), (longrun_core::State::Cancelled, 2));
 }

@@ -166,10 +166,14 @@ pub(super) fn operation_get(c: &Connection, tenant: &str, id: &Id) -> Result<Opt
 
 /// [`operation_get`] for readers: with its re-runs, from the partial index
 /// of `rerun_of`, in the same statement.
-pub(super) fn operation_read(c: &Connection, tenant: &str, id: &Id) -> Result<Option<Operation>> {
+/// The operation with its re-runs, and the size of its stored JSON (for
+/// the read cache).
+pub(super) fn operation_read(c: &Connection, tenant: &str, id: &Id) -> Result<Option<(Operation, usize)>> {
     let sql = format!(
         "SELECT {OP_COLUMNS}, (SELECT json_group_array(id) FROM
-                   (SELECT r.id FROM operations r WHERE r.rerun_of = operations.id ORDER BY r.seq))
+                   (SELECT r.id FROM operations r WHERE r.rerun_of = operations.id ORDER BY r.seq)),
+                COALESCE(length(input), 0) + COALESCE(length(result), 0) + COALESCE(length(progress), 0)
+                  + COALESCE(length(labels), 0)
            FROM operations WHERE id = ?1 AND tenant = ?2"
     );
     Ok(c.prepare_cached(&sql)?
@@ -179,7 +183,8 @@ pub(super) fn operation_read(c: &Connection, tenant: &str, id: &Id) -> Result<Op
                 .and_then(|v| serde_json::from_value(v).ok())
                 .unwrap_or_default();
             op.reruns = Some(reruns.into_iter().map(Id::from_trusted).collect());
-            Ok(op)
+            let json_bytes: i64 = r.get(OP_COLUMN_COUNT + 1)?;
+            Ok((op, usize::try_from(json_bytes).unwrap_or(usize::MAX)))
         })
         .optional()?)
 }
@@ -1652,6 +1657,7 @@ pub(super) fn operation_tombstone(c: &Connection, tenant: &str, id: &Id) -> Resu
 /// Deletes everything of one operation but its idempotency record; its
 /// result objects become garbage.
 fn operation_remove(c: &Connection, id: &str, now: Timestamp) -> Result<()> {
+    super::changes::touch(id);
     c.prepare_cached(
         "INSERT OR IGNORE INTO artifact_garbage (storage_key, created_at)
          SELECT storage_key, ?2 FROM results WHERE operation_id = ?1 AND state <> 'expired'",

@@ -9,11 +9,13 @@
 //! commit succeeded: nobody hears "done" before their write is durable.
 
 use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
 
 use rusqlite::Connection;
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 use super::changes;
+use crate::reads::ReadCache;
 use crate::{Change, Result, StoreError};
 
 /// Called once the batch's fate is known, with the commit's result.
@@ -29,11 +31,16 @@ pub(crate) struct Writer {
 
 impl Writer {
     /// Starts the writer thread; it ends when every `Writer` clone is dropped.
-    pub(crate) fn spawn(conn: Connection, max_batch: usize, changes: broadcast::Sender<Change>) -> Self {
+    pub(crate) fn spawn(
+        conn: Connection,
+        max_batch: usize,
+        changes: broadcast::Sender<Change>,
+        reads: Arc<ReadCache>,
+    ) -> Self {
         let (jobs, rx) = mpsc::channel::<Job>(max_batch * 4);
         std::thread::Builder::new()
             .name("longrun-sqlite-writer".into())
-            .spawn(move || run(conn, rx, max_batch, changes))
+            .spawn(move || run(conn, rx, max_batch, &changes, &reads))
             .expect("failed to spawn the SQLite writer thread");
         Self { jobs }
     }
@@ -64,7 +71,13 @@ impl Writer {
     }
 }
 
-fn run(conn: Connection, mut rx: mpsc::Receiver<Job>, max_batch: usize, changes: broadcast::Sender<Change>) {
+fn run(
+    conn: Connection,
+    mut rx: mpsc::Receiver<Job>,
+    max_batch: usize,
+    changes: &broadcast::Sender<Change>,
+    reads: &ReadCache,
+) {
     let mut batch: Vec<Job> = Vec::with_capacity(max_batch);
     loop {
         // Jobs a rolled-back batch did not reach are still here; otherwise wait.
@@ -80,7 +93,7 @@ fn run(conn: Connection, mut rx: mpsc::Receiver<Job>, max_batch: usize, changes:
                 Err(_) => break,
             }
         }
-        commit_batch(&conn, &mut batch, &changes);
+        commit_batch(&conn, &mut batch, changes, reads);
     }
 }
 
@@ -90,7 +103,7 @@ fn run(conn: Connection, mut rx: mpsc::Receiver<Job>, max_batch: usize, changes:
 /// `Unavailable`, and the jobs not yet run stay in `batch` for a new
 /// transaction — never run outside one, where each statement would commit
 /// on its own while its caller is told it failed.
-fn commit_batch(conn: &Connection, batch: &mut Vec<Job>, change_feed: &broadcast::Sender<Change>) {
+fn commit_batch(conn: &Connection, batch: &mut Vec<Job>, change_feed: &broadcast::Sender<Change>, reads: &ReadCache) {
     if let Err(e) = control(conn, "BEGIN IMMEDIATE") {
         // Dropping a job that never ran drops its reply channel: the caller
         // gets an error and nothing was written.
@@ -125,7 +138,7 @@ fn commit_batch(conn: &Connection, batch: &mut Vec<Job>, change_feed: &broadcast
         let _ = control(conn, "ROLLBACK");
         changes::discard();
     } else {
-        changes::publish(change_feed);
+        changes::publish(change_feed, reads);
     }
     for reply in replies {
         reply(committed.clone());
