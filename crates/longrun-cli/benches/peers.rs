@@ -15,7 +15,8 @@
 //!   (32 clients, p99) beside pgbench's single-row INSERT (32 clients) and a
 //!   bare axum POST as the ceilings;
 //! - `GET /v1/operations/{id}` (32 clients), plain (200) and revalidated
-//!   with its ETag (304), beside a bare axum GET;
+//!   with its ETag (304), beside a bare axum GET (one operation that does
+//!   not change: the store's read cache answers after the first read);
 //! - pickup latency: an idle remote worker waiting in a claim, one
 //!   submission at a time, from the request's send to the handler's start.
 //!
@@ -758,5 +759,7 @@ fn main() {
         println!();
         println!("Longrun keeps every operation, its idempotency record and its history (3 events each);");
         println!("graphile-worker deletes finished jobs.");
+        println!("The GET rows poll one operation that does not change: after the first read the store's");
+        println!("read cache answers them (as it answers any poll of an unchanged operation).");
     });
 }
