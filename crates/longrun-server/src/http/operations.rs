@@ -427,6 +427,11 @@ pub(crate) fn idempotency_expires(app: &AppState, op: &Operation, now: Timestamp
 /// `GET /v1/operations/{id}`, conditional (`If-None-Match` → `304`) and, with
 /// `Prefer: wait=N`, long-polling: held until the version changes (woken by
 /// the change itself) or N s pass.
+///
+/// A poll of an operation that has not changed since the server last read
+/// it is answered from memory. A client always reads its own writes and
+/// whatever change woke its long-poll; with several PostgreSQL nodes, a
+/// write made through another node is read once its notification arrives.
 #[utoipa::path(get, path = "/v1/operations/{id}", tag = "operations", security(("bearer" = [])),
     params(("id" = String, Path, description = "The operation id (op_…)"),
         ("If-None-Match" = Option<String>, Header, description = "ETags seen before, or `*` (empty: none)", pattern = "^(\\*|(W/)?\"[0-9]{1,18}\"( *, *(W/)?\"[0-9]{1,18}\")*)?$"),
