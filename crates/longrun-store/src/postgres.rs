@@ -174,13 +174,14 @@ async fn follow_notifications(
                 let Ok(Value::Array(items)) = serde_json::from_str::<Value>(notification.payload()) else {
                     continue;
                 };
-                for item in &items {
-                    if let Some(id) = item.get("touched").and_then(Value::as_str) {
-                        reads.evict([id]);
-                    } else if let Some(change) = change_from_json(item) {
-                        reads.evict([change.operation_id.as_str()]);
-                        let _ = feed.send(change);
-                    }
+                // Forgotten, all of them, before anyone hears of one.
+                let touched = items
+                    .iter()
+                    .filter_map(|item| item.get("touched").and_then(Value::as_str));
+                let changes: Vec<Change> = items.iter().filter_map(change_from_json).collect();
+                reads.evict(touched.chain(changes.iter().map(|c| c.operation_id.as_str())));
+                for change in changes {
+                    let _ = feed.send(change);
                 }
                 continue;
             }
@@ -258,10 +259,7 @@ impl PostgresStore {
         })
     }
 
-    /// Runs `f` in one transaction. Its changes are announced with
-    /// `pg_notify` inside the same transaction, so every node (this one
-    /// included) hears of them exactly when — and only if — they commit.
-    /// The transaction runs in its own task: a caller that goes away (a
+    /// Runs `f` in one transaction, ended by [`commit`]. The transaction runs in its own task: a caller that goes away (a
     /// client that dropped its request) cannot cut it in two; it commits or
     /// rolls back whole.
     async fn tx<T, F>(&self, f: F) -> Result<T>
@@ -277,13 +275,7 @@ impl PostgresStore {
             let mut changes = Changes::default();
             let out = f(&mut tx, &mut changes).await;
             match out {
-                Ok(value) => {
-                    announce(&mut tx, &changes).await?;
-                    let committed = tx.commit().await.map_err(db);
-                    // Even when the commit's outcome is unknown.
-                    reads.evict(changes.ids());
-                    committed.map(|()| value)
-                }
+                Ok(value) => commit(tx, &changes, &reads).await.map(|()| value),
                 Err(e) => {
                     let _ = tx.rollback().await;
                     Err(e)
@@ -464,11 +456,20 @@ async fn commit_batch<P, R>(
     let mut tx = pool.begin().await.map_err(db)?;
     let mut changes = Changes::default();
     let results = apply(&mut tx, &mut changes, policy, batch).await?;
-    announce(&mut tx, &changes).await?;
+    commit(tx, &changes, reads).await?;
+    Ok(results)
+}
+
+/// Commits a transaction that made `changes`. They are announced with
+/// `pg_notify` inside it, so every node (this one included) hears of them
+/// exactly when — and only if — they commit; and this node's read cache
+/// forgets them before the caller is answered (even when the commit's
+/// outcome is unknown), so the caller reads its own write.
+async fn commit(mut tx: sqlx::Transaction<'_, sqlx::Postgres>, changes: &Changes, reads: &ReadCache) -> Result<()> {
+    announce(&mut tx, changes).await?;
     let committed = tx.commit().await.map_err(db);
-    // Even when the commit's outcome is unknown.
     reads.evict(changes.ids());
-    committed.map(|()| results)
+    committed
 }
 
 /// Applies the schema once (an advisory lock keeps concurrent starts apart).
@@ -2512,6 +2513,29 @@ async fn tenant_delete(
     Ok(counts)
 }
 
+/// The operation with its re-runs (from the partial index of `rerun_of`,
+/// in the same statement) and the size of its stored JSON, for the read
+/// cache.
+async fn operation_read(pool: &PgPool, tenant: &str, id: &Id) -> Result<Option<(Operation, usize)>> {
+    let row = sqlx::query(&format!(
+        "SELECT {OP_COLUMNS}, ARRAY(SELECT r.id FROM operations r WHERE r.rerun_of = operations.id ORDER BY r.seq),
+                COALESCE(octet_length(input), 0) + COALESCE(octet_length(result), 0)
+                  + COALESCE(octet_length(progress), 0) + COALESCE(octet_length(labels), 0)
+           FROM operations WHERE id = $1 AND tenant = $2"
+    ))
+    .bind(id.as_str())
+    .bind(tenant)
+    .fetch_optional(pool)
+    .await
+    .map_err(db)?;
+    let Some(row) = row else { return Ok(None) };
+    let mut op = operation_from_row(&row)?;
+    let reruns: Vec<String> = row.try_get(OP_COLUMN_COUNT).map_err(db)?;
+    op.reruns = Some(reruns.into_iter().map(Id::from_trusted).collect());
+    let json_bytes: i32 = row.try_get(OP_COLUMN_COUNT + 1).map_err(db)?;
+    Ok(Some((op, usize::try_from(json_bytes).unwrap_or(usize::MAX))))
+}
+
 macro_rules! in_tx {
     ($self:ident, |$c:ident, $ch:ident| $body:expr) => {
         $self.tx(move |$c, $ch| Box::pin(async move { $body })).await
@@ -2529,31 +2553,9 @@ impl Store for PostgresStore {
     }
 
     async fn operation_get(&self, tenant: &str, id: &Id) -> Result<Option<Operation>> {
-        if let Some(op) = self.reads.get(tenant, id.as_str()) {
-            return Ok(Some(op));
-        }
-        let ticket = self.reads.ticket();
-        // Its re-runs come from the partial index of `rerun_of`, in one
-        // statement; then the size of its JSON, for the read cache.
-        let row = sqlx::query(&format!(
-            "SELECT {OP_COLUMNS}, ARRAY(SELECT r.id FROM operations r WHERE r.rerun_of = operations.id ORDER BY r.seq),
-                    COALESCE(octet_length(input), 0) + COALESCE(octet_length(result), 0)
-                      + COALESCE(octet_length(progress), 0) + COALESCE(octet_length(labels), 0)
-               FROM operations WHERE id = $1 AND tenant = $2"
-        ))
-        .bind(id.as_str())
-        .bind(tenant)
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(db)?;
-        let Some(row) = row else { return Ok(None) };
-        let mut op = operation_from_row(&row)?;
-        let reruns: Vec<String> = row.try_get(OP_COLUMN_COUNT).map_err(db)?;
-        op.reruns = Some(reruns.into_iter().map(Id::from_trusted).collect());
-        let json_bytes: i32 = row.try_get(OP_COLUMN_COUNT + 1).map_err(db)?;
         self.reads
-            .keep(ticket, &op, usize::try_from(json_bytes).unwrap_or(usize::MAX));
-        Ok(Some(op))
+            .read_through(tenant, id.as_str(), || operation_read(&self.pool, tenant, id))
+            .await
     }
 
     async fn operation_list(&self, params: ListParams) -> Result<OperationPage> {

@@ -94,21 +94,52 @@ impl ReadCache {
         self.inner.lock().expect("read cache poisoned")
     }
 
-    /// The kept operation `id` when it is `tenant`'s and fresh.
-    pub fn get(&self, tenant: &str, id: &str) -> Option<Operation> {
-        let inner = self.lock();
-        if !inner.listening {
-            return None;
-        }
-        inner
-            .entries
-            .get(id)
-            .filter(|e| e.op.tenant == tenant && e.at.elapsed() < TTL)
-            .map(|e| e.op.clone())
+    /// `operation_get` of both backends: the kept operation `id` when it is
+    /// `tenant`'s and fresh; otherwise what `load` reads from the database
+    /// (with the size of its stored JSON), kept unless the read may be stale.
+    pub async fn read_through<E, Fut>(
+        &self,
+        tenant: &str,
+        id: &str,
+        load: impl FnOnce() -> Fut,
+    ) -> std::result::Result<Option<Operation>, E>
+    where
+        Fut: std::future::Future<Output = std::result::Result<Option<(Operation, usize)>, E>>,
+    {
+        let ticket = match self.get(tenant, id) {
+            Ok(op) => return Ok(Some(op)),
+            Err(ticket) => ticket,
+        };
+        Ok(load().await?.map(|(op, json_bytes)| {
+            self.keep(ticket, &op, json_bytes);
+            op
+        }))
     }
 
-    /// Take before reading from the database.
-    pub fn ticket(&self) -> Ticket {
+    /// The kept operation `id` when it is `tenant`'s and fresh; otherwise the
+    /// ticket to read it from the database with.
+    fn get(&self, tenant: &str, id: &str) -> Result<Operation, Ticket> {
+        let inner = self.lock();
+        let kept = inner
+            .entries
+            .get(id)
+            .filter(|e| inner.listening && e.op.tenant == tenant && e.at.elapsed() < TTL);
+        match kept {
+            Some(e) => Ok(e.op.clone()),
+            None => Err(Ticket {
+                evictions: inner.evictions,
+                epoch: inner.epoch,
+            }),
+        }
+    }
+
+    #[cfg(test)]
+    fn kept(&self, tenant: &str, id: &str) -> Option<Operation> {
+        self.get(tenant, id).ok()
+    }
+
+    #[cfg(test)]
+    fn ticket(&self) -> Ticket {
         let inner = self.lock();
         Ticket {
             evictions: inner.evictions,
@@ -118,7 +149,7 @@ impl ReadCache {
 
     /// Keeps `op`, read after `ticket` was taken, unless its read may be
     /// stale or it is too large. `bytes`: the size of its stored JSON.
-    pub fn keep(&self, ticket: Ticket, op: &Operation, bytes: usize) {
+    fn keep(&self, ticket: Ticket, op: &Operation, bytes: usize) {
         let mut inner = self.lock();
         if !inner.listening || inner.epoch != ticket.epoch || bytes > MAX_ENTRY_BYTES {
             return;
@@ -233,8 +264,8 @@ mod tests {
         let id = Id::generate(IdKind::Operation);
         let t = cache.ticket();
         cache.keep(t, &op(id.as_str(), "a", 1), 10);
-        assert_eq!(cache.get("a", id.as_str()).map(|o| o.version), Some(1));
-        assert!(cache.get("b", id.as_str()).is_none());
+        assert_eq!(cache.kept("a", id.as_str()).map(|o| o.version), Some(1));
+        assert!(cache.kept("b", id.as_str()).is_none());
     }
 
     #[test]
@@ -244,17 +275,17 @@ mod tests {
         // A read begins, a write commits and evicts, the read ends.
         let during = cache.ticket();
         cache.evict(["x"]);
-        assert!(cache.get("a", "x").is_none());
+        assert!(cache.kept("a", "x").is_none());
         cache.keep(during, &op("x", "a", 1), 10);
         assert!(
-            cache.get("a", "x").is_none(),
+            cache.kept("a", "x").is_none(),
             "a read that overlapped an eviction is stale"
         );
         // Evictions of other operations do not stop a read being kept.
         let other = cache.ticket();
         cache.evict(["y", "z"]);
         cache.keep(other, &op("x", "a", 2), 10);
-        assert_eq!(cache.get("a", "x").map(|o| o.version), Some(2));
+        assert_eq!(cache.kept("a", "x").map(|o| o.version), Some(2));
     }
 
     #[test]
@@ -264,7 +295,7 @@ mod tests {
         let ids: Vec<String> = (0..=RECENT_EVICTIONS).map(|i| format!("o{i}")).collect();
         cache.evict(ids.iter().map(String::as_str));
         cache.keep(t, &op("x", "a", 1), 10);
-        assert!(cache.get("a", "x").is_none());
+        assert!(cache.kept("a", "x").is_none());
     }
 
     #[test]
@@ -273,29 +304,29 @@ mod tests {
         cache.keep(cache.ticket(), &op("x", "a", 1), 10);
         let before = cache.ticket();
         cache.suspend();
-        assert!(cache.get("a", "x").is_none());
+        assert!(cache.kept("a", "x").is_none());
         cache.keep(cache.ticket(), &op("x", "a", 1), 10);
-        assert!(cache.get("a", "x").is_none());
+        assert!(cache.kept("a", "x").is_none());
         cache.resume();
         // A read that began before the listener came back may have missed a change.
         cache.keep(before, &op("x", "a", 1), 10);
-        assert!(cache.get("a", "x").is_none());
+        assert!(cache.kept("a", "x").is_none());
         cache.keep(cache.ticket(), &op("x", "a", 2), 10);
-        assert_eq!(cache.get("a", "x").map(|o| o.version), Some(2));
+        assert_eq!(cache.kept("a", "x").map(|o| o.version), Some(2));
     }
 
     #[test]
     fn large_operations_are_not_kept_and_a_full_cache_starts_again() {
         let cache = ReadCache::default();
         cache.keep(cache.ticket(), &op("big", "a", 1), MAX_ENTRY_BYTES + 1);
-        assert!(cache.get("a", "big").is_none());
+        assert!(cache.kept("a", "big").is_none());
         for i in 0..MAX_ENTRIES {
             cache.keep(cache.ticket(), &op(&format!("o{i}"), "a", 1), 1);
         }
-        assert!(cache.get("a", "o0").is_some());
+        assert!(cache.kept("a", "o0").is_some());
         cache.keep(cache.ticket(), &op("one-more", "a", 1), 1);
-        assert!(cache.get("a", "o0").is_none(), "full: forgotten");
+        assert!(cache.kept("a", "o0").is_none(), "full: forgotten");
         cache.keep(cache.ticket(), &op("one-more", "a", 1), 1);
-        assert!(cache.get("a", "one-more").is_some());
+        assert!(cache.kept("a", "one-more").is_some());
     }
 }

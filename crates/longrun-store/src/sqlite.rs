@@ -345,15 +345,11 @@ impl Store for SqliteStore {
     }
 
     async fn operation_get(&self, tenant: &str, id: &Id) -> Result<Option<Operation>> {
-        if let Some(op) = self.reads.get(tenant, id.as_str()) {
-            return Ok(Some(op));
-        }
-        let ticket = self.reads.ticket();
-        let read = self.read_now(|c| sql::operation_read(c, tenant, id))?;
-        Ok(read.map(|(op, json_bytes)| {
-            self.reads.keep(ticket, &op, json_bytes);
-            op
-        }))
+        self.reads
+            .read_through(tenant, id.as_str(), || async {
+                self.read_now(|c| sql::operation_read(c, tenant, id))
+            })
+            .await
     }
 
     async fn operation_list(&self, params: ListParams) -> Result<OperationPage> {

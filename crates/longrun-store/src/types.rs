@@ -195,7 +195,8 @@ impl Change {
     /// The other operation whose representation the change `op` went
     /// through alters without a version of its own: a re-run's source,
     /// which lists its re-runs. (What read caches must forget with it.)
-    pub fn also_alters<'a>(op: &'a Operation, event_type: &str) -> Option<&'a Id> {
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    pub(crate) fn also_alters<'a>(op: &'a Operation, event_type: &str) -> Option<&'a Id> {
         op.rerun_of.as_ref().filter(|_| event_type == "created")
     }
 

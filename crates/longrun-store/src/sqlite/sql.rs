@@ -165,9 +165,8 @@ pub(super) fn operation_get(c: &Connection, tenant: &str, id: &Id) -> Result<Opt
 }
 
 /// [`operation_get`] for readers: with its re-runs, from the partial index
-/// of `rerun_of`, in the same statement.
-/// The operation with its re-runs, and the size of its stored JSON (for
-/// the read cache).
+/// of `rerun_of`, in the same statement, and the size of its stored JSON
+/// (for the read cache).
 pub(super) fn operation_read(c: &Connection, tenant: &str, id: &Id) -> Result<Option<(Operation, usize)>> {
     let sql = format!(
         "SELECT {OP_COLUMNS}, (SELECT json_group_array(id) FROM
