@@ -21,7 +21,7 @@ use tokio_util::task::TaskTracker;
 use crate::kinds::Registry;
 use crate::signals::Signals;
 use crate::slots::{Reserved, Slots};
-use crate::worker::{TaskContext, TaskLink, run_handler, send_and_log};
+use crate::worker::{TaskContext, TaskLink, send_and_log};
 
 /// How long a busy dispatcher lets freed slots gather before it claims.
 const CLAIM_GATHER: Duration = Duration::from_millis(1);
@@ -192,13 +192,9 @@ impl Dispatcher {
             let ctx = TaskContext::new(task.operation_id.clone(), task.attempt, task.input, link, flag)
                 .with_progress_interval(progress_interval)
                 .with_checkpoint(task.checkpoint);
-            let report = match reserved.wait(&ctx, heartbeat_every).await {
-                Some(ended) => ended,
-                None => run_handler(handler, ctx, heartbeat_every).await,
-            };
-            // The handler is done: its slot can take the next task while
-            // the outcome commits.
-            reserved.handler_returned();
+            let report = reserved.run(handler, ctx, heartbeat_every).await;
+            // The handler is done (its slot already takes the next task)
+            // while the outcome commits.
             signals.work_available();
             send_and_log(&task.operation_id, report).await;
             signals.untrack(&task.operation_id);

@@ -25,7 +25,7 @@ use tokio_util::task::TaskTracker;
 use crate::artifacts::ByteReader;
 use crate::kinds::Registry;
 use crate::reports;
-use crate::worker::{StopFlags, TaskContext, TaskLink, UploadedArtifact, run_handler, send_and_log};
+use crate::worker::{StopFlags, TaskContext, TaskLink, UploadedArtifact, send_and_log};
 
 /// How a remote worker connects and runs.
 #[derive(Debug, Clone)]
@@ -518,22 +518,15 @@ impl RemoteWorker {
             let ctx = TaskContext::new(id.clone(), task.attempt, task.input, link.clone(), flags)
                 .with_progress_interval(progress_interval)
                 .with_checkpoint(task.checkpoint);
-            let work = async {
-                match reserved.wait(&ctx, heartbeat_every).await {
-                    Some(ended) => ended,
-                    None => run_handler(handler, ctx, heartbeat_every).await,
-                }
-            };
             let report = tokio::select! {
-                report = work => report,
+                report = reserved.run(handler, ctx, heartbeat_every) => report,
                 () = abandon.cancelled() => {
                     give_back(&link, "the worker shut down before the task finished").await;
                     return;
                 }
             };
-            // The handler is done: its slot can take the next task while
-            // the outcome is sent.
-            reserved.handler_returned();
+            // The handler is done (its slot already takes the next task)
+            // while the outcome is sent.
             send_and_log(&id, report).await;
             drop(reserved);
         };

@@ -18,7 +18,7 @@ use std::time::Duration;
 use longrun_store::StoreError;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
-use crate::worker::{Report, TaskContext, Waited, wait_for_slot};
+use crate::worker::{Handler, Report, TaskContext, Waited, run_handler, wait_for_slot};
 
 /// A handler that ran for less than this is quick, and each quick one that
 /// ended within the last such window lets a claim take one task beyond the
@@ -96,7 +96,6 @@ impl Slots {
             reserved.push(Reserved {
                 slots: self.clone(),
                 count: Some(ClaimedCount(self.clone())),
-                running: None,
                 in_flight: Some(in_flight),
             });
         }
@@ -140,7 +139,7 @@ impl Slots {
 /// One of [`Shared::claimed`], given back when dropped. Silently: a count
 /// `reserve` could not use wakes no one (a worker waiting in
 /// [`Slots::reserve_some`] would wake itself, and spin); a task's count
-/// given back says so ([`Reserved::give_back_count`]).
+/// given back says so ([`Reserved::ended`]).
 struct ClaimedCount(Slots);
 
 impl Drop for ClaimedCount {
@@ -155,47 +154,41 @@ impl Drop for ClaimedCount {
 pub(crate) struct Reserved {
     slots: Slots,
     count: Option<ClaimedCount>,
-    running: Option<(OwnedSemaphorePermit, tokio::time::Instant)>,
     in_flight: Option<OwnedSemaphorePermit>,
 }
 
 impl Reserved {
-    /// Waits for this task's slot (at once when one is free): `None` once
-    /// its handler may run; otherwise how it ended without running — a
-    /// cancel or pause request's report, or its lease lost.
-    pub(crate) async fn wait(
+    /// Runs `handler` once this task's slot is free (at once when one is),
+    /// or ends the task without running it: a cancel or pause request's
+    /// report, or its lease lost. Then its slot takes the next task and, if
+    /// the handler was quick, the next claim may take one more ahead.
+    pub(crate) async fn run(
         &mut self,
-        ctx: &TaskContext,
+        handler: Arc<dyn Handler>,
+        ctx: TaskContext,
         heartbeat_every: Duration,
-    ) -> Option<Result<Report, StoreError>> {
-        match wait_for_slot(&self.slots.0.running, ctx, heartbeat_every).await {
+    ) -> Result<Report, StoreError> {
+        let report = match wait_for_slot(&self.slots.0.running, &ctx, heartbeat_every).await {
             Waited::Slot(slot) => {
-                self.running = Some((slot, tokio::time::Instant::now()));
-                None
+                let began = tokio::time::Instant::now();
+                let report = run_handler(handler, ctx, heartbeat_every).await;
+                drop(slot);
+                self.ended(Some(began.elapsed()));
+                return report;
             }
-            Waited::Stopped(report) => {
-                self.give_back_count();
-                Some(Ok(report))
-            }
-            Waited::LeaseLost => {
-                self.give_back_count();
-                Some(Err(StoreError::LeaseLost))
-            }
-        }
+            Waited::Stopped(report) => Ok(report),
+            Waited::LeaseLost => Err(StoreError::LeaseLost),
+        };
+        self.ended(None);
+        report
     }
 
-    /// The handler returned: its slot takes the next task and, if it was
-    /// quick, lets the next claim take one more ahead.
-    pub(crate) fn handler_returned(&mut self) {
-        if let Some((slot, began)) = self.running.take() {
-            self.slots.0.quick_ends.record(began.elapsed());
-            drop(slot);
+    /// Its handler returned after running for `ran` (`None`: it never ran):
+    /// the task no longer counts as claimed, and a claim may take another.
+    fn ended(&mut self, ran: Option<Duration>) {
+        if let Some(ran) = ran {
+            self.slots.0.quick_ends.record(ran);
         }
-        self.give_back_count();
-    }
-
-    /// The task no longer counts as claimed: a claim may take another.
-    fn give_back_count(&mut self) {
         if self.count.take().is_some() {
             self.slots.0.freed.notify_waiters();
         }
@@ -338,7 +331,7 @@ mod tests {
         let mut storing = Vec::new();
         for _ in 0..IN_FLIGHT_PER_SLOT {
             let mut reserved = slots.reserve(1);
-            reserved[0].handler_returned();
+            reserved[0].ended(None);
             storing.extend(reserved);
         }
         assert_eq!(slots.claimed(), 0);
@@ -370,12 +363,10 @@ mod tests {
         assert!(!waiting.is_finished());
         // The handler returns (slowly: nothing ahead); its outcome is still
         // in flight, and the slot is already claimable.
-        held[0].running = Some((
-            slots.0.running.clone().try_acquire_owned().unwrap(),
-            tokio::time::Instant::now(),
-        ));
+        let slot = slots.0.running.clone().try_acquire_owned().unwrap();
         tokio::time::advance(QUICK).await;
-        held[0].handler_returned();
+        drop(slot);
+        held[0].ended(Some(QUICK));
         assert_eq!(waiting.await.unwrap(), 1);
         drop(held);
     }
