@@ -64,6 +64,7 @@ macro_rules! store_conformance {
             leases_of_a_worker_known_gone_are_reaped_at_once,
             every_event_keeps_the_representation_at_its_version,
             committed_changes_are_published_and_rolled_back_ones_are_not,
+            every_submission_of_a_batch_is_published_once,
             typical_durations_come_from_recent_successes,
             each_state_transition_of_a_callback_operation_queues_one_webhook,
             webhook_attempts_are_leased_logged_retried_and_given_up,
@@ -1340,6 +1341,40 @@ pub async fn committed_changes_are_published_and_rolled_back_ones_are_not(store:
         (op.id, 3),
         "the refused write left no trace in the feed"
     );
+}
+
+/// More submissions than one notification holds (PostgreSQL sends 20 a
+/// payload), with a replay among them: each created one is published once,
+/// the replay not at all.
+pub async fn every_submission_of_a_batch_is_published_once(store: &dyn Store) {
+    let mut changes = store.subscribe_changes();
+    let mut batch: Vec<AcceptParams> = (0..45)
+        .map(|n| accept_params("t1", "feed", Some(&format!("k{n}")), json!({ "n": n })))
+        .collect();
+    batch.push(accept_params("t1", "feed", Some("k3"), json!({ "n": 3 })));
+    let answers = store.operation_accept_many(batch).await;
+    let mut created = std::collections::BTreeSet::new();
+    for answer in &answers[..45] {
+        let Ok(AcceptOutcome::Created(op)) = answer else {
+            panic!("{answer:?}")
+        };
+        created.insert(op.id.clone());
+    }
+    assert!(
+        matches!(answers[45], Ok(AcceptOutcome::Replayed(_))),
+        "{:?}",
+        answers[45]
+    );
+    let mut published = std::collections::BTreeSet::new();
+    for _ in 0..45 {
+        let change = changes.recv().await.unwrap();
+        assert_eq!((change.version, change.event_type.as_str()), (1, "created"));
+        assert!(published.insert(change.operation_id), "published twice");
+    }
+    assert_eq!(published, created);
+    // Nothing more: the next change is a later write's.
+    let later = create(store, "t1", "feed").await;
+    assert_eq!(changes.recv().await.unwrap().operation_id, later.id);
 }
 
 pub async fn typical_durations_come_from_recent_successes(store: &dyn Store) {
