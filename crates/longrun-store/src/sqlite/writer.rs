@@ -3,10 +3,18 @@
 //! SQLite allows one writer at a time, and a durable commit costs an fsync.
 //! Instead of every request fighting for the write lock and paying its own
 //! fsync, requests send their write as a job to one thread. The thread takes
-//! every job already waiting (up to a bound), runs each inside its own
-//! SAVEPOINT — so one job's failure rolls back only that job — and commits
-//! them all with one `COMMIT`, one fsync. Replies are sent only after the
-//! commit succeeded: nobody hears "done" before their write is durable.
+//! every job already waiting (up to a bound), runs them in one transaction
+//! and commits them all with one `COMMIT`, one fsync; one job's failure rolls
+//! back only that job. Replies are sent only after the commit succeeded:
+//! nobody hears "done" before their write is durable.
+//!
+//! A savepoint per job would cost more than most jobs: SQLite copies every
+//! page the job changes that the batch had already changed into the
+//! savepoint's journal, and a batch of submissions changes the same few
+//! pages again and again. Jobs rarely fail, and a job is a function of the
+//! database alone, so it can run again. The jobs of a batch first run
+//! together under one savepoint; only if one fails is that savepoint rolled
+//! back and every job run again in a savepoint of its own.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -18,15 +26,58 @@ use super::changes;
 use crate::reads::ReadCache;
 use crate::{Change, Result, StoreError};
 
-/// Called once the batch's fate is known, with the commit's result.
-type Reply = Box<dyn FnOnce(Result<()>) + Send>;
-/// Runs against the writer connection inside a savepoint; `true` keeps its
-/// changes, `false` rolls them back.
-type Job = Box<dyn FnOnce(&Connection) -> (bool, Reply) + Send>;
+/// One caller's write, run on the writer thread.
+trait Job: Send {
+    /// Runs the write against the writer connection inside a savepoint;
+    /// `true` keeps its changes, `false` rolls them back. It may run again
+    /// after its changes were rolled back; the last run's answer counts.
+    fn run(&mut self, conn: &Connection) -> bool;
+    /// Replaces the answer with `err` (the job panicked, or its savepoint
+    /// could not be released).
+    fn spoil(&mut self, err: StoreError);
+    /// Answers the caller once the batch's fate is known, with the commit's
+    /// result.
+    fn answer(self: Box<Self>, committed: Result<()>);
+}
+
+struct Write<T, F> {
+    f: F,
+    out: Option<Result<T>>,
+    reply: oneshot::Sender<Result<T>>,
+    span: tracing::Span,
+}
+
+impl<T, F> Job for Write<T, F>
+where
+    T: Send,
+    F: Fn(&Connection) -> Result<T> + Send,
+{
+    fn run(&mut self, conn: &Connection) -> bool {
+        // A panic leaves no answer behind: `answer` then reports it.
+        self.out = None;
+        // The job runs on the writer thread inside the caller's span, so
+        // what it logs carries the caller's request and operation ids.
+        let out = self.span.in_scope(|| (self.f)(conn));
+        let keep = out.is_ok();
+        self.out = Some(out);
+        keep
+    }
+
+    fn spoil(&mut self, err: StoreError) {
+        self.out = Some(Err(err));
+    }
+
+    fn answer(self: Box<Self>, committed: Result<()>) {
+        let out = self
+            .out
+            .unwrap_or(Err(StoreError::Stopped("a store write that panicked")));
+        let _ = self.reply.send(committed.and(out));
+    }
+}
 
 #[derive(Clone)]
 pub(crate) struct Writer {
-    jobs: mpsc::Sender<Job>,
+    jobs: mpsc::Sender<Box<dyn Job>>,
 }
 
 impl Writer {
@@ -37,7 +88,7 @@ impl Writer {
         changes: broadcast::Sender<Change>,
         reads: Arc<ReadCache>,
     ) -> Self {
-        let (jobs, rx) = mpsc::channel::<Job>(max_batch * 4);
+        let (jobs, rx) = mpsc::channel::<Box<dyn Job>>(max_batch * 4);
         std::thread::Builder::new()
             .name("longrun-sqlite-writer".into())
             .spawn(move || run(conn, rx, max_batch, &changes, &reads))
@@ -46,22 +97,19 @@ impl Writer {
     }
 
     /// Runs `f` in the next group commit and returns its result once durable.
+    /// `f` may run more than once, each time after what the last run wrote
+    /// was rolled back, so it must act on the database alone.
     pub(crate) async fn write<T, F>(&self, f: F) -> Result<T>
     where
         T: Send + 'static,
-        F: FnOnce(&Connection) -> Result<T> + Send + 'static,
+        F: Fn(&Connection) -> Result<T> + Send + 'static,
     {
-        let (tx, rx) = oneshot::channel();
-        // The job runs on the writer thread inside the caller's span, so
-        // what it logs carries the caller's request and operation ids.
-        let span = tracing::Span::current();
-        let job: Job = Box::new(move |conn| {
-            let out = span.in_scope(|| f(conn));
-            let keep = out.is_ok();
-            let reply: Reply = Box::new(move |committed| {
-                let _ = tx.send(committed.and(out));
-            });
-            (keep, reply)
+        let (reply, rx) = oneshot::channel();
+        let job = Box::new(Write {
+            f,
+            out: None,
+            reply,
+            span: tracing::Span::current(),
         });
         self.jobs
             .send(job)
@@ -73,12 +121,12 @@ impl Writer {
 
 fn run(
     conn: Connection,
-    mut rx: mpsc::Receiver<Job>,
+    mut rx: mpsc::Receiver<Box<dyn Job>>,
     max_batch: usize,
     changes: &broadcast::Sender<Change>,
     reads: &ReadCache,
 ) {
-    let mut batch: Vec<Job> = Vec::with_capacity(max_batch);
+    let mut batch: Vec<Box<dyn Job>> = Vec::with_capacity(max_batch);
     loop {
         // Jobs a rolled-back batch did not reach are still here; otherwise wait.
         if batch.is_empty() {
@@ -97,13 +145,27 @@ fn run(
     }
 }
 
+/// What running the jobs of a batch came to.
+enum Ran {
+    /// Every job ran; its answer says whether its changes were kept.
+    All,
+    /// SQLite rolled the transaction back itself after the first `n` jobs
+    /// ran: what they wrote is gone.
+    RolledBack(usize),
+}
+
 /// Runs the jobs of `batch` in one transaction and answers them once it
 /// commits. If SQLite rolls the transaction back itself mid-batch (it does on
 /// a full disk or an I/O error), what ran is gone: those jobs are answered
 /// `Unavailable`, and the jobs not yet run stay in `batch` for a new
 /// transaction — never run outside one, where each statement would commit
 /// on its own while its caller is told it failed.
-fn commit_batch(conn: &Connection, batch: &mut Vec<Job>, change_feed: &broadcast::Sender<Change>, reads: &ReadCache) {
+fn commit_batch(
+    conn: &Connection,
+    batch: &mut Vec<Box<dyn Job>>,
+    change_feed: &broadcast::Sender<Change>,
+    reads: &ReadCache,
+) {
     if let Err(e) = control(conn, "BEGIN IMMEDIATE") {
         // Dropping a job that never ran drops its reply channel: the caller
         // gets an error and nothing was written.
@@ -111,25 +173,18 @@ fn commit_batch(conn: &Connection, batch: &mut Vec<Job>, change_feed: &broadcast
         batch.clear();
         return;
     }
-    let mut replies: Vec<Reply> = Vec::with_capacity(batch.len());
-    let mut jobs = std::mem::take(batch).into_iter();
-    let mut rolled_back = false;
-    for job in jobs.by_ref() {
-        replies.push(run_job_isolated(conn, job));
-        if conn.is_autocommit() {
-            rolled_back = true;
-            break;
-        }
-    }
-    batch.extend(jobs);
-    if rolled_back {
+    let ran = match run_together(conn, batch) {
+        Some(ran) => ran,
+        None => run_each_alone(conn, batch),
+    };
+    if let Ran::RolledBack(n) = ran {
         changes::discard();
-        tracing::warn!(jobs = replies.len(), "the database rolled back a write transaction");
+        tracing::warn!(jobs = n, "the database rolled back a write transaction");
         let refused = Err(StoreError::Unavailable(
             "the database rolled the transaction back (full or failing storage)".into(),
         ));
-        for reply in replies {
-            reply(refused.clone());
+        for job in batch.drain(..n) {
+            job.answer(refused.clone());
         }
         return;
     }
@@ -140,8 +195,8 @@ fn commit_batch(conn: &Connection, batch: &mut Vec<Job>, change_feed: &broadcast
     } else {
         changes::publish(change_feed, reads);
     }
-    for reply in replies {
-        reply(committed.clone());
+    for job in batch.drain(..) {
+        job.answer(committed.clone());
     }
 }
 
@@ -153,35 +208,80 @@ fn control(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
     conn.prepare_cached(sql)?.execute([]).map(|_| ())
 }
 
-/// Runs one job inside a savepoint. A panicking job is rolled back and its
-/// caller answered with an error instead of the writer thread dying.
-fn run_job_isolated(conn: &Connection, job: Job) -> Reply {
-    if let Err(e) = control(conn, "SAVEPOINT job") {
+/// Runs a job, catching a panic: `None` if it panicked.
+fn run_caught(conn: &Connection, job: &mut Box<dyn Job>) -> Option<bool> {
+    std::panic::catch_unwind(AssertUnwindSafe(|| job.run(conn))).ok()
+}
+
+/// Runs every job of `batch` under one savepoint. `None` if one of them
+/// failed or panicked: then what they all wrote is rolled back, and they
+/// must run again each alone.
+fn run_together(conn: &Connection, batch: &mut [Box<dyn Job>]) -> Option<Ran> {
+    if batch.len() == 1 {
+        return None;
+    }
+    if let Err(e) = control(conn, "SAVEPOINT jobs") {
         tracing::error!(error = %e, "could not open a savepoint");
-        return Box::new(|_| {});
+        return None;
     }
     let mark = changes::mark();
-    match std::panic::catch_unwind(AssertUnwindSafe(|| job(conn))) {
-        Ok((true, reply)) => match control(conn, "RELEASE job") {
-            Ok(()) => reply,
-            Err(e) => {
-                changes::rollback_to(mark);
-                let err = StoreError::from(e);
-                Box::new(move |_| reply(Err(err)))
-            }
-        },
-        Ok((false, reply)) => {
-            let _ = roll_back(conn, "job");
-            changes::rollback_to(mark);
-            reply
+    for (i, job) in batch.iter_mut().enumerate() {
+        let kept = run_caught(conn, job);
+        if conn.is_autocommit() {
+            return Some(Ran::RolledBack(i + 1));
         }
+        if kept != Some(true) {
+            changes::rollback_to(mark);
+            let _ = roll_back(conn, "jobs");
+            return None;
+        }
+    }
+    match control(conn, "RELEASE jobs") {
+        Ok(()) => Some(Ran::All),
         Err(_) => {
             changes::rollback_to(mark);
-            // The job's reply channel was dropped while unwinding: its caller
-            // sees an error.
+            let _ = roll_back(conn, "jobs");
+            None
+        }
+    }
+}
+
+/// Runs every job of `batch` in a savepoint of its own.
+fn run_each_alone(conn: &Connection, batch: &mut [Box<dyn Job>]) -> Ran {
+    for (i, job) in batch.iter_mut().enumerate() {
+        run_alone(conn, job);
+        if conn.is_autocommit() {
+            return Ran::RolledBack(i + 1);
+        }
+    }
+    Ran::All
+}
+
+/// Runs one job inside a savepoint. A panicking job is rolled back and its
+/// caller answered with an error instead of the writer thread dying.
+fn run_alone(conn: &Connection, job: &mut Box<dyn Job>) {
+    if let Err(e) = control(conn, "SAVEPOINT job") {
+        tracing::error!(error = %e, "could not open a savepoint");
+        job.spoil(StoreError::from(e));
+        return;
+    }
+    let mark = changes::mark();
+    match run_caught(conn, job) {
+        Some(true) => {
+            if let Err(e) = control(conn, "RELEASE job") {
+                changes::rollback_to(mark);
+                let _ = roll_back(conn, "job");
+                job.spoil(StoreError::from(e));
+            }
+        }
+        Some(false) => {
+            let _ = roll_back(conn, "job");
+            changes::rollback_to(mark);
+        }
+        None => {
+            changes::rollback_to(mark);
             let _ = roll_back(conn, "job");
             tracing::error!("a store write panicked; it was rolled back");
-            Box::new(|_| {})
         }
     }
 }
@@ -247,4 +347,139 @@ fn each_in_its_savepoint<P, T>(
     f: impl Fn(&Connection, &P) -> Result<T>,
 ) -> Result<Vec<Result<T>>> {
     items.iter().map(|item| isolated(conn, |c| f(c, item))).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    fn writer() -> Writer {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch("CREATE TABLE t (n INTEGER PRIMARY KEY)").unwrap();
+        let (changes, _) = broadcast::channel(16);
+        Writer::spawn(conn, 64, changes, Arc::new(ReadCache::default()))
+    }
+
+    /// Holds the writer inside a job until the returned sender is used (or
+    /// dropped), so that the writes sent meanwhile form one batch.
+    async fn hold(writer: &Writer) -> (std::sync::mpsc::Sender<()>, tokio::task::JoinHandle<Result<()>>) {
+        let (inside, wait_inside) = std::sync::mpsc::channel::<()>();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let held = tokio::spawn({
+            let writer = writer.clone();
+            async move {
+                writer
+                    .write(move |_| {
+                        let _ = inside.send(());
+                        let _ = released.recv();
+                        Ok(())
+                    })
+                    .await
+            }
+        });
+        tokio::task::spawn_blocking(move || wait_inside.recv().unwrap())
+            .await
+            .unwrap();
+        (release, held)
+    }
+
+    /// Waits until `n` jobs are queued behind the held one.
+    async fn queued(writer: &Writer, n: usize) {
+        while writer.jobs.max_capacity() - writer.jobs.capacity() < n {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    fn insert(n: i64, runs: Arc<AtomicUsize>) -> impl Fn(&Connection) -> Result<i64> + Send + 'static {
+        move |c| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            c.execute("INSERT INTO t (n) VALUES (?1)", [n])?;
+            Ok(n)
+        }
+    }
+
+    async fn stored(writer: &Writer) -> Vec<i64> {
+        writer
+            .write(|c| {
+                let mut s = c.prepare("SELECT n FROM t ORDER BY n")?;
+                let rows = s.query_map([], |r| r.get(0))?.collect::<rusqlite::Result<Vec<i64>>>()?;
+                Ok(rows)
+            })
+            .await
+            .unwrap()
+    }
+
+    /// A batch whose jobs all succeed runs each of them once, under one
+    /// savepoint, and keeps what they all wrote.
+    #[tokio::test]
+    async fn a_batch_that_succeeds_runs_each_job_once() {
+        let writer = writer();
+        let (release, held) = hold(&writer).await;
+        let runs = Arc::new(AtomicUsize::new(0));
+        let writes: Vec<_> = (1..=5)
+            .map(|n| {
+                tokio::spawn({
+                    let (writer, runs) = (writer.clone(), runs.clone());
+                    async move { writer.write(insert(n, runs)).await }
+                })
+            })
+            .collect();
+        queued(&writer, 5).await;
+        release.send(()).unwrap();
+        held.await.unwrap().unwrap();
+        for (n, write) in (1..=5).zip(writes) {
+            assert_eq!(write.await.unwrap().unwrap(), n);
+        }
+        assert_eq!(runs.load(Ordering::SeqCst), 5, "no job ran twice");
+        assert_eq!(stored(&writer).await, vec![1, 2, 3, 4, 5]);
+    }
+
+    /// In a batch where one job fails after writing and another panics
+    /// after writing, those two are rolled back and answered with errors,
+    /// and every other job's write is kept and answered once.
+    #[tokio::test]
+    async fn a_failing_or_panicking_job_rolls_back_only_itself() {
+        let writer = writer();
+        let (release, held) = hold(&writer).await;
+        let runs = Arc::new(AtomicUsize::new(0));
+        let mut writes = Vec::new();
+        for n in 1..=5_i64 {
+            let (w, runs) = (writer.clone(), runs.clone());
+            writes.push(tokio::spawn(async move {
+                let writer = w;
+                match n {
+                    2 => {
+                        writer
+                            .write(move |c| {
+                                insert(n, runs.clone())(c)?;
+                                Err::<i64, _>(StoreError::NotFound)
+                            })
+                            .await
+                    }
+                    4 => {
+                        writer
+                            .write(move |c| {
+                                insert(n, runs.clone())(c)?;
+                                panic!("a job that panics after writing")
+                            })
+                            .await
+                    }
+                    _ => writer.write(insert(n, runs)).await,
+                }
+            }));
+            // In this order in the batch.
+            queued(&writer, n as usize).await;
+        }
+        release.send(()).unwrap();
+        held.await.unwrap().unwrap();
+        let answers: Vec<_> = futures_util::future::join_all(writes)
+            .await
+            .into_iter()
+            .map(|r| r.unwrap().ok())
+            .collect();
+        assert_eq!(answers, vec![Some(1), None, Some(3), None, Some(5)]);
+        assert_eq!(stored(&writer).await, vec![1, 3, 5]);
+    }
 }
