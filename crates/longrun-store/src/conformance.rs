@@ -65,6 +65,7 @@ macro_rules! store_conformance {
             every_event_keeps_the_representation_at_its_version,
             committed_changes_are_published_and_rolled_back_ones_are_not,
             every_submission_of_a_batch_is_published_once,
+            every_change_of_a_large_claim_and_outcome_batch_is_published_once_in_order,
             typical_durations_come_from_recent_successes,
             each_state_transition_of_a_callback_operation_queues_one_webhook,
             webhook_attempts_are_leased_logged_retried_and_given_up,
@@ -1372,6 +1373,40 @@ pub async fn every_submission_of_a_batch_is_published_once(store: &dyn Store) {
         assert!(published.insert(change.operation_id), "published twice");
     }
     assert_eq!(published, created);
+    // Nothing more: the next change is a later write's.
+    let later = create(store, "t1", "feed").await;
+    assert_eq!(changes.recv().await.unwrap().operation_id, later.id);
+}
+
+/// A claim and a batch of outcomes of more tasks than one notification
+/// carries (PostgreSQL sends 20 changes a payload) publish each change once,
+/// each operation's in version order, and nothing else.
+pub async fn every_change_of_a_large_claim_and_outcome_batch_is_published_once_in_order(store: &dyn Store) {
+    const N: usize = 45;
+    for _ in 0..N {
+        create(store, "t1", "feed").await;
+    }
+    let mut changes = store.subscribe_changes();
+    let tasks = claim(store, "feed", N as u32, at(1)).await;
+    assert_eq!(tasks.len(), N);
+    let outcomes = tasks
+        .iter()
+        .map(|t| finish(t, Outcome::Succeeded { result: None }, at(2)))
+        .collect();
+    for answer in store.task_finish_many(outcomes).await {
+        answer.unwrap();
+    }
+    let mut seen: BTreeMap<Id, Vec<(i64, String)>> = BTreeMap::new();
+    for _ in 0..2 * N {
+        let change = changes.recv().await.unwrap();
+        seen.entry(change.operation_id)
+            .or_default()
+            .push((change.version, change.event_type));
+    }
+    assert_eq!(seen.len(), N);
+    for (id, got) in &seen {
+        assert_eq!(got, &[(2, "started".to_owned()), (3, "succeeded".to_owned())], "{id}");
+    }
     // Nothing more: the next change is a later write's.
     let later = create(store, "t1", "feed").await;
     assert_eq!(changes.recv().await.unwrap().operation_id, later.id);

@@ -297,21 +297,27 @@ impl PostgresStore {
 
 /// Queues `changes` for every listener; they are delivered if and when the
 /// transaction commits. NOTIFY payloads are limited (8000 bytes): sent in
-/// chunks.
+/// chunks of 20 changes, all in one statement (a claim of 64 tasks had paid
+/// a round trip per chunk), in order: `unnest` yields the array's items in
+/// order and each row's `pg_notify` runs as it is read.
 async fn announce(c: &mut PgConnection, changes: &Changes) -> Result<()> {
     // What was touched first: a listener forgets it before it publishes a
     // change that may send someone to read it (a re-run's `created`).
     let touched = changes.touched.iter().map(|id| json!({ "touched": id }));
     let items: Vec<Value> = touched.chain(changes.list.iter().map(change_to_json)).collect();
-    for chunk in items.chunks(20) {
-        let payload = chunk.to_vec();
-        sqlx::query("SELECT pg_notify($1, $2)")
-            .bind(CHANNEL)
-            .bind(Value::Array(payload).to_string())
-            .execute(&mut *c)
-            .await
-            .map_err(db)?;
+    if items.is_empty() {
+        return Ok(());
     }
+    let payloads: Vec<String> = items
+        .chunks(20)
+        .map(|chunk| Value::Array(chunk.to_vec()).to_string())
+        .collect();
+    sqlx::query("SELECT pg_notify($1, payload) FROM unnest($2::TEXT[]) AS p(payload)")
+        .bind(CHANNEL)
+        .bind(payloads)
+        .execute(&mut *c)
+        .await
+        .map_err(db)?;
     Ok(())
 }
 
