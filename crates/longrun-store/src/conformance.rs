@@ -1383,10 +1383,12 @@ pub async fn every_submission_of_a_batch_is_published_once(store: &dyn Store) {
 /// each operation's in version order, and nothing else.
 pub async fn every_change_of_a_large_claim_and_outcome_batch_is_published_once_in_order(store: &dyn Store) {
     const N: usize = 45;
+    // Subscribed first: PostgreSQL delivers the `created` changes after
+    // the accepts return, so they are counted rather than raced.
+    let mut changes = store.subscribe_changes();
     for _ in 0..N {
         create(store, "t1", "feed").await;
     }
-    let mut changes = store.subscribe_changes();
     let tasks = claim(store, "feed", N as u32, at(1)).await;
     assert_eq!(tasks.len(), N);
     let outcomes = tasks
@@ -1397,7 +1399,7 @@ pub async fn every_change_of_a_large_claim_and_outcome_batch_is_published_once_i
         answer.unwrap();
     }
     let mut seen: BTreeMap<Id, Vec<(i64, String)>> = BTreeMap::new();
-    for _ in 0..2 * N {
+    for _ in 0..3 * N {
         let change = changes.recv().await.unwrap();
         seen.entry(change.operation_id)
             .or_default()
@@ -1405,7 +1407,8 @@ pub async fn every_change_of_a_large_claim_and_outcome_batch_is_published_once_i
     }
     assert_eq!(seen.len(), N);
     for (id, got) in &seen {
-        assert_eq!(got, &[(2, "started".to_owned()), (3, "succeeded".to_owned())], "{id}");
+        let expected = [(1, "created"), (2, "started"), (3, "succeeded")].map(|(v, t)| (v, t.to_owned()));
+        assert_eq!(got, &expected, "{id}");
     }
     // Nothing more: the next change is a later write's.
     let later = create(store, "t1", "feed").await;
