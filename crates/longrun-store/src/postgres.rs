@@ -295,11 +295,20 @@ impl PostgresStore {
     }
 }
 
+/// Changes one NOTIFY payload carries: payloads are limited to 8000 bytes.
+/// A macro so that the submission statement's SQL can spell it too.
+macro_rules! changes_per_payload {
+    () => {
+        20
+    };
+}
+const CHANGES_PER_PAYLOAD: usize = changes_per_payload!();
+
 /// Queues `changes` for every listener; they are delivered if and when the
-/// transaction commits. NOTIFY payloads are limited (8000 bytes): sent in
-/// chunks of 20 changes, all in one statement (a claim of 64 tasks had paid
-/// a round trip per chunk), in order: `unnest` yields the array's items in
-/// order and each row's `pg_notify` runs as it is read.
+/// transaction commits. Sent [`CHANGES_PER_PAYLOAD`] to a payload, all in one
+/// statement (a claim of 64 tasks had paid a round trip per payload), in
+/// order: `unnest` yields the array's items in order and each row's
+/// `pg_notify` runs as it is read.
 async fn announce(c: &mut PgConnection, changes: &Changes) -> Result<()> {
     // What was touched first: a listener forgets it before it publishes a
     // change that may send someone to read it (a re-run's `created`).
@@ -309,8 +318,8 @@ async fn announce(c: &mut PgConnection, changes: &Changes) -> Result<()> {
         return Ok(());
     }
     let payloads: Vec<String> = items
-        .chunks(20)
-        .map(|chunk| Value::Array(chunk.to_vec()).to_string())
+        .chunks(CHANGES_PER_PAYLOAD)
+        .map(|chunk| serde_json::to_string(chunk).expect("JSON values serialize"))
         .collect();
     sqlx::query("SELECT pg_notify($1, payload) FROM unnest($2::TEXT[]) AS p(payload)")
         .bind(CHANNEL)
@@ -838,13 +847,15 @@ const SUBMIT_IN_TX: &str = concat!(
 );
 
 /// The submission statement on its own: it also NOTIFYs (`$18`) what it
-/// created, 20 items per payload (the limit is 8000 bytes), and commits as
-/// it ends.
+/// created, [`CHANGES_PER_PAYLOAD`] items per payload, and commits as it
+/// ends.
 const SUBMIT_ANNOUNCING: &str = concat!(
     submit_ctes!(),
     ", n AS (
          SELECT pg_notify($18, '[' || string_agg(q.change, ',' ORDER BY q.ord) || ']')
-           FROM o JOIN q USING (id) GROUP BY (q.ord - 1) / 20
+           FROM o JOIN q USING (id) GROUP BY (q.ord - 1) / ",
+    changes_per_payload!(),
+    "
      )
      SELECT q.capped, o.id IS NOT NULL FROM q LEFT JOIN o USING (id) WHERE (SELECT count(*) FROM n) >= 0 ORDER BY q.ord"
 );
