@@ -712,26 +712,21 @@ fn main() {
                 ]),
             };
             // `rounds` samples of each size: the table shows their median.
-            for _ in 0..rounds {
-                for (path, p99) in longrun.hot_p99s(seconds).await {
-                    note(&mut figures, format!("longrun {path} p99 ms {store}, empty"), p99);
+            let sample = async |figures: &mut BTreeMap<String, Vec<f64>>, size: &str| {
+                for _ in 0..rounds {
+                    for (path, p99) in longrun.hot_p99s(seconds).await {
+                        note(figures, format!("longrun {path} p99 ms {store}, {size}"), p99);
+                    }
                 }
-            }
+            };
+            sample(&mut figures, "empty").await;
             let started = Instant::now();
             longrun.add_history(history).await;
             eprintln!(
                 "{history} ended operations added to {store} in {:.0?}",
                 started.elapsed()
             );
-            for _ in 0..rounds {
-                for (path, p99) in longrun.hot_p99s(seconds).await {
-                    note(
-                        &mut figures,
-                        format!("longrun {path} p99 ms {store}, {history} stored"),
-                        p99,
-                    );
-                }
-            }
+            sample(&mut figures, &format!("{history} stored")).await;
             for path in ["accept", "GET", "pickup"] {
                 history_ratios.push((
                     format!("longrun {path} p99 ms {store}, {history} stored"),
