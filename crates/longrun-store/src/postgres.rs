@@ -34,6 +34,9 @@ use crate::reads::ReadCache;
 struct Changes {
     list: Vec<Change>,
     touched: Vec<String>,
+    /// How many of `list` and of `touched` were already queued for the
+    /// listeners (by a statement that also wrote, see `events_insert`).
+    announced: (usize, usize),
 }
 
 impl Changes {
@@ -47,6 +50,21 @@ impl Changes {
 
     fn touch(&mut self, id: &str) {
         self.touched.push(id.to_owned());
+    }
+
+    /// The NOTIFY payloads of what was not announced yet, [`CHANGES_PER_PAYLOAD`]
+    /// changes each; from now on they count as announced. What was touched
+    /// comes first: a listener forgets it before it publishes a change that
+    /// may send someone to read it (a re-run's `created`).
+    fn unannounced_payloads(&mut self) -> Vec<String> {
+        let (changes, touched) = self.announced;
+        let touched = self.touched[touched..].iter().map(|id| json!({ "touched": id }));
+        let items: Vec<Value> = touched.chain(self.list[changes..].iter().map(change_to_json)).collect();
+        self.announced = (self.list.len(), self.touched.len());
+        items
+            .chunks(CHANGES_PER_PAYLOAD)
+            .map(|chunk| serde_json::to_string(chunk).expect("JSON values serialize"))
+            .collect()
     }
 
     /// Every operation the transaction changed.
@@ -216,6 +234,10 @@ impl PostgresStore {
     /// Connects and applies the schema if the database has none yet.
     pub async fn open(config: PostgresConfig) -> Result<Self> {
         let options: PgConnectOptions = config.url.parse().map_err(db)?;
+        // No JIT compilation: every statement here is short, and a plan
+        // whose estimate passed `jit_above_cost` (the claim's generic plan,
+        // its LIMIT unknown) paid ~35 ms compiling to run in 1 ms.
+        let options = options.options([("jit", "off")]);
         let pool = PgPoolOptions::new()
             .max_connections(config.max_connections)
             .acquire_timeout(ACQUIRE_TIMEOUT)
@@ -282,7 +304,7 @@ impl PostgresStore {
             let mut changes = Changes::default();
             let out = f(&mut tx, &mut changes).await;
             match out {
-                Ok(value) => commit(tx, &changes, &reads).await.map(|()| value),
+                Ok(value) => commit(tx, &mut changes, &reads).await.map(|()| value),
                 Err(e) => {
                     let _ = tx.rollback().await;
                     Err(e)
@@ -309,18 +331,11 @@ const CHANGES_PER_PAYLOAD: usize = changes_per_payload!();
 /// statement (a claim of 64 tasks had paid a round trip per payload), in
 /// order: `unnest` yields the array's items in order and each row's
 /// `pg_notify` runs as it is read.
-async fn announce(c: &mut PgConnection, changes: &Changes) -> Result<()> {
-    // What was touched first: a listener forgets it before it publishes a
-    // change that may send someone to read it (a re-run's `created`).
-    let touched = changes.touched.iter().map(|id| json!({ "touched": id }));
-    let items: Vec<Value> = touched.chain(changes.list.iter().map(change_to_json)).collect();
-    if items.is_empty() {
+async fn announce(c: &mut PgConnection, changes: &mut Changes) -> Result<()> {
+    let payloads = changes.unannounced_payloads();
+    if payloads.is_empty() {
         return Ok(());
     }
-    let payloads: Vec<String> = items
-        .chunks(CHANGES_PER_PAYLOAD)
-        .map(|chunk| serde_json::to_string(chunk).expect("JSON values serialize"))
-        .collect();
     sqlx::query("SELECT pg_notify($1, payload) FROM unnest($2::TEXT[]) AS p(payload)")
         .bind(CHANNEL)
         .bind(payloads)
@@ -494,7 +509,7 @@ async fn commit_batch<P, R>(writer: &Writer, apply: Apply<P, R>, batch: &[&P]) -
     let mut tx = writer.pool.begin().await.map_err(db)?;
     let mut changes = Changes::default();
     let results = apply(&mut tx, &mut changes, writer.policy, batch).await?;
-    commit(tx, &changes, &writer.reads).await?;
+    commit(tx, &mut changes, &writer.reads).await?;
     Ok(results)
 }
 
@@ -503,7 +518,7 @@ async fn commit_batch<P, R>(writer: &Writer, apply: Apply<P, R>, batch: &[&P]) -
 /// exactly when — and only if — they commit; and this node's read cache
 /// forgets them before the caller is answered (even when the commit's
 /// outcome is unknown), so the caller reads its own write.
-async fn commit(mut tx: sqlx::Transaction<'_, sqlx::Postgres>, changes: &Changes, reads: &ReadCache) -> Result<()> {
+async fn commit(mut tx: sqlx::Transaction<'_, sqlx::Postgres>, changes: &mut Changes, reads: &ReadCache) -> Result<()> {
     announce(&mut tx, changes).await?;
     let committed = tx.commit().await.map_err(db);
     reads.evict(changes.ids());
@@ -1588,35 +1603,138 @@ async fn operation_cancel(
     Ok(CancelOutcome::CancelledNow(op))
 }
 
-async fn tenants_with_ready_work(c: &mut PgConnection) -> Result<Vec<(String, Option<i64>)>> {
-    let rows = sqlx::query(
+/// Up to `$3` of one tenant's (`TENANT`'s) ready tasks of the claimed kinds
+/// (`$1`) available at `$2`, oldest first, locked. Each kind is read from
+/// the head of its own index range (a claim reads about as many rows as it
+/// takes, however many are queued), then the oldest across kinds are
+/// taken. Rows other claimers hold are skipped, not waited for; the few
+/// extra rows locked are released at commit. The row's `ctid` is what
+/// `lease_tasks` updates it by: stable while the row is locked, and a plan
+/// that cannot turn into a scan of the table (keyed by `operation_id =
+/// ANY(…)`, the planner read every queued task to lease 64). The picked
+/// rows' operations are looked up one by one (a LATERAL with a LIMIT is
+/// never turned into a join): the generic plan, the LIMIT unknown, had
+/// hash-joined every stored operation.
+macro_rules! pick_ready_sql {
+    ($tenant:literal) => {
+        concat!(
+            "SELECT p.operation_id, p.seq, p.ctid::TEXT AS ctid, o.deadline_at, o.state = 'queued' AS was_queued
+               FROM (SELECT t.operation_id, t.seq, t.ctid
+                       FROM unnest($1::TEXT[]) AS k(kind)
+                      CROSS JOIN LATERAL (
+                            SELECT operation_id, seq, ctid FROM tasks
+                             WHERE status = 'ready' AND tenant = ",
+            $tenant,
+            " AND kind = k.kind AND available_at <= $2
+                             ORDER BY seq LIMIT $3 FOR UPDATE SKIP LOCKED) t
+                      ORDER BY t.seq LIMIT $3) p
+              CROSS JOIN LATERAL (SELECT deadline_at, state FROM operations WHERE id = p.operation_id LIMIT 1) o"
+        )
+    };
+}
+
+/// The tenants with ready work, least recently served first, each with
+/// up to `max_tasks` of its ready tasks picked and locked (`pick_ready_sql`)
+/// unless it is capped: one round trip for what had taken one for the
+/// tenants and one per tenant.
+async fn tenants_with_ready_work(c: &mut PgConnection, p: &ClaimParams) -> Result<Vec<ReadyTenant>> {
+    // A capped tenant's rows are not read here (the one-time filter on
+    // `max_running`): they are picked after its cap was checked.
+    let rows = sqlx::query(concat!(
         "WITH RECURSIVE ready(tenant) AS (
              SELECT MIN(tenant) FROM tasks WHERE status = 'ready'
              UNION ALL
              SELECT (SELECT MIN(tenant) FROM tasks WHERE status = 'ready' AND tenant > ready.tenant)
                FROM ready WHERE ready.tenant IS NOT NULL
+         ), served AS (
+             SELECT ready.tenant, t.max_running, COALESCE(d.last_claimed, 0) AS last_claimed
+               FROM ready
+               LEFT JOIN tenants t ON t.name = ready.tenant
+               LEFT JOIN tenant_dispatch d ON d.tenant = ready.tenant
+              WHERE ready.tenant IS NOT NULL
          )
-         SELECT ready.tenant, t.max_running
-           FROM ready
-           LEFT JOIN tenants t ON t.name = ready.tenant
-           LEFT JOIN tenant_dispatch d ON d.tenant = ready.tenant
-          WHERE ready.tenant IS NOT NULL
-          ORDER BY COALESCE(d.last_claimed, 0), ready.tenant",
-    )
+         SELECT s.tenant, s.max_running, picked.operation_id, picked.ctid, picked.deadline_at, picked.was_queued
+           FROM served s
+           LEFT JOIN LATERAL (",
+        pick_ready_sql!("s.tenant"),
+        ") picked ON s.max_running IS NULL
+          ORDER BY s.last_claimed, s.tenant, picked.seq"
+    ))
+    .bind(&p.kinds)
+    .bind(p.now.0)
+    .bind(i64::from(p.max_tasks))
     .fetch_all(&mut *c)
     .await
     .map_err(db)?;
-    rows.iter()
-        .map(|r| Ok((r.try_get(0).map_err(db)?, r.try_get(1).map_err(db)?)))
-        .collect()
+    let mut tenants: Vec<ReadyTenant> = Vec::new();
+    for r in &rows {
+        let tenant: String = r.try_get(0).map_err(db)?;
+        if tenants.last().is_none_or(|last| last.tenant != tenant) {
+            tenants.push(ReadyTenant {
+                tenant: tenant.clone(),
+                max_running: r.try_get(1).map_err(db)?,
+                picked: std::collections::VecDeque::new(),
+            });
+        }
+        if r.try_get::<Option<String>, _>(2).map_err(db)?.is_none() {
+            continue;
+        }
+        let last = tenants.last_mut().expect("pushed above");
+        last.picked.push_back(picked_from_row(tenant, r, 2)?);
+    }
+    Ok(tenants)
+}
+
+/// A tenant with ready work, least recently served first, and what was
+/// picked for it (nothing yet for a capped tenant).
+struct ReadyTenant {
+    tenant: String,
+    max_running: Option<i64>,
+    picked: std::collections::VecDeque<Picked>,
+}
+
+/// Picks up to `allowance` of `tenant`'s ready tasks (`pick_ready_sql`).
+async fn pick_ready(
+    c: &mut PgConnection,
+    p: &ClaimParams,
+    tenant: &str,
+    allowance: i64,
+) -> Result<std::collections::VecDeque<Picked>> {
+    let rows = sqlx::query(concat!(
+        "SELECT operation_id, ctid, deadline_at, was_queued FROM (",
+        pick_ready_sql!("$4"),
+        ") picked ORDER BY seq"
+    ))
+    .bind(&p.kinds)
+    .bind(p.now.0)
+    .bind(allowance)
+    .bind(tenant)
+    .fetch_all(&mut *c)
+    .await
+    .map_err(db)?;
+    rows.iter().map(|r| picked_from_row(tenant.to_owned(), r, 0)).collect()
 }
 
 /// A ready task picked for a claim, with what leasing it needs to know.
 struct Picked {
     tenant: String,
     operation_id: String,
+    /// The locked row's place in `tasks`.
+    ctid: String,
     deadline_at: Option<i64>,
     was_queued: bool,
+}
+
+/// The `Picked` in the columns `from..from + 4` of `r` (operation id,
+/// ctid, deadline, whether it was queued).
+fn picked_from_row(tenant: String, r: &PgRow, from: usize) -> Result<Picked> {
+    Ok(Picked {
+        tenant,
+        operation_id: r.try_get(from).map_err(db)?,
+        ctid: r.try_get(from + 1).map_err(db)?,
+        deadline_at: r.try_get(from + 2).map_err(db)?,
+        was_queued: r.try_get(from + 3).map_err(db)?,
+    })
 }
 
 async fn task_claim(c: &mut PgConnection, ch: &mut Changes, policy: Policy, p: &ClaimParams) -> Result<Vec<Task>> {
@@ -1625,61 +1743,37 @@ async fn task_claim(c: &mut PgConnection, ch: &mut Changes, policy: Policy, p: &
     }
     let want = p.max_tasks as usize;
     let mut queues: Vec<std::collections::VecDeque<Picked>> = Vec::new();
-    let tenants = tenants_with_ready_work(c).await?;
+    let tenants = tenants_with_ready_work(c, p).await?;
     let record_order = records_served_order(tenants.len());
-    for (tenant, max_running) in tenants {
-        let mut allowance = want as i64;
-        if let Some(max_running) = max_running {
-            // Nodes claiming for the same capped tenant take turns, so
-            // together they never exceed max_running.
-            sqlx::query("SELECT 1 FROM tenants WHERE name = $1 FOR UPDATE")
-                .bind(&tenant)
-                .execute(&mut *c)
-                .await
-                .map_err(db)?;
-            let running: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM tasks WHERE tenant = $1 AND status = 'leased'")
-                .bind(&tenant)
-                .fetch_one(&mut *c)
-                .await
-                .map_err(db)?;
-            allowance = allowance.min(max_running - running);
-        }
-        if allowance <= 0 {
-            continue;
-        }
-        // Rows other claimers hold are skipped, not waited for. Each kind is
-        // read from the head of its own index range (a claim reads about as
-        // many rows as it takes, however many are queued), then the oldest
-        // across kinds are taken; the few extra rows locked are released
-        // at commit.
-        let rows = sqlx::query(
-            "SELECT t.operation_id, o.deadline_at, o.state = 'queued'
-               FROM unnest($2::TEXT[]) AS k(kind)
-              CROSS JOIN LATERAL (
-                    SELECT operation_id, seq FROM tasks
-                     WHERE status = 'ready' AND tenant = $1 AND kind = k.kind AND available_at <= $3
-                     ORDER BY seq LIMIT $4 FOR UPDATE SKIP LOCKED) t
-               JOIN operations o ON o.id = t.operation_id
-              ORDER BY t.seq LIMIT $4",
-        )
-        .bind(&tenant)
-        .bind(&p.kinds)
-        .bind(p.now.0)
-        .bind(allowance)
-        .fetch_all(&mut *c)
-        .await
-        .map_err(db)?;
-        let heads = rows
-            .iter()
-            .map(|r| {
-                Ok(Picked {
-                    tenant: tenant.clone(),
-                    operation_id: r.try_get(0).map_err(db)?,
-                    deadline_at: r.try_get(1).map_err(db)?,
-                    was_queued: r.try_get(2).map_err(db)?,
-                })
-            })
-            .collect::<Result<std::collections::VecDeque<_>>>()?;
+    for ReadyTenant {
+        tenant,
+        max_running,
+        picked,
+    } in tenants
+    {
+        let heads = match max_running {
+            None => picked,
+            Some(max_running) => {
+                // Nodes claiming for the same capped tenant take turns, so
+                // together they never exceed max_running.
+                sqlx::query("SELECT 1 FROM tenants WHERE name = $1 FOR UPDATE")
+                    .bind(&tenant)
+                    .execute(&mut *c)
+                    .await
+                    .map_err(db)?;
+                let running: i64 =
+                    sqlx::query_scalar("SELECT COUNT(*) FROM tasks WHERE tenant = $1 AND status = 'leased'")
+                        .bind(&tenant)
+                        .fetch_one(&mut *c)
+                        .await
+                        .map_err(db)?;
+                let allowance = (want as i64).min(max_running - running);
+                if allowance <= 0 {
+                    continue;
+                }
+                pick_ready(c, p, &tenant, allowance).await?
+            }
+        };
         if !heads.is_empty() {
             queues.push(heads);
         }
@@ -1737,18 +1831,18 @@ async fn task_claim(c: &mut PgConnection, ch: &mut Changes, policy: Policy, p: &
 /// grow by a round trip per task.
 async fn lease_tasks(c: &mut PgConnection, ch: &mut Changes, p: &ClaimParams, picked: &[Picked]) -> Result<Vec<Task>> {
     let lease_expires_at = p.now.plus(p.lease);
-    let ids: Vec<&str> = picked.iter().map(|t| t.operation_id.as_str()).collect();
+    let ctids: Vec<&str> = picked.iter().map(|t| t.ctid.as_str()).collect();
     let tokens: Vec<String> = picked.iter().map(|_| random_base32::<16>()).collect();
-    // Keyed by the primary key alone: the picked rows are locked (FOR
-    // UPDATE in `task_claim`) and so still ready. With `status = 'ready'`
-    // here too, the planner — its statistics taken while the queue was
-    // short — read every ready task through the partial index and
-    // hash-joined the few picked (auto_explain: 20,000 rows for 64, 13 ms
-    // a claim, growing with the queue).
+    // By the rows' places alone (a TID scan): the picked rows are locked
+    // (FOR UPDATE in `task_claim`) and so still ready and where they were.
+    // Keyed by `operation_id = ANY(…)` the planner, its statistics taken
+    // while the queue was short, chose a scan of the whole table (with
+    // `status = 'ready'`, of the partial index): auto_explain showed 20,000
+    // rows read to lease 64, 13 ms a claim, growing with the queue.
     let rows = sqlx::query(&format!(
         "WITH t AS (UPDATE tasks SET status = 'leased', lease_expires_at = $3, worker_id = $4, lease_ms = $5,
-                                     lease_token = ($2::TEXT[])[array_position($1::TEXT[], operation_id)]
-                      WHERE operation_id = ANY($1::TEXT[])
+                                     lease_token = ($2::TEXT[])[array_position($1::TID[], ctid)]
+                      WHERE ctid = ANY($1::TID[])
                  RETURNING operation_id AS op_id, lease_token AS token)
          UPDATE operations
             SET state = 'running', attempt = GREATEST(attempt, 1), started_at = COALESCE(started_at, $6),
@@ -1757,7 +1851,7 @@ async fn lease_tasks(c: &mut PgConnection, ch: &mut Changes, p: &ClaimParams, pi
           WHERE operations.id = t.op_id AND operations.state IN ('queued', 'running')
       RETURNING {OP_COLUMNS}, t.token, operations.checkpoint"
     ))
-    .bind(&ids)
+    .bind(&ctids)
     .bind(&tokens)
     .bind(lease_expires_at.0)
     .bind(&p.worker_id)
@@ -1825,9 +1919,17 @@ async fn events_insert(c: &mut PgConnection, ch: &mut Changes, events: &[(&Opera
         data.push(d.to_string());
         snapshots.push(snapshot_text(op));
     }
+    for (op, event_type, _) in events {
+        ch.record(op, event_type);
+    }
+    // What the transaction changed so far is announced by the same
+    // statement: most transactions record their last change here, and then
+    // the commit sends no NOTIFY statement of its own (a round trip less).
     sqlx::query(
-        "INSERT INTO operation_events (operation_id, version, type, state, at, data, snapshot)
-         SELECT * FROM unnest($1::TEXT[], $2::BIGINT[], $3::TEXT[], $4::TEXT[], $5::BIGINT[], $6::TEXT[], $7::TEXT[])",
+        "WITH inserted AS (
+             INSERT INTO operation_events (operation_id, version, type, state, at, data, snapshot)
+             SELECT * FROM unnest($1::TEXT[], $2::BIGINT[], $3::TEXT[], $4::TEXT[], $5::BIGINT[], $6::TEXT[], $7::TEXT[]))
+         SELECT pg_notify($8, payload) FROM unnest($9::TEXT[]) AS p(payload)",
     )
     .bind(&ids)
     .bind(&versions)
@@ -1836,12 +1938,11 @@ async fn events_insert(c: &mut PgConnection, ch: &mut Changes, events: &[(&Opera
     .bind(&ats)
     .bind(&data)
     .bind(&snapshots)
+    .bind(CHANNEL)
+    .bind(ch.unannounced_payloads())
     .execute(&mut *c)
     .await
     .map_err(db)?;
-    for (op, event_type, _) in events {
-        ch.record(op, event_type);
-    }
     Ok(())
 }
 
