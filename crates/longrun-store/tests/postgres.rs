@@ -406,3 +406,90 @@ async fn a_node_whose_listener_was_cut_serves_nothing_it_read_before() {
     let read = a.operation_get("t1", &op.id).await.unwrap().unwrap();
     assert_eq!((read.state, read.version), (longrun_core::State::Cancelled, 2));
 }
+
+/// Outcomes are applied without row locks, each only while its operation is
+/// at the version read: one that changed in between (here a system cancel
+/// committed while the outcome's write waited for its row) is decided again
+/// under locks, from what is there now — not applied over it, not refused.
+#[tokio::test]
+async fn an_outcome_raced_by_a_change_is_decided_again_from_the_change() {
+    use longrun_store::{ClaimParams, FinishParams, Outcome};
+    let Some(cluster) = longrun_store::pgtest::cluster() else {
+        return;
+    };
+    let url = cluster.database().await;
+    let store = Arc::new(PostgresStore::open(PostgresConfig::new(url.clone())).await.unwrap());
+    let op = longrun_store::conformance::create(store.as_ref(), "t1", "raced").await;
+    let now = op.created_at;
+    let task = store
+        .task_claim(ClaimParams {
+            kinds: vec!["raced".into()],
+            max_tasks: 1,
+            lease: std::time::Duration::from_secs(30),
+            worker_id: "w".into(),
+            now,
+        })
+        .await
+        .unwrap()
+        .pop()
+        .expect("claimed");
+    // The change, not committed yet: it holds the operation's row.
+    let mut admin = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await.unwrap();
+    let mut change = sqlx::Connection::begin(&mut admin).await.unwrap();
+    sqlx::query(
+        "UPDATE operations SET cancel_requested_at = $2, cancel_requested_by = 'system',
+                cancel_reason = 'deadline_exceeded', version = version + 1, updated_at = $2 WHERE id = $1",
+    )
+    .bind(op.id.as_str())
+    .bind(now.0)
+    .execute(&mut *change)
+    .await
+    .unwrap();
+    sqlx::query("INSERT INTO operation_events (operation_id, version, type, state, at) VALUES ($1, 3, 'cancel_requested', 'running', $2)")
+        .bind(op.id.as_str())
+        .bind(now.0)
+        .execute(&mut *change)
+        .await
+        .unwrap();
+    // The worker acknowledges a cancel it never saw requested: read without
+    // locks, that ends `cancelled`; its write waits for the row.
+    let finishing = tokio::spawn({
+        let store = store.clone();
+        async move {
+            store
+                .task_finish(FinishParams {
+                    operation_id: task.operation_id.clone(),
+                    lease_token: task.lease_token.clone(),
+                    outcome: Outcome::Cancelled,
+                    progress: None,
+                    now,
+                })
+                .await
+        }
+    });
+    let mut watcher = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await.unwrap();
+    let waiting = async {
+        loop {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM pg_stat_activity
+                  WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'UPDATE operations%'",
+            )
+            .fetch_one(&mut watcher)
+            .await
+            .unwrap();
+            if waiting > 0 {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+    };
+    // A guard against hanging, not a synchronisation.
+    tokio::time::timeout(std::time::Duration::from_secs(60), waiting)
+        .await
+        .expect("the outcome's write waits for the row");
+    change.commit().await.unwrap();
+    let ended = finishing.await.unwrap().expect("the outcome is applied, not refused");
+    assert_eq!(ended.state, longrun_core::State::Failed);
+    assert_eq!(ended.error.as_ref().map(|e| e.code.as_str()), Some("deadline_exceeded"));
+    assert_eq!(ended.version, 4, "created, started, the change, the end");
+}
