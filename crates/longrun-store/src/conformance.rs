@@ -2695,16 +2695,22 @@ pub async fn a_batch_of_outcomes_applies_each_fenced_alone(store: &dyn Store) {
     for _ in 0..3 {
         create(store, "t1", "q").await;
     }
+    declare(store, "flaky", false, 2).await;
+    create(store, "t1", "flaky").await;
     let tasks = claim(store, "q", 3, at(1)).await;
     assert_eq!(tasks.len(), 3);
+    let flaky = claim_one(store, "flaky", at(1)).await;
     let forged = FinishParams {
         lease_token: "forged".into(),
         ..finish(&tasks[2], Outcome::Succeeded { result: None }, at(2))
     };
+    // Endings, a retry (which is not an ending), a forged lease and a
+    // duplicate, mixed: each is answered in its own place.
     let answers = store
         .task_finish_many(vec![
             finish(&tasks[0], Outcome::Succeeded { result: Some(json!(1)) }, at(2)),
             forged,
+            finish(&flaky, retryable("upstream_503"), at(2)),
             finish(&tasks[1], Outcome::Cancelled, at(2)),
             // The same outcome twice: the second finds no lease.
             finish(&tasks[0], Outcome::Succeeded { result: Some(json!(1)) }, at(2)),
@@ -2712,8 +2718,10 @@ pub async fn a_batch_of_outcomes_applies_each_fenced_alone(store: &dyn Store) {
         .await;
     assert_eq!(answers[0].as_ref().unwrap().state, State::Succeeded);
     assert!(matches!(answers[1], Err(StoreError::LeaseLost)), "{:?}", answers[1]);
-    assert_eq!(answers[2].as_ref().unwrap().state, State::Cancelled);
-    assert!(matches!(answers[3], Err(StoreError::LeaseLost)), "{:?}", answers[3]);
+    let retried = answers[2].as_ref().unwrap();
+    assert_eq!((&retried.id, retried.state, retried.attempt), (&flaky.operation_id, State::Running, 2));
+    assert_eq!(answers[3].as_ref().unwrap().state, State::Cancelled);
+    assert!(matches!(answers[4], Err(StoreError::LeaseLost)), "{:?}", answers[4]);
     // The forged one harmed nothing: the real holder still completes.
     let op = store
         .task_finish(finish(&tasks[2], Outcome::Succeeded { result: None }, at(3)))

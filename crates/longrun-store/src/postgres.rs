@@ -2120,6 +2120,21 @@ async fn fenced_many(
         .collect()
 }
 
+/// The fenced rows of a batch of outcomes, in the batch's order: `None`
+/// where the lease is not (or no longer) held, and for a second outcome
+/// with the same lease in one batch, which finds it already used.
+async fn fenced_outcomes(c: &mut PgConnection, batch: &[&FinishParams], lock: Lock) -> Result<Vec<Option<Fenced>>> {
+    let leases: Vec<(&str, &str)> = batch
+        .iter()
+        .map(|p| (p.operation_id.as_str(), p.lease_token.as_str()))
+        .collect();
+    let mut found = fenced_many(c, &leases, lock).await?;
+    Ok(leases
+        .into_iter()
+        .map(|(id, token)| found.remove(&(id.to_owned(), token.to_owned())))
+        .collect())
+}
+
 async fn task_heartbeat(c: &mut PgConnection, ch: &mut Changes, p: &HeartbeatParams) -> Result<HeartbeatAck> {
     let current = fenced(c, &p.operation_id, &p.lease_token).await?;
     let lease_expires_at = p
@@ -2235,16 +2250,12 @@ async fn task_finish_batch(
     policy: Policy,
     batch: &[&FinishParams],
 ) -> Result<Vec<Result<Operation>>> {
-    let leases: Vec<(&str, &str)> = batch
-        .iter()
-        .map(|p| (p.operation_id.as_str(), p.lease_token.as_str()))
-        .collect();
-    let mut seen = fenced_many(c, &leases, Lock::None).await?;
+    let seen = fenced_outcomes(c, batch, Lock::None).await?;
     let mut answers: Vec<Option<Result<Operation>>> = (0..batch.len()).map(|_| None).collect();
     let mut ends: Vec<(usize, Ending, i64)> = Vec::new();
     let mut again: Vec<usize> = Vec::new();
-    for (i, p) in batch.iter().enumerate() {
-        let Some(fenced) = seen.remove(&(p.operation_id.as_str().to_owned(), p.lease_token.clone())) else {
+    for (i, (p, fenced)) in batch.iter().zip(seen).enumerate() {
+        let Some(fenced) = fenced else {
             // A lease, once gone, never comes back.
             answers[i] = Some(Err(StoreError::LeaseLost));
             continue;
@@ -2292,16 +2303,12 @@ async fn task_finish_locked(
     policy: Policy,
     batch: &[&FinishParams],
 ) -> Result<Vec<Result<Operation>>> {
-    let leases: Vec<(&str, &str)> = batch
-        .iter()
-        .map(|p| (p.operation_id.as_str(), p.lease_token.as_str()))
-        .collect();
-    let mut current = fenced_many(c, &leases, Lock::ForUpdate).await?;
+    let current = fenced_outcomes(c, batch, Lock::ForUpdate).await?;
     let mut answers: Vec<Option<Result<Operation>>> = Vec::with_capacity(batch.len());
     let mut ends: Vec<(usize, &str, Ending)> = Vec::new();
-    for (i, p) in batch.iter().enumerate() {
+    for (i, (p, fenced)) in batch.iter().zip(current).enumerate() {
         let id = p.operation_id.as_str();
-        let Some(fenced) = current.remove(&(id.to_owned(), p.lease_token.clone())) else {
+        let Some(fenced) = fenced else {
             answers.push(Some(Err(StoreError::LeaseLost)));
             continue;
         };
