@@ -382,6 +382,41 @@ pub async fn list_is_newest_first_filtered_and_paginated(store: &dyn Store) {
     let newest_first: Vec<Id> = created.iter().rev().cloned().collect();
     assert_eq!(seen, newest_first);
 
+    // Spread over states (running, succeeded, queued) and over two tenants,
+    // the pages still run newest first: for one tenant and for all of them.
+    let claimed = claim(store, "even", 2, at(1)).await;
+    assert_eq!(claimed.len(), 2);
+    store
+        .task_finish(finish(&claimed[0], Outcome::Succeeded { result: None }, at(2)))
+        .await
+        .unwrap();
+    let other = create(store, "t2", "odd").await;
+    let pages = |tenant: Option<&str>| {
+        let tenant = tenant.map(str::to_owned);
+        async move {
+            let (mut seen, mut before) = (Vec::new(), None);
+            loop {
+                let page = store
+                    .operation_list(ListParams {
+                        tenant: tenant.clone(),
+                        page_size: 2,
+                        before_seq: before,
+                        ..Default::default()
+                    })
+                    .await
+                    .unwrap();
+                seen.extend(page.operations.into_iter().map(|o| o.id));
+                match page.next_before_seq {
+                    Some(next) => before = Some(next),
+                    None => return seen,
+                }
+            }
+        }
+    };
+    assert_eq!(pages(Some("t1")).await, newest_first);
+    let everyone: Vec<Id> = std::iter::once(other.id).chain(newest_first.iter().cloned()).collect();
+    assert_eq!(pages(None).await, everyone);
+
     let list = |kind: Option<&str>, label: Option<(&str, &str)>, state: Option<State>| ListParams {
         tenant: Some("t1".into()),
         kind: kind.map(str::to_owned),
@@ -407,7 +442,10 @@ pub async fn list_is_newest_first_filtered_and_paginated(store: &dyn Store) {
         .operation_list(list(None, None, Some(State::Running)))
         .await
         .unwrap();
-    assert!(running.operations.is_empty());
+    assert_eq!(
+        running.operations.iter().map(|o| o.id.clone()).collect::<Vec<_>>(),
+        vec![claimed[1].operation_id.clone()]
+    );
 }
 
 pub async fn claim_heartbeat_complete_walks_the_state_machine(store: &dyn Store) {
