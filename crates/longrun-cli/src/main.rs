@@ -117,7 +117,7 @@ struct WorkerArgs {
     #[arg(long)]
     exec: String,
     /// Tasks run at once (quick work may be claimed ahead of free slots, up
-    /// to 3× this many more; see docs/workers.md).
+    /// to 15× this many more; see docs/workers.md).
     #[arg(long, default_value_t = 1)]
     concurrency: usize,
     /// Lease length; heartbeats renew it every third of it.
@@ -202,7 +202,7 @@ struct ServeArgs {
     #[arg(long, env = "LONGRUN_BUILTIN_WORKERS", default_value_t = true, action = clap::ArgAction::Set)]
     builtin_workers: bool,
     /// Built-in tasks run at once in this process (quick work may be claimed
-    /// ahead of free slots, up to 3× this many more; see docs/workers.md).
+    /// ahead of free slots, up to 15× this many more; see docs/workers.md).
     #[arg(long, env = "LONGRUN_WORKER_CONCURRENCY", default_value_t = 64)]
     worker_concurrency: usize,
     /// Refuse submissions without an Idempotency-Key header.

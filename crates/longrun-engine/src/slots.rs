@@ -26,11 +26,20 @@ use crate::worker::{Handler, Report, TaskContext, Waited, run_handler, wait_for_
 pub const QUICK: Duration = Duration::from_millis(100);
 
 /// Most tasks a claim takes beyond the free slots, as a multiple of the
-/// concurrency. No-op drains of 20 k jobs, 64 slots, same runs: claiming
-/// ahead up to 1× took PostgreSQL from 3.3 k to 3.75 k jobs/s and SQLite
-/// from 5.4–5.9 k to 6.9–8.9 k; 3× took PostgreSQL from 5.1 k to 6.3–6.5 k
-/// and SQLite from 8.8–10.1 k to 12.4–12.6 k; 7× was within the noise.
-pub const AHEAD_PER_SLOT: usize = 3;
+/// concurrency. What a claim takes ahead is bounded first by the quick ends
+/// of the last window (what the slots finish in about [`QUICK`]), so a task
+/// claimed ahead waits about that long at most; this cap bounds how many a
+/// worker that dies takes with it until their leases lapse.
+///
+/// No-op drains of 20 k jobs, 64 slots, same runs (`scripts/drain`):
+/// claiming ahead up to 1× took PostgreSQL from 3.3 k to 3.75 k jobs/s and
+/// SQLite from 5.4–5.9 k to 6.9–8.9 k; 3× took PostgreSQL from 5.1 k to
+/// 6.3–6.5 k and SQLite from 8.8–10.1 k to 12.4–12.6 k. On 2026-12-04, with
+/// claims and outcomes cheaper per batch, larger batches paid again on
+/// PostgreSQL: 3× 9.5–11.4 k, 7× 12.1–13.0 k, 15× 11.8–13.3 k, 31×
+/// 13.4–13.7 k jobs/s (SQLite 3× 22.0–22.8 k, 15× 23.6–23.7 k). 15× keeps
+/// most of that gain at half of 31×'s tasks held.
+pub const AHEAD_PER_SLOT: usize = 15;
 
 /// Tasks a worker holds at once, as a multiple of its concurrency: those
 /// claimed (running or waiting for a slot) and as many again whose outcomes
@@ -280,14 +289,15 @@ mod tests {
         slots.record(Duration::from_millis(1));
         let ahead = slots.reserve(usize::MAX);
         assert_eq!(ahead.len(), 1);
-        for _ in 0..20 {
+        let cap = AHEAD_PER_SLOT * 4;
+        for _ in 0..cap + 8 {
             slots.record(Duration::from_millis(1));
         }
         assert_eq!(slots.reserve(5).len(), 5, "no more than a claim asks for");
         let more = slots.reserve(usize::MAX);
         assert_eq!(
             more.len(),
-            11,
+            cap - 1,
             "at most AHEAD_PER_SLOT × `concurrency` beyond the slots"
         );
         assert!(slots.reserve(usize::MAX).is_empty());
@@ -295,7 +305,7 @@ mod tests {
         // Within the window after the ends, they still count; then not.
         drop((ahead, more));
         tokio::time::advance(QUICK).await;
-        assert_eq!(slots.reserve(usize::MAX).len(), 12);
+        assert_eq!(slots.reserve(usize::MAX).len(), cap);
         tokio::time::advance(QUICK).await;
         assert!(
             slots.reserve(usize::MAX).is_empty(),

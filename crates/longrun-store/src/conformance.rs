@@ -2757,7 +2757,10 @@ pub async fn a_batch_of_outcomes_applies_each_fenced_alone(store: &dyn Store) {
     assert_eq!(answers[0].as_ref().unwrap().state, State::Succeeded);
     assert!(matches!(answers[1], Err(StoreError::LeaseLost)), "{:?}", answers[1]);
     let retried = answers[2].as_ref().unwrap();
-    assert_eq!((&retried.id, retried.state, retried.attempt), (&flaky.operation_id, State::Running, 2));
+    assert_eq!(
+        (&retried.id, retried.state, retried.attempt),
+        (&flaky.operation_id, State::Running, 2)
+    );
     assert_eq!(answers[3].as_ref().unwrap().state, State::Cancelled);
     assert!(matches!(answers[4], Err(StoreError::LeaseLost)), "{:?}", answers[4]);
     // The forged one harmed nothing: the real holder still completes.
