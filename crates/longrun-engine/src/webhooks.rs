@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use longrun_core::Clock;
 use longrun_core::webhook::{WebhookSecret, is_public, retry_delay, signature_header};
-use longrun_store::{AttemptOutcome, AttemptParams, Delivery, Store, StoreError};
-use tokio::sync::Semaphore;
+use longrun_store::{AttemptOutcome, AttemptParams, Change, Delivery, Store, StoreError};
+use tokio::sync::{Semaphore, broadcast};
 use tokio_util::sync::CancellationToken;
 
 /// What destinations are allowed (`--webhook-allow-http`, `--webhook-allow-private`).
@@ -375,13 +375,29 @@ impl Deliverer {
                 continue;
             }
             tokio::select! {
-                _ = changes.recv() => {
+                () = webhook_queued(&mut changes) => {
                     // Let a burst of changes settle into one look.
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
                 () = tokio::time::sleep(self.config.interval) => {}
                 () = shutdown.cancelled() => return,
             }
+        }
+    }
+}
+
+/// Resolves once a change may have queued a webhook: a change of an
+/// operation with a callback, a resync, or changes missed (lagged). Other
+/// changes (most of them, in a drain of work without callbacks) wake
+/// nothing: looking for due webhooks after each had cost a transaction every
+/// 5 ms under load.
+async fn webhook_queued(changes: &mut broadcast::Receiver<Change>) {
+    loop {
+        match changes.recv().await {
+            Ok(change) if !(change.callback || change.is_resync()) => {}
+            Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => return,
+            // No more changes: only the interval wakes the deliverer.
+            Err(broadcast::error::RecvError::Closed) => std::future::pending().await,
         }
     }
 }
@@ -427,5 +443,39 @@ mod tests {
             allow_private: true,
         };
         assert!(check_destination("http://127.0.0.1:9000/hook", development).is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_a_change_that_may_queue_a_webhook_wakes_the_deliverer() {
+        let (feed, mut changes) = broadcast::channel(16);
+        let plain = Change {
+            operation_id: longrun_core::Id::generate(longrun_core::IdKind::Operation),
+            event_type: "started".into(),
+            ..Change::resync()
+        };
+        let wait = Duration::from_secs(5);
+        feed.send(plain.clone()).unwrap();
+        assert!(
+            tokio::time::timeout(wait, webhook_queued(&mut changes)).await.is_err(),
+            "a change of an operation without a callback wakes nothing"
+        );
+        feed.send(plain.clone()).unwrap();
+        feed.send(Change {
+            callback: true,
+            ..plain
+        })
+        .unwrap();
+        tokio::time::timeout(wait, webhook_queued(&mut changes))
+            .await
+            .expect("a change of an operation with a callback wakes it");
+        feed.send(Change::resync()).unwrap();
+        tokio::time::timeout(wait, webhook_queued(&mut changes))
+            .await
+            .expect("so does a resync");
+        drop(feed);
+        assert!(
+            tokio::time::timeout(wait, webhook_queued(&mut changes)).await.is_err(),
+            "a closed feed leaves the deliverer to its interval"
+        );
     }
 }

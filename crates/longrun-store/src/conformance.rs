@@ -1472,12 +1472,20 @@ pub async fn typical_durations_come_from_recent_successes(store: &dyn Store) {
 
 pub async fn each_state_transition_of_a_callback_operation_queues_one_webhook(store: &dyn Store) {
     declare(store, "hooked", true, 3).await;
+    let mut changes = store.subscribe_changes();
     let mut p = accept_params("t1", "hooked", None, json!({}));
     p.callback_url = Some("https://client.example/hook".into());
     let AcceptOutcome::Created(op) = store.operation_accept(p).await.unwrap() else {
         panic!()
     };
-    create(store, "t1", "hooked").await; // no callback: no webhooks
+    let plain = create(store, "t1", "hooked").await; // no callback: no webhooks
+    // The published changes say which operation has a callback (what
+    // wakes the webhook deliverer).
+    let published: Vec<(Id, bool)> = vec![changes.recv().await.unwrap(), changes.recv().await.unwrap()]
+        .into_iter()
+        .map(|c| (c.operation_id, c.callback))
+        .collect();
+    assert_eq!(published, vec![(op.id.clone(), true), (plain.id, false)]);
     let lease = Duration::from_secs(60);
     assert!(
         store.webhook_due(at(0), 10, lease).await.unwrap().is_empty(),

@@ -693,6 +693,11 @@ struct WireItem<'a> {
     co: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     cr: Option<i64>,
+    /// Sent only when true (an operation with a callback): a node of the
+    /// version before reads none, and its deliverer finds the webhook at
+    /// its next interval instead of at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    w: Option<bool>,
 }
 
 impl<'a> WireItem<'a> {
@@ -717,6 +722,7 @@ impl<'a> WireItem<'a> {
             st: c.started_at.map(|t| t.0),
             co: c.completed_at.map(|t| t.0),
             cr: c.cancel_requested_at.map(|t| t.0),
+            w: c.callback.then_some(true),
         }
     }
 
@@ -734,6 +740,7 @@ impl<'a> WireItem<'a> {
             started_at: self.st.map(Timestamp),
             completed_at: self.co.map(Timestamp),
             cancel_requested_at: self.cr.map(Timestamp),
+            callback: self.w.unwrap_or(false),
         })
     }
 }

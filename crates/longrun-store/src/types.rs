@@ -172,6 +172,9 @@ pub struct Change {
     pub completed_at: Option<Timestamp>,
     /// When cancellation was requested.
     pub cancel_requested_at: Option<Timestamp>,
+    /// The operation has a callback URL, so its transitions queue webhooks
+    /// (what wakes the webhook deliverer; other changes do not).
+    pub callback: bool,
 }
 
 impl Change {
@@ -189,6 +192,7 @@ impl Change {
             started_at: op.started_at,
             completed_at: op.completed_at,
             cancel_requested_at: op.cancel.as_ref().map(|c| c.requested_at),
+            callback: op.callback_url.is_some(),
         }
     }
 
@@ -218,6 +222,7 @@ impl Change {
             started_at: None,
             completed_at: None,
             cancel_requested_at: None,
+            callback: false,
         }
     }
 

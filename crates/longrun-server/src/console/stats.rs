@@ -216,6 +216,7 @@ mod tests {
             started_at: Some(Timestamp(at)),
             completed_at: Some(Timestamp(at)),
             cancel_requested_at: None,
+            callback: false,
         }
     }
 
