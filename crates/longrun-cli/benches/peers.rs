@@ -13,7 +13,8 @@
 //!   batch claims and batched outcomes) on PostgreSQL and SQLite;
 //! - batch submissions (100 per request, 4 clients) and single submissions
 //!   (32 clients, p99) beside pgbench's single-row INSERT (32 clients) and a
-//!   bare axum POST as the ceilings;
+//!   bare axum POST (in a process of its own, as `longrun serve` is) as the
+//!   ceilings;
 //! - `GET /v1/operations/{id}` (32 clients), plain (200) and revalidated
 //!   with its ETag (304), beside a bare axum GET (one operation that does
 //!   not change: the store's read cache answers after the first read);
@@ -453,9 +454,13 @@ where
     (rate, percentile(&mut latencies, 99))
 }
 
-/// The ceiling for the HTTP figures: a bare axum server in this process
-/// answering a small JSON POST (202) and GET (200), no store behind it.
-async fn bare_axum(seconds: u64) -> ((f64, f64), (f64, f64)) {
+/// Set to a port, the bench binary is the bare axum server of
+/// [`bare_axum`] instead (see [`main`]).
+const BARE_AXUM_PORT: &str = "LONGRUN_PEER_BARE_AXUM_PORT";
+
+/// The bare axum server: a small JSON POST (202) and GET (200), no store
+/// behind it, until killed.
+async fn serve_bare_axum(port: u16) {
     use axum::routing::{get, post};
     let accept = |axum::Json(body): axum::Json<Value>| async move {
         (
@@ -467,9 +472,32 @@ async fn bare_axum(seconds: u64) -> ((f64, f64), (f64, f64)) {
     let app = axum::Router::new()
         .route("/post", post(accept))
         .route("/get", get(read));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.unwrap();
+    println!("bare axum listening");
+    axum::serve(listener, app).await.unwrap();
+}
+
+/// The ceiling for the HTTP figures: the bare axum server in a process of
+/// its own (this binary again), as `longrun serve` is, so that neither
+/// shares its runtime with the load (an in-process one had, and came out
+/// slower than Longrun's own GET).
+async fn bare_axum(seconds: u64) -> ((f64, f64), (f64, f64)) {
+    use tokio::io::AsyncBufReadExt;
+    let port = free_port();
+    let mut server = Command::new(std::env::current_exe().unwrap())
+        .env(BARE_AXUM_PORT, port.to_string())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(server.stdout.take().unwrap()).lines();
+    while lines
+        .next_line()
+        .await
+        .unwrap()
+        .is_some_and(|line| line != "bare axum listening")
+    {}
+    let base = format!("http://127.0.0.1:{port}");
     let http = reqwest::Client::builder().pool_max_idle_per_host(64).build().unwrap();
     let posts = {
         let (http, base) = (http.clone(), base.clone());
@@ -477,7 +505,7 @@ async fn bare_axum(seconds: u64) -> ((f64, f64), (f64, f64)) {
         closed_loop(seconds, post, 202).await
     };
     let gets = closed_loop(seconds, move |_, _| http.get(format!("{base}/get")), 200).await;
-    server.abort();
+    let _ = server.kill().await;
     (posts, gets)
 }
 
@@ -614,6 +642,13 @@ fn pgbench_insert(url: &str, seconds: u64) -> Option<f64> {
 }
 
 fn main() {
+    if let Some(port) = std::env::var(BARE_AXUM_PORT).ok().and_then(|p| p.parse().ok()) {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        return runtime.block_on(serve_bare_axum(port));
+    }
     let jobs = env_number("LONGRUN_PEER_JOBS", 20_000);
     let rounds = env_number("LONGRUN_PEER_ROUNDS", 3);
     let seconds = env_number("LONGRUN_BENCH_SECONDS", 5) as u64;
