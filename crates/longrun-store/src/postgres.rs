@@ -1168,8 +1168,8 @@ async fn operation_list(c: &mut PgConnection, p: &ListParams) -> Result<Operatio
     // `operations_by_tenant_kind` when a state or a kind is given, else
     // merged from the newest of each state's range of the first (no index
     // orders a tenant's operations by `seq` alone: one would cost every
-    // state change an index write).
-    // `tenant` is the condition on the tenant that `sql` does not hold.
+    // state change an index write). `tenant` is the condition on the
+    // tenant that `sql` does not hold.
     let newest_of = |tenant: &str| {
         if p.state.is_some() || p.kind.is_some() {
             format!("SELECT {OP_COLUMNS}, seq FROM operations WHERE TRUE{tenant}{sql} ORDER BY seq DESC LIMIT {limit}")
