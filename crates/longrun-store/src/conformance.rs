@@ -349,6 +349,29 @@ pub async fn operations_are_invisible_to_other_tenants(store: &dyn Store) {
     );
 }
 
+/// The ids of `tenant`'s operations (every tenant's with `None`), read two
+/// to a page by following each page's cursor to the end.
+async fn every_page(store: &dyn Store, tenant: Option<&str>) -> Vec<Id> {
+    let (mut seen, mut before) = (Vec::new(), None);
+    loop {
+        let page = store
+            .operation_list(ListParams {
+                tenant: tenant.map(str::to_owned),
+                page_size: 2,
+                before_seq: before,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert!(page.operations.len() <= 2);
+        seen.extend(page.operations.into_iter().map(|o| o.id));
+        match page.next_before_seq {
+            Some(next) => before = Some(next),
+            None => return seen,
+        }
+    }
+}
+
 pub async fn list_is_newest_first_filtered_and_paginated(store: &dyn Store) {
     let mut created = Vec::new();
     for i in 0..5 {
@@ -360,27 +383,8 @@ pub async fn list_is_newest_first_filtered_and_paginated(store: &dyn Store) {
         };
         created.push(op.id);
     }
-    let mut seen = Vec::new();
-    let mut before = None;
-    loop {
-        let page = store
-            .operation_list(ListParams {
-                tenant: Some("t1".into()),
-                page_size: 2,
-                before_seq: before,
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-        assert!(page.operations.len() <= 2);
-        seen.extend(page.operations.into_iter().map(|o| o.id));
-        match page.next_before_seq {
-            Some(next) => before = Some(next),
-            None => break,
-        }
-    }
     let newest_first: Vec<Id> = created.iter().rev().cloned().collect();
-    assert_eq!(seen, newest_first);
+    assert_eq!(every_page(store, Some("t1")).await, newest_first);
 
     // Spread over states (running, succeeded, queued) and over two tenants,
     // the pages still run newest first: for one tenant and for all of them.
@@ -391,31 +395,9 @@ pub async fn list_is_newest_first_filtered_and_paginated(store: &dyn Store) {
         .await
         .unwrap();
     let other = create(store, "t2", "odd").await;
-    let pages = |tenant: Option<&str>| {
-        let tenant = tenant.map(str::to_owned);
-        async move {
-            let (mut seen, mut before) = (Vec::new(), None);
-            loop {
-                let page = store
-                    .operation_list(ListParams {
-                        tenant: tenant.clone(),
-                        page_size: 2,
-                        before_seq: before,
-                        ..Default::default()
-                    })
-                    .await
-                    .unwrap();
-                seen.extend(page.operations.into_iter().map(|o| o.id));
-                match page.next_before_seq {
-                    Some(next) => before = Some(next),
-                    None => return seen,
-                }
-            }
-        }
-    };
-    assert_eq!(pages(Some("t1")).await, newest_first);
+    assert_eq!(every_page(store, Some("t1")).await, newest_first);
     let everyone: Vec<Id> = std::iter::once(other.id).chain(newest_first.iter().cloned()).collect();
-    assert_eq!(pages(None).await, everyone);
+    assert_eq!(every_page(store, None).await, everyone);
 
     let list = |kind: Option<&str>, label: Option<(&str, &str)>, state: Option<State>| ListParams {
         tenant: Some("t1".into()),
