@@ -57,7 +57,7 @@ use tokio_util::sync::CancellationToken;
 
 mod processes;
 
-use processes::{free_port, prepare, serve};
+use processes::{free_port, listening, prepare, serve};
 
 const GRAPHILE_WORKER: &str = "0.17.3";
 
@@ -482,21 +482,10 @@ async fn serve_bare_axum(port: u16) {
 /// shares its runtime with the load (an in-process one had, and came out
 /// slower than Longrun's own GET).
 async fn bare_axum(seconds: u64) -> ((f64, f64), (f64, f64)) {
-    use tokio::io::AsyncBufReadExt;
     let port = free_port();
-    let mut server = Command::new(std::env::current_exe().unwrap())
-        .env(BARE_AXUM_PORT, port.to_string())
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = tokio::io::BufReader::new(server.stdout.take().unwrap()).lines();
-    while lines
-        .next_line()
-        .await
-        .unwrap()
-        .is_some_and(|line| line != "bare axum listening")
-    {}
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command.env(BARE_AXUM_PORT, port.to_string());
+    let mut server = listening(command, "bare axum listening").await;
     let base = format!("http://127.0.0.1:{port}");
     let http = reqwest::Client::builder().pool_max_idle_per_host(64).build().unwrap();
     let posts = {

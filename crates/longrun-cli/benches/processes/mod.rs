@@ -40,18 +40,25 @@ pub fn prepare(store: &[String]) -> (String, String) {
 /// `longrun serve --listen 127.0.0.1:PORT ARGS`, once it listens; killed
 /// when dropped.
 pub async fn serve(port: u16, args: &[String]) -> Child {
-    let mut child = Command::new(BIN)
+    let mut command = Command::new(BIN);
+    command
         .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
         .args(args)
-        .env("LONGRUN_LOG", "error")
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+        .env("LONGRUN_LOG", "error");
+    listening(command, "longrun listening on").await
+}
+
+/// Starts `command` and returns it once a line of its stdout begins with
+/// `ready` (the rest of its output is read and dropped); killed when
+/// dropped. Panics if it exits first.
+pub async fn listening(mut command: Command, ready: &str) -> Child {
+    let mut child = command.stdout(Stdio::piped()).kill_on_drop(true).spawn().unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    while let Some(line) = lines.next_line().await.unwrap() {
-        if line.starts_with("longrun listening on") {
-            break;
+    loop {
+        match lines.next_line().await.unwrap() {
+            Some(line) if line.starts_with(ready) => break,
+            Some(_) => {}
+            None => panic!("{command:?} exited before it printed {ready:?}"),
         }
     }
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
