@@ -1,5 +1,6 @@
--- Schema version 9: two indexes fewer on the job path (pg_walinspect: WAL
--- records per job, accept and drain, ~41.5 -> ~37.4).
+-- Schema version 9: two indexes fewer on the job path. WAL records per job
+-- (pg_stat_wal around `scripts/drain`, 20 k jobs accepted and drained, two
+-- alternating pairs on 2026-12-05): 41.8-42.3 before, 37.6-37.7 after.
 --
 -- Every change of an operation's state is an update PostgreSQL cannot make
 -- HOT, so it inserts into each full index of `operations`: three times a
