@@ -87,6 +87,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (7, include_str!("postgres/0007_checkpoints.sql")),
     (8, include_str!("postgres/0008_console.sql")),
     (9, include_str!("postgres/0009_job_path_indexes.sql")),
+    (10, include_str!("postgres/0010_guard_after.sql")),
 ];
 
 /// How to reach and use a PostgreSQL database.
