@@ -62,6 +62,16 @@ async fn the_schema_refuses_exactly_the_transitions_the_core_refuses() {
     let url = cluster.database().await;
     longrun_store::postgres::migrate(&url).await.unwrap();
     let mut c = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await.unwrap();
+    // After the update (schema 10): a BEFORE row trigger locks every row
+    // it is asked about, legal changes included.
+    let guard: String = sqlx::query_scalar(
+        "SELECT pg_get_triggerdef(oid) FROM pg_trigger
+          WHERE tgrelid = 'operations'::regclass AND tgname = 'operations_guard'",
+    )
+    .fetch_one(&mut c)
+    .await
+    .unwrap();
+    assert!(guard.contains("AFTER UPDATE") && guard.contains("WHEN"), "{guard}");
     for (i, from) in State::ALL.into_iter().enumerate() {
         for to in State::ALL {
             let id = format!("op_{i}_{to}");
