@@ -539,8 +539,9 @@ async fn commit_batch<P, R>(writer: &Writer, apply: Apply<P, R>, batch: &[&P]) -
 /// outcome is unknown), so the caller reads its own write.
 async fn commit(mut tx: sqlx::Transaction<'_, sqlx::Postgres>, changes: &mut Changes, reads: &ReadCache) -> Result<()> {
     announce(&mut tx, changes).await?;
+    reads.writing(changes.ids());
     let committed = tx.commit().await.map_err(db);
-    reads.evict(changes.ids());
+    reads.written(changes.ids());
     committed
 }
 
@@ -824,7 +825,15 @@ async fn update_returning(
 /// `max_active` quota.
 async fn operation_accept_run(w: &Writer, batch: &[&AcceptParams]) -> Result<Vec<Result<AcceptOutcome>>> {
     let mut c = w.pool.acquire().await.map_err(db)?;
-    let written = insert_submissions(&mut c, batch, Mode::Announcing).await?;
+    // A re-run's source lists it: the statement commits that change too.
+    let sources: Vec<&str> = batch
+        .iter()
+        .filter_map(|p| p.rerun_of.as_ref().map(Id::as_str))
+        .collect();
+    w.reads.writing(sources.iter().copied());
+    let written = insert_submissions(&mut c, batch, Mode::Announcing).await;
+    w.reads.written(sources.iter().copied());
+    let written = written?;
     drop(c);
     let mut results: Vec<Option<Result<AcceptOutcome>>> = Vec::with_capacity(batch.len());
     let mut undecided = Vec::new();

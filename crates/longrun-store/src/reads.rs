@@ -12,7 +12,12 @@
 //!   long-poll woken by a change reads it). Another node's write is seen
 //!   here once its notification arrives: a read may trail it by that delay.
 //! - A read that overlapped an eviction of its operation is not kept: it
-//!   may have read the row before the write committed.
+//!   may have read the row before the write committed. Nor is one that
+//!   ends while a write of its operation is committing (between
+//!   [`ReadCache::writing`] and [`ReadCache::written`]): a read that began
+//!   before that commit could otherwise be kept after another reader had
+//!   already read the new version from the database, and that reader would
+//!   then read the old one again from here.
 //! - While the change listener is down, notifications are lost: nothing is
 //!   served or kept until it listens again, and then everything read before
 //!   is forgotten.
@@ -52,6 +57,8 @@ struct Inner {
     recent: VecDeque<(u64, u64)>,
     /// Bumped whenever everything is forgotten.
     epoch: u64,
+    /// Operations (by hash) with writes committing, and how many.
+    writing: HashMap<u64, usize>,
     listening: bool,
 }
 
@@ -83,6 +90,7 @@ impl Default for ReadCache {
                 evictions: 0,
                 recent: VecDeque::with_capacity(RECENT_EVICTIONS),
                 epoch: 0,
+                writing: HashMap::new(),
                 listening: true,
             }),
         }
@@ -154,13 +162,16 @@ impl ReadCache {
         if !inner.listening || inner.epoch != ticket.epoch || bytes > MAX_ENTRY_BYTES {
             return;
         }
+        let hash = hash_of(op.id.as_str());
+        if inner.writing.contains_key(&hash) {
+            return;
+        }
         if inner.evictions != ticket.evictions {
             let oldest_recent = inner.recent.front().map_or(inner.evictions, |(n, _)| *n);
             // Evictions since the read began that are no longer listed.
             if oldest_recent > ticket.evictions {
                 return;
             }
-            let hash = hash_of(op.id.as_str());
             if inner.recent.iter().any(|(n, h)| *n >= ticket.evictions && *h == hash) {
                 return;
             }
@@ -195,6 +206,37 @@ impl ReadCache {
             inner.recent.push_back((n, hash_of(id)));
             inner.evictions += 1;
         }
+    }
+
+    /// Writes of `ids` are about to commit: forgets them, and keeps no read
+    /// of them until [`written`](Self::written) is told the same ids.
+    pub fn writing<'a>(&self, ids: impl IntoIterator<Item = &'a str>) {
+        let ids: Vec<&str> = ids.into_iter().collect();
+        self.evict(ids.iter().copied());
+        let mut inner = self.lock();
+        for id in ids {
+            *inner.writing.entry(hash_of(id)).or_default() += 1;
+        }
+    }
+
+    /// The commit that [`writing`](Self::writing) announced is over,
+    /// whatever its outcome: forgets `ids` again, and reads that begin from
+    /// now on may be kept.
+    pub fn written<'a>(&self, ids: impl IntoIterator<Item = &'a str>) {
+        let ids: Vec<&str> = ids.into_iter().collect();
+        {
+            let mut inner = self.lock();
+            for id in &ids {
+                let hash = hash_of(id);
+                if let Some(n) = inner.writing.get_mut(&hash) {
+                    *n -= 1;
+                    if *n == 0 {
+                        inner.writing.remove(&hash);
+                    }
+                }
+            }
+        }
+        self.evict(ids);
     }
 
     /// The change listener lost its connection: serve and keep nothing.
@@ -286,6 +328,38 @@ mod tests {
         cache.evict(["y", "z"]);
         cache.keep(other, &op("x", "a", 2), 10);
         assert_eq!(cache.kept("a", "x").map(|o| o.version), Some(2));
+    }
+
+    /// The interleaving `reads_racing_writes_never_go_back_a_version` once
+    /// caught: one reader's read of version 1 began before the commit of
+    /// version 2 and ended after it, but before that write's eviction;
+    /// another reader had read version 2 from the database meanwhile, and
+    /// then read version 1 from here.
+    #[test]
+    fn no_read_is_kept_while_a_write_of_its_operation_commits() {
+        let cache = ReadCache::default();
+        cache.writing(["x"]);
+        // Begun after the write started committing, ended before it was over.
+        let during = cache.ticket();
+        cache.keep(during, &op("x", "a", 1), 10);
+        assert!(cache.kept("a", "x").is_none(), "kept while a commit was in flight");
+        // Other operations are kept meanwhile.
+        cache.keep(cache.ticket(), &op("y", "a", 1), 10);
+        assert_eq!(cache.kept("a", "y").map(|o| o.version), Some(1));
+        cache.written(["x"]);
+        cache.keep(during, &op("x", "a", 1), 10);
+        assert!(cache.kept("a", "x").is_none(), "begun before the commit was over");
+        cache.keep(cache.ticket(), &op("x", "a", 2), 10);
+        assert_eq!(cache.kept("a", "x").map(|o| o.version), Some(2));
+        // Two writes of one operation at once: kept only after both.
+        cache.writing(["x"]);
+        cache.writing(["x"]);
+        cache.written(["x"]);
+        cache.keep(cache.ticket(), &op("x", "a", 3), 10);
+        assert!(cache.kept("a", "x").is_none());
+        cache.written(["x"]);
+        cache.keep(cache.ticket(), &op("x", "a", 4), 10);
+        assert_eq!(cache.kept("a", "x").map(|o| o.version), Some(4));
     }
 
     #[test]

@@ -50,12 +50,28 @@ pub(crate) fn discard() {
     PENDING.with(|p| p.borrow_mut().clear());
 }
 
-pub(crate) fn publish(sender: &broadcast::Sender<Change>, reads: &ReadCache) {
-    let notes = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
-    reads.evict(notes.iter().map(|note| match note {
+fn note_id(note: &Note) -> &str {
+    match note {
         Note::Change(change) => change.operation_id.as_str(),
         Note::Touched(id) => id.as_str(),
-    }));
+    }
+}
+
+/// The batch is about to commit: the read cache keeps no read of what it
+/// changed until [`publish`] (it committed) or [`abandon`] (it did not).
+pub(crate) fn committing(reads: &ReadCache) {
+    PENDING.with(|p| reads.writing(p.borrow().iter().map(note_id)));
+}
+
+/// The commit announced by [`committing`] failed: nothing is published.
+pub(crate) fn abandon(reads: &ReadCache) {
+    let notes = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
+    reads.written(notes.iter().map(note_id));
+}
+
+pub(crate) fn publish(sender: &broadcast::Sender<Change>, reads: &ReadCache) {
+    let notes = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
+    reads.written(notes.iter().map(note_id));
     for note in notes {
         if let Note::Change(change) = note {
             // No subscriber is not an error.

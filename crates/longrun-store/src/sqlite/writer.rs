@@ -188,10 +188,11 @@ fn commit_batch(
         }
         return;
     }
+    changes::committing(reads);
     let committed = control(conn, "COMMIT").map_err(StoreError::from);
     if committed.is_err() {
         let _ = control(conn, "ROLLBACK");
-        changes::discard();
+        changes::abandon(reads);
     } else {
         changes::publish(change_feed, reads);
     }
