@@ -840,8 +840,8 @@ async fn operation_accept_run(w: &Writer, batch: &[&AcceptParams]) -> Result<Vec
     for (p, written) in batch.iter().zip(written) {
         match written {
             Inserted::Created(op) => {
-                w.reads
-                    .evict(std::iter::once(op.id.as_str()).chain(p.rerun_of.as_ref().map(Id::as_str)));
+                // Its source was forgotten by `written` above.
+                w.reads.evict([op.id.as_str()]);
                 results.push(Some(Ok(AcceptOutcome::Created(*op))));
             }
             Inserted::Capped | Inserted::KeyTaken => {

@@ -196,47 +196,36 @@ impl ReadCache {
     pub fn evict<'a>(&self, ids: impl IntoIterator<Item = &'a str>) {
         let mut inner = self.lock();
         for id in ids {
-            if let Some(old) = inner.entries.remove(id) {
-                inner.bytes -= old.bytes;
-            }
-            let n = inner.evictions;
-            if inner.recent.len() == RECENT_EVICTIONS {
-                inner.recent.pop_front();
-            }
-            inner.recent.push_back((n, hash_of(id)));
-            inner.evictions += 1;
+            inner.evict(id);
         }
     }
 
     /// Writes of `ids` are about to commit: forgets them, and keeps no read
     /// of them until [`written`](Self::written) is told the same ids.
     pub fn writing<'a>(&self, ids: impl IntoIterator<Item = &'a str>) {
-        let ids: Vec<&str> = ids.into_iter().collect();
-        self.evict(ids.iter().copied());
         let mut inner = self.lock();
         for id in ids {
+            inner.evict(id);
             *inner.writing.entry(hash_of(id)).or_default() += 1;
         }
     }
 
     /// The commit that [`writing`](Self::writing) announced is over,
-    /// whatever its outcome: forgets `ids` again, and reads that begin from
+    /// whatever its outcome: forgets `ids` again (a read begun before now
+    /// may have read the row before the commit), and reads that begin from
     /// now on may be kept.
     pub fn written<'a>(&self, ids: impl IntoIterator<Item = &'a str>) {
-        let ids: Vec<&str> = ids.into_iter().collect();
-        {
-            let mut inner = self.lock();
-            for id in &ids {
-                let hash = hash_of(id);
-                if let Some(n) = inner.writing.get_mut(&hash) {
-                    *n -= 1;
-                    if *n == 0 {
-                        inner.writing.remove(&hash);
-                    }
+        let mut inner = self.lock();
+        for id in ids {
+            let hash = hash_of(id);
+            if let Some(n) = inner.writing.get_mut(&hash) {
+                *n -= 1;
+                if *n == 0 {
+                    inner.writing.remove(&hash);
                 }
             }
+            inner.evict(id);
         }
-        self.evict(ids);
     }
 
     /// The change listener lost its connection: serve and keep nothing.
@@ -255,6 +244,19 @@ impl ReadCache {
 }
 
 impl Inner {
+    /// Forgets `id` and notes the eviction for reads that overlap it.
+    fn evict(&mut self, id: &str) {
+        if let Some(old) = self.entries.remove(id) {
+            self.bytes -= old.bytes;
+        }
+        let n = self.evictions;
+        if self.recent.len() == RECENT_EVICTIONS {
+            self.recent.pop_front();
+        }
+        self.recent.push_back((n, hash_of(id)));
+        self.evictions += 1;
+    }
+
     fn forget_all(&mut self) {
         self.entries.clear();
         self.bytes = 0;
