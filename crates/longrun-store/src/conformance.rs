@@ -533,8 +533,11 @@ pub async fn concurrent_outcomes_each_apply_once_and_a_refused_one_harms_none(st
     }
     let tasks = claim(store, "crowd", 24, at(1)).await;
     assert_eq!(tasks.len(), 24);
+    let tokens: std::collections::HashSet<&str> = tasks.iter().map(|t| t.lease_token.as_str()).collect();
+    assert_eq!(tokens.len(), 24, "each lease of one claim has a token of its own");
+    // Forged from a real token: the next task's, leased by the same claim.
     let mut forged = tasks[5].clone();
-    forged.lease_token = "forged".into();
+    forged.lease_token = tasks[6].lease_token.clone();
     let mut outcomes: Vec<FinishParams> = tasks
         .iter()
         .enumerate()
