@@ -232,3 +232,142 @@ async fn three_nodes_one_killed_every_operation_ends_exactly_once() {
     assert_eq!(health.status(), StatusCode::OK, "the restarted node is ready");
     drop(workers);
 }
+
+/// The value of the unlabelled series `name` in `/metrics` text (0 if absent).
+async fn metric(http: &reqwest::Client, node: &str, admin: &str, name: &str) -> f64 {
+    let text = http
+        .get(format!("{node}/metrics"))
+        .bearer_auth(admin)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// An idle worker waiting in a claim is handed a submission in the
+/// submission's own commit: the claim answers with it, the submitter is
+/// told it was accepted (version 1), and the operation's history is what a
+/// claim would have written. A replay is not handed off, and the claim
+/// keeps waiting for new work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_claim_is_handed_a_new_submission_in_its_commit() {
+    let Some(cluster) = longrun_store::pgtest::cluster() else {
+        return;
+    };
+    let url = cluster.database().await;
+    cli(&url, &["migrate"]);
+    let client = cli(&url, &["keys", "create", "--tenant", "hand", "--role", "client"]);
+    let worker = cli(&url, &["keys", "create", "--tenant", "hand", "--role", "worker"]);
+    let admin = cli(&url, &["keys", "create", "--tenant", "hand", "--role", "admin"]);
+    cli(&url, &["kinds", "set", "quick", "--rerun-safe"]);
+    let port = free_port();
+    let node = format!("http://127.0.0.1:{port}");
+    let _server = serve(&url, port, "h0").await;
+    let http = reqwest::Client::new();
+    let waiting_claim = || {
+        let (http, node, worker) = (http.clone(), node.clone(), worker.clone());
+        tokio::spawn(async move {
+            http.post(format!("{node}/v1/worker/claims"))
+                .bearer_auth(&worker)
+                .json(&json!({"kinds": ["quick"], "max_tasks": 2, "wait_seconds": 30, "worker_id": "idle"}))
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
+        })
+    };
+    // Waits (bounded) until `n` claims wait on the node.
+    let claims_waiting = async |n: f64| {
+        for _ in 0..500 {
+            if metric(&http, &node, &admin, "longrun_claims_waiting").await == n {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("{n} claims never waited");
+    };
+    let submit = async |key: &str| {
+        http.post(format!("{node}/v1/operations"))
+            .bearer_auth(&client)
+            .header("Idempotency-Key", key)
+            .json(&json!({"kind": "quick", "input": {"n": 1}}))
+            .send()
+            .await
+            .unwrap()
+    };
+
+    let claim = waiting_claim();
+    claims_waiting(1.0).await;
+    let accepted = submit("k1").await;
+    assert_eq!(accepted.status(), StatusCode::ACCEPTED);
+    let accepted: Value = accepted.json().await.unwrap();
+    assert_eq!(
+        (accepted["state"].as_str(), accepted["version"].as_i64()),
+        (Some("queued"), Some(1))
+    );
+    let id = accepted["id"].as_str().unwrap().to_owned();
+    let answered = claim.await.unwrap();
+    let tasks = answered["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 1, "{answered}");
+    let task = &tasks[0];
+    assert_eq!(
+        (task["operation_id"].as_str(), task["attempt"].as_i64()),
+        (Some(id.as_str()), Some(1))
+    );
+    assert_eq!(task["input"], json!({"n": 1}));
+    assert_eq!(metric(&http, &node, &admin, "longrun_claims_handed_total").await, 1.0);
+    let history: Value = http
+        .get(format!("{node}/v1/operations/{id}/history"))
+        .bearer_auth(&client)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let types: Vec<&str> = history["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(types, ["created", "started"], "{history}");
+
+    // A replay writes nothing and is not handed: the next claim keeps
+    // waiting, and new work still reaches it.
+    let claim = waiting_claim();
+    claims_waiting(1.0).await;
+    let replayed = submit("k1").await;
+    assert!(replayed.status().is_success());
+    assert_eq!(replayed.json::<Value>().await.unwrap()["id"], id.as_str());
+    assert_eq!(metric(&http, &node, &admin, "longrun_claims_waiting").await, 1.0);
+    let done = http
+        .post(format!("{node}/v1/worker/tasks/{id}/complete"))
+        .bearer_auth(&worker)
+        .json(&json!({"lease_token": task["lease_token"], "result": {"ok": true}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(done.status(), StatusCode::OK);
+    let second: Value = submit("k2").await.json().await.unwrap();
+    let answered = claim.await.unwrap();
+    assert_eq!(answered["tasks"][0]["operation_id"], second["id"]);
+    assert_eq!(metric(&http, &node, &admin, "longrun_claims_handed_total").await, 2.0);
+    let op: Value = http
+        .get(format!("{node}/v1/operations/{id}"))
+        .bearer_auth(&client)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(op["state"], "succeeded");
+}

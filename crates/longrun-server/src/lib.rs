@@ -35,6 +35,7 @@ mod callback;
 mod changes;
 mod commands;
 mod console;
+mod handoff;
 mod http;
 pub mod listen;
 mod metrics;
@@ -161,6 +162,8 @@ pub struct Inner {
     link_keys: TtlCache<(), Vec<(String, Vec<u8>)>>,
     rates: RateLimiter,
     pub(crate) changes: Arc<ChangeHub>,
+    /// Claims waiting for work that a submission may be leased to.
+    pub(crate) handoffs: handoff::HandOffs,
     /// Uploads this process is appending to (see `http::uploads`).
     pub(crate) appending: http::uploads::Appending,
     pub(crate) scrape: metrics::Scrape,
@@ -210,6 +213,7 @@ impl AppState {
             link_keys: TtlCache::new(RECORD_CACHE_TTL),
             rates: RateLimiter::default(),
             changes: ChangeHub::new(config.max_waiters_per_tenant),
+            handoffs: handoff::HandOffs::default(),
             appending: http::uploads::Appending::default(),
             scrape: metrics::Scrape::new(store.clone(), clock.clone()),
             pauses: TtlCache::new(config.key_cache_ttl.min(PAUSE_CACHE_TTL)),

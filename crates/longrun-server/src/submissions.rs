@@ -158,8 +158,42 @@ pub(crate) struct Rerun {
 /// Accepts a prepared submission: the operation, and whether it is a
 /// replay. The API and the console submit through here.
 pub(crate) async fn accept(app: &AppState, params: AcceptParams) -> Result<(Operation, bool), ApiError> {
+    if let Some(op) = hand_off(app, &params).await? {
+        return Ok((op, false));
+    }
     let outcome = app.store.operation_accept(params).await.map_err(accept_error)?;
     accepted(app, outcome)
+}
+
+/// Accepts `params` leased to a claim waiting for its kind, if one is and
+/// the store can (see `handoff`): the operation as created, or `None` when
+/// it is to be accepted as usual.
+async fn hand_off(app: &AppState, params: &AcceptParams) -> Result<Option<Operation>, ApiError> {
+    if !app.store.hands_off()
+        || params.callback_url.is_some()
+        || params.rerun_of.is_some()
+        || !params.uploads.is_empty()
+    {
+        return Ok(None);
+    }
+    let Some(claim) = app.handoffs.take(&params.kind) else {
+        return Ok(None);
+    };
+    // Dropping `claim` unanswered (refused, or an error) lets it look again.
+    let Some((op, task)) = app
+        .store
+        .operation_accept_leased(params, &claim.to)
+        .await
+        .map_err(accept_error)?
+    else {
+        return Ok(None);
+    };
+    metrics::counter!("longrun_claims_handed_total").increment(1);
+    let id = task.operation_id.clone();
+    if !claim.hand(task) {
+        tracing::warn!(op.id = %id, "the claim handed this submission went away; its lease will run out");
+    }
+    Ok(Some(op))
 }
 
 /// What an acceptance means to the caller: the operation and whether it

@@ -63,6 +63,7 @@ macro_rules! store_conformance {
             intent_changes_need_the_current_version_and_terminal_intent_wins,
             leases_of_a_worker_known_gone_are_reaped_at_once,
             every_event_keeps_the_representation_at_its_version,
+            a_submission_leased_as_accepted_is_what_a_claim_would_have_leased,
             committed_changes_are_published_and_rolled_back_ones_are_not,
             every_submission_of_a_batch_is_published_once,
             every_change_of_a_large_claim_and_outcome_batch_is_published_once_in_order,
@@ -1341,6 +1342,136 @@ pub async fn every_event_keeps_the_representation_at_its_version(store: &dyn Sto
             .unwrap()
             .is_none()
     );
+}
+
+/// A hand-off (`operation_accept_leased`) writes what an acceptance and a
+/// claim would have: both versions with their events and changes, a lease
+/// whose token fences like any other; and nothing at all when the
+/// submission must queue (a key already taken, a capped tenant). A backend
+/// that does not hand off writes nothing.
+pub async fn a_submission_leased_as_accepted_is_what_a_claim_would_have_leased(store: &dyn Store) {
+    let to = LeaseTo {
+        worker_id: "handed".into(),
+        lease: LEASE,
+    };
+    let mut params = accept_params("t1", "hand", Some("k1"), json!({"n": 1}));
+    params.deadline_at = Some(at(600));
+    params.budget_max_cost = Some(5.0);
+    params.labels.insert("team".into(), "a".into());
+    let mut changes = store.subscribe_changes();
+    let handed = store.operation_accept_leased(&params, &to).await.unwrap();
+    if !store.hands_off() {
+        assert!(handed.is_none(), "a backend that does not hand off says so");
+        assert!(store.operation_get("t1", &params.id).await.unwrap().is_none());
+        return;
+    }
+    let (created, task) = handed.expect("handed off");
+    assert_eq!(
+        (created.id.clone(), created.state, created.version),
+        (params.id.clone(), State::Queued, 1)
+    );
+    assert_eq!(
+        (
+            task.operation_id.clone(),
+            task.kind.as_str(),
+            task.attempt,
+            task.lease_expires_at
+        ),
+        (created.id.clone(), "hand", 1, T0.plus(LEASE))
+    );
+    assert_eq!(
+        (
+            task.input.clone(),
+            task.deadline_at,
+            task.budget_max_cost,
+            task.checkpoint.clone()
+        ),
+        (json!({"n": 1}), Some(at(600)), Some(5.0), None)
+    );
+    let stored = get(store, &created).await;
+    assert_eq!(
+        (
+            stored.state,
+            stored.version,
+            stored.attempt,
+            stored.started_at,
+            stored.updated_at
+        ),
+        (State::Running, 2, 1, Some(T0), T0)
+    );
+    let history = store
+        .operation_events_after("t1", &created.id, 0, 100)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(event_types(&history), ["created", "started"]);
+    assert_eq!(history[1].data, json!({"attempt": 1, "worker_id": "handed"}));
+    let mut expected = stored.clone();
+    expected.input = None;
+    assert_eq!(
+        history[1].snapshot.as_ref(),
+        Some(&expected),
+        "the started snapshot is the stored operation"
+    );
+    let mut queued = created.clone();
+    queued.input = None;
+    assert_eq!(
+        history[0].snapshot.as_ref(),
+        Some(&queued),
+        "the created snapshot is what the submitter got"
+    );
+    for version in [1, 2] {
+        let change = changes.recv().await.unwrap();
+        assert_eq!(
+            (change.operation_id.clone(), change.version),
+            (created.id.clone(), version)
+        );
+    }
+    assert!(
+        claim(store, "hand", 10, at(1)).await.is_empty(),
+        "no claim leases it again"
+    );
+
+    // Its lease fences as a claimed one does.
+    let mut forged = task.clone();
+    forged.lease_token = "forged".into();
+    assert!(matches!(
+        store.task_heartbeat(heartbeat(&forged, at(2))).await,
+        Err(StoreError::LeaseLost)
+    ));
+    let done = store
+        .task_finish(finish(&task, Outcome::Succeeded { result: Some(json!(1)) }, at(3)))
+        .await
+        .unwrap();
+    assert_eq!((done.state, done.version), (State::Succeeded, 3));
+
+    // A key already taken writes nothing: the usual acceptance replays it.
+    let mut again = params.clone();
+    again.id = Id::generate(IdKind::Operation);
+    assert!(store.operation_accept_leased(&again, &to).await.unwrap().is_none());
+    assert!(store.operation_get("t1", &again.id).await.unwrap().is_none());
+    match store.operation_accept(again).await.unwrap() {
+        AcceptOutcome::Replayed(op) => assert_eq!(op.id, created.id),
+        other => panic!("expected a replay, got {other:?}"),
+    }
+
+    // A tenant with a cap on running work queues as usual.
+    store
+        .tenant_set(TenantLimits {
+            name: "capped".into(),
+            max_active: None,
+            max_running: Some(1),
+            rate: None,
+        })
+        .await
+        .unwrap();
+    let capped = accept_params("capped", "hand", Some("k1"), json!({"n": 2}));
+    assert!(store.operation_accept_leased(&capped, &to).await.unwrap().is_none());
+    assert!(store.operation_get("capped", &capped.id).await.unwrap().is_none());
+    assert!(matches!(
+        store.operation_accept(capped).await.unwrap(),
+        AcceptOutcome::Created(_)
+    ));
 }
 
 pub async fn committed_changes_are_published_and_rolled_back_ones_are_not(store: &dyn Store) {

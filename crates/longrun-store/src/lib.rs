@@ -79,6 +79,30 @@ pub trait Store: Send + Sync + 'static {
     /// Leases up to `max_tasks` ready tasks of the given kinds.
     async fn task_claim(&self, params: ClaimParams) -> Result<Vec<Task>>;
 
+    /// Accepts a submission and, in the same commit, leases its task to a
+    /// worker waiting in a claim (`to`): a hand-off, so work submitted to an
+    /// idle worker starts without a claim of its own. Both versions are
+    /// written with their events (`created`, then `started`, as a claim
+    /// would have written it); the answer is the operation as created
+    /// (version 1, what the submitter is told) and the task.
+    ///
+    /// `Ok(None)` when nothing was written: the backend does not hand off,
+    /// or this submission must queue as usual — its tenant has a quota on
+    /// active or running work (counted under the tenant's lock), or its
+    /// idempotency key is already taken (a replay or a reuse). The caller
+    /// then accepts it with [`Store::operation_accept`]. Callers hand off
+    /// only submissions without a callback URL, uploads or a re-run source.
+    async fn operation_accept_leased(&self, params: &AcceptParams, to: &LeaseTo) -> Result<Option<(Operation, Task)>> {
+        let _ = (params, to);
+        Ok(None)
+    }
+
+    /// Whether [`Store::operation_accept_leased`] can hand off at all (so
+    /// callers need not keep claims waiting for it).
+    fn hands_off(&self) -> bool {
+        false
+    }
+
     /// Renews a lease and records progress, fenced by the lease token.
     async fn task_heartbeat(&self, params: HeartbeatParams) -> Result<HeartbeatAck>;
 

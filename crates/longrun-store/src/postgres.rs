@@ -899,6 +899,101 @@ async fn operation_accept_batch(
     Ok(results)
 }
 
+/// A submission and its lease in one statement outside any transaction
+/// (so one round trip and one WAL flush): the operation is inserted as a
+/// claim would leave it (running, version 2, attempt 1), its task leased
+/// (the token drawn here, as `lease_tasks` draws it), with both events and
+/// both changes announced. Nothing is written for a tenant with a quota on
+/// active or running work (those are counted under the tenant's lock, as
+/// `accept_with_quota` and `task_claim` do) or a key already taken.
+const SUBMIT_LEASED: &str = "WITH q AS (
+         SELECT NOT EXISTS (SELECT 1 FROM tenants
+                             WHERE name = $2 AND (max_active IS NOT NULL OR max_running IS NOT NULL)) AS open
+     ), k AS (
+         INSERT INTO idempotency_keys (tenant, kind, key, fingerprint, operation_id, created_at)
+         SELECT $2, $3, $8, $9, $1, $10 FROM q WHERE open AND $8::TEXT IS NOT NULL
+         ON CONFLICT DO NOTHING RETURNING operation_id
+     ), o AS (
+         INSERT INTO operations (id, tenant, kind, state, version, attempt, input, deadline_at, budget_max_cost,
+                                 labels, idempotency_key, created_at, updated_at, started_at)
+         SELECT $1, $2, $3, 'running', 2, 1, $4, $5, $6, $7, $8, $10, $10, $10 FROM q
+          WHERE open AND ($8::TEXT IS NULL OR EXISTS (SELECT 1 FROM k))
+         RETURNING id, seq
+     ), t AS (
+         INSERT INTO tasks (operation_id, seq, tenant, kind, status, available_at, lease_token, lease_expires_at,
+                            worker_id, lease_ms)
+         SELECT o.id, o.seq, $2, $3, 'leased', $10, replace(gen_random_uuid()::TEXT, '-', ''), $11, $12, $13 FROM o
+         RETURNING lease_token
+     ), e AS (
+         INSERT INTO operation_events (operation_id, version, type, state, at, data, snapshot)
+         SELECT o.id, v.version, v.type, v.state, $10, v.data, v.snapshot
+           FROM o CROSS JOIN (VALUES (1::BIGINT, 'created', 'queued', '{}', $14::TEXT),
+                                     (2::BIGINT, 'started', 'running', $15::TEXT, $16::TEXT))
+                AS v(version, type, state, data, snapshot)
+     ), n AS (
+         SELECT pg_notify($17, $18) FROM o
+     )
+     SELECT t.lease_token FROM t WHERE (SELECT count(*) FROM n) >= 0";
+
+/// See [`Store::operation_accept_leased`] and [`SUBMIT_LEASED`].
+async fn operation_accept_leased(
+    pool: &PgPool,
+    reads: &ReadCache,
+    p: &AcceptParams,
+    to: &LeaseTo,
+) -> Result<Option<(Operation, Task)>> {
+    if p.callback_url.is_some() || p.rerun_of.is_some() || !p.uploads.is_empty() {
+        return Ok(None);
+    }
+    let created = created_operation(p);
+    let running = started(created.clone(), p.now);
+    let started_data = json!({"attempt": running.attempt, "worker_id": to.worker_id});
+    let changes = [change_of(&created, "created"), change_of(&running, "started")];
+    let payload = wire_text(&changes.iter().map(WireItem::change).collect::<Vec<_>>());
+    let lease_expires_at = p.now.plus(to.lease);
+    let mut c = pool.acquire().await.map_err(db)?;
+    reads.writing([created.id.as_str()]);
+    let token: Result<Option<String>> = sqlx::query_scalar(SUBMIT_LEASED)
+        .bind(p.id.as_str())
+        .bind(&p.tenant)
+        .bind(&p.kind)
+        .bind(p.input.to_string())
+        .bind(p.deadline_at.map(|t| t.0))
+        .bind(p.budget_max_cost)
+        .bind(serde_json::to_string(&p.labels).map_err(|e| StoreError::Corrupt(e.to_string()))?)
+        .bind(p.idempotency.as_ref().map(|(k, _)| k.as_str()))
+        .bind(p.idempotency.as_ref().map(|(_, f)| f.0.to_vec()))
+        .bind(p.now.0)
+        .bind(lease_expires_at.0)
+        .bind(&to.worker_id)
+        .bind(lease_ms(to.lease))
+        .bind(snapshot_text(&created))
+        .bind(started_data.to_string())
+        .bind(snapshot_text(&running))
+        .bind(CHANNEL)
+        .bind(payload)
+        .fetch_optional(&mut *c)
+        .await
+        .map_err(db);
+    reads.written([created.id.as_str()]);
+    let Some(lease_token) = token? else {
+        return Ok(None);
+    };
+    let task = Task {
+        operation_id: running.id.clone(),
+        tenant: running.tenant.clone(),
+        kind: running.kind.clone(),
+        input: p.input.clone(),
+        attempt: running.attempt,
+        lease_token,
+        lease_expires_at,
+        deadline_at: running.deadline_at,
+        budget_max_cost: running.budget_max_cost,
+        checkpoint: None,
+    };
+    Ok(Some((created, task)))
+}
+
 /// What the submission statement did with one item.
 enum Inserted {
     Created(Box<Operation>),
@@ -3055,6 +3150,14 @@ impl Store for PostgresStore {
 
     async fn operation_accept_many(&self, params: Vec<AcceptParams>) -> Vec<Result<AcceptOutcome>> {
         self.accepts.write_many(params).await
+    }
+
+    async fn operation_accept_leased(&self, params: &AcceptParams, to: &LeaseTo) -> Result<Option<(Operation, Task)>> {
+        operation_accept_leased(&self.pool, &self.reads, params, to).await
+    }
+
+    fn hands_off(&self) -> bool {
+        true
     }
 
     async fn operation_get(&self, tenant: &str, id: &Id) -> Result<Option<Operation>> {

@@ -371,6 +371,16 @@ pub struct ClaimParams {
     pub now: Timestamp,
 }
 
+/// A worker waiting in a claim, to which a new submission's task may be
+/// leased as it is accepted (`Store::operation_accept_leased`).
+#[derive(Debug, Clone)]
+pub struct LeaseTo {
+    /// Names the worker in the lease and the `started` event.
+    pub worker_id: String,
+    /// How long the lease lasts without a heartbeat.
+    pub lease: Duration,
+}
+
 /// A leased unit of work.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Task {

@@ -19,7 +19,7 @@ use longrun_api::{
 use longrun_core::lease::{MAX_LEASE, MIN_LEASE};
 use longrun_core::{Id, IdKind, validate};
 use longrun_engine::reports::{self, ReportError};
-use longrun_store::{ClaimParams, FinishParams, HeartbeatParams, Outcome, ProgressUpdate, StoreError};
+use longrun_store::{ClaimParams, FinishParams, HeartbeatParams, Outcome, ProgressUpdate, StoreError, Task};
 use serde_json::Value;
 
 use crate::AppState;
@@ -114,28 +114,54 @@ async fn claim(
             tracing::debug!(op.id = %t.operation_id, attempt = t.attempt, worker = %worker_id, "leased");
         }
         if !tasks.is_empty() || now >= give_up_at {
-            return Ok(Json(ClaimResponse {
-                tasks: tasks
-                    .into_iter()
-                    .map(|t| TaskBody {
-                        operation_id: t.operation_id.to_string(),
-                        kind: t.kind,
-                        input: t.input,
-                        attempt: t.attempt,
-                        lease_token: t.lease_token,
-                        lease_expires_at: t.lease_expires_at.to_rfc3339(),
-                        deadline_at: t.deadline_at.map(|d| d.to_rfc3339()),
-                        budget: t.budget_max_cost.map(|max_cost_units| BudgetBody { max_cost_units }),
-                        checkpoint: t.checkpoint,
-                    })
-                    .collect(),
-            }));
+            return Ok(Json(claimed(tasks)));
         }
         let wake_at = give_up_at.min(now + CLAIM_FALLBACK_POLL);
-        tokio::select! {
-            () = work.changed() => {}
-            () = tokio::time::sleep_until(wake_at) => {}
+        if !app.store.hands_off() {
+            tokio::select! {
+                () = work.changed() => {}
+                () = tokio::time::sleep_until(wake_at) => {}
+            }
+            continue;
         }
+        // Waiting, the claim may be handed a submission as it is accepted
+        // (see `handoff`).
+        let mut waiting = app.handoffs.wait(&request.kinds, &worker_id, lease);
+        let handed = tokio::select! {
+            () = work.changed() => None,
+            () = tokio::time::sleep_until(wake_at) => None,
+            handed = &mut waiting.handed => Some(handed.ok()),
+        };
+        let handed = match handed {
+            Some(handed) => handed,
+            // Taken by a submitter just as it woke: its answer is close.
+            None if waiting.withdraw() => (&mut waiting.handed).await.ok(),
+            None => None,
+        };
+        if let Some(task) = handed {
+            tracing::debug!(op.id = %task.operation_id, worker = %worker_id, "leased as submitted");
+            return Ok(Json(claimed(vec![task])));
+        }
+    }
+}
+
+/// A claim's answer.
+fn claimed(tasks: Vec<Task>) -> ClaimResponse {
+    ClaimResponse {
+        tasks: tasks
+            .into_iter()
+            .map(|t| TaskBody {
+                operation_id: t.operation_id.to_string(),
+                kind: t.kind,
+                input: t.input,
+                attempt: t.attempt,
+                lease_token: t.lease_token,
+                lease_expires_at: t.lease_expires_at.to_rfc3339(),
+                deadline_at: t.deadline_at.map(|d| d.to_rfc3339()),
+                budget: t.budget_max_cost.map(|max_cost_units| BudgetBody { max_cost_units }),
+                checkpoint: t.checkpoint,
+            })
+            .collect(),
     }
 }
 
