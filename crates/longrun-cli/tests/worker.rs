@@ -233,12 +233,14 @@ async fn a_sigkilled_worker_is_retried_when_safe_and_outcome_unknown_otherwise()
     let h = harness().await;
     h.declare("rerunnable", true).await;
     h.declare("once-only", false).await;
-    // Attempt 1 reports that it started and then works until its worker dies.
+    // Attempt 1 reports that it started and then works until its worker dies
+    // (the worker runs it under `sh -c`: the worker is its grandparent).
     let script = h.script(
         "work.sh",
         r#"if [ "$LONGRUN_ATTEMPT" = 1 ]; then
   echo '{"progress":{"phase":"STARTED"}}'
-  while kill -0 "$PPID" 2>/dev/null; do sleep 0.05; done
+  worker=$(cut -d' ' -f4 "/proc/$PPID/stat")
+  while kill -0 "$worker" 2>/dev/null; do sleep 0.05; done
   exit 1
 fi
 echo "{\"result\":{\"attempt\":$LONGRUN_ATTEMPT}}""#,
@@ -290,7 +292,8 @@ async fn a_sigkilled_exec_worker_hands_its_checkpoint_to_the_next_attempt() {
   test -e "$LONGRUN_CHECKPOINT_FILE" && exit 3
   echo '{"checkpoint":{"rows_done":3}}'
   echo '{"progress":{"phase":"STARTED"}}'
-  while kill -0 "$PPID" 2>/dev/null; do sleep 0.05; done
+  worker=$(cut -d' ' -f4 "/proc/$PPID/stat")
+  while kill -0 "$worker" 2>/dev/null; do sleep 0.05; done
   exit 1
 fi
 echo "{\"result\":{\"env\":$LONGRUN_CHECKPOINT,\"file\":$(cat "$LONGRUN_CHECKPOINT_FILE"),\"attempt\":$LONGRUN_ATTEMPT}}""#,
