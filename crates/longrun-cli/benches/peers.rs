@@ -11,7 +11,8 @@
 //!   PostgreSQL and SQLite: a release `longrun serve` restarted on a full queue;
 //! - Longrun remote (a `noop` kind, 2 `RemoteWorker`s × 64 slots over HTTP,
 //!   batch claims and batched outcomes) on PostgreSQL and SQLite;
-//! - batch submissions (100 per request, 4 clients) and single submissions
+//! - batch submissions (100 per request, 4 clients; each client's first
+//!   request opens the connections and is not timed) and single submissions
 //!   (32 clients, p99) beside pgbench's single-row INSERT (32 clients) and a
 //!   bare axum POST (in a process of its own, as `longrun serve` is) as the
 //!   ceilings;
@@ -28,6 +29,10 @@
 //!   PostgreSQL and checkpointed on SQLite; needs `sqlite3` for SQLite).
 //!   Each size is measured `LONGRUN_PEER_ROUNDS` times (medians shown);
 //!   idle pickup takes 300 samples there, 100 in the rounds.
+//!
+//! Before each measurement the databases of the earlier ones are dropped,
+//! PostgreSQL checkpoints and the file systems are synced (`settle`), so
+//! that no figure pays for the background work of the one before it.
 //!
 //! It prints the medians and the ratios. Longrun keeps every operation and
 //! its history; graphile-worker deletes finished jobs.
@@ -101,6 +106,32 @@ fn install_graphile() -> Result<PathBuf, String> {
     std::fs::create_dir_all(dir.join("tasks")).map_err(|e| e.to_string())?;
     std::fs::write(dir.join("tasks/noop.js"), "module.exports = async () => {};\n").map_err(|e| e.to_string())?;
     Ok(dir)
+}
+
+/// Before each measurement: the databases of the ones before it are
+/// dropped and the file systems synced, so that neither PostgreSQL
+/// (autovacuum, the checkpointer) nor the kernel (write-back of the last
+/// drain's pages) is still working through an earlier figure's data while
+/// the next one is measured. Every figure, the peers' and the ceilings'
+/// included, starts from the same quiet machine.
+async fn settle(cluster: &longrun_store::pgtest::Cluster) {
+    let admin = format!("postgres://postgres@127.0.0.1:{}/postgres", cluster.port);
+    let pool = sqlx::PgPool::connect(&admin).await.unwrap();
+    let earlier: Vec<String> = sqlx::query_scalar("SELECT datname FROM pg_database WHERE starts_with(datname, $1)")
+        .bind(format!("t{}_", std::process::id()))
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    for name in earlier {
+        sqlx::raw_sql(&format!("DROP DATABASE {name} WITH (FORCE)"))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+    sqlx::raw_sql("CHECKPOINT").execute(&pool).await.unwrap();
+    pool.close().await;
+    let synced = tokio::process::Command::new("sync").status().await;
+    assert!(synced.is_ok_and(|s| s.success()), "sync runs");
 }
 
 async fn sql(url: &str, statement: &str) {
@@ -202,9 +233,20 @@ impl Longrun {
     }
 
     /// Queues `jobs` operations of `body` through the batch endpoint (100 per
-    /// request, 4 clients); submissions/s.
+    /// request, 4 clients); submissions/s. The first request of each client
+    /// is not timed (pgbench's tps leaves out connection set-up too): it
+    /// opens the client's connection and the server's to its database.
     async fn enqueue(&self, base: &str, body: Value, jobs: usize) -> f64 {
+        let warm = (4 * 100).min(jobs / 2);
+        self.batches(base, &body, warm).await;
         let started = Instant::now();
+        self.batches(base, &body, jobs - warm).await;
+        (jobs - warm) as f64 / started.elapsed().as_secs_f64()
+    }
+
+    /// Submits `jobs` operations of `body` through the batch endpoint, 100
+    /// per request, 4 clients at once.
+    async fn batches(&self, base: &str, body: &Value, jobs: usize) {
         let per_client = jobs.div_ceil(4);
         let mut clients = Vec::new();
         for c in 0..4 {
@@ -241,7 +283,6 @@ impl Longrun {
         for c in clients {
             c.await.unwrap();
         }
-        jobs as f64 / started.elapsed().as_secs_f64()
     }
 
     /// Waits until nothing is queued or running.
@@ -666,6 +707,7 @@ fn main() {
         for round in 1..=rounds {
             if let Some(dir) = graphile_dir.as_ref().filter(|_| wanted("graphile")) {
                 for batched in [false, true] {
+                    settle(&cluster).await;
                     let url = cluster.database().await;
                     let rate = graphile(dir, &url, jobs, batched).await;
                     let name = if batched { "graphile batched" } else { "graphile plain" };
@@ -679,20 +721,24 @@ fn main() {
                     _ => Longrun::new(vec!["--data-dir".into(), dir.path().join(name).display().to_string()]),
                 };
                 if wanted(&format!("{group}-in-process")) {
+                    settle(&cluster).await;
                     let (submits, drain) = fresh("in-process").await.in_process(jobs).await;
                     note(&mut figures, format!("longrun in-process {store}"), drain);
                     note(&mut figures, format!("longrun batch submits {store}"), submits);
                 }
                 if wanted(&format!("{group}-remote")) {
+                    settle(&cluster).await;
                     let rate = fresh("remote").await.remote(jobs).await;
                     note(&mut figures, format!("longrun remote {store}"), rate);
                 }
                 if wanted(&format!("{group}-submits")) {
+                    settle(&cluster).await;
                     let (rate, p99) = fresh("submits").await.single_submits(seconds).await;
                     note(&mut figures, format!("longrun single submits {store}"), rate);
                     note(&mut figures, format!("longrun single submit p99 ms {store}"), p99);
                 }
                 if wanted(&format!("{group}-reads")) {
+                    settle(&cluster).await;
                     let ((rate, p99), (rate304, p99_304)) = fresh("reads").await.gets(seconds).await;
                     note(&mut figures, format!("longrun GET 200 {store}"), rate);
                     note(&mut figures, format!("longrun GET 200 p99 ms {store}"), p99);
@@ -700,6 +746,7 @@ fn main() {
                     note(&mut figures, format!("longrun GET 304 p99 ms {store}"), p99_304);
                 }
                 if wanted(&format!("{group}-pickup")) {
+                    settle(&cluster).await;
                     let (p50, p99) = fresh("pickup").await.pickup(100).await;
                     note(&mut figures, format!("longrun pickup p50 ms {store}"), p50);
                     note(&mut figures, format!("longrun pickup p99 ms {store}"), p99);
@@ -707,11 +754,13 @@ fn main() {
             }
 
             if wanted("axum") {
+                settle(&cluster).await;
                 let ((posts, _), (gets, _)) = bare_axum(seconds).await;
                 note(&mut figures, "bare axum POST ceiling", posts);
                 note(&mut figures, "bare axum GET ceiling", gets);
             }
             if wanted("pgbench") {
+                settle(&cluster).await;
                 let url = cluster.database().await;
                 sql(&url, "CREATE TABLE ceiling (id BIGSERIAL PRIMARY KEY, v INT)").await;
                 if let Some(tps) = pgbench_insert(&url, seconds) {
@@ -728,6 +777,7 @@ fn main() {
             if !wanted(&format!("{group}-history")) {
                 continue;
             }
+            settle(&cluster).await;
             let longrun = match store {
                 "PG" => Longrun::new(vec!["--database".into(), cluster.database().await]),
                 _ => Longrun::new(vec![
