@@ -23,10 +23,11 @@
 //!   submission at a time, from the request's send to the handler's start.
 //!
 //! - once, after the rounds: the p99 of single submits, GETs and idle
-//!   pickup on a nearly empty store, then again after `LONGRUN_PEER_HISTORY`
-//!   (1,000,000) ended operations with their keys and events were added
-//!   (written straight into the tables, then vacuumed and analyzed on
-//!   PostgreSQL and checkpointed on SQLite; needs `sqlite3` for SQLite).
+//!   pickup on a nearly empty store and on one to which
+//!   `LONGRUN_PEER_HISTORY` (1,000,000) ended operations with their keys
+//!   and events were added (written straight into the tables, then
+//!   vacuumed and analyzed on PostgreSQL and checkpointed on SQLite; needs
+//!   `sqlite3` for SQLite), alternating between the two stores.
 //!   Each size is measured `LONGRUN_PEER_ROUNDS` times (medians shown);
 //!   idle pickup takes 300 samples there, 100 in the rounds.
 //!
@@ -130,6 +131,11 @@ async fn settle(cluster: &longrun_store::pgtest::Cluster) {
     }
     sqlx::raw_sql("CHECKPOINT").execute(&pool).await.unwrap();
     pool.close().await;
+    synced().await;
+}
+
+/// The file systems synced: nothing written before is still being written back.
+async fn synced() {
     let synced = tokio::process::Command::new("sync").status().await;
     assert!(synced.is_ok_and(|s| s.success()), "sync runs");
 }
@@ -770,7 +776,8 @@ fn main() {
             eprintln!("round {round} done");
         }
         // Once, after the rounds: the hot paths' tails on a store holding a
-        // long history, against the same store nearly empty.
+        // long history, against a nearly empty one, alternating between the
+        // two so that the machine's drift falls on both alike.
         let history = env_number("LONGRUN_PEER_HISTORY", 1_000_000);
         let dir = tempfile::tempdir().unwrap();
         for (store, group) in [("PG", "pg"), ("SQLite", "sqlite")] {
@@ -778,29 +785,27 @@ fn main() {
                 continue;
             }
             settle(&cluster).await;
-            let longrun = match store {
+            let open = async |name: &str| match store {
                 "PG" => Longrun::new(vec!["--database".into(), cluster.database().await]),
-                _ => Longrun::new(vec![
-                    "--data-dir".into(),
-                    dir.path().join("history").display().to_string(),
-                ]),
+                _ => Longrun::new(vec!["--data-dir".into(), dir.path().join(name).display().to_string()]),
             };
-            // `rounds` samples of each size: the table shows their median.
-            let sample = async |figures: &mut BTreeMap<String, Vec<f64>>, size: &str| {
-                for _ in 0..rounds {
-                    for (path, p99) in longrun.hot_p99s(seconds).await {
-                        note(figures, format!("longrun {path} p99 ms {store}, {size}"), p99);
-                    }
-                }
-            };
-            sample(&mut figures, "empty").await;
+            let (empty, full) = (open("empty").await, open("history").await);
             let started = Instant::now();
-            longrun.add_history(history).await;
+            full.add_history(history).await;
+            synced().await;
             eprintln!(
                 "{history} ended operations added to {store} in {:.0?}",
                 started.elapsed()
             );
-            sample(&mut figures, &format!("{history} stored")).await;
+            // `rounds` samples of each size: the table shows their median.
+            let stored = format!("{history} stored");
+            for _ in 0..rounds {
+                for (longrun, size) in [(&empty, "empty"), (&full, stored.as_str())] {
+                    for (path, p99) in longrun.hot_p99s(seconds).await {
+                        note(&mut figures, format!("longrun {path} p99 ms {store}, {size}"), p99);
+                    }
+                }
+            }
             for path in ["accept", "GET", "pickup"] {
                 history_ratios.push((
                     format!("longrun {path} p99 ms {store}, {history} stored"),

@@ -323,15 +323,11 @@ async fn a_waiting_claim_is_handed_a_new_submission_in_its_commit() {
     );
     assert_eq!(task["input"], json!({"n": 1}));
     assert_eq!(metric(&http, &node, &admin, "longrun_claims_handed_total").await, 1.0);
-    let history: Value = http
-        .get(format!("{node}/v1/operations/{id}/history"))
-        .bearer_auth(&client)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let get = async |path: &str| -> Value {
+        let response = http.get(format!("{node}{path}")).bearer_auth(&client).send().await;
+        response.unwrap().json().await.unwrap()
+    };
+    let history = get(&format!("/v1/operations/{id}/history")).await;
     let types: Vec<&str> = history["events"]
         .as_array()
         .unwrap()
@@ -360,14 +356,5 @@ async fn a_waiting_claim_is_handed_a_new_submission_in_its_commit() {
     let answered = claim.await.unwrap();
     assert_eq!(answered["tasks"][0]["operation_id"], second["id"]);
     assert_eq!(metric(&http, &node, &admin, "longrun_claims_handed_total").await, 2.0);
-    let op: Value = http
-        .get(format!("{node}/v1/operations/{id}"))
-        .bearer_auth(&client)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert_eq!(op["state"], "succeeded");
+    assert_eq!(get(&format!("/v1/operations/{id}")).await["state"], "succeeded");
 }
