@@ -169,11 +169,7 @@ pub(crate) async fn accept(app: &AppState, params: AcceptParams) -> Result<(Oper
 /// the store can (see `handoff`): the operation as created, or `None` when
 /// it is to be accepted as usual.
 async fn hand_off(app: &AppState, params: &AcceptParams) -> Result<Option<Operation>, ApiError> {
-    if !app.store.hands_off()
-        || params.callback_url.is_some()
-        || params.rerun_of.is_some()
-        || !params.uploads.is_empty()
-    {
+    if !app.store.hands_off() || !params.may_be_handed_off() {
         return Ok(None);
     }
     let Some(claim) = app.handoffs.take(&params.kind) else {

@@ -1455,6 +1455,14 @@ pub async fn a_submission_leased_as_accepted_is_what_a_claim_would_have_leased(s
         other => panic!("expected a replay, got {other:?}"),
     }
 
+    // A submission whose start a claim must handle (here: a webhook to
+    // queue) is not handed off.
+    let mut called = accept_params("t1", "hand", None, json!({"n": 3}));
+    called.callback_url = Some("https://example.com/hook".into());
+    assert!(!called.may_be_handed_off());
+    assert!(store.operation_accept_leased(&called, &to).await.unwrap().is_none());
+    assert!(store.operation_get("t1", &called.id).await.unwrap().is_none());
+
     // A tenant with a cap on running work queues as usual.
     store
         .tenant_set(TenantLimits {

@@ -90,8 +90,8 @@ pub trait Store: Send + Sync + 'static {
     /// or this submission must queue as usual — its tenant has a quota on
     /// active or running work (counted under the tenant's lock), or its
     /// idempotency key is already taken (a replay or a reuse). The caller
-    /// then accepts it with [`Store::operation_accept`]. Callers hand off
-    /// only submissions without a callback URL, uploads or a re-run source.
+    /// then accepts it with [`Store::operation_accept`], as it does a
+    /// submission that [`AcceptParams::may_be_handed_off`] says may not be.
     async fn operation_accept_leased(&self, params: &AcceptParams, to: &LeaseTo) -> Result<Option<(Operation, Task)>> {
         let _ = (params, to);
         Ok(None)

@@ -942,7 +942,7 @@ async fn operation_accept_leased(
     p: &AcceptParams,
     to: &LeaseTo,
 ) -> Result<Option<(Operation, Task)>> {
-    if p.callback_url.is_some() || p.rerun_of.is_some() || !p.uploads.is_empty() {
+    if !p.may_be_handed_off() {
         return Ok(None);
     }
     let created = created_operation(p);

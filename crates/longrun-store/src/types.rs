@@ -279,6 +279,16 @@ pub struct AcceptParams {
     pub now: Timestamp,
 }
 
+impl AcceptParams {
+    /// Whether this submission may be leased as it is accepted
+    /// (`Store::operation_accept_leased`): not one with a callback (its
+    /// start would queue a webhook), uploads or a re-run source (a
+    /// checkpoint to copy), which a claim handles.
+    pub fn may_be_handed_off(&self) -> bool {
+        self.callback_url.is_none() && self.rerun_of.is_none() && self.uploads.is_empty()
+    }
+}
+
 /// What a submission came to.
 #[derive(Debug, Clone, PartialEq)]
 pub enum AcceptOutcome {
