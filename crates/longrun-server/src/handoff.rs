@@ -14,6 +14,7 @@
 //! leaves its task leased to nobody until the lease runs out, as a claim
 //! answer lost on its way back does.
 
+use std::future::Future;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -36,11 +37,11 @@ struct Waiting {
 }
 
 /// A claim registered as waiting; dropping it withdraws the claim.
-pub(crate) struct Registered<'a> {
+struct Registered<'a> {
     handoffs: &'a HandOffs,
     id: u64,
     /// What a submitter that took this claim sends (or drops).
-    pub(crate) handed: oneshot::Receiver<Task>,
+    handed: oneshot::Receiver<Task>,
 }
 
 /// A waiting claim a submitter took: hand it a task with [`Taken::hand`],
@@ -51,8 +52,30 @@ pub(crate) struct Taken {
 }
 
 impl HandOffs {
+    /// Waits as a claim for `kinds` (leasing as `worker_id` for `lease`)
+    /// until `woken` or until a submitter hands it a task: the task, or
+    /// `None` when woken (then the claim looks again).
+    pub(crate) async fn wait(
+        &self,
+        kinds: &[String],
+        worker_id: &str,
+        lease: Duration,
+        woken: impl Future<Output = ()>,
+    ) -> Option<Task> {
+        let mut waiting = self.register(kinds, worker_id, lease);
+        tokio::select! {
+            () = woken => {}
+            handed = &mut waiting.handed => return handed.ok(),
+        }
+        // Taken by a submitter just as it woke: its answer is close.
+        if waiting.withdraw() {
+            return (&mut waiting.handed).await.ok();
+        }
+        None
+    }
+
     /// Registers a claim for `kinds`, leasing as `worker_id` for `lease`.
-    pub(crate) fn wait(&self, kinds: &[String], worker_id: &str, lease: Duration) -> Registered<'_> {
+    fn register(&self, kinds: &[String], worker_id: &str, lease: Duration) -> Registered<'_> {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let (answer, handed) = oneshot::channel();
         let mut waiting = self.lock();
@@ -102,7 +125,7 @@ fn counted(waiting: &[Waiting]) {
 impl Registered<'_> {
     /// Withdraws the claim; `true` when a submitter had taken it first (its
     /// answer is then on its way through `handed`).
-    pub(crate) fn withdraw(&self) -> bool {
+    fn withdraw(&self) -> bool {
         let mut waiting = self.handoffs.lock();
         match waiting.iter().position(|w| w.id == self.id) {
             Some(at) => {
@@ -151,8 +174,8 @@ mod tests {
     #[tokio::test]
     async fn the_oldest_claim_for_the_kind_is_taken_and_answered() {
         let handoffs = HandOffs::default();
-        let first = handoffs.wait(&["a".into(), "b".into()], "w1", Duration::from_secs(30));
-        let second = handoffs.wait(&["a".into()], "w2", Duration::from_secs(30));
+        let first = handoffs.register(&["a".into(), "b".into()], "w1", Duration::from_secs(30));
+        let second = handoffs.register(&["a".into()], "w2", Duration::from_secs(30));
         assert!(handoffs.take("c").is_none());
         let taken = handoffs.take("a").expect("a claim for a");
         assert_eq!(taken.to.worker_id, "w1");
@@ -167,12 +190,35 @@ mod tests {
     #[tokio::test]
     async fn a_withdrawn_claim_is_not_taken_and_a_dropped_taker_lets_the_claim_look_again() {
         let handoffs = HandOffs::default();
-        drop(handoffs.wait(&["a".into()], "gone", Duration::from_secs(30)));
-        let mut waiting = handoffs.wait(&["a".into()], "here", Duration::from_secs(30));
+        drop(handoffs.register(&["a".into()], "gone", Duration::from_secs(30)));
+        let mut waiting = handoffs.register(&["a".into()], "here", Duration::from_secs(30));
         let taken = handoffs.take("a").expect("the claim still waiting");
         assert_eq!(taken.to.worker_id, "here");
         drop(taken);
         assert!(waiting.withdraw());
         assert!((&mut waiting.handed).await.is_err(), "the claim learns it got nothing");
+    }
+
+    #[tokio::test]
+    async fn a_woken_claim_is_withdrawn_and_one_taken_as_it_woke_gets_the_takers_answer() {
+        let handoffs = HandOffs::default();
+        let lease = Duration::from_secs(30);
+        assert!(handoffs.wait(&["a".into()], "w", lease, async {}).await.is_none());
+        assert!(handoffs.take("a").is_none(), "a woken claim is withdrawn");
+
+        // The submitter takes the claim just as it is woken, and answers
+        // after the claim has woken: the claim waits for that answer.
+        let (taken_tx, taken_rx) = oneshot::channel();
+        let woken = async {
+            taken_tx.send(handoffs.take("a").expect("the claim waits")).ok();
+        };
+        let submitter = async {
+            let taken: Taken = taken_rx.await.unwrap();
+            assert!(taken.hand(task()));
+        };
+        let kinds = ["a".to_owned()];
+        let (handed, ()) = tokio::join!(handoffs.wait(&kinds, "w", lease, woken), submitter);
+        assert_eq!(handed.expect("handed").kind, "a");
+        assert!(handoffs.take("a").is_none());
     }
 }

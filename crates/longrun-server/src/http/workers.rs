@@ -117,26 +117,19 @@ async fn claim(
             return Ok(Json(claimed(tasks)));
         }
         let wake_at = give_up_at.min(now + CLAIM_FALLBACK_POLL);
-        if !app.store.hands_off() {
+        let woken = async {
             tokio::select! {
                 () = work.changed() => {}
                 () = tokio::time::sleep_until(wake_at) => {}
             }
-            continue;
-        }
-        // Waiting, the claim may be handed a submission as it is accepted
-        // (see `handoff`).
-        let mut waiting = app.handoffs.wait(&request.kinds, &worker_id, lease);
-        let handed = tokio::select! {
-            () = work.changed() => None,
-            () = tokio::time::sleep_until(wake_at) => None,
-            handed = &mut waiting.handed => Some(handed.ok()),
         };
-        let handed = match handed {
-            Some(handed) => handed,
-            // Taken by a submitter just as it woke: its answer is close.
-            None if waiting.withdraw() => (&mut waiting.handed).await.ok(),
-            None => None,
+        // Waiting, the claim may be handed a submission as it is accepted
+        // (see `handoff`), where the store can.
+        let handed = if app.store.hands_off() {
+            app.handoffs.wait(&request.kinds, &worker_id, lease, woken).await
+        } else {
+            woken.await;
+            None
         };
         if let Some(task) = handed {
             tracing::debug!(op.id = %task.operation_id, worker = %worker_id, "leased as submitted");
