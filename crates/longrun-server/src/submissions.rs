@@ -175,21 +175,28 @@ async fn hand_off(app: &AppState, params: &AcceptParams) -> Result<Option<Operat
     let Some(claim) = app.handoffs.take(&params.kind) else {
         return Ok(None);
     };
-    // Dropping `claim` unanswered (refused, or an error) lets it look again.
-    let Some((op, task)) = app
-        .store
-        .operation_accept_leased(params, &claim.to)
+    // Leased, the task must reach the claim: a submitter whose request goes
+    // away (its future dropped) must not drop the claim with the lease
+    // already committed, which would leave the task to lapse and, for a
+    // kind not safe to re-run, end as `outcome_unknown` without having run.
+    // So the write and the answer run as a task of their own. Dropping
+    // `claim` unanswered (nothing written, or an error) lets it look again.
+    let (store, params) = (app.store.clone(), params.clone());
+    let handed = tokio::spawn(async move {
+        let Some((op, task)) = store.operation_accept_leased(&params, &claim.to).await? else {
+            return Ok(None);
+        };
+        metrics::counter!("longrun_claims_handed_total").increment(1);
+        let id = task.operation_id.clone();
+        if !claim.hand(task) {
+            tracing::warn!(op.id = %id, "the claim handed this submission went away; its lease will run out");
+        }
+        Ok(Some(op))
+    });
+    handed
         .await
-        .map_err(accept_error)?
-    else {
-        return Ok(None);
-    };
-    metrics::counter!("longrun_claims_handed_total").increment(1);
-    let id = task.operation_id.clone();
-    if !claim.hand(task) {
-        tracing::warn!(op.id = %id, "the claim handed this submission went away; its lease will run out");
-    }
-    Ok(Some(op))
+        .map_err(|_| accept_error(StoreError::Stopped("a hand-off")))?
+        .map_err(accept_error)
 }
 
 /// What an acceptance means to the caller: the operation and whether it
