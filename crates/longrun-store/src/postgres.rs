@@ -88,6 +88,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (8, include_str!("postgres/0008_console.sql")),
     (9, include_str!("postgres/0009_job_path_indexes.sql")),
     (10, include_str!("postgres/0010_guard_after.sql")),
+    (11, include_str!("postgres/0011_history_vacuum.sql")),
 ];
 
 /// How to reach and use a PostgreSQL database.

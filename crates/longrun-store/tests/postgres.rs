@@ -503,3 +503,33 @@ async fn an_outcome_raced_by_a_change_is_decided_again_from_the_change() {
     assert_eq!(ended.error.as_ref().map(|e| e.code.as_str()), Some("deadline_exceeded"));
     assert_eq!(ended.version, 4, "created, started, the change, the end");
 }
+
+/// The tables that keep the history are autovacuumed gently (schema 11);
+/// the queue's table keeps PostgreSQL's default pace.
+#[tokio::test]
+async fn only_the_history_tables_are_vacuumed_gently() {
+    let Some(cluster) = longrun_store::pgtest::cluster() else {
+        return;
+    };
+    let url = cluster.database().await;
+    longrun_store::postgres::migrate(&url).await.unwrap();
+    let mut c = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await.unwrap();
+    let gentle: Vec<String> = sqlx::query_scalar(
+        "SELECT relname::text FROM pg_class
+          WHERE relkind = 'r' AND 'autovacuum_vacuum_cost_delay=10' = ANY (reloptions)
+          ORDER BY relname",
+    )
+    .fetch_all(&mut c)
+    .await
+    .unwrap();
+    assert_eq!(
+        gentle,
+        [
+            "idempotency_keys",
+            "operation_events",
+            "operations",
+            "webhook_attempts",
+            "webhook_deliveries"
+        ]
+    );
+}
