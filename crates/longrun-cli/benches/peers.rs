@@ -28,8 +28,9 @@
 //!   and events were added (written straight into the tables, then
 //!   vacuumed and analyzed on PostgreSQL and checkpointed on SQLite; needs
 //!   `sqlite3` for SQLite), alternating between the two stores.
-//!   Each size is measured `LONGRUN_PEER_ROUNDS` times (medians shown);
-//!   idle pickup takes 300 samples there, 100 in the rounds.
+//!   Each size is measured `LONGRUN_PEER_HISTORY_SAMPLES` (5) times
+//!   (medians shown); idle pickup takes 300 samples there, 100 in the
+//!   rounds.
 //!
 //! Before each measurement the databases of the earlier ones are dropped,
 //! PostgreSQL checkpoints and the file systems are synced (`settle`), so
@@ -779,6 +780,7 @@ fn main() {
         // long history, against a nearly empty one, alternating between the
         // two so that the machine's drift falls on both alike.
         let history = env_number("LONGRUN_PEER_HISTORY", 1_000_000);
+        let samples = env_number("LONGRUN_PEER_HISTORY_SAMPLES", 5);
         let dir = tempfile::tempdir().unwrap();
         for (store, group) in [("PG", "pg"), ("SQLite", "sqlite")] {
             if !wanted(&format!("{group}-history")) {
@@ -797,9 +799,11 @@ fn main() {
                 "{history} ended operations added to {store} in {:.0?}",
                 started.elapsed()
             );
-            // `rounds` samples of each size: the table shows their median.
+            // `samples` of each size: the table shows their median. A p99
+            // of one sample on two busy cores spreads by a third from one
+            // sample to the next, so this takes more than the rounds' 3.
             let stored = format!("{history} stored");
-            for _ in 0..rounds {
+            for _ in 0..samples {
                 for (longrun, size) in [(&empty, "empty"), (&full, stored.as_str())] {
                     for (path, p99) in longrun.hot_p99s(seconds).await {
                         note(&mut figures, format!("longrun {path} p99 ms {store}, {size}"), p99);
