@@ -64,6 +64,7 @@ macro_rules! store_conformance {
             leases_of_a_worker_known_gone_are_reaped_at_once,
             every_event_keeps_the_representation_at_its_version,
             a_submission_leased_as_accepted_is_what_a_claim_would_have_leased,
+            racing_submissions_with_one_key_make_one_operation_handed_or_not,
             committed_changes_are_published_and_rolled_back_ones_are_not,
             every_submission_of_a_batch_is_published_once,
             every_change_of_a_large_claim_and_outcome_batch_is_published_once_in_order,
@@ -1406,20 +1407,19 @@ pub async fn a_submission_leased_as_accepted_is_what_a_claim_would_have_leased(s
         .unwrap();
     assert_eq!(event_types(&history), ["created", "started"]);
     assert_eq!(history[1].data, json!({"attempt": 1, "worker_id": "handed"}));
-    let mut expected = stored.clone();
-    expected.input = None;
-    assert_eq!(
-        history[1].snapshot.as_ref(),
-        Some(&expected),
-        "the started snapshot is the stored operation"
-    );
-    let mut queued = created.clone();
-    queued.input = None;
-    assert_eq!(
-        history[0].snapshot.as_ref(),
-        Some(&queued),
-        "the created snapshot is what the submitter got"
-    );
+    // Each event keeps the operation at its version (inputs are not kept
+    // in snapshots): the created one is what the submitter got, the
+    // started one what is stored.
+    for (event, at_version) in history.iter().zip([&created, &stored]) {
+        let mut expected = at_version.clone();
+        expected.input = None;
+        assert_eq!(
+            event.snapshot.as_ref(),
+            Some(&expected),
+            "{} snapshot",
+            event.event_type
+        );
+    }
     for version in [1, 2] {
         let change = changes.recv().await.unwrap();
         assert_eq!(
@@ -1480,6 +1480,62 @@ pub async fn a_submission_leased_as_accepted_is_what_a_claim_would_have_leased(s
         store.operation_accept(capped).await.unwrap(),
         AcceptOutcome::Created(_)
     ));
+}
+
+/// An idempotency key names one operation even when its submissions race
+/// through a hand-off: of two hand-offs with one key, or a hand-off and a
+/// queued acceptance, exactly one writes, and the other, accepted as usual
+/// afterwards (as the server does with a hand-off that wrote nothing), is
+/// its replay.
+pub async fn racing_submissions_with_one_key_make_one_operation_handed_or_not(store: &dyn Store) {
+    let to = LeaseTo {
+        worker_id: "racer".into(),
+        lease: LEASE,
+    };
+    for round in 0..8 {
+        let key = format!("race-{round}");
+        let (a, b) = (
+            accept_params("t1", "race", Some(&key), json!({"round": round})),
+            accept_params("t1", "race", Some(&key), json!({"round": round})),
+        );
+        // Even rounds race two hand-offs; odd ones a hand-off and a queued
+        // acceptance.
+        let written: Vec<Id> = if round % 2 == 0 {
+            let (x, y) = tokio::join!(
+                store.operation_accept_leased(&a, &to),
+                store.operation_accept_leased(&b, &to)
+            );
+            [x, y]
+                .into_iter()
+                .filter_map(|h| h.unwrap().map(|(op, _)| op.id))
+                .collect()
+        } else {
+            let (x, y) = tokio::join!(
+                store.operation_accept_leased(&a, &to),
+                store.operation_accept(b.clone())
+            );
+            let mut written: Vec<Id> = x.unwrap().map(|(op, _)| op.id).into_iter().collect();
+            match y.unwrap() {
+                AcceptOutcome::Created(op) => written.push(op.id),
+                AcceptOutcome::Replayed(op) => assert_eq!(Some(&op.id), written.first(), "round {round}"),
+                other => panic!("round {round}: {other:?}"),
+            }
+            written
+        };
+        // A backend that does not hand off writes only the queued one.
+        let expected = if store.hands_off() { 1 } else { round % 2 };
+        assert_eq!(written.len(), expected, "round {round}: exactly one writes");
+        if written.is_empty() {
+            continue;
+        }
+        let winner = &written[0];
+        let loser = if winner == &a.id { b } else { a };
+        assert!(store.operation_get("t1", &loser.id).await.unwrap().is_none());
+        match store.operation_accept(loser).await.unwrap() {
+            AcceptOutcome::Replayed(op) => assert_eq!(&op.id, winner, "round {round}"),
+            other => panic!("round {round}: expected a replay, got {other:?}"),
+        }
+    }
 }
 
 pub async fn committed_changes_are_published_and_rolled_back_ones_are_not(store: &dyn Store) {
