@@ -58,7 +58,8 @@ struct Global {
     /// A postgres:// URL to use PostgreSQL instead of the embedded SQLite.
     #[arg(long, env = "LONGRUN_DATABASE", hide_env_values = true, global = true)]
     database: Option<String>,
-    /// Connections in the PostgreSQL pool of this process.
+    /// Connections in the PostgreSQL pool of this process (besides one to
+    /// listen for changes and one for each of its 4 group-commit writers).
     #[arg(long, env = "LONGRUN_DB_POOL_SIZE", default_value_t = 16, global = true)]
     db_pool_size: u32,
     /// Log format.

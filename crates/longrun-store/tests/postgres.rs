@@ -222,11 +222,12 @@ async fn an_outage_is_refused_as_unavailable_and_recovers_without_reopening() {
     cluster.stop_immediately();
 }
 
-/// The pool does not ping a connection before handing it out. Connections
-/// that died while idle (here: terminated by an administrator) fail the
-/// first statement of the call that takes them, refused as `Unavailable`
-/// before anything is applied; sqlx drops them, and the store works again
-/// within as many calls as it had connections, with nothing half-written.
+/// The pool does not ping a connection before handing it out, nor does a
+/// group-commit writer its own. Connections that died while idle (here:
+/// terminated by an administrator) fail the first statement of the call that
+/// takes them, refused as `Unavailable` before anything is applied; they are
+/// dropped, and the store works again within as many calls as it had
+/// connections, with nothing half-written.
 #[tokio::test]
 async fn connections_killed_while_idle_are_refused_as_unavailable_then_replaced() {
     use longrun_store::{AcceptOutcome, StoreError};
@@ -254,23 +255,30 @@ async fn connections_killed_while_idle_are_refused_as_unavailable_then_replaced(
     .unwrap();
     assert!(!killed.is_empty() && killed.iter().all(|k| *k), "{killed:?}");
 
-    // A keyed submission, retried as a client would until it is answered.
-    let params = || longrun_store::conformance::accept_params("t1", "k", Some("after-kill"), serde_json::json!({}));
+    // A read on the pool (of an id no cache holds). Without a ping the
+    // first call takes a dead connection: refused, not handed a fresh one
+    // behind a hidden round trip.
+    let unknown = longrun_core::Id::generate(longrun_core::IdKind::Operation);
     let mut refused = 0;
-    let created = loop {
-        match store.operation_accept(params()).await {
-            Ok(AcceptOutcome::Created(op)) => break op,
-            Ok(other) => panic!("a refused attempt applied something: {other:?}"),
+    loop {
+        match store.operation_get("t1", &unknown).await {
+            Ok(found) => break assert!(found.is_none()),
             Err(StoreError::Unavailable(_)) => refused += 1,
             Err(e) => panic!("a dead connection must read as unavailable, not {e:?}"),
         }
         assert!(refused <= 4, "more refusals than connections in the pool");
-    };
-    // Without a ping the first call takes a dead connection: refused, not
-    // handed a fresh one behind a hidden round trip.
+    }
     assert!(refused >= 1, "no call met a dead connection");
+    // A keyed submission, retried as a client would until it is answered:
+    // the group-commit writers' own connections were killed too, and each
+    // is refused at most once before it is replaced.
+    let params = || longrun_store::conformance::accept_params("t1", "k", Some("after-kill"), serde_json::json!({}));
+    let created = match accepted_despite_dead_connections(&store, params()).await {
+        AcceptOutcome::Created(op) => op,
+        other => panic!("a refused attempt applied something: {other:?}"),
+    };
     // Nothing was applied twice, and reads work again.
-    match store.operation_accept(params()).await.unwrap() {
+    match accepted_despite_dead_connections(&store, params()).await {
         AcceptOutcome::Replayed(again) => assert_eq!(again.id, created.id),
         other => panic!("expected the replay of {}, got {other:?}", created.id),
     }
@@ -279,6 +287,24 @@ async fn connections_killed_while_idle_are_refused_as_unavailable_then_replaced(
         store.operation_get("t1", &created.id).await.unwrap().unwrap().id,
         created.id
     );
+}
+
+/// The answer to `params`, sent again as a client would while it is refused
+/// as unavailable: at most once by each group-commit writer whose own
+/// connection was killed.
+async fn accepted_despite_dead_connections(
+    store: &PostgresStore,
+    params: longrun_store::AcceptParams,
+) -> longrun_store::AcceptOutcome {
+    let mut refused = 0;
+    loop {
+        match store.operation_accept(params.clone()).await {
+            Ok(answer) => return answer,
+            Err(longrun_store::StoreError::Unavailable(_)) => refused += 1,
+            Err(e) => panic!("a dead connection must read as unavailable, not {e:?}"),
+        }
+        assert!(refused <= 4, "more refusals than writers");
+    }
 }
 
 /// Two stores on one database (two nodes), each with its read cache.
