@@ -89,6 +89,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (9, include_str!("postgres/0009_job_path_indexes.sql")),
     (10, include_str!("postgres/0010_guard_after.sql")),
     (11, include_str!("postgres/0011_history_vacuum.sql")),
+    (12, include_str!("postgres/0012_keys_by_tombstone.sql")),
 ];
 
 /// How to reach and use a PostgreSQL database.
@@ -2866,7 +2867,8 @@ async fn retention_sweep(c: &mut PgConnection, ch: &mut Changes, p: &RetentionPa
         counts.results_expired += 1;
     }
     let rows = sqlx::query(
-        "SELECT id, tenant, expires_at FROM operations WHERE expires_at IS NOT NULL AND expires_at <= $1
+        "SELECT id, tenant, expires_at, kind, idempotency_key FROM operations
+          WHERE expires_at IS NOT NULL AND expires_at <= $1
           ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED",
     )
     .bind(now)
@@ -2880,25 +2882,45 @@ async fn retention_sweep(c: &mut PgConnection, ch: &mut Changes, p: &RetentionPa
         // The tombstone window counts from the expiry, when readers began to
         // see the operation gone, not from when this sweep got to it.
         let expired_at: i64 = r.try_get(2).map_err(db)?;
+        let kind: String = r.try_get(3).map_err(db)?;
+        let key: Option<String> = r.try_get(4).map_err(db)?;
         let until = Timestamp(expired_at).plus(p.tombstone_retention).0;
         operation_remove(c, ch, &id, p.now).await?;
+        // The tombstone keeps the key of the idempotency record it outlives,
+        // which its burial deletes.
         sqlx::query(
-            "INSERT INTO tombstones (operation_id, tenant, removed_at, expires_at) VALUES ($1, $2, $3, $4)
-             ON CONFLICT (operation_id) DO UPDATE SET removed_at = excluded.removed_at, expires_at = excluded.expires_at",
+            "INSERT INTO tombstones (operation_id, tenant, removed_at, expires_at, kind, idempotency_key)
+             VALUES ($1, $2, $3, $4, $5, $6)
+             ON CONFLICT (operation_id) DO UPDATE SET removed_at = excluded.removed_at, expires_at = excluded.expires_at,
+                                                      kind = excluded.kind, idempotency_key = excluded.idempotency_key",
         )
         .bind(&id)
         .bind(tenant)
         .bind(expired_at)
         .bind(until)
+        .bind(kind)
+        .bind(key)
         .execute(&mut *c)
         .await
         .map_err(db)?;
         counts.operations_removed += 1;
     }
-    let buried = ids(c, "SELECT operation_id FROM tombstones WHERE expires_at <= $1 ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED", now, limit).await?;
-    for id in buried {
-        sqlx::query("DELETE FROM idempotency_keys WHERE operation_id = $1")
+    let buried = sqlx::query(
+        "SELECT operation_id, tenant, kind, idempotency_key FROM tombstones WHERE expires_at <= $1
+          ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED",
+    )
+    .bind(now)
+    .bind(limit)
+    .fetch_all(&mut *c)
+    .await
+    .map_err(db)?;
+    for r in &buried {
+        let id: String = r.try_get(0).map_err(db)?;
+        sqlx::query("DELETE FROM idempotency_keys WHERE tenant = $2 AND kind = $3 AND key = $4 AND operation_id = $1")
             .bind(&id)
+            .bind(r.try_get::<String, _>(1).map_err(db)?)
+            .bind(r.try_get::<Option<String>, _>(2).map_err(db)?)
+            .bind(r.try_get::<Option<String>, _>(3).map_err(db)?)
             .execute(&mut *c)
             .await
             .map_err(db)?;
@@ -3877,7 +3899,9 @@ impl Store for PostgresStore {
 
     async fn idempotency_record(&self, tenant: &str, id: &Id) -> Result<Option<IdempotencyRecord>> {
         let row = sqlx::query(
-            "SELECT key, kind, created_at, replays FROM idempotency_keys WHERE operation_id = $1 AND tenant = $2",
+            "SELECT k.key, k.kind, k.created_at, k.replays FROM operations o
+               JOIN idempotency_keys k ON k.tenant = o.tenant AND k.kind = o.kind AND k.key = o.idempotency_key
+              WHERE o.id = $1 AND o.tenant = $2 AND k.operation_id = o.id",
         )
         .bind(id.as_str())
         .bind(tenant)

@@ -559,3 +559,60 @@ async fn only_the_history_tables_are_vacuumed_gently() {
         ]
     );
 }
+
+/// Schema 12 moved the way a tombstone's burial finds the idempotency record
+/// it outlives (from an index on the record's operation id to the key kept
+/// in the tombstone). A tombstone written before it still frees its key:
+/// the migration copies the keys into the tombstones that exist.
+#[tokio::test]
+async fn a_tombstone_from_before_schema_12_still_frees_its_key() {
+    use longrun_store::{AcceptOutcome, RetentionParams};
+    let Some(cluster) = longrun_store::pgtest::cluster() else {
+        return;
+    };
+    let url = cluster.database().await;
+    longrun_store::postgres::migrate(&url).await.unwrap();
+    let mut c = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await.unwrap();
+    // Back to schema 11, with what retention left of an operation then: its
+    // idempotency record and its tombstone.
+    sqlx::raw_sql(
+        "DELETE FROM schema_migrations WHERE version = 12;
+         ALTER TABLE tombstones DROP COLUMN kind, DROP COLUMN idempotency_key;
+         CREATE INDEX idempotency_by_operation ON idempotency_keys (operation_id);
+         INSERT INTO idempotency_keys (tenant, kind, key, fingerprint, operation_id, created_at)
+              VALUES ('t1', 'k', 'old-key', decode(repeat('00', 32), 'hex'), 'op_removed', 1000);
+         INSERT INTO tombstones (operation_id, tenant, removed_at, expires_at)
+              VALUES ('op_removed', 't1', 2000, 5000);",
+    )
+    .execute(&mut c)
+    .await
+    .unwrap();
+
+    assert_eq!(longrun_store::postgres::migrate(&url).await.unwrap(), 1);
+    let store = PostgresStore::open(PostgresConfig::new(url.clone())).await.unwrap();
+    let counts = store
+        .retention_sweep(RetentionParams {
+            now: longrun_core::Timestamp(6000),
+            tombstone_retention: std::time::Duration::from_secs(3600),
+            delivery_retention: std::time::Duration::from_secs(600),
+            limit: 100,
+        })
+        .await
+        .unwrap();
+    assert_eq!(counts.tombstones_removed, 1);
+    let keys: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM idempotency_keys")
+        .fetch_one(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(keys, 0, "the buried tombstone's key is free again");
+    let fresh = store
+        .operation_accept(longrun_store::conformance::accept_params(
+            "t1",
+            "k",
+            Some("old-key"),
+            serde_json::json!({}),
+        ))
+        .await
+        .unwrap();
+    assert!(matches!(fresh, AcceptOutcome::Created(_)), "{fresh:?}");
+}
