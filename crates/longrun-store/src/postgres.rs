@@ -2633,8 +2633,15 @@ async fn operation_update(c: &mut PgConnection, ch: &mut Changes, p: &UpdatePara
     Ok(updated)
 }
 
+/// The rows of `sql`, a query of two numbers (an instant and a limit, as
+/// the maintenance passes ask).
+async fn rows_of(c: &mut PgConnection, sql: &str, a: i64, b: i64) -> Result<Vec<PgRow>> {
+    sqlx::query(sql).bind(a).bind(b).fetch_all(&mut *c).await.map_err(db)
+}
+
+/// The first column of [`rows_of`], text.
 async fn ids(c: &mut PgConnection, sql: &str, a: i64, b: i64) -> Result<Vec<String>> {
-    let rows = sqlx::query(sql).bind(a).bind(b).fetch_all(&mut *c).await.map_err(db)?;
+    let rows = rows_of(c, sql, a, b).await?;
     rows.iter().map(|r| r.try_get::<String, _>(0).map_err(db)).collect()
 }
 
@@ -2841,15 +2848,14 @@ async fn operation_remove(c: &mut PgConnection, ch: &mut Changes, id: &str, now:
 async fn retention_sweep(c: &mut PgConnection, ch: &mut Changes, p: &RetentionParams) -> Result<RetentionCounts> {
     let mut counts = RetentionCounts::default();
     let (now, limit) = (p.now.0, i64::from(p.limit));
-    let rows = sqlx::query(
+    let rows = rows_of(
+        c,
         "SELECT id, storage_key FROM results WHERE state = 'published' AND expires_at <= $1
           ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED",
+        now,
+        limit,
     )
-    .bind(now)
-    .bind(limit)
-    .fetch_all(&mut *c)
-    .await
-    .map_err(db)?;
+    .await?;
     for r in &rows {
         let id: String = r.try_get(0).map_err(db)?;
         let key: String = r.try_get(1).map_err(db)?;
@@ -2866,16 +2872,15 @@ async fn retention_sweep(c: &mut PgConnection, ch: &mut Changes, p: &RetentionPa
             .map_err(db)?;
         counts.results_expired += 1;
     }
-    let rows = sqlx::query(
+    let rows = rows_of(
+        c,
         "SELECT id, tenant, expires_at, kind, idempotency_key FROM operations
           WHERE expires_at IS NOT NULL AND expires_at <= $1
           ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED",
+        now,
+        limit,
     )
-    .bind(now)
-    .bind(limit)
-    .fetch_all(&mut *c)
-    .await
-    .map_err(db)?;
+    .await?;
     for r in &rows {
         let id: String = r.try_get(0).map_err(db)?;
         let tenant: String = r.try_get(1).map_err(db)?;
@@ -2905,15 +2910,14 @@ async fn retention_sweep(c: &mut PgConnection, ch: &mut Changes, p: &RetentionPa
         .map_err(db)?;
         counts.operations_removed += 1;
     }
-    let buried = sqlx::query(
+    let buried = rows_of(
+        c,
         "SELECT operation_id, tenant, kind, idempotency_key FROM tombstones WHERE expires_at <= $1
           ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED",
+        now,
+        limit,
     )
-    .bind(now)
-    .bind(limit)
-    .fetch_all(&mut *c)
-    .await
-    .map_err(db)?;
+    .await?;
     for r in &buried {
         let id: String = r.try_get(0).map_err(db)?;
         sqlx::query("DELETE FROM idempotency_keys WHERE tenant = $2 AND kind = $3 AND key = $4 AND operation_id = $1")
