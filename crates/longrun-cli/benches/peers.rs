@@ -28,13 +28,14 @@
 //!   and events were added (written straight into the tables, then
 //!   vacuumed and analyzed on PostgreSQL and checkpointed on SQLite; needs
 //!   `sqlite3` for SQLite), alternating between the two stores.
-//!   Each size is measured `LONGRUN_PEER_HISTORY_SAMPLES` (5) times
-//!   (medians shown); idle pickup takes 300 samples there, 100 in the
-//!   rounds.
+//!   Each size is measured `LONGRUN_PEER_HISTORY_SAMPLES` (5) times, in
+//!   pairs (medians shown; the ratio is the median of the pairs' ratios);
+//!   idle pickup takes 300 samples there, 100 in the rounds.
 //!
 //! Before each measurement the databases of the earlier ones are dropped,
-//! PostgreSQL checkpoints and the file systems are synced (`settle`), so
-//! that no figure pays for the background work of the one before it.
+//! PostgreSQL checkpoints and the file systems are synced (`settle`; in the
+//! history, whose stores stay, only the checkpoint and the sync), so that
+//! no figure pays for the background work of the one before it.
 //!
 //! It prints the medians and the ratios. Longrun keeps every operation and
 //! its history; graphile-worker deletes finished jobs.
@@ -130,8 +131,16 @@ async fn settle(cluster: &longrun_store::pgtest::Cluster) {
             .await
             .unwrap();
     }
-    sqlx::raw_sql("CHECKPOINT").execute(&pool).await.unwrap();
     pool.close().await;
+    checkpointed(cluster).await;
+}
+
+/// A checkpoint of the cluster, then the file systems synced: what the
+/// measurements before wrote is on disk, not still being written back
+/// under the next one.
+async fn checkpointed(cluster: &longrun_store::pgtest::Cluster) {
+    let admin = format!("postgres://postgres@127.0.0.1:{}/postgres", cluster.port);
+    sql(&admin, "CHECKPOINT").await;
     synced().await;
 }
 
@@ -803,8 +812,13 @@ fn main() {
             // of one sample on two busy cores spreads by a third from one
             // sample to the next, so this takes more than the rounds' 3.
             let stored = format!("{history} stored");
+            // Each sample starts checkpointed and synced, as every other
+            // figure does (`settle`): without it the write-back of the
+            // samples before builds up under the next ones (SQLite's accept
+            // p99 went 3.9 -> 9.4 ms over 5 samples of an empty store).
             for _ in 0..samples {
                 for (longrun, size) in [(&empty, "empty"), (&full, stored.as_str())] {
+                    checkpointed(&cluster).await;
                     for (path, p99) in longrun.hot_p99s(seconds).await {
                         note(&mut figures, format!("longrun {path} p99 ms {store}, {size}"), p99);
                     }
@@ -853,8 +867,19 @@ fn main() {
         ] {
             println!("| {a} / {b} | {} |", ratio(a, b));
         }
+        // The history's samples are taken in pairs, each size right after
+        // the other: the ratio is the median of the pairs' ratios, so that
+        // a drift over the samples (both sizes' p99s rising together) is
+        // not read as a difference between the sizes.
+        let paired = |a: &str, b: &str| match (figures.get(a), figures.get(b)) {
+            (Some(a), Some(b)) if a.len() == b.len() => {
+                let ratios: Vec<f64> = a.iter().zip(b).map(|(a, b)| a / b).collect();
+                format!("{:.2}×", median(&ratios))
+            }
+            _ => "n/a".into(),
+        };
         for (a, b) in &history_ratios {
-            println!("| {a} / {b} | {} |", ratio(a, b));
+            println!("| {a} / {b}, paired samples | {} |", paired(a, b));
         }
         println!();
         println!("Longrun keeps every operation, its idempotency record and its history (3 events each);");
