@@ -550,11 +550,12 @@ async fn group_writer<P, R>(
 
 /// `run` over `batch`; when the batch as a whole fails (one bad item aborts
 /// its transaction), each item goes again on its own, so only the bad one
-/// fails.
+/// fails. Not when the database was unavailable: that is no item's fault,
+/// and on the writer's one connection each item would only fail again.
 async fn alone_on_error<P, R>(writer: &Writer, c: &mut PgConnection, run: Run<P, R>, batch: &[&P]) -> Vec<Result<R>> {
     match run(writer, c, batch).await {
         Ok(results) => results,
-        Err(_) if batch.len() > 1 => {
+        Err(e) if batch.len() > 1 && !matches!(e, StoreError::Unavailable(_)) => {
             let mut results = Vec::with_capacity(batch.len());
             for p in batch {
                 results.push(match run(writer, c, std::slice::from_ref(p)).await {
@@ -564,7 +565,7 @@ async fn alone_on_error<P, R>(writer: &Writer, c: &mut PgConnection, run: Run<P,
             }
             results
         }
-        Err(e) => vec![Err(e)],
+        Err(e) => batch.iter().map(|_| Err(e.clone())).collect(),
     }
 }
 
