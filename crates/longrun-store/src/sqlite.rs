@@ -37,6 +37,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (12, include_str!("sqlite/migrations/0012_console.sql")),
     (13, include_str!("sqlite/migrations/0013_events_append.sql")),
     (14, include_str!("sqlite/migrations/0014_cheaper_checks.sql")),
+    (15, include_str!("sqlite/migrations/0015_keys_by_tombstone.sql")),
 ];
 
 /// How to open the embedded database.
@@ -788,6 +789,54 @@ mod tests {
             .query_row("SELECT COUNT(*) FROM operation_events", [], |r| r.get(0))
             .unwrap();
         assert_eq!(total, 5, "the orphan event is gone, every other one kept");
+    }
+
+    /// Migration 0015 drops the index from an idempotency record to its
+    /// operation: a tombstone written before it still frees its key when it
+    /// is buried.
+    #[tokio::test]
+    async fn a_tombstone_from_before_migration_15_still_frees_its_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("longrun.db");
+        {
+            // Schema 14, with what retention left of an operation then: its
+            // idempotency record and its tombstone.
+            let mut conn = open_connection(&path, false).unwrap();
+            migrate_connection_to(&mut conn, 14).unwrap();
+            conn.execute_batch(
+                "INSERT INTO idempotency_keys (tenant, kind, key, fingerprint, operation_id, created_at)
+                      VALUES ('t1', 'k', 'old-key', zeroblob(32), 'op_removed', 1000);
+                 INSERT INTO tombstones (operation_id, tenant, removed_at, expires_at)
+                      VALUES ('op_removed', 't1', 2000, 5000);",
+            )
+            .unwrap();
+        }
+        let store = SqliteStore::open(SqliteConfig::new(path.clone())).unwrap();
+        let counts = store
+            .retention_sweep(RetentionParams {
+                now: Timestamp(6000),
+                tombstone_retention: Duration::from_secs(3600),
+                delivery_retention: Duration::from_secs(600),
+                limit: 100,
+            })
+            .await
+            .unwrap();
+        assert_eq!(counts.tombstones_removed, 1);
+        let keys: i64 = open_connection(&path, true)
+            .unwrap()
+            .query_row("SELECT COUNT(*) FROM idempotency_keys", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(keys, 0, "the buried tombstone's key is free again");
+        let fresh = store
+            .operation_accept(crate::conformance::accept_params(
+                "t1",
+                "k",
+                Some("old-key"),
+                serde_json::json!({}),
+            ))
+            .await
+            .unwrap();
+        assert!(matches!(fresh, AcceptOutcome::Created(_)), "{fresh:?}");
     }
 
     /// The log's length in pages, as a PASSIVE checkpoint reports it.

@@ -1708,31 +1708,45 @@ pub(super) fn retention_sweep(c: &Connection, p: &RetentionParams) -> Result<Ret
     // Operations past their retention: removed, with a tombstone. The
     // tombstone window counts from the operation's expiry (when readers began
     // to see it gone), not from when this sweep got to it.
-    let removable: Vec<(String, String, i64)> = c
+    type Removable = (String, String, i64, String, Option<String>);
+    let removable: Vec<Removable> = c
         .prepare_cached(
-            "SELECT id, tenant, expires_at FROM operations WHERE expires_at IS NOT NULL AND expires_at <= ?1
-              ORDER BY expires_at LIMIT ?2",
+            "SELECT id, tenant, expires_at, kind, idempotency_key FROM operations
+              WHERE expires_at IS NOT NULL AND expires_at <= ?1 ORDER BY expires_at LIMIT ?2",
         )?
-        .query_map(params![now, p.limit], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+        .query_map(params![now, p.limit], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+        })?
         .collect::<rusqlite::Result<_>>()?;
-    for (id, tenant, expired_at) in removable {
+    for (id, tenant, expired_at, kind, key) in removable {
         operation_remove(c, &id, p.now)?;
         let tombstone_until = Timestamp(expired_at).plus(p.tombstone_retention).0;
+        // The tombstone keeps the key of the idempotency record it outlives,
+        // which its burial deletes.
         c.prepare_cached(
-            "INSERT OR REPLACE INTO tombstones (operation_id, tenant, removed_at, expires_at) VALUES (?1, ?2, ?3, ?4)",
+            "INSERT OR REPLACE INTO tombstones (operation_id, tenant, removed_at, expires_at, kind, idempotency_key)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         )?
-        .execute(params![id, tenant, expired_at, tombstone_until])?;
+        .execute(params![id, tenant, expired_at, tombstone_until, kind, key])?;
         counts.operations_removed += 1;
     }
 
     // Tombstones past their window: the id is forgotten, its key freed.
-    let buried: Vec<String> = c
-        .prepare_cached("SELECT operation_id FROM tombstones WHERE expires_at <= ?1 ORDER BY expires_at LIMIT ?2")?
-        .query_map(params![now, p.limit], |r| r.get(0))?
+    type Buried = (String, String, Option<String>, Option<String>);
+    let buried: Vec<Buried> = c
+        .prepare_cached(
+            "SELECT operation_id, tenant, kind, idempotency_key FROM tombstones WHERE expires_at <= ?1
+              ORDER BY expires_at LIMIT ?2",
+        )?
+        .query_map(params![now, p.limit], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+        })?
         .collect::<rusqlite::Result<_>>()?;
-    for id in buried {
-        c.prepare_cached("DELETE FROM idempotency_keys WHERE operation_id = ?1")?
-            .execute(params![id])?;
+    for (id, tenant, kind, key) in buried {
+        c.prepare_cached(
+            "DELETE FROM idempotency_keys WHERE tenant = ?2 AND kind = ?3 AND key = ?4 AND operation_id = ?1",
+        )?
+        .execute(params![id, tenant, kind, key])?;
         c.prepare_cached("DELETE FROM tombstones WHERE operation_id = ?1")?
             .execute(params![id])?;
         counts.tombstones_removed += 1;
@@ -1921,7 +1935,9 @@ pub(super) fn operation_by_key(c: &Connection, tenant: &str, kinds: &[String], k
 
 pub(super) fn idempotency_record(c: &Connection, tenant: &str, id: &Id) -> Result<Option<IdempotencyRecord>> {
     Ok(c.prepare_cached(
-        "SELECT key, kind, created_at, replays FROM idempotency_keys WHERE operation_id = ?1 AND tenant = ?2",
+        "SELECT k.key, k.kind, k.created_at, k.replays FROM operations o
+           JOIN idempotency_keys k ON k.tenant = o.tenant AND k.kind = o.kind AND k.key = o.idempotency_key
+          WHERE o.id = ?1 AND o.tenant = ?2 AND k.operation_id = o.id",
     )?
     .query_row(params![id.as_str(), tenant], |r| {
         Ok(IdempotencyRecord {
