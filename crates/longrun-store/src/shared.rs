@@ -159,6 +159,9 @@ pub(crate) fn failing_cancel(requested_by: Option<&str>, reason: Option<&str>) -
 /// every change of the job path stores one, and building the map (a key
 /// string and a node per field) cost as much as writing it out — together a
 /// tenth of the SQLite writer thread in a profile of the in-process drain.
+/// Absent fields and empty labels are left out (the reader takes a missing
+/// field as absent): a new operation's snapshot was 491 bytes, half of them
+/// `null`s, and events are the largest table the job path writes.
 pub(crate) fn snapshot_text(op: &Operation) -> String {
     #[derive(serde::Serialize)]
     struct Snapshot<'a> {
@@ -168,24 +171,39 @@ pub(crate) fn snapshot_text(op: &Operation) -> String {
         state: &'a str,
         version: i64,
         attempt: i64,
+        #[serde(skip_serializing_if = "Option::is_none")]
         callback_url: Option<&'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
         deadline_at: Option<i64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
         budget_max_cost: Option<f64>,
         cost_units: f64,
+        #[serde(skip_serializing_if = "BTreeMap::is_empty")]
         labels: &'a BTreeMap<String, String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
         progress: Option<ProgressJson<'a>>,
+        #[serde(skip_serializing_if = "Option::is_none")]
         result: Option<&'a Value>,
+        #[serde(skip_serializing_if = "Option::is_none")]
         error: Option<ErrorJson<'a>>,
+        #[serde(skip_serializing_if = "Option::is_none")]
         cancel: Option<CancelJson<'a>>,
         cancellable: bool,
+        #[serde(skip_serializing_if = "Option::is_none")]
         idempotency_key: Option<&'a str>,
         created_at: i64,
+        #[serde(skip_serializing_if = "Option::is_none")]
         started_at: Option<i64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
         completed_at: Option<i64>,
         updated_at: i64,
+        #[serde(skip_serializing_if = "Option::is_none")]
         expires_at: Option<i64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
         artifact: Option<Value>,
+        #[serde(skip_serializing_if = "Option::is_none")]
         rerun_of: Option<&'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
         pause_requested_at: Option<i64>,
     }
     #[derive(serde::Serialize)]
@@ -1001,6 +1019,18 @@ pub(crate) fn final_progress(current: &Fenced, update: Option<&ProgressUpdate>, 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A new operation's snapshot leaves its absent fields out, and reads
+    /// back as the operation all the same.
+    #[test]
+    fn a_new_operations_snapshot_leaves_absent_fields_out() {
+        let params = crate::conformance::accept_params("t1", "k", None, json!({"n": 1}));
+        let fresh = created_operation(&params);
+        let text = snapshot_text(&fresh);
+        assert!(!text.contains("null") && !text.contains("labels"), "{text}");
+        let read = snapshot_from_json(&serde_json::from_str(&text).unwrap()).unwrap();
+        assert_eq!(read, Operation { input: None, ..fresh });
+    }
 
     #[test]
     fn a_snapshot_reads_back_as_the_operation_without_its_input() {
