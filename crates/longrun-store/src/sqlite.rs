@@ -11,6 +11,7 @@ mod sql;
 mod writer;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -113,12 +114,18 @@ impl SqliteStore {
             conn.execute_batch(&format!("PRAGMA max_page_count = {pages}"))?;
         }
         let checkpoints = open_connection(&config.path, false)?;
-        checkpoints.busy_timeout(RESTART_WAIT)?;
+        let catch_up = Arc::new(AtomicBool::new(false));
         let (changes, _) = tokio::sync::broadcast::channel(4096);
         let reads = Arc::new(ReadCache::default());
         Ok(Self {
-            writer: Writer::spawn(conn, config.max_batch.max(1), changes.clone(), reads.clone()),
-            _checkpointer: spawn_checkpointer(checkpoints),
+            writer: Writer::spawn(
+                conn,
+                config.max_batch.max(1),
+                changes.clone(),
+                reads.clone(),
+                catch_up.clone(),
+            ),
+            _checkpointer: spawn_checkpointer(checkpoints, catch_up),
             changes,
             reads,
             readers: Arc::new(ReaderPool {
@@ -181,18 +188,20 @@ impl SqliteStore {
 /// a profile of the in-process drain, at 16 MiB 2.4 %.
 const WRITER_CACHE_KIB: u32 = 16 * 1024;
 
-/// Longest a RESTART checkpoint waits for the writer's transaction and for
-/// readers to leave the log. New writes wait while it does, so a reader
-/// holding an old snapshot must not hold the writer back long: the
-/// checkpoint gives up and the next turn tries again.
-const RESTART_WAIT: Duration = Duration::from_millis(100);
-
 /// How often the checkpointer copies the WAL back into the database.
 const CHECKPOINT_EVERY: Duration = Duration::from_millis(200);
 
-/// WAL length (in pages) past which the checkpointer makes the next write
-/// start the log again from its beginning (SQLite's own default threshold).
+/// WAL length (in pages) past which the checkpointer has the log started
+/// again from its beginning (SQLite's own default threshold).
 const WAL_RESTART_PAGES: i64 = 1000;
+
+/// The most pages the checkpointer leaves the writer to copy when it hands
+/// the log over: it copies again what was appended while it copied, until
+/// no more than this was.
+const CATCH_UP_PAGES: i64 = 256;
+
+/// How many times the checkpointer copies again before it hands over.
+const CHASE_PASSES: usize = 4;
 
 /// Copies committed WAL frames into the database file every
 /// `CHECKPOINT_EVERY`, on its own connection and thread. SQLite's automatic
@@ -205,18 +214,28 @@ const WAL_RESTART_PAGES: i64 = 1000;
 /// writer, and the log only starts again from its beginning once one has:
 /// the WAL would grow for as long as the load lasts, every frame appended
 /// past its end (where the file system zeroes each new block first: a
-/// quarter of the writer's time in a profile of single submissions). So
-/// once the log is past `WAL_RESTART_PAGES`, a RESTART checkpoint copies
-/// what the PASSIVE one left (holding the writer back only for that, and
-/// never longer than `RESTART_WAIT`) and the log is reused from its start.
+/// quarter of the writer's time in a profile of single submissions), and
+/// every page lookup walking a longer WAL index. So once the log is past
+/// `WAL_RESTART_PAGES` the checkpointer copies again what was appended
+/// while it copied, until little was, and then hands the log over: it sets
+/// `catch_up`, and the writer, between two batches, copies the rest itself
+/// (`writer::catch_up`), so its next commit starts the log again.
+///
+/// It used to finish with a RESTART checkpoint instead, which must take
+/// SQLite's write lock: the two threads then met through SQLite's busy
+/// handler, which sleeps 1, 2, 5, 10… ms between tries. The checkpointer
+/// rarely found the writer's lock free within its 100 ms (the WAL of 50 k
+/// single submissions reached 150–400 MB), and when it did, the writer
+/// slept through several of those steps: the stalls behind the single
+/// submissions' p99, longer on a store of a million operations.
 /// The thread ends when the returned sender drops.
-fn spawn_checkpointer(conn: Connection) -> std::sync::mpsc::Sender<()> {
+fn spawn_checkpointer(conn: Connection, catch_up: Arc<AtomicBool>) -> std::sync::mpsc::Sender<()> {
     let (stop, stopped) = std::sync::mpsc::channel::<()>();
     std::thread::Builder::new()
         .name("longrun-sqlite-checkpointer".into())
         .spawn(move || {
             while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(CHECKPOINT_EVERY) {
-                if let Err(e) = checkpoint(&conn) {
+                if let Err(e) = checkpoint(&conn, &catch_up) {
                     tracing::warn!(error = %e, "a WAL checkpoint failed; the next one will try again");
                 }
             }
@@ -225,22 +244,34 @@ fn spawn_checkpointer(conn: Connection) -> std::sync::mpsc::Sender<()> {
     stop
 }
 
-/// One turn of the checkpointer: PASSIVE, then RESTART when the log has
-/// grown past `WAL_RESTART_PAGES`.
-fn checkpoint(conn: &Connection) -> rusqlite::Result<Checkpoint> {
-    let run = |mode: &str| conn.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |r| r.get::<_, i64>(1));
-    if run("PASSIVE")? <= WAL_RESTART_PAGES {
+/// One turn of the checkpointer: PASSIVE, and when the log has grown past
+/// `WAL_RESTART_PAGES`, more PASSIVE passes until one copied little, then
+/// the hand-over to the writer.
+fn checkpoint(conn: &Connection, catch_up: &AtomicBool) -> rusqlite::Result<Checkpoint> {
+    // The log's length in pages (-1 while another checkpoint runs).
+    let passive = || conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get::<_, i64>(1));
+    let mut log = passive()?;
+    if log <= WAL_RESTART_PAGES {
         return Ok(Checkpoint::Passive);
     }
-    run("RESTART")?;
-    Ok(Checkpoint::Restarted)
+    for _ in 0..CHASE_PASSES {
+        let now = passive()?;
+        let appended = now - log;
+        log = now;
+        if appended <= CATCH_UP_PAGES {
+            break;
+        }
+    }
+    catch_up.store(true, Ordering::Release);
+    Ok(Checkpoint::HandedOver)
 }
 
 /// What one turn of the checkpointer did.
 #[derive(Debug, PartialEq)]
 enum Checkpoint {
     Passive,
-    Restarted,
+    /// The log is long: the writer is to copy the rest and start it again.
+    HandedOver,
 }
 
 /// Applies pending migrations to the database at `path`; returns how many ran.
@@ -681,7 +712,6 @@ impl Store for SqliteStore {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicBool, Ordering};
 
     use super::*;
 
@@ -846,52 +876,55 @@ mod tests {
     }
 
     /// Under writes that never pause, PASSIVE checkpoints never let the log
-    /// start again, however often they run; the checkpointer's RESTART past
-    /// `WAL_RESTART_PAGES` does.
-    #[test]
-    fn the_checkpointer_bounds_the_log_under_steady_writes() {
+    /// start again, however often they run; past `WAL_RESTART_PAGES` the
+    /// checkpointer hands the log over, and the writer thread copies the
+    /// rest before its next batch, whose commit starts the log again.
+    #[tokio::test]
+    async fn the_checkpointer_bounds_the_log_under_steady_writes() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("longrun.db");
-        let writer = open_connection(&path, false).unwrap();
-        writer
-            .execute_batch("PRAGMA wal_autocheckpoint = 0; CREATE TABLE t (b BLOB)")
+        let conn = open_connection(&path, false).unwrap();
+        conn.execute_batch("PRAGMA wal_autocheckpoint = 0; CREATE TABLE t (b BLOB)")
             .unwrap();
-        let mut checkpointer = open_connection(&path, false).unwrap();
+        let checkpointer = open_connection(&path, false).unwrap();
         let insert = "INSERT INTO t VALUES (zeroblob(16384))";
         // Each checkpoint runs while the next write is under way, as under
         // load: it copies everything committed, yet the log only grows.
         let mut pages = 0;
         while pages <= WAL_RESTART_PAGES {
-            writer.execute_batch("BEGIN IMMEDIATE").unwrap();
-            writer.execute(insert, []).unwrap();
+            conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+            conn.execute(insert, []).unwrap();
             let now = wal_pages(&checkpointer);
-            assert!(now >= pages, "the log started again without a RESTART");
+            assert!(now >= pages, "the log started again by itself");
             pages = now;
-            writer.execute_batch("COMMIT").unwrap();
+            conn.execute_batch("COMMIT").unwrap();
         }
         // The checkpointer's turn, again while a write is under way: it
-        // waits for that write to commit, copies it too, and the next write
-        // starts the log again.
-        static WAITED: AtomicBool = AtomicBool::new(false);
-        fn note_wait(_: i32) -> bool {
-            WAITED.store(true, Ordering::SeqCst);
-            std::thread::yield_now();
-            true
-        }
-        checkpointer.busy_handler(Some(note_wait)).unwrap();
-        writer.execute_batch("BEGIN IMMEDIATE").unwrap();
-        writer.execute(insert, []).unwrap();
-        let turn = std::thread::spawn(move || (checkpoint(&checkpointer).unwrap(), checkpointer));
-        while !WAITED.load(Ordering::SeqCst) && !turn.is_finished() {
-            std::thread::yield_now();
-        }
-        writer.execute_batch("COMMIT").unwrap();
-        let (done, checkpointer) = turn.join().unwrap();
-        assert_eq!(done, Checkpoint::Restarted);
-        writer.execute(insert, []).unwrap();
+        // copies what is committed and hands the log over.
+        let catch_up = Arc::new(AtomicBool::new(false));
+        conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+        conn.execute(insert, []).unwrap();
+        assert_eq!(checkpoint(&checkpointer, &catch_up).unwrap(), Checkpoint::HandedOver);
+        assert!(catch_up.load(Ordering::SeqCst));
+        // That write is not copied, so the next commit would not start the
+        // log again by itself; the writer thread copies it before its next
+        // batch.
+        conn.execute_batch("COMMIT").unwrap();
+        let (changes, _) = tokio::sync::broadcast::channel(16);
+        let writer = Writer::spawn(conn, 64, changes, Arc::new(ReadCache::default()), catch_up.clone());
+        let write = || {
+            writer.write(move |c| {
+                c.execute(insert, [])?;
+                Ok(())
+            })
+        };
+        write().await.unwrap();
+        assert!(!catch_up.load(Ordering::SeqCst), "the writer took the log over");
         let after = wal_pages(&checkpointer);
         assert!(after < 20, "the log went on from {pages} pages to {after}");
         // Below the threshold a turn is PASSIVE only.
-        assert_eq!(checkpoint(&checkpointer).unwrap(), Checkpoint::Passive);
+        write().await.unwrap();
+        assert_eq!(checkpoint(&checkpointer, &catch_up).unwrap(), Checkpoint::Passive);
+        assert!(!catch_up.load(Ordering::SeqCst));
     }
 }

@@ -21,6 +21,7 @@
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use rusqlite::Connection;
 use tokio::sync::{broadcast, mpsc, oneshot};
@@ -85,16 +86,19 @@ pub(crate) struct Writer {
 
 impl Writer {
     /// Starts the writer thread; it ends when every `Writer` clone is dropped.
+    /// When `catch_up` is set (by the checkpointer), the thread checkpoints
+    /// the WAL itself before its next batch (see [`catch_up`]).
     pub(crate) fn spawn(
         conn: Connection,
         max_batch: usize,
         changes: broadcast::Sender<Change>,
         reads: Arc<ReadCache>,
+        catch_up: Arc<AtomicBool>,
     ) -> Self {
         let (jobs, rx) = mpsc::channel::<Box<dyn Job>>(max_batch * 4);
         std::thread::Builder::new()
             .name("longrun-sqlite-writer".into())
-            .spawn(move || run(conn, rx, max_batch, &changes, &reads))
+            .spawn(move || run(conn, rx, max_batch, &changes, &reads, &catch_up))
             .expect("failed to spawn the SQLite writer thread");
         Self { jobs }
     }
@@ -128,6 +132,7 @@ fn run(
     max_batch: usize,
     changes: &broadcast::Sender<Change>,
     reads: &ReadCache,
+    wanted: &AtomicBool,
 ) {
     let mut batch: Vec<Box<dyn Job>> = Vec::with_capacity(max_batch);
     loop {
@@ -144,7 +149,25 @@ fn run(
                 Err(_) => break,
             }
         }
+        if wanted.swap(false, Ordering::AcqRel) {
+            catch_up(&conn);
+        }
         commit_batch(&conn, &mut batch, changes, reads);
+    }
+}
+
+/// Copies into the database what the checkpointer left of the WAL, between
+/// two transactions: with no write under way a PASSIVE checkpoint reaches
+/// the end of the log (unless a reader still holds an older snapshot), and
+/// the next commit then writes the log again from its start. It never
+/// waits: if the checkpointer is mid-pass, it tries again next time.
+pub(crate) fn catch_up(conn: &Connection) {
+    let done = conn
+        .prepare_cached("PRAGMA wal_checkpoint(PASSIVE)")
+        .and_then(|mut s| s.query_row([], |r| Ok((r.get::<_, i64>(1)?, r.get::<_, i64>(2)?))));
+    match done {
+        Ok((log, copied)) => tracing::trace!(log, copied, "the writer caught the WAL up"),
+        Err(e) => tracing::warn!(error = %e, "the writer could not checkpoint the WAL; the next turn will try again"),
     }
 }
 
@@ -385,7 +408,13 @@ mod tests {
         let conn = Connection::open_in_memory().unwrap();
         conn.execute_batch("CREATE TABLE t (n INTEGER PRIMARY KEY)").unwrap();
         let (changes, _) = broadcast::channel(16);
-        Writer::spawn(conn, 64, changes, Arc::new(ReadCache::default()))
+        Writer::spawn(
+            conn,
+            64,
+            changes,
+            Arc::new(ReadCache::default()),
+            Arc::new(AtomicBool::new(false)),
+        )
     }
 
     /// Holds the writer inside a job until the returned sender is used (or
