@@ -115,7 +115,11 @@ impl ArtifactStore for FileArtifacts {
         tokio::fs::create_dir_all(&tmp_dir).await?;
         let tmp_path = tmp_dir.join(longrun_core::id::random_base32::<16>());
         let mut guard = TempFile(Some(tmp_path.clone()));
-        let mut file = tokio::fs::File::create(&tmp_path).await?;
+        // Created (and renamed, below) on this thread, not through
+        // `tokio::fs`, which runs them on the blocking pool: dropped while
+        // one was under way there (a cancelled task stops its upload), the
+        // guard would run first and the file appear after it, left behind.
+        let mut file = tokio::fs::File::from_std(std::fs::File::create(&tmp_path)?);
         let mut hasher = Sha256::new();
         let mut size: u64 = 0;
         let mut buffer = vec![0u8; 256 * 1024];
@@ -136,7 +140,7 @@ impl ArtifactStore for FileArtifacts {
         if let Some(parent) = target.parent() {
             tokio::fs::create_dir_all(parent).await?;
         }
-        tokio::fs::rename(&tmp_path, &target).await?;
+        std::fs::rename(&tmp_path, &target)?;
         guard.0 = None;
         Ok(Stored {
             size_bytes: size,
@@ -255,6 +259,43 @@ mod tests {
             "dropped upload left {:?}",
             store.list().await.unwrap()
         );
+    }
+
+    /// An upload dropped after any number of polls leaves no file behind,
+    /// whatever the blocking pool was doing for it then: a cancelled task
+    /// stops its upload wherever it is. (A file created on the blocking pool
+    /// after the drop outlived the guard that should have removed it: an
+    /// export cancelled as it began a piece left a `.tmp/` file.)
+    #[test]
+    fn an_upload_dropped_at_any_point_leaves_no_file() {
+        // One blocking thread: what was handed to it before the drop has run
+        // once a later blocking task has.
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .max_blocking_threads(1)
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let dir = tempfile::tempdir().unwrap();
+            let store = FileArtifacts::new(dir.path());
+            for polls in 1.. {
+                let mut upload = store.put("results/res_d", reader(b"every byte of it"), 1024);
+                let mut finished = false;
+                for _ in 0..polls {
+                    if futures_util::poll!(upload.as_mut()).is_ready() {
+                        finished = true;
+                        break;
+                    }
+                }
+                drop(upload);
+                tokio::task::spawn_blocking(|| ()).await.unwrap();
+                let left = store.list().await.unwrap();
+                if finished {
+                    assert_eq!(left, vec!["results/res_d".to_owned()]);
+                    break;
+                }
+                assert!(left.is_empty(), "dropped after {polls} polls: {left:?} left");
+            }
+        });
     }
 }
 
