@@ -491,6 +491,36 @@ mod tests {
         assert_eq!(stored(&writer).await, vec![1, 2, 3, 4, 5]);
     }
 
+    /// A job alone in its batch that fails after writing is answered with
+    /// its error and leaves nothing (the rollback of the transaction undoes
+    /// it); one that panics is answered with an error, and the writer goes
+    /// on.
+    #[tokio::test]
+    async fn a_lone_failing_or_panicking_job_leaves_nothing() {
+        let writer = writer();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let failed = writer
+            .write({
+                let runs = runs.clone();
+                move |c| {
+                    insert(1, runs.clone())(c)?;
+                    Err::<i64, _>(StoreError::NotFound)
+                }
+            })
+            .await;
+        assert!(matches!(failed, Err(StoreError::NotFound)), "{failed:?}");
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "a lone job is not run again");
+        let panicked = writer
+            .write(move |c| {
+                c.execute("INSERT INTO t (n) VALUES (2)", [])?;
+                panic!("a job that panics after writing")
+            })
+            .await;
+        assert!(matches!(panicked, Err::<(), _>(StoreError::Stopped(_))), "{panicked:?}");
+        assert_eq!(writer.write(insert(3, runs)).await.unwrap(), 3);
+        assert_eq!(stored(&writer).await, vec![3]);
+    }
+
     /// In a batch where one job fails after writing and another panics
     /// after writing, those two are rolled back and answered with errors,
     /// and every other job's write is kept and answered once.
