@@ -566,7 +566,6 @@ async fn only_the_history_tables_are_vacuumed_gently() {
 /// the migration copies the keys into the tombstones that exist.
 #[tokio::test]
 async fn a_tombstone_from_before_schema_12_still_frees_its_key() {
-    use longrun_store::{AcceptOutcome, RetentionParams};
     let Some(cluster) = longrun_store::pgtest::cluster() else {
         return;
     };
@@ -590,29 +589,5 @@ async fn a_tombstone_from_before_schema_12_still_frees_its_key() {
 
     assert_eq!(longrun_store::postgres::migrate(&url).await.unwrap(), 1);
     let store = PostgresStore::open(PostgresConfig::new(url.clone())).await.unwrap();
-    let counts = store
-        .retention_sweep(RetentionParams {
-            now: longrun_core::Timestamp(6000),
-            tombstone_retention: std::time::Duration::from_secs(3600),
-            delivery_retention: std::time::Duration::from_secs(600),
-            limit: 100,
-        })
-        .await
-        .unwrap();
-    assert_eq!(counts.tombstones_removed, 1);
-    let keys: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM idempotency_keys")
-        .fetch_one(&mut c)
-        .await
-        .unwrap();
-    assert_eq!(keys, 0, "the buried tombstone's key is free again");
-    let fresh = store
-        .operation_accept(longrun_store::conformance::accept_params(
-            "t1",
-            "k",
-            Some("old-key"),
-            serde_json::json!({}),
-        ))
-        .await
-        .unwrap();
-    assert!(matches!(fresh, AcceptOutcome::Created(_)), "{fresh:?}");
+    longrun_store::conformance::bury_and_reuse_old_key(&store).await;
 }
