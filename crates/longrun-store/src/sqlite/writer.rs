@@ -161,7 +161,7 @@ fn run(
 /// the end of the log (unless a reader still holds an older snapshot), and
 /// the next commit then writes the log again from its start. It never
 /// waits: if the checkpointer is mid-pass, it tries again next time.
-pub(crate) fn catch_up(conn: &Connection) {
+fn catch_up(conn: &Connection) {
     let done = conn
         .prepare_cached("PRAGMA wal_checkpoint(PASSIVE)")
         .and_then(|mut s| s.query_row([], |r| Ok((r.get::<_, i64>(1)?, r.get::<_, i64>(2)?))));

@@ -9,8 +9,8 @@
 -- plain opcodes. And a trigger that may RAISE(ABORT) makes every UPDATE of
 -- operations open a statement journal, in case it must undo the rows the
 -- statement already changed; RAISE(FAIL) refuses the change the same way
--- without one. Nothing is lost by FAIL: every store write runs in a
--- savepoint of its own that an error rolls back whole (sqlite/writer.rs).
+-- without one. Nothing is lost by FAIL: a store write that errs is rolled
+-- back whole, with its transaction or its savepoint (sqlite/writer.rs).
 --
 -- The CHECKs keep their meaning exactly and are changed in place in the
 -- schema (as 0010 did); the store reloads the schema after migrating.
