@@ -224,8 +224,8 @@ const CHASE_PASSES: usize = 4;
 /// It used to finish with a RESTART checkpoint instead, which must take
 /// SQLite's write lock: the two threads then met through SQLite's busy
 /// handler, which sleeps 1, 2, 5, 10… ms between tries. The checkpointer
-/// rarely found the writer's lock free within its 100 ms (the WAL of 50 k
-/// single submissions reached 150–400 MB), and when it did, the writer
+/// rarely found the writer's lock free within its 100 ms (the WAL of 3 ×
+/// 50 k single submissions reached 150–460 MB), and when it did, the writer
 /// slept through several of those steps: the stalls behind the single
 /// submissions' p99, longer on a store of a million operations.
 /// The thread ends when the returned sender drops.
