@@ -31,6 +31,8 @@ pub mod conformance;
 mod error;
 #[cfg(feature = "test-support")]
 pub mod pgtest;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod plan;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]

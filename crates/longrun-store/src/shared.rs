@@ -799,10 +799,10 @@ pub(crate) enum IntentChange {
 impl IntentChange {
     /// For a pause asked of (or withdrawn from) running work: the new
     /// `pause_requested_at` and the event that records the change.
-    pub fn pause_request(self, now: Timestamp) -> (Option<Timestamp>, &'static str) {
+    pub fn pause_request(self, now: Timestamp) -> (Option<Timestamp>, crate::plan::EventType) {
         match self {
-            IntentChange::RequestPause => (Some(now), "pause_requested"),
-            _ => (None, "pause_withdrawn"),
+            IntentChange::RequestPause => (Some(now), crate::plan::EventType::PauseRequested),
+            _ => (None, crate::plan::EventType::PauseWithdrawn),
         }
     }
 }
@@ -903,7 +903,7 @@ pub(crate) fn cancel_checks(op: Operation, p: &CancelParams) -> Result<ControlFl
 }
 
 /// What a `PATCH` of deadline and labels writes.
-#[derive(Debug, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct UpdateChange {
     pub deadline_at: Option<Timestamp>,
     pub labels: BTreeMap<String, String>,

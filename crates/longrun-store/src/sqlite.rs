@@ -5,22 +5,74 @@
 //! The driver is rusqlite rather than sqlx: on this workload it commits
 //! 1.5–3.5× faster, and the single-writer design needs a synchronous
 //! connection owned by one thread anyway.
+//!
+//! Every statement runs on a connection handed to it by the writer thread
+//! (inside a group commit) or by the reader pool; none opens its own
+//! transaction. Every change of `operations` is `UPDATE OR FAIL` of one row
+//! by id, and the rules the schema enforces on it (migration 0014) refuse
+//! with `RAISE(FAIL)`: nothing then makes SQLite open a statement journal
+//! for the update (a third of its cost on the job path), and the writer's
+//! transaction (or a savepoint) is what rolls a refused write back whole.
+//! For the same reason a list of constants after `IN` has at most two: a
+//! longer one is evaluated through an ephemeral table built on every run.
+//!
+//! # Layout
+//!
+//! This file holds the store (writer, readers, read cache, checkpointer)
+//! and its [`Store`] methods; the statements live one file a concern:
+//! `driver` (the plan layer's primitives), `accept`, `claim`, `finish`
+//! (heartbeats, outcomes, the reaper), `ending`, `control` (cancel, pause,
+//! resume), `reads`, `retention`, `uploads`, `webhooks`, `admin` (keys,
+//! kinds, tenants, sessions), `rows` (column codecs and shared statements),
+//! `changes` (the change feed) and `writer` (group commit).
 
+mod accept;
+mod admin;
 mod changes;
-mod sql;
+mod claim;
+mod control;
+mod driver;
+mod ending;
+mod finish;
+mod reads;
+mod retention;
+mod rows;
+mod uploads;
+mod webhooks;
 mod writer;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use longrun_core::{Id, Timestamp};
-use rusqlite::{Connection, OpenFlags};
+use longrun_core::apikey::Role;
+use longrun_core::fingerprint::Fingerprint;
+use longrun_core::id::random_base32;
+use longrun_core::lease::retry_backoff;
+use longrun_core::{Id, IdKind, State, Timestamp};
+use rusqlite::types::Type;
+use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params};
+use serde_json::{Value, json};
 
+use crate::plan::{self, EventType, WebhookType};
 use crate::reads::ReadCache;
+use crate::shared::*;
 use crate::*;
+use accept::*;
+use admin::*;
+use claim::*;
+use control::*;
+use driver::SqliteDriver;
+use ending::*;
+use finish::*;
+use reads::*;
+use retention::*;
+use rows::*;
+use uploads::*;
+use webhooks::*;
 use writer::Writer;
 
 const MIGRATIONS: &[(i64, &str)] = &[
@@ -75,12 +127,7 @@ impl SqliteConfig {
 }
 
 /// Settings the SQL needs at write time.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct WritePolicy {
-    pub operation_retention: Duration,
-    pub result_retention: Duration,
-    pub keep_inputs: bool,
-}
+pub(crate) type WritePolicy = crate::plan::Policy;
 
 /// The SQLite backend: one writer thread committing in groups, pooled WAL readers.
 pub struct SqliteStore {
@@ -369,55 +416,52 @@ impl ReaderPool {
 #[async_trait]
 impl Store for SqliteStore {
     async fn operation_accept(&self, params: AcceptParams) -> Result<AcceptOutcome> {
-        self.writer.write(move |c| sql::operation_accept(c, &params)).await
+        self.writer.write(move |c| operation_accept(c, &params)).await
     }
 
     async fn operation_accept_many(&self, params: Vec<AcceptParams>) -> Vec<Result<AcceptOutcome>> {
-        self.write_each(params, sql::operation_accept).await
+        self.write_each(params, operation_accept).await
     }
 
     async fn operation_get(&self, tenant: &str, id: &Id) -> Result<Option<Operation>> {
         self.reads
             .read_through(tenant, id.as_str(), || async {
-                self.read_now(|c| sql::operation_read(c, tenant, id))
+                self.read_now(|c| operation_read(c, tenant, id))
             })
             .await
     }
 
     async fn operation_list(&self, params: ListParams) -> Result<OperationPage> {
-        self.read(move |c| sql::operation_list(c, &params)).await
+        self.read(move |c| operation_list(c, &params)).await
     }
 
     async fn operation_history(&self, tenant: &str, id: &Id) -> Result<Option<Vec<Event>>> {
         let (tenant, id) = (tenant.to_owned(), id.clone());
-        self.read(move |c| sql::operation_history(c, &tenant, &id)).await
+        self.read(move |c| operation_history(c, &tenant, &id)).await
     }
 
     async fn operation_cancel(&self, params: CancelParams) -> Result<CancelOutcome> {
         let policy = self.policy;
-        self.writer
-            .write(move |c| sql::operation_cancel(c, policy, &params))
-            .await
+        self.writer.write(move |c| operation_cancel(c, policy, &params)).await
     }
 
     async fn task_claim(&self, params: ClaimParams) -> Result<Vec<Task>> {
         let policy = self.policy;
-        self.writer.write(move |c| sql::task_claim(c, policy, &params)).await
+        self.writer.write(move |c| task_claim(c, policy, &params)).await
     }
 
     async fn task_heartbeat(&self, params: HeartbeatParams) -> Result<HeartbeatAck> {
-        self.writer.write(move |c| sql::task_heartbeat(c, &params)).await
+        self.writer.write(move |c| task_heartbeat(c, &params)).await
     }
 
     async fn task_finish(&self, params: FinishParams) -> Result<Operation> {
         let policy = self.policy;
-        self.writer.write(move |c| sql::task_finish(c, policy, &params)).await
+        self.writer.write(move |c| task_finish(c, policy, &params)).await
     }
 
     async fn task_finish_many(&self, params: Vec<FinishParams>) -> Vec<Result<Operation>> {
         let policy = self.policy;
-        self.write_each(params, move |c, p| sql::task_finish(c, policy, p))
-            .await
+        self.write_each(params, move |c, p| task_finish(c, policy, p)).await
     }
 
     async fn task_finish_and_claim(
@@ -429,8 +473,8 @@ impl Store for SqliteStore {
         let n = outcomes.len();
         self.writer
             .write(move |c| {
-                let finished = writer::each_isolated(c, &outcomes, |c, p| sql::task_finish(c, policy, p))?;
-                let claimed = writer::isolated(c, |c| sql::task_claim(c, policy, &claim))?;
+                let finished = writer::each_isolated(c, &outcomes, |c, p| task_finish(c, policy, p))?;
+                let claimed = writer::isolated(c, |c| task_claim(c, policy, &claim))?;
                 Ok((finished, claimed))
             })
             .await
@@ -438,81 +482,87 @@ impl Store for SqliteStore {
     }
 
     async fn task_heartbeat_many(&self, params: Vec<HeartbeatParams>) -> Vec<Result<HeartbeatAck>> {
-        self.write_each(params, sql::task_heartbeat).await
+        self.write_each(params, task_heartbeat).await
     }
 
     async fn task_expire_worker(&self, worker_id: &str, now: Timestamp) -> Result<u64> {
         let worker_id = worker_id.to_owned();
-        self.writer
-            .write(move |c| sql::task_expire_worker(c, &worker_id, now))
-            .await
+        self.writer.write(move |c| task_expire_worker(c, &worker_id, now)).await
     }
 
     async fn task_reap(&self, params: ReapParams) -> Result<ReapCounts> {
         let policy = self.policy;
-        self.writer.write(move |c| sql::task_reap(c, policy, &params)).await
+        self.writer.write(move |c| task_reap(c, policy, &params)).await
     }
 
     async fn operation_intent(&self, params: IntentParams) -> Result<Operation> {
-        self.writer.write(move |c| sql::operation_intent(c, &params)).await
+        self.writer.write(move |c| operation_intent(c, &params)).await
     }
 
     async fn operation_update(&self, params: UpdateParams) -> Result<Operation> {
-        self.writer.write(move |c| sql::operation_update(c, &params)).await
+        let policy = self.policy;
+        self.writer
+            .write(move |c| driver::block(plan::update::operation_update(&mut SqliteDriver { c, policy }, &params)))
+            .await
     }
 
     async fn deadline_enforce(&self, params: EnforceParams) -> Result<EnforceCounts> {
         let policy = self.policy;
         self.writer
-            .write(move |c| sql::deadline_enforce(c, policy, &params))
+            .write(move |c| {
+                driver::block(plan::deadline::deadline_enforce(
+                    &mut SqliteDriver { c, policy },
+                    &params,
+                ))
+            })
             .await
     }
 
     async fn tenant_set(&self, limits: TenantLimits) -> Result<()> {
-        self.writer.write(move |c| sql::tenant_set(c, &limits)).await
+        self.writer.write(move |c| tenant_set(c, &limits)).await
     }
 
     async fn tenant_get(&self, name: &str) -> Result<Option<TenantLimits>> {
-        self.read_now(|c| sql::tenant_get(c, name))
+        self.read_now(|c| tenant_get(c, name))
     }
 
     async fn api_key_create(&self, params: ApiKeyCreateParams) -> Result<()> {
-        self.writer.write(move |c| sql::api_key_create(c, &params)).await
+        self.writer.write(move |c| api_key_create(c, &params)).await
     }
 
     async fn api_key_get(&self, id: &Id) -> Result<Option<ApiKeyRecord>> {
-        self.read_now(|c| sql::api_key_get(c, id))
+        self.read_now(|c| api_key_get(c, id))
     }
 
     async fn api_key_list(&self) -> Result<Vec<ApiKeyRecord>> {
-        self.read(sql::api_key_list).await
+        self.read(api_key_list).await
     }
 
     async fn api_key_revoke(&self, id: &Id, now: Timestamp) -> Result<bool> {
         let id = id.clone();
-        self.writer.write(move |c| sql::api_key_revoke(c, &id, now)).await
+        self.writer.write(move |c| api_key_revoke(c, &id, now)).await
     }
 
     async fn api_key_count(&self) -> Result<u64> {
-        self.read(sql::api_key_count).await
+        self.read(api_key_count).await
     }
 
     async fn kind_upsert(&self, spec: KindSpec) -> Result<()> {
-        self.writer.write(move |c| sql::kind_upsert(c, &spec)).await
+        self.writer.write(move |c| kind_upsert(c, &spec)).await
     }
 
     async fn kind_get(&self, name: &str) -> Result<Option<KindSpec>> {
-        self.read_now(|c| sql::kind_get(c, name))
+        self.read_now(|c| kind_get(c, name))
     }
 
     async fn kind_list(&self) -> Result<Vec<KindSpec>> {
-        self.read(sql::kind_list).await
+        self.read(kind_list).await
     }
 
     async fn server_secret(&self, name: &str, candidate: Vec<u8>, now: Timestamp) -> Result<Vec<u8>> {
         let name = name.to_owned();
         self.writer
-            .write(move |c| sql::server_secret(c, &name, &candidate, now))
+            .write(move |c| server_secret(c, &name, &candidate, now))
             .await
     }
 
@@ -523,12 +573,12 @@ impl Store for SqliteStore {
         after_version: i64,
         limit: u32,
     ) -> Result<Option<Vec<Event>>> {
-        self.read_now(|c| sql::operation_events_after(c, tenant, id, after_version, limit))
+        self.read_now(|c| operation_events_after(c, tenant, id, after_version, limit))
     }
 
     async fn kind_typical_duration(&self, kind: &str) -> Result<Option<Duration>> {
         let kind = kind.to_owned();
-        self.read(move |c| sql::kind_typical_duration(c, &kind)).await
+        self.read(move |c| kind_typical_duration(c, &kind)).await
     }
 
     fn subscribe_changes(&self) -> tokio::sync::broadcast::Receiver<Change> {
@@ -536,22 +586,22 @@ impl Store for SqliteStore {
     }
 
     async fn webhook_due(&self, now: Timestamp, limit: u32, lease: Duration) -> Result<Vec<Delivery>> {
-        self.writer.write(move |c| sql::webhook_due(c, now, limit, lease)).await
+        self.writer.write(move |c| webhook_due(c, now, limit, lease)).await
     }
 
     async fn webhook_attempt(&self, params: AttemptParams) -> Result<()> {
-        self.writer.write(move |c| sql::webhook_attempt(c, &params)).await
+        self.writer.write(move |c| webhook_attempt(c, &params)).await
     }
 
     async fn webhook_log(&self, tenant: &str, id: &Id) -> Result<Option<Vec<AttemptRecord>>> {
         let (tenant, id) = (tenant.to_owned(), id.clone());
-        self.read(move |c| sql::webhook_log(c, &tenant, &id)).await
+        self.read(move |c| webhook_log(c, &tenant, &id)).await
     }
 
     async fn webhook_secrets(&self, tenant: &str, candidate: String, now: Timestamp) -> Result<Vec<String>> {
         let tenant = tenant.to_owned();
         self.writer
-            .write(move |c| sql::webhook_secrets(c, &tenant, &candidate, now))
+            .write(move |c| webhook_secrets(c, &tenant, &candidate, now))
             .await
     }
 
@@ -564,136 +614,128 @@ impl Store for SqliteStore {
     ) -> Result<()> {
         let tenant = tenant.to_owned();
         self.writer
-            .write(move |c| sql::webhook_secret_rotate(c, &tenant, &new_secret, now, overlap))
+            .write(move |c| webhook_secret_rotate(c, &tenant, &new_secret, now, overlap))
             .await
     }
 
     async fn result_upload(&self, params: ResultUploadParams) -> Result<()> {
-        self.writer.write(move |c| sql::result_upload(c, &params)).await
+        self.writer.write(move |c| result_upload(c, &params)).await
     }
 
     async fn artifact_piece_add(&self, params: ArtifactPieceParams) -> Result<Vec<UploadChunk>> {
-        self.writer.write(move |c| sql::artifact_piece_add(c, &params)).await
+        self.writer.write(move |c| artifact_piece_add(c, &params)).await
     }
 
     async fn artifact_pieces(&self, operation_id: &Id, lease_token: &str, name: &str) -> Result<Vec<UploadChunk>> {
         let (id, token, name) = (operation_id.clone(), lease_token.to_owned(), name.to_owned());
-        self.writer
-            .write(move |c| sql::artifact_pieces(c, &id, &token, &name))
-            .await
+        self.writer.write(move |c| artifact_pieces(c, &id, &token, &name)).await
     }
 
     async fn result_for_operation(&self, tenant: &str, id: &Id) -> Result<Vec<ResultRecord>> {
-        self.read_now(|c| sql::result_for_operation(c, tenant, id))
+        self.read_now(|c| result_for_operation(c, tenant, id))
     }
 
     async fn result_get(&self, id: &Id) -> Result<Option<ResultRecord>> {
-        self.read_now(|c| sql::result_get(c, id))
+        self.read_now(|c| result_get(c, id))
     }
 
     async fn operation_tombstone(&self, tenant: &str, id: &Id) -> Result<Option<Timestamp>> {
-        self.read_now(|c| sql::operation_tombstone(c, tenant, id))
+        self.read_now(|c| operation_tombstone(c, tenant, id))
     }
 
     async fn retention_sweep(&self, params: RetentionParams) -> Result<RetentionCounts> {
-        self.writer.write(move |c| sql::retention_sweep(c, &params)).await
+        self.writer.write(move |c| retention_sweep(c, &params)).await
     }
 
     async fn artifact_garbage(&self, limit: u32) -> Result<Vec<String>> {
-        self.read(move |c| sql::artifact_garbage(c, limit)).await
+        self.read(move |c| artifact_garbage(c, limit)).await
     }
 
     async fn artifact_garbage_done(&self, keys: Vec<String>) -> Result<()> {
-        self.writer.write(move |c| sql::artifact_garbage_done(c, &keys)).await
+        self.writer.write(move |c| artifact_garbage_done(c, &keys)).await
     }
 
     async fn tenant_delete(&self, tenant: &str, now: Timestamp) -> Result<TenantDeleteCounts> {
         let tenant = tenant.to_owned();
-        self.writer.write(move |c| sql::tenant_delete(c, &tenant, now)).await
+        self.writer.write(move |c| tenant_delete(c, &tenant, now)).await
     }
 
     async fn server_secret_list(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>> {
         let prefix = prefix.to_owned();
-        self.read(move |c| sql::server_secret_list(c, &prefix)).await
+        self.read(move |c| server_secret_list(c, &prefix)).await
     }
 
     async fn backlog(&self, now: Timestamp) -> Result<Backlog> {
-        self.read(move |c| sql::backlog(c, now)).await
+        self.read(move |c| backlog(c, now)).await
     }
 
     async fn accepting_pause(&self, kind: Option<String>, paused: bool) -> Result<()> {
         self.writer
-            .write(move |c| sql::accepting_pause(c, kind.as_deref(), paused))
+            .write(move |c| accepting_pause(c, kind.as_deref(), paused))
             .await
     }
 
     async fn accepting_pauses(&self) -> Result<Vec<Option<String>>> {
-        self.read(sql::accepting_pauses).await
+        self.read(accepting_pauses).await
     }
 
     async fn console_session_start(&self, session: ConsoleSession) -> Result<()> {
-        self.writer
-            .write(move |c| sql::console_session_start(c, &session))
-            .await
+        self.writer.write(move |c| console_session_start(c, &session)).await
     }
 
     async fn console_session_key(&self, token_hash: &[u8], now: Timestamp) -> Result<Option<Id>> {
         let token_hash = token_hash.to_vec();
-        self.read(move |c| sql::console_session_key(c, &token_hash, now)).await
+        self.read(move |c| console_session_key(c, &token_hash, now)).await
     }
 
     async fn console_session_end(&self, token_hash: &[u8]) -> Result<()> {
         let token_hash = token_hash.to_vec();
-        self.writer
-            .write(move |c| sql::console_session_end(c, &token_hash))
-            .await
+        self.writer.write(move |c| console_session_end(c, &token_hash)).await
     }
 
     async fn operation_tenant(&self, id: &Id) -> Result<Option<String>> {
-        self.read_now(|c| sql::operation_tenant(c, id))
+        self.read_now(|c| operation_tenant(c, id))
     }
 
     async fn operation_by_key(&self, tenant: &str, kinds: Vec<String>, key: &str) -> Result<Option<Id>> {
-        self.read_now(|c| sql::operation_by_key(c, tenant, &kinds, key))
+        self.read_now(|c| operation_by_key(c, tenant, &kinds, key))
     }
 
     async fn idempotency_record(&self, tenant: &str, id: &Id) -> Result<Option<IdempotencyRecord>> {
-        self.read_now(|c| sql::idempotency_record(c, tenant, id))
+        self.read_now(|c| idempotency_record(c, tenant, id))
     }
 
     async fn active_summary(&self, tenant: Option<String>) -> Result<Vec<ActiveGroup>> {
-        self.read(move |c| sql::active_summary(c, tenant.as_deref())).await
+        self.read(move |c| active_summary(c, tenant.as_deref())).await
     }
 
     async fn lease_list(&self, tenant: Option<String>, limit: u32) -> Result<Vec<LeaseInfo>> {
-        self.read(move |c| sql::lease_list(c, tenant.as_deref(), limit)).await
+        self.read(move |c| lease_list(c, tenant.as_deref(), limit)).await
     }
 
     async fn tenant_usage(&self) -> Result<Vec<TenantUsage>> {
-        self.read(sql::tenant_usage).await
+        self.read(tenant_usage).await
     }
 
     async fn upload_create(&self, params: UploadCreateParams) -> Result<UploadRecord> {
-        self.writer.write(move |c| sql::upload_create(c, &params)).await
+        self.writer.write(move |c| upload_create(c, &params)).await
     }
 
     async fn upload_get(&self, tenant: &str, id: &Id) -> Result<Option<UploadRecord>> {
-        self.read_now(|c| sql::upload_get(c, tenant, id))
+        self.read_now(|c| upload_get(c, tenant, id))
     }
 
     async fn upload_append(&self, params: UploadAppendParams) -> Result<UploadRecord> {
-        self.writer.write(move |c| sql::upload_append(c, &params)).await
+        self.writer.write(move |c| upload_append(c, &params)).await
     }
 
     async fn upload_complete(&self, params: UploadCompleteParams) -> Result<UploadRecord> {
-        self.writer.write(move |c| sql::upload_complete(c, &params)).await
+        self.writer.write(move |c| upload_complete(c, &params)).await
     }
 
     async fn upload_remove(&self, tenant: &str, id: &Id, now: Timestamp) -> Result<bool> {
         let (tenant, id) = (tenant.to_owned(), id.clone());
-        self.writer
-            .write(move |c| sql::upload_remove(c, &tenant, &id, now))
-            .await
+        self.writer.write(move |c| upload_remove(c, &tenant, &id, now)).await
     }
 
     async fn upload_for_task(
@@ -702,7 +744,7 @@ impl Store for SqliteStore {
         lease_token: &str,
         upload_id: &Id,
     ) -> Result<Option<UploadRecord>> {
-        self.read_now(|c| sql::upload_for_task(c, operation_id, lease_token, upload_id))
+        self.read_now(|c| upload_for_task(c, operation_id, lease_token, upload_id))
     }
 
     async fn ping(&self) -> Result<()> {

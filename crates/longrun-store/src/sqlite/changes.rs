@@ -25,7 +25,8 @@ thread_local! {
     static PENDING: RefCell<Vec<Note>> = const { RefCell::new(Vec::new()) };
 }
 
-pub(crate) fn record(op: &Operation, event_type: &str) {
+pub(crate) fn record(op: &Operation, event_type: crate::plan::EventType) {
+    let event_type = event_type.as_str();
     let change = Change::of(op, event_type);
     PENDING.with(|p| p.borrow_mut().push(Note::Change(change)));
     if let Some(other) = Change::also_alters(op, event_type) {

@@ -1,0 +1,38 @@
+//! The plan layer: write use cases written once, as fetch → plan → apply.
+//!
+//! A use case asks its [`Driver`] for the rows it needs (a fetch primitive
+//! each, which on PostgreSQL also locks them), decides in a pure function
+//! what those rows become ([`Effect`]s, with event and webhook names from
+//! [`EventType`] and [`WebhookType`]), and hands the effects back to the
+//! driver ([`apply`]). A backend is then a driver: statements that fetch,
+//! statements that write, and nothing that decides.
+//!
+//! The use case is an `async fn` generic over the driver. PostgreSQL's
+//! driver awaits its statements inside one transaction; SQLite's runs each
+//! statement synchronously inside its writer's group commit and never
+//! waits, so the writer drives the same function to completion with one
+//! poll ([`sqlite`'s `driver::block`](crate::sqlite)).
+//!
+//! Moved so far: the deadline enforcer ([`deadline`]) and `PATCH` of
+//! deadline and labels ([`update`]). The other use cases still live in each
+//! backend beside the pure rules of `shared.rs`; they move here one by one
+//! (see `docs/ARCHITECTURE.md`, "The store").
+
+pub(crate) mod deadline;
+mod driver;
+mod event;
+pub(crate) mod update;
+
+pub(crate) use driver::{Driver, Effect, OverdueWaiting, PauseRequested, StopRequested, apply};
+pub(crate) use event::{EventType, WebhookType};
+
+use std::time::Duration;
+
+/// Settings a use case needs when it writes: how long ended operations and
+/// their results are kept, and whether inputs outlive their operation's end.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Policy {
+    pub operation_retention: Duration,
+    pub result_retention: Duration,
+    pub keep_inputs: bool,
+}

@@ -1,0 +1,451 @@
+//! Accepting submissions: the one-statement group commit of the common
+//! case, the transaction for what it leaves undecided (a taken key, a quota),
+//! and the hand-off that leases a new operation to a waiting claim.
+
+use super::*;
+
+/// Accepts a batch in one round trip in the common case: one statement
+/// outside any transaction (`insert_submissions`, announcing) writes the
+/// idempotency records (insert-or-detect), the operations, their tasks and
+/// first events and NOTIFYs what it created, all committed together when the
+/// statement ends. No BEGIN, no separate NOTIFY, no COMMIT: a group commit of
+/// any size costs the database one round trip and one WAL flush. What the
+/// statement leaves undecided (it wrote nothing for them) goes afterwards in
+/// one transaction (`operation_accept_batch`): a key already taken (a replay
+/// or a reuse, perhaps of an earlier item of this batch) and a tenant with a
+/// `max_active` quota.
+pub(super) async fn operation_accept_run(
+    w: &Writer,
+    c: &mut PgConnection,
+    batch: &[&AcceptParams],
+) -> Result<Vec<Result<AcceptOutcome>>> {
+    // A re-run's source lists it: the statement commits that change too.
+    let sources: Vec<&str> = batch
+        .iter()
+        .filter_map(|p| p.rerun_of.as_ref().map(Id::as_str))
+        .collect();
+    w.reads.writing(sources.iter().copied());
+    let written = insert_submissions(c, batch, Mode::Announcing).await;
+    w.reads.written(sources.iter().copied());
+    let written = written?;
+    let mut results: Vec<Option<Result<AcceptOutcome>>> = Vec::with_capacity(batch.len());
+    let mut undecided = Vec::new();
+    for (p, written) in batch.iter().zip(written) {
+        match written {
+            Inserted::Created(op) => {
+                // Its source was forgotten by `written` above.
+                w.reads.evict([op.id.as_str()]);
+                results.push(Some(Ok(AcceptOutcome::Created(*op))));
+            }
+            Inserted::Capped | Inserted::KeyTaken => {
+                undecided.push(*p);
+                results.push(None);
+            }
+        }
+    }
+    if !undecided.is_empty() {
+        let run: Run<AcceptParams, AcceptOutcome> = |w, c, batch| {
+            Box::pin(commit_batch(
+                w,
+                c,
+                |c, ch, _, batch| Box::pin(operation_accept_batch(c, ch, batch)),
+                batch,
+            ))
+        };
+        let mut answers = alone_on_error(w, c, run, &undecided).await.into_iter();
+        for slot in results.iter_mut().filter(|r| r.is_none()) {
+            *slot = answers.next();
+        }
+    }
+    results
+        .into_iter()
+        .map(|r| r.ok_or_else(|| StoreError::Corrupt("a submission went unanswered".into())))
+        .collect()
+}
+
+/// Accepts, in the caller's transaction, what the announcing statement left
+/// undecided: the same statement, transactional, then item by item a key
+/// already taken (`taken_key`) and a tenant with a `max_active` quota
+/// (`accept_with_quota`). A refusal writes nothing, so the batch needs no
+/// savepoints; a database error fails the whole batch.
+pub(super) async fn operation_accept_batch(
+    c: &mut PgConnection,
+    ch: &mut Changes,
+    batch: &[&AcceptParams],
+) -> Result<Vec<Result<AcceptOutcome>>> {
+    let written = insert_submissions(c, batch, Mode::Unchecked).await?;
+    let mut results = Vec::with_capacity(batch.len());
+    for (p, written) in batch.iter().zip(written) {
+        let outcome = match written {
+            Inserted::Created(op) => {
+                ch.record(&op, EventType::Created);
+                Ok(AcceptOutcome::Created(*op))
+            }
+            Inserted::Capped => accept_with_quota(c, ch, p).await,
+            Inserted::KeyTaken => taken_key(c, p).await,
+        };
+        match outcome {
+            // A database error leaves the transaction aborted.
+            Err(e @ (StoreError::Postgres(_) | StoreError::IllegalTransition(_))) => return Err(e),
+            answered => results.push(answered),
+        }
+    }
+    Ok(results)
+}
+
+/// A submission and its lease in one statement outside any transaction
+/// (so one round trip and one WAL flush): the operation is inserted as a
+/// claim would leave it (running, version 2, attempt 1), its task leased
+/// (the token drawn here, as `lease_tasks` draws it), with both events and
+/// both changes announced. Nothing is written for a tenant with a quota on
+/// active or running work (those are counted under the tenant's lock, as
+/// `accept_with_quota` and `task_claim` do) or a key already taken.
+pub(super) const SUBMIT_LEASED: &str = "WITH q AS (
+         SELECT NOT EXISTS (SELECT 1 FROM tenants
+                             WHERE name = $2 AND (max_active IS NOT NULL OR max_running IS NOT NULL)) AS open
+     ), k AS (
+         INSERT INTO idempotency_keys (tenant, kind, key, fingerprint, operation_id, created_at)
+         SELECT $2, $3, $8, $9, $1, $10 FROM q WHERE open AND $8::TEXT IS NOT NULL
+         ON CONFLICT DO NOTHING RETURNING operation_id
+     ), o AS (
+         INSERT INTO operations (id, tenant, kind, state, version, attempt, input, deadline_at, budget_max_cost,
+                                 labels, idempotency_key, created_at, updated_at, started_at)
+         SELECT $1, $2, $3, 'running', 2, 1, $4, $5, $6, $7, $8, $10, $10, $10 FROM q
+          WHERE open AND ($8::TEXT IS NULL OR EXISTS (SELECT 1 FROM k))
+         RETURNING id, seq
+     ), t AS (
+         INSERT INTO tasks (operation_id, seq, tenant, kind, status, available_at, lease_token, lease_expires_at,
+                            worker_id, lease_ms)
+         SELECT o.id, o.seq, $2, $3, 'leased', $10, replace(gen_random_uuid()::TEXT, '-', ''), $11, $12, $13 FROM o
+         RETURNING lease_token
+     ), e AS (
+         INSERT INTO operation_events (operation_id, version, type, state, at, data, snapshot)
+         SELECT o.id, v.version, v.type, v.state, $10, v.data, v.snapshot
+           FROM o CROSS JOIN (VALUES (1::BIGINT, 'created', 'queued', '{}', $14::TEXT),
+                                     (2::BIGINT, 'started', 'running', $15::TEXT, $16::TEXT))
+                AS v(version, type, state, data, snapshot)
+     ), n AS (
+         SELECT pg_notify($17, $18) FROM o
+     )
+     SELECT t.lease_token FROM t WHERE (SELECT count(*) FROM n) >= 0";
+
+/// See [`Store::operation_accept_leased`] and [`SUBMIT_LEASED`].
+pub(super) async fn operation_accept_leased(
+    pool: &PgPool,
+    reads: &ReadCache,
+    p: &AcceptParams,
+    to: &LeaseTo,
+) -> Result<Option<(Operation, Task)>> {
+    if !p.may_be_handed_off() {
+        return Ok(None);
+    }
+    let created = created_operation(p);
+    let running = started(created.clone(), p.now);
+    let started_data = json!({"attempt": running.attempt, "worker_id": to.worker_id});
+    let changes = [
+        change_of(&created, EventType::Created),
+        change_of(&running, EventType::Started),
+    ];
+    let payload = wire_text(&changes.iter().map(WireItem::change).collect::<Vec<_>>());
+    let lease_expires_at = p.now.plus(to.lease);
+    let mut c = pool.acquire().await.map_err(db)?;
+    reads.writing([created.id.as_str()]);
+    let token: Result<Option<String>> = sqlx::query_scalar(SUBMIT_LEASED)
+        .bind(p.id.as_str())
+        .bind(&p.tenant)
+        .bind(&p.kind)
+        .bind(p.input.to_string())
+        .bind(p.deadline_at.map(|t| t.0))
+        .bind(p.budget_max_cost)
+        .bind(serde_json::to_string(&p.labels).map_err(|e| StoreError::Corrupt(e.to_string()))?)
+        .bind(p.idempotency.as_ref().map(|(k, _)| k.as_str()))
+        .bind(p.idempotency.as_ref().map(|(_, f)| f.0.to_vec()))
+        .bind(p.now.0)
+        .bind(lease_expires_at.0)
+        .bind(&to.worker_id)
+        .bind(lease_ms(to.lease))
+        .bind(snapshot_text(&created))
+        .bind(started_data.to_string())
+        .bind(snapshot_text(&running))
+        .bind(CHANNEL)
+        .bind(payload)
+        .fetch_optional(&mut *c)
+        .await
+        .map_err(db);
+    reads.written([created.id.as_str()]);
+    let Some(lease_token) = token? else {
+        return Ok(None);
+    };
+    let task = Task {
+        operation_id: running.id.clone(),
+        tenant: running.tenant.clone(),
+        kind: running.kind.clone(),
+        input: p.input.clone(),
+        attempt: running.attempt,
+        lease_token,
+        lease_expires_at,
+        deadline_at: running.deadline_at,
+        budget_max_cost: running.budget_max_cost,
+        checkpoint: None,
+    };
+    Ok(Some((created, task)))
+}
+
+/// What the submission statement did with one item.
+pub(super) enum Inserted {
+    Created(Box<Operation>),
+    /// The tenant has a `max_active` quota that was not checked: nothing written.
+    Capped,
+    /// The key names an earlier submission: nothing written.
+    KeyTaken,
+}
+
+/// The submission statement's CTEs: what it writes (see
+/// `insert_submissions`). Item `ord` of the arrays is one submission; `$13`
+/// says the caller checked the quota; `$17` is each item's notification
+/// (announcing only).
+macro_rules! submit_ctes {
+    () => {
+        "WITH q AS (
+             SELECT i.*, NOT $13 AND EXISTS (SELECT 1 FROM tenants WHERE name = i.tenant AND max_active IS NOT NULL) AS capped
+               FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], $5::TEXT[], $6::BIGINT[],
+                           $7::FLOAT8[], $8::TEXT[], $9::TEXT[], $10::BYTEA[], $11::BIGINT[], $12::TEXT[],
+                           $14::TEXT[], $15::TEXT[], $16::TEXT[], $17::TEXT[])
+                    WITH ORDINALITY AS i(id, tenant, kind, input, callback_url, deadline_at, budget_max_cost,
+                                         labels, key, fingerprint, now, snapshot, uploads, rerun_of,
+                                         checkpoint_from, change, ord)
+         ), k AS (
+             INSERT INTO idempotency_keys (tenant, kind, key, fingerprint, operation_id, created_at)
+             SELECT tenant, kind, key, fingerprint, id, now FROM q WHERE key IS NOT NULL AND NOT capped ORDER BY ord
+             ON CONFLICT DO NOTHING RETURNING operation_id
+         ), o AS (
+             INSERT INTO operations (id, tenant, kind, state, version, attempt, input, callback_url, deadline_at,
+                                     budget_max_cost, labels, idempotency_key, created_at, updated_at, rerun_of,
+                                     checkpoint)
+             SELECT id, tenant, kind, 'queued', 1, 0, input, callback_url, deadline_at, budget_max_cost, labels,
+                    key, now, now, rerun_of,
+                    (SELECT r.checkpoint FROM operations r WHERE r.id = q.checkpoint_from) FROM q
+              WHERE NOT capped AND (key IS NULL OR id IN (SELECT operation_id FROM k))
+              ORDER BY ord
+             RETURNING id, seq
+         ), t AS (
+             INSERT INTO tasks (operation_id, seq, tenant, kind, status, available_at)
+             SELECT o.id, o.seq, q.tenant, q.kind, 'ready', q.now FROM o JOIN q USING (id)
+         ), e AS (
+             INSERT INTO operation_events (operation_id, version, type, state, at, data, snapshot)
+             SELECT o.id, 1, 'created', 'queued', q.now, '{}', q.snapshot FROM o JOIN q USING (id)
+         ), pc AS (
+             INSERT INTO artifact_pieces (operation_id, name, piece_offset, storage_key, size_bytes)
+             SELECT o.id, p.name, p.piece_offset, p.storage_key, p.size_bytes
+               FROM o JOIN q USING (id) JOIN artifact_pieces p ON p.operation_id = q.checkpoint_from
+         ), u AS (
+             INSERT INTO operation_uploads (operation_id, upload_id)
+             SELECT o.id, unnest(string_to_array(q.uploads, ',')) FROM o JOIN q USING (id) WHERE q.uploads <> ''
+             ON CONFLICT DO NOTHING
+         )"
+    };
+}
+
+/// The submission statement in the caller's transaction.
+pub(super) const SUBMIT_IN_TX: &str = concat!(
+    submit_ctes!(),
+    " SELECT q.capped, o.id IS NOT NULL FROM q LEFT JOIN o USING (id) ORDER BY q.ord"
+);
+
+/// The submission statement on its own: it also NOTIFYs (`$18`) what it
+/// created, [`CHANGES_PER_PAYLOAD`] items per payload, and commits as it
+/// ends.
+pub(super) const SUBMIT_ANNOUNCING: &str = concat!(
+    submit_ctes!(),
+    ", n AS (
+         SELECT pg_notify($18, '[' || string_agg(q.change, ',' ORDER BY q.ord) || ']')
+           FROM o JOIN q USING (id) GROUP BY (q.ord - 1) / ",
+    changes_per_payload!(),
+    "
+     )
+     SELECT q.capped, o.id IS NOT NULL FROM q LEFT JOIN o USING (id) WHERE (SELECT count(*) FROM n) >= 0 ORDER BY q.ord"
+);
+
+/// How `insert_submissions` runs.
+#[derive(Clone, Copy, PartialEq)]
+pub(super) enum Mode {
+    /// On its own, outside a transaction: it commits when it ends and
+    /// NOTIFYs what it created itself; tenants with a quota are left.
+    Announcing,
+    /// In the caller's transaction, which announces; quota tenants are left.
+    Unchecked,
+    /// In the caller's transaction, which holds the tenant rows and counted.
+    QuotaChecked,
+}
+
+/// The one statement that writes submissions, item by item in batch order
+/// (see `operation_accept_run`). Two items with one key: the first is
+/// written, the second finds the key taken.
+pub(super) async fn insert_submissions(
+    c: &mut PgConnection,
+    batch: &[&AcceptParams],
+    mode: Mode,
+) -> Result<Vec<Inserted>> {
+    let created: Vec<Operation> = batch.iter().map(|p| created_operation(p)).collect();
+    let mut labels = Vec::with_capacity(batch.len());
+    for p in batch {
+        labels.push(serde_json::to_string(&p.labels).map_err(|e| StoreError::Corrupt(e.to_string()))?);
+    }
+    let column = |f: fn(&AcceptParams) -> Option<&str>| batch.iter().map(|p| f(p)).collect::<Vec<_>>();
+    let announcing = mode == Mode::Announcing;
+    // Each item's notification as it will be if the item is created: its
+    // change, after the re-run source it touches.
+    let change: Vec<String> = if announcing {
+        created
+            .iter()
+            .map(|op| {
+                let change = change_of(op, EventType::Created);
+                let touched =
+                    Change::also_alters(op, EventType::Created.as_str()).map(|id| WireItem::touched(id.as_str()));
+                let items: Vec<WireItem> = touched.into_iter().chain([WireItem::change(&change)]).collect();
+                let text = wire_text(&items);
+                // The statement joins the items of many submissions into
+                // one array: each item's text without its brackets.
+                text[1..text.len() - 1].to_owned()
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let query = sqlx::query(if announcing { SUBMIT_ANNOUNCING } else { SUBMIT_IN_TX })
+        .bind(column(|p| Some(p.id.as_str())))
+        .bind(column(|p| Some(p.tenant.as_str())))
+        .bind(column(|p| Some(p.kind.as_str())))
+        .bind(batch.iter().map(|p| p.input.to_string()).collect::<Vec<_>>())
+        .bind(column(|p| p.callback_url.as_deref()))
+        .bind(batch.iter().map(|p| p.deadline_at.map(|t| t.0)).collect::<Vec<_>>())
+        .bind(batch.iter().map(|p| p.budget_max_cost).collect::<Vec<_>>())
+        .bind(labels)
+        .bind(column(|p| p.idempotency.as_ref().map(|(k, _)| k.as_str())))
+        .bind(
+            batch
+                .iter()
+                .map(|p| p.idempotency.as_ref().map(|(_, f)| f.0.to_vec()))
+                .collect::<Vec<_>>(),
+        )
+        .bind(batch.iter().map(|p| p.now.0).collect::<Vec<_>>())
+        .bind(created.iter().map(snapshot_text).collect::<Vec<_>>())
+        .bind(mode == Mode::QuotaChecked)
+        .bind(
+            batch
+                .iter()
+                .map(|p| p.uploads.iter().map(Id::as_str).collect::<Vec<_>>().join(","))
+                .collect::<Vec<_>>(),
+        )
+        .bind(column(|p| p.rerun_of.as_ref().map(Id::as_str)))
+        .bind(column(|p| {
+            p.rerun_of.as_ref().filter(|_| p.from_checkpoint).map(Id::as_str)
+        }))
+        .bind(change);
+    let query = if announcing { query.bind(CHANNEL) } else { query };
+    let rows = query.fetch_all(&mut *c).await.map_err(db)?;
+    if rows.len() != batch.len() {
+        return Err(StoreError::Corrupt("the submission statement lost an item".into()));
+    }
+    rows.iter()
+        .zip(created)
+        .map(|(row, op)| {
+            let capped: bool = row.try_get(0).map_err(db)?;
+            let inserted: bool = row.try_get(1).map_err(db)?;
+            Ok(if inserted {
+                Inserted::Created(Box::new(op))
+            } else if capped {
+                Inserted::Capped
+            } else {
+                Inserted::KeyTaken
+            })
+        })
+        .collect()
+}
+
+/// The answer for a key the submission statement found taken.
+pub(super) async fn taken_key(c: &mut PgConnection, p: &AcceptParams) -> Result<AcceptOutcome> {
+    known_key(c, p)
+        .await?
+        .ok_or_else(|| StoreError::Corrupt("an idempotency key that was taken is gone".into()))
+}
+
+/// The operation an earlier submission with the same key created, or the
+/// refusal when this request differs from it; `None` when the key is new.
+pub(super) async fn known_key(c: &mut PgConnection, p: &AcceptParams) -> Result<Option<AcceptOutcome>> {
+    let Some((key, fingerprint)) = &p.idempotency else {
+        return Ok(None);
+    };
+    let row = sqlx::query(
+        "SELECT fingerprint, operation_id FROM idempotency_keys WHERE tenant = $1 AND kind = $2 AND key = $3",
+    )
+    .bind(&p.tenant)
+    .bind(&p.kind)
+    .bind(key.as_str())
+    .fetch_optional(&mut *c)
+    .await
+    .map_err(db)?;
+    let Some(row) = row else { return Ok(None) };
+    let stored: Vec<u8> = row.try_get(0).map_err(db)?;
+    let operation_id = Id::from_trusted(row.try_get(1).map_err(db)?);
+    let stored = longrun_core::fingerprint::Fingerprint(
+        stored
+            .try_into()
+            .map_err(|_| StoreError::Corrupt("a stored fingerprint is not 32 bytes".into()))?,
+    );
+    if !fingerprint.matches(&stored) {
+        return Ok(Some(AcceptOutcome::KeyReused { operation_id }));
+    }
+    let original = operation_by_id(c, operation_id.as_str())
+        .await?
+        .ok_or(StoreError::Gone)?;
+    sqlx::query("UPDATE idempotency_keys SET replays = replays + 1 WHERE tenant = $1 AND kind = $2 AND key = $3")
+        .bind(&p.tenant)
+        .bind(&p.kind)
+        .bind(key.as_str())
+        .execute(&mut *c)
+        .await
+        .map_err(db)?;
+    Ok(Some(AcceptOutcome::Replayed(original)))
+}
+
+/// A tenant's tasks (its operations not yet ended), counted through the
+/// partial indexes of ready and of leased tasks.
+pub(super) const ACTIVE_TASKS: &str = "SELECT (SELECT COUNT(*) FROM tasks WHERE tenant = $1 AND status = 'ready')
+                                 + (SELECT COUNT(*) FROM tasks WHERE tenant = $1 AND status = 'leased')";
+
+/// A tenant with a `max_active` quota: its row is locked while the quota is
+/// counted, so concurrent submissions cannot overshoot it. A replay still
+/// answers when the tenant is full.
+pub(super) async fn accept_with_quota(
+    c: &mut PgConnection,
+    ch: &mut Changes,
+    p: &AcceptParams,
+) -> Result<AcceptOutcome> {
+    let max_active: Option<i64> = sqlx::query_scalar("SELECT max_active FROM tenants WHERE name = $1 FOR UPDATE")
+        .bind(&p.tenant)
+        .fetch_optional(&mut *c)
+        .await
+        .map_err(db)?
+        .flatten();
+    if let Some(max_active) = max_active {
+        let active: i64 = sqlx::query_scalar(ACTIVE_TASKS)
+            .bind(&p.tenant)
+            .fetch_one(&mut *c)
+            .await
+            .map_err(db)?;
+        if active >= max_active {
+            return match known_key(c, p).await? {
+                Some(known) => Ok(known),
+                None => Err(StoreError::QuotaExceeded { active, max_active }),
+            };
+        }
+    }
+    match insert_submissions(c, &[p], Mode::QuotaChecked).await?.pop() {
+        Some(Inserted::Created(op)) => {
+            ch.record(&op, EventType::Created);
+            Ok(AcceptOutcome::Created(*op))
+        }
+        _ => taken_key(c, p).await,
+    }
+}

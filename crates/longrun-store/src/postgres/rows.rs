@@ -1,0 +1,315 @@
+//! Rows in and out: decoding columns into records, and the small statements
+//! every use case shares (read an operation, lock it, update and return it,
+//! record events and queue webhooks).
+
+use super::*;
+
+pub(super) fn db(e: sqlx::Error) -> StoreError {
+    if let sqlx::Error::Database(d) = &e
+        && d.code().as_deref() == Some(crate::error::POSTGRES_GUARD)
+    {
+        return StoreError::IllegalTransition(d.message().to_owned());
+    }
+    if is_unavailable(&e) {
+        StoreError::Unavailable(e.to_string())
+    } else {
+        StoreError::Postgres(std::sync::Arc::new(e))
+    }
+}
+
+/// The database is unreachable, shutting down, out of space or read-only:
+/// the statement was not applied and may succeed later.
+pub(super) fn is_unavailable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(d) => d.code().is_some_and(|code| {
+            // 08: connection exceptions; 57P01-57P03: shutting down or not
+            // yet accepting; 53: insufficient resources (disk full, out of
+            // memory, too many connections); 25006: read-only transaction.
+            code.starts_with("08") || code.starts_with("53") || matches!(&*code, "57P01" | "57P02" | "57P03" | "25006")
+        }),
+        _ => false,
+    }
+}
+
+pub(super) fn json_text(text: Option<String>) -> Result<Option<Value>> {
+    text.map(|t| serde_json::from_str(&t).map_err(|e| StoreError::Corrupt(e.to_string())))
+        .transpose()
+}
+
+pub(super) fn ts(ms: Option<i64>) -> Option<Timestamp> {
+    ms.map(Timestamp)
+}
+
+pub(super) fn state_of(text: &str) -> Result<State> {
+    text.parse()
+        .map_err(|e: longrun_core::state::UnknownState| StoreError::Corrupt(e.to_string()))
+}
+
+pub(super) fn operation_from_row(r: &PgRow) -> Result<Operation> {
+    let get = |e: sqlx::Error| db(e);
+    let labels: BTreeMap<String, String> = match json_text(r.try_get(11).map_err(get)?)? {
+        Some(v) => serde_json::from_value(v).map_err(|e| StoreError::Corrupt(e.to_string()))?,
+        None => BTreeMap::new(),
+    };
+    let error_code: Option<String> = r.try_get(14).map_err(get)?;
+    let cancel_requested_at: Option<i64> = r.try_get(17).map_err(get)?;
+    Ok(Operation {
+        id: Id::from_trusted(r.try_get(0).map_err(get)?),
+        tenant: r.try_get(1).map_err(get)?,
+        kind: r.try_get(2).map_err(get)?,
+        state: state_of(r.try_get(3).map_err(get)?)?,
+        version: r.try_get(4).map_err(get)?,
+        attempt: r.try_get(5).map_err(get)?,
+        input: json_text(r.try_get(6).map_err(get)?)?,
+        callback_url: r.try_get(7).map_err(get)?,
+        deadline_at: ts(r.try_get(8).map_err(get)?),
+        budget_max_cost: r.try_get(9).map_err(get)?,
+        cost_units: r.try_get(10).map_err(get)?,
+        labels,
+        progress: json_text(r.try_get(12).map_err(get)?)?.map(|v| progress_from_json(&v)),
+        result: json_text(r.try_get(13).map_err(get)?)?,
+        error: match error_code {
+            Some(code) => Some(OperationError {
+                code,
+                message: r.try_get::<Option<String>, _>(15).map_err(get)?.unwrap_or_default(),
+                retryable: r.try_get::<Option<bool>, _>(16).map_err(get)?.unwrap_or(false),
+            }),
+            None => None,
+        },
+        cancel: match cancel_requested_at {
+            Some(at) => Some(CancelRequest {
+                requested_at: Timestamp(at),
+                requested_by: r.try_get::<Option<String>, _>(18).map_err(get)?.unwrap_or_default(),
+                reason: r.try_get(19).map_err(get)?,
+            }),
+            None => None,
+        },
+        cancellable: r.try_get(20).map_err(get)?,
+        idempotency_key: r.try_get(21).map_err(get)?,
+        created_at: Timestamp(r.try_get(22).map_err(get)?),
+        started_at: ts(r.try_get(23).map_err(get)?),
+        completed_at: ts(r.try_get(24).map_err(get)?),
+        updated_at: Timestamp(r.try_get(25).map_err(get)?),
+        expires_at: ts(r.try_get(26).map_err(get)?),
+        artifact: None,
+        artifacts: std::collections::BTreeMap::new(),
+        rerun_of: r.try_get::<Option<String>, _>(28).map_err(get)?.map(Id::from_trusted),
+        reruns: None,
+        pause_requested_at: ts(r.try_get(29).map_err(get)?),
+    })
+    .and_then(|mut op| {
+        (op.artifact, op.artifacts) = artifacts_from_json(json_text(r.try_get(27).map_err(get)?)?.as_ref());
+        Ok(op)
+    })
+}
+
+pub(super) async fn event_insert(
+    c: &mut PgConnection,
+    ch: &mut Changes,
+    op: &Operation,
+    event_type: EventType,
+    data: &Value,
+) -> Result<()> {
+    events_insert(c, ch, &[(op, event_type, data.clone())]).await
+}
+
+pub(super) async fn operation_by_id(c: &mut PgConnection, id: &str) -> Result<Option<Operation>> {
+    let row = sqlx::query(&format!("SELECT {OP_COLUMNS} FROM operations WHERE id = $1"))
+        .bind(id)
+        .fetch_optional(&mut *c)
+        .await
+        .map_err(db)?;
+    row.as_ref().map(operation_from_row).transpose()
+}
+
+pub(super) async fn owned(c: &mut PgConnection, tenant: &str, id: &str) -> Result<bool> {
+    Ok(sqlx::query("SELECT 1 FROM operations WHERE id = $1 AND tenant = $2")
+        .bind(id)
+        .bind(tenant)
+        .fetch_optional(&mut *c)
+        .await
+        .map_err(db)?
+        .is_some())
+}
+
+/// `UPDATE … RETURNING` every column; `None` when no row matched.
+pub(super) async fn update_returning(
+    c: &mut PgConnection,
+    query: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
+) -> Result<Option<Operation>> {
+    let row = query.fetch_optional(&mut *c).await.map_err(db)?;
+    row.as_ref().map(operation_from_row).transpose()
+}
+
+pub(super) async fn outbox_insert(c: &mut PgConnection, op: &Operation) -> Result<()> {
+    outbox_insert_as(c, op, WebhookType::Reached(op.state)).await
+}
+
+/// The webhook of a change, of type `event_type` (see the SQLite backend).
+pub(super) async fn outbox_insert_as(c: &mut PgConnection, op: &Operation, webhook: WebhookType) -> Result<()> {
+    let Some(url) = &op.callback_url else { return Ok(()) };
+    let event_id = Id::generate(IdKind::Event);
+    let event_type = webhook.as_str();
+    let payload = crate::shared::webhook_payload(op, event_type);
+    sqlx::query(
+        "INSERT INTO webhook_deliveries (event_id, operation_id, tenant, url, type, payload, created_at, status, next_attempt_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', $7)",
+    )
+    .bind(event_id.as_str())
+    .bind(op.id.as_str())
+    .bind(&op.tenant)
+    .bind(url)
+    .bind(event_type)
+    .bind(payload)
+    .bind(op.updated_at.0)
+    .execute(&mut *c)
+    .await
+    .map_err(db)?;
+    Ok(())
+}
+
+/// The tenant's operation, locked for the rest of the transaction.
+pub(super) async fn lock_operation(c: &mut PgConnection, tenant: &str, id: &Id) -> Result<Operation> {
+    let row = sqlx::query(&format!(
+        "SELECT {OP_COLUMNS} FROM operations WHERE id = $1 AND tenant = $2 FOR UPDATE"
+    ))
+    .bind(id.as_str())
+    .bind(tenant)
+    .fetch_optional(&mut *c)
+    .await
+    .map_err(db)?;
+    row.as_ref()
+        .map(operation_from_row)
+        .transpose()?
+        .ok_or(StoreError::NotFound)
+}
+
+/// Records events, each with the representation at its version, and notes
+/// them as changes to announce; many in one statement.
+pub(super) async fn events_insert(
+    c: &mut PgConnection,
+    ch: &mut Changes,
+    events: &[(&Operation, EventType, Value)],
+) -> Result<()> {
+    if events.is_empty() {
+        return Ok(());
+    }
+    let mut ids = Vec::with_capacity(events.len());
+    let (mut versions, mut types, mut states, mut ats) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut data, mut snapshots) = (Vec::new(), Vec::new());
+    for (op, event_type, d) in events {
+        ids.push(op.id.as_str());
+        versions.push(op.version);
+        types.push(event_type.as_str());
+        states.push(op.state.as_str());
+        ats.push(op.updated_at.0);
+        data.push(d.to_string());
+        snapshots.push(snapshot_text(op));
+    }
+    for (op, event_type, _) in events {
+        ch.record(op, *event_type);
+    }
+    // What the transaction changed so far is announced by the same
+    // statement: most transactions record their last change here, and then
+    // the commit sends no NOTIFY statement of its own (a round trip less).
+    sqlx::query(
+        "WITH inserted AS (
+             INSERT INTO operation_events (operation_id, version, type, state, at, data, snapshot)
+             SELECT * FROM unnest($1::TEXT[], $2::BIGINT[], $3::TEXT[], $4::TEXT[], $5::BIGINT[], $6::TEXT[], $7::TEXT[]))
+         SELECT pg_notify($8, payload) FROM unnest($9::TEXT[]) AS p(payload)",
+    )
+    .bind(&ids)
+    .bind(&versions)
+    .bind(&types)
+    .bind(&states)
+    .bind(&ats)
+    .bind(&data)
+    .bind(&snapshots)
+    .bind(CHANNEL)
+    .bind(ch.unannounced_payloads())
+    .execute(&mut *c)
+    .await
+    .map_err(db)?;
+    Ok(())
+}
+
+/// The rows of `sql`, a query of two numbers (an instant and a limit, as
+/// the maintenance passes ask).
+pub(super) async fn rows_of(c: &mut PgConnection, sql: &str, a: i64, b: i64) -> Result<Vec<PgRow>> {
+    sqlx::query(sql).bind(a).bind(b).fetch_all(&mut *c).await.map_err(db)
+}
+
+/// The first column of [`rows_of`], text.
+pub(super) async fn ids(c: &mut PgConnection, sql: &str, a: i64, b: i64) -> Result<Vec<String>> {
+    let rows = rows_of(c, sql, a, b).await?;
+    rows.iter().map(|r| r.try_get::<String, _>(0).map_err(db)).collect()
+}
+
+pub(super) fn api_key_from_row(r: &PgRow) -> Result<ApiKeyRecord> {
+    let role: String = r.try_get(2).map_err(db)?;
+    Ok(ApiKeyRecord {
+        id: Id::from_trusted(r.try_get(0).map_err(db)?),
+        tenant: r.try_get(1).map_err(db)?,
+        role: longrun_core::apikey::Role::parse(&role)
+            .ok_or_else(|| StoreError::Corrupt(format!("unknown role {role}")))?,
+        secret_hash: r.try_get(3).map_err(db)?,
+        created_at: Timestamp(r.try_get(4).map_err(db)?),
+        revoked_at: ts(r.try_get(5).map_err(db)?),
+    })
+}
+
+pub(super) fn kind_from_row(r: &PgRow) -> Result<KindSpec> {
+    Ok(KindSpec {
+        name: r.try_get(0).map_err(db)?,
+        builtin: r.try_get(1).map_err(db)?,
+        rerun_safe: r.try_get(2).map_err(db)?,
+        max_attempts: r.try_get(3).map_err(db)?,
+        default_deadline_seconds: r.try_get(4).map_err(db)?,
+        max_deadline_seconds: r.try_get(5).map_err(db)?,
+        pausable: r.try_get(6).map_err(db)?,
+    })
+}
+
+pub(super) const KIND_COLUMNS: &str =
+    "name, builtin, rerun_safe, max_attempts, default_deadline_seconds, max_deadline_seconds, pausable";
+
+pub(super) const RESULT_COLUMNS: &str =
+    "id, operation_id, tenant, storage_key, content_type, size_bytes, sha256, state, created_at, expires_at, name";
+
+pub(super) fn result_from_row(r: &PgRow) -> Result<ResultRecord> {
+    Ok(ResultRecord {
+        id: Id::from_trusted(r.try_get(0).map_err(db)?),
+        operation_id: Id::from_trusted(r.try_get(1).map_err(db)?),
+        tenant: r.try_get(2).map_err(db)?,
+        storage_key: r.try_get(3).map_err(db)?,
+        content_type: r.try_get(4).map_err(db)?,
+        size_bytes: r.try_get(5).map_err(db)?,
+        sha256: r.try_get(6).map_err(db)?,
+        state: r.try_get(7).map_err(db)?,
+        created_at: Timestamp(r.try_get(8).map_err(db)?),
+        expires_at: ts(r.try_get(9).map_err(db)?),
+        name: r.try_get(10).map_err(db)?,
+    })
+}
+
+pub(super) const UPLOAD_COLUMNS: &str =
+    "id, tenant, content_type, upload_offset, complete, sha256, expected_sha256, chunks,
+    created_at, expires_at, EXISTS (SELECT 1 FROM operation_uploads WHERE upload_id = uploads.id)";
+
+pub(super) fn upload_from_row(r: &PgRow) -> Result<UploadRecord> {
+    let chunks: String = r.try_get(7).map_err(db)?;
+    Ok(UploadRecord {
+        id: Id::from_trusted(r.try_get(0).map_err(db)?),
+        tenant: r.try_get(1).map_err(db)?,
+        content_type: r.try_get(2).map_err(db)?,
+        offset: r.try_get(3).map_err(db)?,
+        complete: r.try_get(4).map_err(db)?,
+        sha256: r.try_get(5).map_err(db)?,
+        expected_sha256: r.try_get(6).map_err(db)?,
+        chunks: chunks_from_json(&chunks),
+        created_at: Timestamp(r.try_get(8).map_err(db)?),
+        expires_at: Timestamp(r.try_get(9).map_err(db)?),
+        referenced: r.try_get(10).map_err(db)?,
+    })
+}

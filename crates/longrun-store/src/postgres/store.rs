@@ -1,0 +1,942 @@
+//! The [`Store`] trait on PostgreSQL: each method one transaction (or a
+//! group commit), calling the use case it names.
+
+use super::*;
+
+pub(super) async fn webhook_attempt(c: &mut PgConnection, p: &AttemptParams) -> Result<()> {
+    let attempt = crate::shared::attempt_row(&p.outcome);
+    let row = sqlx::query(
+        "UPDATE webhook_deliveries SET status = $2, attempts = $3, next_attempt_at = $4, lease_until = NULL
+          WHERE event_id = $1 AND status = 'pending' RETURNING operation_id, type",
+    )
+    .bind(p.event_id.as_str())
+    .bind(attempt.status)
+    .bind(p.attempt)
+    .bind(attempt.next_attempt_at)
+    .fetch_optional(&mut *c)
+    .await
+    .map_err(db)?
+    .ok_or(StoreError::NotFound)?;
+    let operation_id: String = row.try_get(0).map_err(db)?;
+    let event_type: String = row.try_get(1).map_err(db)?;
+    sqlx::query(
+        "INSERT INTO webhook_attempts (event_id, attempt, operation_id, type, at, status_code, error, next_attempt_at, latency_ms)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT DO NOTHING",
+    )
+    .bind(p.event_id.as_str())
+    .bind(p.attempt)
+    .bind(operation_id)
+    .bind(event_type)
+    .bind(p.now.0)
+    .bind(attempt.status_code.map(i32::from))
+    .bind(attempt.error)
+    .bind(attempt.next_attempt_at)
+    .bind(p.latency_ms)
+    .execute(&mut *c)
+    .await
+    .map_err(db)?;
+    Ok(())
+}
+
+macro_rules! in_tx {
+    ($self:ident, |$c:ident, $ch:ident| $body:expr) => {
+        $self.tx(move |$c, $ch| Box::pin(async move { $body })).await
+    };
+}
+
+#[async_trait]
+impl Store for PostgresStore {
+    async fn operation_accept(&self, params: AcceptParams) -> Result<AcceptOutcome> {
+        self.accepts.write(params).await
+    }
+
+    async fn operation_accept_many(&self, params: Vec<AcceptParams>) -> Vec<Result<AcceptOutcome>> {
+        self.accepts.write_many(params).await
+    }
+
+    async fn operation_accept_leased(&self, params: &AcceptParams, to: &LeaseTo) -> Result<Option<(Operation, Task)>> {
+        operation_accept_leased(&self.pool, &self.reads, params, to).await
+    }
+
+    fn hands_off(&self) -> bool {
+        true
+    }
+
+    async fn operation_get(&self, tenant: &str, id: &Id) -> Result<Option<Operation>> {
+        self.reads
+            .read_through(tenant, id.as_str(), || operation_read(&self.pool, tenant, id))
+            .await
+    }
+
+    async fn operation_list(&self, params: ListParams) -> Result<OperationPage> {
+        let mut c = self.pool.acquire().await.map_err(db)?;
+        operation_list(&mut c, &params).await
+    }
+
+    async fn operation_history(&self, tenant: &str, id: &Id) -> Result<Option<Vec<Event>>> {
+        let mut c = self.pool.acquire().await.map_err(db)?;
+        events_of(&mut c, tenant, id, 0, i64::MAX, false).await
+    }
+
+    async fn operation_cancel(&self, params: CancelParams) -> Result<CancelOutcome> {
+        let policy = self.policy;
+        in_tx!(self, |c, ch| operation_cancel(c, ch, policy, &params).await)
+    }
+
+    async fn task_claim(&self, params: ClaimParams) -> Result<Vec<Task>> {
+        let policy = self.policy;
+        self.tx_begun_with(CLAIM_BEGIN, move |c, ch| {
+            Box::pin(async move { task_claim(c, ch, policy, &params).await })
+        })
+        .await
+    }
+
+    async fn task_heartbeat(&self, params: HeartbeatParams) -> Result<HeartbeatAck> {
+        in_tx!(self, |c, ch| task_heartbeat(c, ch, &params).await)
+    }
+
+    async fn task_finish(&self, params: FinishParams) -> Result<Operation> {
+        self.finishes.write(params).await
+    }
+
+    async fn task_finish_many(&self, params: Vec<FinishParams>) -> Vec<Result<Operation>> {
+        self.finishes.write_many(params).await
+    }
+
+    async fn task_finish_and_claim(
+        &self,
+        outcomes: Vec<FinishParams>,
+        claim: ClaimParams,
+    ) -> (Vec<Result<Operation>>, Result<Vec<Task>>) {
+        // Side by side on two connections: the outcomes join the finishes'
+        // group commit while the claim runs, so neither waits for the
+        // other's commit.
+        tokio::join!(self.task_finish_many(outcomes), self.task_claim(claim))
+    }
+
+    async fn task_expire_worker(&self, worker_id: &str, now: Timestamp) -> Result<u64> {
+        let n = sqlx::query(
+            "UPDATE tasks SET lease_expires_at = $2 WHERE status = 'leased' AND worker_id = $1 AND lease_expires_at >= $2",
+        )
+        .bind(worker_id)
+        .bind(now.0 - 1)
+        .execute(&self.pool)
+        .await
+        .map_err(db)?;
+        Ok(n.rows_affected())
+    }
+
+    async fn task_reap(&self, params: ReapParams) -> Result<ReapCounts> {
+        let policy = self.policy;
+        in_tx!(self, |c, ch| task_reap(c, ch, policy, &params).await)
+    }
+
+    async fn operation_update(&self, params: UpdateParams) -> Result<Operation> {
+        let policy = self.policy;
+        in_tx!(self, |c, ch| plan::update::operation_update(
+            &mut PgDriver { c, ch, policy },
+            &params
+        )
+        .await)
+    }
+
+    async fn operation_intent(&self, params: IntentParams) -> Result<Operation> {
+        in_tx!(self, |c, ch| operation_intent(c, ch, &params).await)
+    }
+
+    async fn deadline_enforce(&self, params: EnforceParams) -> Result<EnforceCounts> {
+        let policy = self.policy;
+        in_tx!(self, |c, ch| plan::deadline::deadline_enforce(
+            &mut PgDriver { c, ch, policy },
+            &params
+        )
+        .await)
+    }
+
+    async fn tenant_set(&self, limits: TenantLimits) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO tenants (name, created_at, max_active, max_running, rate)
+             VALUES ($1, (extract(epoch from clock_timestamp()) * 1000)::BIGINT, $2, $3, $4)
+             ON CONFLICT (name) DO UPDATE SET max_active = excluded.max_active, max_running = excluded.max_running,
+                 rate = excluded.rate",
+        )
+        .bind(&limits.name)
+        .bind(limits.max_active)
+        .bind(limits.max_running)
+        .bind(limits.rate)
+        .execute(&self.pool)
+        .await
+        .map_err(db)?;
+        Ok(())
+    }
+
+    async fn tenant_get(&self, name: &str) -> Result<Option<TenantLimits>> {
+        let row = sqlx::query("SELECT name, max_active, max_running, rate FROM tenants WHERE name = $1")
+            .bind(name)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(db)?;
+        row.map(|r| {
+            Ok(TenantLimits {
+                name: r.try_get(0).map_err(db)?,
+                max_active: r.try_get(1).map_err(db)?,
+                max_running: r.try_get(2).map_err(db)?,
+                rate: r.try_get(3).map_err(db)?,
+            })
+        })
+        .transpose()
+    }
+
+    async fn api_key_create(&self, params: ApiKeyCreateParams) -> Result<()> {
+        in_tx!(self, |c, _ch| {
+            sqlx::query("INSERT INTO tenants (name, created_at) VALUES ($1, $2) ON CONFLICT DO NOTHING")
+                .bind(&params.tenant)
+                .bind(params.now.0)
+                .execute(&mut *c)
+                .await
+                .map_err(db)?;
+            sqlx::query("INSERT INTO api_keys (id, tenant, role, secret_hash, created_at) VALUES ($1, $2, $3, $4, $5)")
+                .bind(params.id.as_str())
+                .bind(&params.tenant)
+                .bind(params.role.as_str())
+                .bind(&params.secret_hash[..])
+                .bind(params.now.0)
+                .execute(&mut *c)
+                .await
+                .map_err(db)?;
+            Ok(())
+        })
+    }
+
+    async fn api_key_get(&self, id: &Id) -> Result<Option<ApiKeyRecord>> {
+        let row =
+            sqlx::query("SELECT id, tenant, role, secret_hash, created_at, revoked_at FROM api_keys WHERE id = $1")
+                .bind(id.as_str())
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(db)?;
+        row.as_ref().map(api_key_from_row).transpose()
+    }
+
+    async fn api_key_list(&self) -> Result<Vec<ApiKeyRecord>> {
+        let rows = sqlx::query(
+            "SELECT id, tenant, role, secret_hash, created_at, revoked_at FROM api_keys ORDER BY created_at, id",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db)?;
+        rows.iter().map(api_key_from_row).collect()
+    }
+
+    async fn api_key_revoke(&self, id: &Id, now: Timestamp) -> Result<bool> {
+        let n = sqlx::query("UPDATE api_keys SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NULL")
+            .bind(id.as_str())
+            .bind(now.0)
+            .execute(&self.pool)
+            .await
+            .map_err(db)?;
+        Ok(n.rows_affected() == 1)
+    }
+
+    async fn api_key_count(&self) -> Result<u64> {
+        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM api_keys")
+            .fetch_one(&self.pool)
+            .await
+            .map_err(db)?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
+    async fn kind_upsert(&self, k: KindSpec) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO kinds (name, builtin, rerun_safe, max_attempts, default_deadline_seconds, max_deadline_seconds,
+                                pausable)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)
+             ON CONFLICT (name) DO UPDATE SET builtin = excluded.builtin, rerun_safe = excluded.rerun_safe,
+                 max_attempts = excluded.max_attempts, default_deadline_seconds = excluded.default_deadline_seconds,
+                 max_deadline_seconds = excluded.max_deadline_seconds, pausable = excluded.pausable",
+        )
+        .bind(&k.name)
+        .bind(k.builtin)
+        .bind(k.rerun_safe)
+        .bind(k.max_attempts)
+        .bind(k.default_deadline_seconds)
+        .bind(k.max_deadline_seconds)
+        .bind(k.pausable)
+        .execute(&self.pool)
+        .await
+        .map_err(db)?;
+        Ok(())
+    }
+
+    async fn kind_get(&self, name: &str) -> Result<Option<KindSpec>> {
+        let row = sqlx::query(&format!("SELECT {KIND_COLUMNS} FROM kinds WHERE name = $1"))
+            .bind(name)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(db)?;
+        row.as_ref().map(kind_from_row).transpose()
+    }
+
+    async fn kind_list(&self) -> Result<Vec<KindSpec>> {
+        let rows = sqlx::query(&format!("SELECT {KIND_COLUMNS} FROM kinds ORDER BY name"))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db)?;
+        rows.iter().map(kind_from_row).collect()
+    }
+
+    async fn server_secret(&self, name: &str, candidate: Vec<u8>, now: Timestamp) -> Result<Vec<u8>> {
+        sqlx::query("INSERT INTO server_secrets (name, value, created_at) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING")
+            .bind(name)
+            .bind(&candidate)
+            .bind(now.0)
+            .execute(&self.pool)
+            .await
+            .map_err(db)?;
+        sqlx::query_scalar("SELECT value FROM server_secrets WHERE name = $1")
+            .bind(name)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(db)
+    }
+
+    async fn operation_events_after(
+        &self,
+        tenant: &str,
+        id: &Id,
+        after_version: i64,
+        limit: u32,
+    ) -> Result<Option<Vec<Event>>> {
+        let mut c = self.pool.acquire().await.map_err(db)?;
+        events_of(&mut c, tenant, id, after_version, i64::from(limit), true).await
+    }
+
+    async fn kind_typical_duration(&self, kind: &str) -> Result<Option<Duration>> {
+        let mut durations: Vec<i64> = sqlx::query_scalar(
+            "SELECT completed_at - created_at FROM operations WHERE state = 'succeeded' AND kind = $1
+              ORDER BY completed_at DESC LIMIT 101",
+        )
+        .bind(kind)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db)?;
+        if durations.is_empty() {
+            return Ok(None);
+        }
+        durations.sort_unstable();
+        Ok(Some(
+            Duration::from_millis(durations[durations.len() / 2].max(0) as u64),
+        ))
+    }
+
+    fn subscribe_changes(&self) -> broadcast::Receiver<Change> {
+        self.changes.subscribe()
+    }
+
+    async fn webhook_due(&self, now: Timestamp, limit: u32, lease: Duration) -> Result<Vec<Delivery>> {
+        in_tx!(self, |c, _ch| {
+            let rows = sqlx::query(
+                "SELECT event_id, operation_id, tenant, url, type, payload, attempts FROM webhook_deliveries
+                  WHERE status = 'pending' AND next_attempt_at <= $1 AND (lease_until IS NULL OR lease_until <= $1)
+                  ORDER BY next_attempt_at LIMIT $2 FOR UPDATE SKIP LOCKED",
+            )
+            .bind(now.0)
+            .bind(i64::from(limit))
+            .fetch_all(&mut *c)
+            .await
+            .map_err(db)?;
+            let mut due = Vec::with_capacity(rows.len());
+            for r in &rows {
+                due.push(Delivery {
+                    event_id: Id::from_trusted(r.try_get(0).map_err(db)?),
+                    operation_id: Id::from_trusted(r.try_get(1).map_err(db)?),
+                    tenant: r.try_get(2).map_err(db)?,
+                    url: r.try_get(3).map_err(db)?,
+                    event_type: r.try_get(4).map_err(db)?,
+                    payload: r.try_get(5).map_err(db)?,
+                    attempts: r.try_get(6).map_err(db)?,
+                });
+            }
+            let until = now.plus(lease).0;
+            for d in &due {
+                sqlx::query("UPDATE webhook_deliveries SET lease_until = $2 WHERE event_id = $1")
+                    .bind(d.event_id.as_str())
+                    .bind(until)
+                    .execute(&mut *c)
+                    .await
+                    .map_err(db)?;
+            }
+            Ok(due)
+        })
+    }
+
+    async fn webhook_attempt(&self, params: AttemptParams) -> Result<()> {
+        in_tx!(self, |c, _ch| webhook_attempt(c, &params).await)
+    }
+
+    async fn webhook_log(&self, tenant: &str, id: &Id) -> Result<Option<Vec<AttemptRecord>>> {
+        let mut c = self.pool.acquire().await.map_err(db)?;
+        if !owned(&mut c, tenant, id.as_str()).await? {
+            return Ok(None);
+        }
+        let rows = sqlx::query(
+            "SELECT event_id, type, attempt, status_code, error, at, next_attempt_at, latency_ms FROM webhook_attempts
+              WHERE operation_id = $1 ORDER BY at, event_id, attempt",
+        )
+        .bind(id.as_str())
+        .fetch_all(&mut *c)
+        .await
+        .map_err(db)?;
+        let mut log = Vec::with_capacity(rows.len());
+        for r in &rows {
+            log.push(AttemptRecord {
+                event_id: Id::from_trusted(r.try_get(0).map_err(db)?),
+                event_type: r.try_get(1).map_err(db)?,
+                attempt: r.try_get(2).map_err(db)?,
+                status_code: r
+                    .try_get::<Option<i32>, _>(3)
+                    .map_err(db)?
+                    .and_then(|s| u16::try_from(s).ok()),
+                error: r.try_get(4).map_err(db)?,
+                at: Timestamp(r.try_get(5).map_err(db)?),
+                next_attempt_at: ts(r.try_get(6).map_err(db)?),
+                latency_ms: r.try_get(7).map_err(db)?,
+            });
+        }
+        Ok(Some(log))
+    }
+
+    async fn webhook_secrets(&self, tenant: &str, candidate: String, now: Timestamp) -> Result<Vec<String>> {
+        let tenant = tenant.to_owned();
+        in_tx!(self, |c, _ch| {
+            let active =
+                "SELECT secret FROM webhook_secrets WHERE tenant = $1 AND (retired_at IS NULL OR retired_at > $2)
+                           ORDER BY created_at DESC, secret";
+            let secrets: Vec<String> = sqlx::query_scalar(active)
+                .bind(&tenant)
+                .bind(now.0)
+                .fetch_all(&mut *c)
+                .await
+                .map_err(db)?;
+            if !secrets.is_empty() {
+                return Ok(secrets);
+            }
+            sqlx::query(
+                "INSERT INTO webhook_secrets (tenant, secret, created_at) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+            )
+            .bind(&tenant)
+            .bind(&candidate)
+            .bind(now.0)
+            .execute(&mut *c)
+            .await
+            .map_err(db)?;
+            sqlx::query_scalar(active)
+                .bind(&tenant)
+                .bind(now.0)
+                .fetch_all(&mut *c)
+                .await
+                .map_err(db)
+        })
+    }
+
+    async fn webhook_secret_rotate(
+        &self,
+        tenant: &str,
+        new_secret: String,
+        now: Timestamp,
+        overlap: Duration,
+    ) -> Result<()> {
+        let tenant = tenant.to_owned();
+        in_tx!(self, |c, _ch| {
+            sqlx::query("UPDATE webhook_secrets SET retired_at = $2 WHERE tenant = $1 AND retired_at IS NULL")
+                .bind(&tenant)
+                .bind(now.plus(overlap).0)
+                .execute(&mut *c)
+                .await
+                .map_err(db)?;
+            sqlx::query("INSERT INTO webhook_secrets (tenant, secret, created_at) VALUES ($1, $2, $3)")
+                .bind(&tenant)
+                .bind(&new_secret)
+                .bind(now.0)
+                .execute(&mut *c)
+                .await
+                .map_err(db)?;
+            Ok(())
+        })
+    }
+
+    async fn artifact_piece_add(&self, params: ArtifactPieceParams) -> Result<Vec<UploadChunk>> {
+        in_tx!(self, |c, _ch| {
+            fenced(c, &params.operation_id, &params.lease_token).await?;
+            let id = params.operation_id.as_str();
+            let pieces = pieces_of(c, id, &params.name).await?;
+            let kept = piece_placement(&pieces, params.offset)?;
+            if kept < pieces.len() {
+                pieces_drop(c, id, Some((&params.name, params.offset)), None, params.now).await?;
+            }
+            sqlx::query(
+                "INSERT INTO artifact_pieces (operation_id, name, piece_offset, storage_key, size_bytes)
+                 VALUES ($1, $2, $3, $4, $5)",
+            )
+            .bind(id)
+            .bind(&params.name)
+            .bind(params.offset)
+            .bind(&params.piece.storage_key)
+            .bind(params.piece.size_bytes)
+            .execute(&mut *c)
+            .await
+            .map_err(db)?;
+            let mut held: Vec<UploadChunk> = pieces.into_iter().take(kept).map(|(_, piece)| piece).collect();
+            held.push(params.piece.clone());
+            Ok(held)
+        })
+    }
+
+    async fn artifact_pieces(&self, operation_id: &Id, lease_token: &str, name: &str) -> Result<Vec<UploadChunk>> {
+        let (id, token, name) = (operation_id.clone(), lease_token.to_owned(), name.to_owned());
+        in_tx!(self, |c, _ch| {
+            fenced(c, &id, &token).await?;
+            Ok(pieces_of(c, id.as_str(), &name)
+                .await?
+                .into_iter()
+                .map(|(_, piece)| piece)
+                .collect())
+        })
+    }
+
+    async fn result_upload(&self, params: ResultUploadParams) -> Result<()> {
+        in_tx!(self, |c, _ch| {
+            fenced(c, &params.operation_id, &params.lease_token).await?;
+            if params.joins_pieces {
+                let keep = Some(params.storage_key.as_str());
+                pieces_drop(
+                    c,
+                    params.operation_id.as_str(),
+                    Some((&params.name, 0)),
+                    keep,
+                    params.now,
+                )
+                .await?;
+            }
+            // One upload per name: a new one replaces this attempt's earlier
+            // one of the name, and whatever earlier attempts left.
+            sqlx::query(
+                "WITH gone AS (DELETE FROM results WHERE operation_id = $1 AND state = 'uploaded'
+                                  AND (name = $2 OR lease_token IS DISTINCT FROM $3) RETURNING storage_key)
+                 INSERT INTO artifact_garbage (storage_key, created_at) SELECT storage_key, $4 FROM gone
+                 ON CONFLICT DO NOTHING",
+            )
+            .bind(params.operation_id.as_str())
+            .bind(&params.name)
+            .bind(&params.lease_token)
+            .bind(params.now.0)
+            .execute(&mut *c)
+            .await
+            .map_err(db)?;
+            let tenant: String = sqlx::query_scalar("SELECT tenant FROM operations WHERE id = $1")
+                .bind(params.operation_id.as_str())
+                .fetch_one(&mut *c)
+                .await
+                .map_err(db)?;
+            sqlx::query(
+                "INSERT INTO results (id, operation_id, tenant, storage_key, content_type, size_bytes, sha256, state,
+                                      lease_token, created_at, name)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, 'uploaded', $8, $9, $10)",
+            )
+            .bind(params.result_id.as_str())
+            .bind(params.operation_id.as_str())
+            .bind(tenant)
+            .bind(&params.storage_key)
+            .bind(&params.content_type)
+            .bind(params.size_bytes)
+            .bind(&params.sha256)
+            .bind(&params.lease_token)
+            .bind(params.now.0)
+            .bind(&params.name)
+            .execute(&mut *c)
+            .await
+            .map_err(db)?;
+            Ok(())
+        })
+    }
+
+    async fn result_for_operation(&self, tenant: &str, id: &Id) -> Result<Vec<ResultRecord>> {
+        let rows = sqlx::query(&format!(
+            "SELECT {RESULT_COLUMNS} FROM results WHERE operation_id = $1 AND tenant = $2 AND state <> 'uploaded'
+              ORDER BY name"
+        ))
+        .bind(id.as_str())
+        .bind(tenant)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db)?;
+        rows.iter().map(result_from_row).collect()
+    }
+
+    async fn result_get(&self, id: &Id) -> Result<Option<ResultRecord>> {
+        let row = sqlx::query(&format!("SELECT {RESULT_COLUMNS} FROM results WHERE id = $1"))
+            .bind(id.as_str())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(db)?;
+        row.as_ref().map(result_from_row).transpose()
+    }
+
+    async fn operation_tombstone(&self, tenant: &str, id: &Id) -> Result<Option<Timestamp>> {
+        let removed: Option<i64> =
+            sqlx::query_scalar("SELECT removed_at FROM tombstones WHERE operation_id = $1 AND tenant = $2")
+                .bind(id.as_str())
+                .bind(tenant)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(db)?;
+        Ok(removed.map(Timestamp))
+    }
+
+    async fn retention_sweep(&self, params: RetentionParams) -> Result<RetentionCounts> {
+        in_tx!(self, |c, ch| retention_sweep(c, ch, &params).await)
+    }
+
+    async fn artifact_garbage(&self, limit: u32) -> Result<Vec<String>> {
+        sqlx::query_scalar("SELECT storage_key FROM artifact_garbage ORDER BY created_at LIMIT $1")
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db)
+    }
+
+    async fn artifact_garbage_done(&self, keys: Vec<String>) -> Result<()> {
+        sqlx::query("DELETE FROM artifact_garbage WHERE storage_key = ANY($1)")
+            .bind(&keys)
+            .execute(&self.pool)
+            .await
+            .map_err(db)?;
+        Ok(())
+    }
+
+    async fn tenant_delete(&self, tenant: &str, now: Timestamp) -> Result<TenantDeleteCounts> {
+        let tenant = tenant.to_owned();
+        in_tx!(self, |c, ch| tenant_delete(c, ch, &tenant, now).await)
+    }
+
+    async fn server_secret_list(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>> {
+        let rows =
+            sqlx::query("SELECT name, value FROM server_secrets WHERE starts_with(name, $1) ORDER BY created_at, name")
+                .bind(prefix)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(db)?;
+        rows.iter()
+            .map(|r| Ok((r.try_get(0).map_err(db)?, r.try_get(1).map_err(db)?)))
+            .collect()
+    }
+
+    async fn backlog(&self, now: Timestamp) -> Result<Backlog> {
+        let rows = sqlx::query(
+            "SELECT o.kind, o.state, MIN(o.created_at) FROM tasks t JOIN operations o ON o.id = t.operation_id
+              GROUP BY o.kind, o.state",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db)?;
+        let mut oldest_active = Vec::with_capacity(rows.len());
+        for r in &rows {
+            oldest_active.push((
+                r.try_get(0).map_err(db)?,
+                state_of(r.try_get(1).map_err(db)?)?,
+                Timestamp(r.try_get(2).map_err(db)?),
+            ));
+        }
+        let count = |sql: &'static str| {
+            let pool = self.pool.clone();
+            async move {
+                let n: i64 = sqlx::query_scalar(sql).bind(now.0).fetch_one(&pool).await.map_err(db)?;
+                Ok::<u64, StoreError>(u64::try_from(n).unwrap_or(0))
+            }
+        };
+        Ok(Backlog {
+            oldest_active,
+            retention_due: count("SELECT COUNT(*) FROM operations WHERE expires_at IS NOT NULL AND expires_at <= $1")
+                .await?
+                + count("SELECT COUNT(*) FROM results WHERE state = 'published' AND expires_at <= $1").await?
+                + count("SELECT COUNT(*) FROM tombstones WHERE expires_at <= $1").await?,
+            garbage_objects: count("SELECT COUNT(*) FROM artifact_garbage WHERE $1::BIGINT IS NOT NULL").await?,
+            webhooks_due: count(
+                "SELECT COUNT(*) FROM webhook_deliveries WHERE status = 'pending' AND next_attempt_at <= $1",
+            )
+            .await?,
+            webhooks_failing: count(
+                "SELECT COUNT(*) FROM webhook_deliveries WHERE status = 'pending' AND attempts > 0 AND $1::BIGINT IS NOT NULL",
+            )
+            .await?,
+        })
+    }
+
+    async fn console_session_start(&self, session: ConsoleSession) -> Result<()> {
+        let mut tx = self.pool.begin().await.map_err(db)?;
+        sqlx::query("DELETE FROM console_sessions WHERE expires_at <= $1")
+            .bind(session.created_at.0)
+            .execute(&mut *tx)
+            .await
+            .map_err(db)?;
+        sqlx::query(
+            "INSERT INTO console_sessions (token_hash, key_id, created_at, expires_at) VALUES ($1, $2, $3, $4)",
+        )
+        .bind(&session.token_hash)
+        .bind(session.key_id.as_str())
+        .bind(session.created_at.0)
+        .bind(session.expires_at.0)
+        .execute(&mut *tx)
+        .await
+        .map_err(db)?;
+        tx.commit().await.map_err(db)
+    }
+
+    async fn console_session_key(&self, token_hash: &[u8], now: Timestamp) -> Result<Option<Id>> {
+        let id: Option<String> =
+            sqlx::query_scalar("SELECT key_id FROM console_sessions WHERE token_hash = $1 AND expires_at > $2")
+                .bind(token_hash)
+                .bind(now.0)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(db)?;
+        Ok(id.map(Id::from_trusted))
+    }
+
+    async fn console_session_end(&self, token_hash: &[u8]) -> Result<()> {
+        sqlx::query("DELETE FROM console_sessions WHERE token_hash = $1")
+            .bind(token_hash)
+            .execute(&self.pool)
+            .await
+            .map_err(db)?;
+        Ok(())
+    }
+
+    async fn operation_tenant(&self, id: &Id) -> Result<Option<String>> {
+        sqlx::query_scalar("SELECT tenant FROM operations WHERE id = $1")
+            .bind(id.as_str())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(db)
+    }
+
+    async fn operation_by_key(&self, tenant: &str, kinds: Vec<String>, key: &str) -> Result<Option<Id>> {
+        // Keys are scoped by (tenant, kind): the primary key, for each kind.
+        let id: Option<String> = sqlx::query_scalar(
+            "SELECT operation_id FROM idempotency_keys WHERE tenant = $1 AND kind = ANY($2) AND key = $3 LIMIT 1",
+        )
+        .bind(tenant)
+        .bind(&kinds)
+        .bind(key)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(db)?;
+        Ok(id.map(Id::from_trusted))
+    }
+
+    async fn idempotency_record(&self, tenant: &str, id: &Id) -> Result<Option<IdempotencyRecord>> {
+        let row = sqlx::query(
+            "SELECT k.key, k.kind, k.created_at, k.replays FROM operations o
+               JOIN idempotency_keys k ON k.tenant = o.tenant AND k.kind = o.kind AND k.key = o.idempotency_key
+              WHERE o.id = $1 AND o.tenant = $2 AND k.operation_id = o.id",
+        )
+        .bind(id.as_str())
+        .bind(tenant)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(db)?;
+        row.map(|r| {
+            Ok(IdempotencyRecord {
+                key: r.try_get(0).map_err(db)?,
+                kind: r.try_get(1).map_err(db)?,
+                created_at: Timestamp(r.try_get(2).map_err(db)?),
+                replays: r.try_get(3).map_err(db)?,
+            })
+        })
+        .transpose()
+    }
+
+    async fn active_summary(&self, tenant: Option<String>) -> Result<Vec<ActiveGroup>> {
+        let rows = sqlx::query(
+            "SELECT o.kind, o.state, COUNT(*), MIN(o.created_at) FROM tasks t JOIN operations o ON o.id = t.operation_id
+              WHERE $1::TEXT IS NULL OR t.tenant = $1 GROUP BY o.kind, o.state ORDER BY o.kind, o.state",
+        )
+        .bind(tenant)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db)?;
+        rows.iter()
+            .map(|r| {
+                Ok(ActiveGroup {
+                    kind: r.try_get(0).map_err(db)?,
+                    state: state_of(r.try_get(1).map_err(db)?)?,
+                    count: u64::try_from(r.try_get::<i64, _>(2).map_err(db)?).unwrap_or(0),
+                    oldest_created_at: Timestamp(r.try_get(3).map_err(db)?),
+                })
+            })
+            .collect()
+    }
+
+    async fn lease_list(&self, tenant: Option<String>, limit: u32) -> Result<Vec<LeaseInfo>> {
+        let rows = sqlx::query(
+            "SELECT t.operation_id, t.tenant, t.kind, t.worker_id, o.attempt, t.lease_expires_at, t.lease_ms, o.progress
+               FROM tasks t JOIN operations o ON o.id = t.operation_id
+              WHERE t.status = 'leased' AND ($1::TEXT IS NULL OR t.tenant = $1)
+              ORDER BY t.lease_expires_at LIMIT $2",
+        )
+        .bind(tenant)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db)?;
+        rows.iter()
+            .map(|r| {
+                let expires = Timestamp(r.try_get(5).map_err(db)?);
+                let lease_ms: Option<i64> = r.try_get(6).map_err(db)?;
+                Ok(LeaseInfo {
+                    operation_id: Id::from_trusted(r.try_get(0).map_err(db)?),
+                    tenant: r.try_get(1).map_err(db)?,
+                    kind: r.try_get(2).map_err(db)?,
+                    worker_id: r.try_get(3).map_err(db)?,
+                    attempt: r.try_get(4).map_err(db)?,
+                    lease_expires_at: expires,
+                    last_heartbeat_at: lease_ms.map(|ms| Timestamp(expires.0 - ms)),
+                    progress: json_text(r.try_get(7).map_err(db)?)?.map(|v| progress_from_json(&v)),
+                })
+            })
+            .collect()
+    }
+
+    async fn tenant_usage(&self) -> Result<Vec<TenantUsage>> {
+        let rows = sqlx::query(
+            "SELECT n.name, n.max_active, n.max_running, n.rate,
+                    (SELECT COUNT(*) FROM tasks t WHERE t.tenant = n.name),
+                    (SELECT COUNT(*) FROM tasks t WHERE t.tenant = n.name AND t.status = 'leased')
+               FROM tenants n ORDER BY n.name",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db)?;
+        rows.iter()
+            .map(|r| {
+                Ok(TenantUsage {
+                    limits: TenantLimits {
+                        name: r.try_get(0).map_err(db)?,
+                        max_active: r.try_get(1).map_err(db)?,
+                        max_running: r.try_get(2).map_err(db)?,
+                        rate: r.try_get(3).map_err(db)?,
+                    },
+                    active: u64::try_from(r.try_get::<i64, _>(4).map_err(db)?).unwrap_or(0),
+                    running: u64::try_from(r.try_get::<i64, _>(5).map_err(db)?).unwrap_or(0),
+                })
+            })
+            .collect()
+    }
+
+    async fn accepting_pause(&self, kind: Option<String>, paused: bool) -> Result<()> {
+        let scope = kind.unwrap_or_else(|| "*".into());
+        let sql = if paused {
+            "INSERT INTO accept_pauses (scope) VALUES ($1) ON CONFLICT DO NOTHING"
+        } else {
+            "DELETE FROM accept_pauses WHERE scope = $1"
+        };
+        sqlx::query(sql).bind(scope).execute(&self.pool).await.map_err(db)?;
+        Ok(())
+    }
+
+    async fn accepting_pauses(&self) -> Result<Vec<Option<String>>> {
+        let scopes: Vec<String> = sqlx::query_scalar("SELECT scope FROM accept_pauses ORDER BY scope")
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db)?;
+        Ok(scopes.into_iter().map(|s| (s != "*").then_some(s)).collect())
+    }
+
+    async fn upload_create(&self, params: UploadCreateParams) -> Result<UploadRecord> {
+        in_tx!(self, |c, _ch| {
+            sqlx::query(
+                "INSERT INTO uploads (id, tenant, content_type, upload_offset, complete, expected_sha256, chunks,
+                                      created_at, expires_at)
+                 VALUES ($1, $2, $3, 0, FALSE, $4, '[]', $5, $6)",
+            )
+            .bind(params.id.as_str())
+            .bind(&params.tenant)
+            .bind(&params.content_type)
+            .bind(&params.expected_sha256)
+            .bind(params.now.0)
+            .bind(params.expires_at.0)
+            .execute(&mut *c)
+            .await
+            .map_err(db)?;
+            upload_row(c, &params.tenant, &params.id, false)
+                .await?
+                .ok_or(StoreError::NotFound)
+        })
+    }
+
+    async fn upload_get(&self, tenant: &str, id: &Id) -> Result<Option<UploadRecord>> {
+        let mut c = self.pool.acquire().await.map_err(db)?;
+        upload_row(&mut c, tenant, id, false).await
+    }
+
+    async fn upload_append(&self, params: UploadAppendParams) -> Result<UploadRecord> {
+        in_tx!(self, |c, _ch| {
+            let current = upload_row(c, &params.tenant, &params.id, true)
+                .await?
+                .ok_or(StoreError::NotFound)?;
+            let appended = upload_appended(&current, &params)?;
+            upload_store(c, &appended).await?;
+            Ok(appended)
+        })
+    }
+
+    async fn upload_complete(&self, params: UploadCompleteParams) -> Result<UploadRecord> {
+        in_tx!(self, |c, _ch| {
+            let current = upload_row(c, &params.tenant, &params.id, true)
+                .await?
+                .ok_or(StoreError::NotFound)?;
+            let (completed, garbage) = upload_completed(&current, &params)?;
+            upload_store(c, &completed).await?;
+            garbage_insert(c, &garbage, params.now).await?;
+            Ok(completed)
+        })
+    }
+
+    async fn upload_remove(&self, tenant: &str, id: &Id, now: Timestamp) -> Result<bool> {
+        let (tenant, id) = (tenant.to_owned(), id.clone());
+        in_tx!(self, |c, _ch| {
+            match upload_row(c, &tenant, &id, true).await? {
+                Some(upload) if !upload.referenced => {
+                    upload_drop(c, id.as_str(), now).await?;
+                    Ok(true)
+                }
+                _ => Ok(false),
+            }
+        })
+    }
+
+    async fn upload_for_task(
+        &self,
+        operation_id: &Id,
+        lease_token: &str,
+        upload_id: &Id,
+    ) -> Result<Option<UploadRecord>> {
+        let mut c = self.pool.acquire().await.map_err(db)?;
+        fenced(&mut c, operation_id, lease_token).await?;
+        let row = sqlx::query(&format!(
+            "SELECT {UPLOAD_COLUMNS} FROM uploads WHERE id = $1
+                AND EXISTS (SELECT 1 FROM operation_uploads WHERE operation_id = $2 AND upload_id = $1)"
+        ))
+        .bind(upload_id.as_str())
+        .bind(operation_id.as_str())
+        .fetch_optional(&mut *c)
+        .await
+        .map_err(db)?;
+        row.as_ref().map(upload_from_row).transpose()
+    }
+
+    async fn ping(&self) -> Result<()> {
+        sqlx::query("SELECT 1").execute(&self.pool).await.map_err(db)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,125 @@
+//! Uploads and the pieces of resumable artifacts, and the garbage their
+//! objects become.
+
+use super::*;
+
+/// Deletes an upload's row; its objects become garbage.
+pub(super) async fn upload_drop(c: &mut PgConnection, id: &str, now: Timestamp) -> Result<()> {
+    let chunks: Option<String> = sqlx::query_scalar("DELETE FROM uploads WHERE id = $1 RETURNING chunks")
+        .bind(id)
+        .fetch_optional(&mut *c)
+        .await
+        .map_err(db)?;
+    let keys: Vec<String> = chunks_from_json(chunks.as_deref().unwrap_or("[]"))
+        .into_iter()
+        .map(|chunk| chunk.storage_key)
+        .collect();
+    garbage_insert(c, &keys, now).await
+}
+
+pub(super) async fn garbage_insert(c: &mut PgConnection, keys: &[String], now: Timestamp) -> Result<()> {
+    if keys.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(
+        "INSERT INTO artifact_garbage (storage_key, created_at) SELECT unnest($1::TEXT[]), $2 ON CONFLICT DO NOTHING",
+    )
+    .bind(keys)
+    .bind(now.0)
+    .execute(&mut *c)
+    .await
+    .map_err(db)?;
+    Ok(())
+}
+
+/// The tenant's upload, locked for an update when `lock`.
+pub(super) async fn upload_row(
+    c: &mut PgConnection,
+    tenant: &str,
+    id: &Id,
+    lock: bool,
+) -> Result<Option<UploadRecord>> {
+    let lock = if lock { "FOR UPDATE" } else { "" };
+    let row = sqlx::query(&format!(
+        "SELECT {UPLOAD_COLUMNS} FROM uploads WHERE id = $1 AND tenant = $2 {lock}"
+    ))
+    .bind(id.as_str())
+    .bind(tenant)
+    .fetch_optional(&mut *c)
+    .await
+    .map_err(db)?;
+    row.as_ref().map(upload_from_row).transpose()
+}
+
+pub(super) async fn upload_store(c: &mut PgConnection, u: &UploadRecord) -> Result<()> {
+    sqlx::query(
+        "UPDATE uploads SET upload_offset = $2, complete = $3, sha256 = $4, expected_sha256 = $5, chunks = $6
+          WHERE id = $1",
+    )
+    .bind(u.id.as_str())
+    .bind(u.offset)
+    .bind(u.complete)
+    .bind(&u.sha256)
+    .bind(&u.expected_sha256)
+    .bind(chunks_to_json(&u.chunks))
+    .execute(&mut *c)
+    .await
+    .map_err(db)?;
+    Ok(())
+}
+
+/// Drops the piece rows of `operation_id` (of `name`, at or past `from`,
+/// when given); each object becomes garbage once no row names it, unless
+/// it is `keep` (a single piece that became the result itself).
+pub(super) async fn pieces_drop(
+    c: &mut PgConnection,
+    operation_id: &str,
+    only: Option<(&str, i64)>,
+    keep: Option<&str>,
+    now: Timestamp,
+) -> Result<()> {
+    let (name, from) = only.map_or((None, 0), |(n, f)| (Some(n), f));
+    sqlx::query(
+        "WITH gone AS (DELETE FROM artifact_pieces
+                        WHERE operation_id = $1 AND ($2::TEXT IS NULL OR name = $2) AND piece_offset >= $3
+                    RETURNING storage_key)
+         INSERT INTO artifact_garbage (storage_key, created_at)
+         SELECT DISTINCT storage_key, $4 FROM gone
+          WHERE storage_key IS DISTINCT FROM $5
+            AND NOT EXISTS (SELECT 1 FROM artifact_pieces p
+                             WHERE p.storage_key = gone.storage_key AND p.operation_id <> $1)
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(operation_id)
+    .bind(name)
+    .bind(from)
+    .bind(now.0)
+    .bind(keep)
+    .execute(&mut *c)
+    .await
+    .map_err(db)?;
+    Ok(())
+}
+
+pub(super) async fn pieces_of(c: &mut PgConnection, operation_id: &str, name: &str) -> Result<Vec<(i64, UploadChunk)>> {
+    let rows = sqlx::query(
+        "SELECT piece_offset, storage_key, size_bytes FROM artifact_pieces
+          WHERE operation_id = $1 AND name = $2 ORDER BY piece_offset",
+    )
+    .bind(operation_id)
+    .bind(name)
+    .fetch_all(&mut *c)
+    .await
+    .map_err(db)?;
+    rows.iter()
+        .map(|r| {
+            Ok((
+                r.try_get(0).map_err(db)?,
+                UploadChunk {
+                    storage_key: r.try_get(1).map_err(db)?,
+                    size_bytes: r.try_get(2).map_err(db)?,
+                },
+            ))
+        })
+        .collect()
+}

@@ -1,0 +1,117 @@
+//! Accepting a submission: insert-or-detect of its idempotency record, the
+//! operation, its task and first event, under the tenant's quota.
+
+use super::*;
+
+pub(super) fn operation_accept(c: &Connection, p: &AcceptParams) -> Result<AcceptOutcome> {
+    if let Some((key, fingerprint)) = &p.idempotency {
+        // Insert-or-detect: the primary key on (tenant, kind, key) is where
+        // concurrent first requests converge, never an in-memory check.
+        let inserted = c
+            .prepare_cached(
+                "INSERT INTO idempotency_keys (tenant, kind, key, fingerprint, operation_id, created_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT DO NOTHING",
+            )?
+            .execute(params![
+                p.tenant,
+                p.kind,
+                key.as_str(),
+                &fingerprint.0[..],
+                p.id.as_str(),
+                p.now.0
+            ])?;
+        if inserted == 0 {
+            let (stored, operation_id): (Vec<u8>, String) = c
+                .prepare_cached(
+                    "SELECT fingerprint, operation_id FROM idempotency_keys WHERE tenant = ?1 AND kind = ?2 AND key = ?3",
+                )?
+                .query_row(params![p.tenant, p.kind, key.as_str()], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            let stored = Fingerprint(
+                stored
+                    .try_into()
+                    .map_err(|_| StoreError::Corrupt("a stored fingerprint is not 32 bytes".into()))?,
+            );
+            let operation_id = Id::from_trusted(operation_id);
+            if !fingerprint.matches(&stored) {
+                return Ok(AcceptOutcome::KeyReused { operation_id });
+            }
+            // A removed operation's key stays taken while its tombstone
+            // lives: a replay must not silently start the work again.
+            let original = operation_by_id(c, operation_id.as_str())?.ok_or(StoreError::Gone)?;
+            c.prepare_cached(
+                "UPDATE idempotency_keys SET replays = replays + 1 WHERE tenant = ?1 AND kind = ?2 AND key = ?3",
+            )?
+            .execute(params![p.tenant, p.kind, key.as_str()])?;
+            return Ok(AcceptOutcome::Replayed(original));
+        }
+    }
+
+    // Quotas are checked after idempotency, so a replay still answers even
+    // when the tenant is at its limit, and inside the transaction, so
+    // concurrent submissions cannot overshoot it.
+    let max_active: Option<i64> = c
+        .prepare_cached("SELECT max_active FROM tenants WHERE name = ?1")?
+        .query_row(params![p.tenant], |r| r.get(0))
+        .optional()?
+        .flatten();
+    if let Some(max_active) = max_active {
+        let active: i64 = c
+            .prepare_cached(
+                "SELECT (SELECT COUNT(*) FROM tasks WHERE tenant = ?1 AND status = 'ready')
+                      + (SELECT COUNT(*) FROM tasks WHERE tenant = ?1 AND status = 'leased')",
+            )?
+            .query_row(params![p.tenant], |r| r.get(0))?;
+        if active >= max_active {
+            // The idempotency record inserted above is rolled back with this job.
+            return Err(StoreError::QuotaExceeded { active, max_active });
+        }
+    }
+
+    let labels = serde_json::to_string(&p.labels).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    let idempotency_key = p.idempotency.as_ref().map(|(k, _)| k.as_str());
+    c.prepare_cached(
+        "INSERT INTO operations (id, tenant, kind, state, version, attempt, input, callback_url, deadline_at,
+                                 budget_max_cost, labels, idempotency_key, created_at, updated_at, rerun_of)
+         VALUES (?1, ?2, ?3, 'queued', 1, 0, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?11)",
+    )?
+    .execute(params![
+        p.id.as_str(),
+        p.tenant,
+        p.kind,
+        p.input.to_string(),
+        p.callback_url,
+        p.deadline_at.map(|t| t.0),
+        p.budget_max_cost,
+        labels,
+        idempotency_key,
+        p.now.0,
+        p.rerun_of.as_ref().map(Id::as_str),
+    ])?;
+    let seq = c.last_insert_rowid();
+    if p.from_checkpoint
+        && let Some(original) = &p.rerun_of
+    {
+        c.prepare_cached(
+            "UPDATE OR FAIL operations SET checkpoint = (SELECT checkpoint FROM operations WHERE id = ?2) WHERE id = ?1",
+        )?
+        .execute(params![p.id.as_str(), original.as_str()])?;
+        // The pieces the checkpoint counts on, shared with the original.
+        c.prepare_cached(
+            "INSERT INTO artifact_pieces (operation_id, name, piece_offset, storage_key, size_bytes)
+             SELECT ?1, name, piece_offset, storage_key, size_bytes FROM artifact_pieces WHERE operation_id = ?2",
+        )?
+        .execute(params![p.id.as_str(), original.as_str()])?;
+    }
+    c.prepare_cached(
+        "INSERT INTO tasks (operation_id, seq, tenant, kind, status, available_at) VALUES (?1, ?2, ?3, ?4, 'ready', ?5)",
+    )?
+    .execute(params![p.id.as_str(), seq, p.tenant, p.kind, p.now.0])?;
+    for upload in &p.uploads {
+        c.prepare_cached("INSERT OR IGNORE INTO operation_uploads (operation_id, upload_id) VALUES (?1, ?2)")?
+            .execute(params![p.id.as_str(), upload.as_str()])?;
+    }
+
+    let created = created_operation(p);
+    event_insert_at(c, Some(seq), &created, EventType::Created, &json!({}))?;
+    Ok(AcceptOutcome::Created(created))
+}

@@ -1,0 +1,132 @@
+//! Ending an operation: state, task, results, pieces, event and webhook,
+//! written at the version it was read at.
+
+use super::*;
+
+/// Moves a non-terminal operation to a terminal state, removes its dispatch
+/// record, drops its input (unless kept), records the event and its webhook,
+/// and returns the ended operation.
+pub(super) fn operation_end(
+    c: &Connection,
+    policy: WritePolicy,
+    id: &str,
+    ending: &Ending,
+    now: Timestamp,
+) -> Result<Operation> {
+    let current = operation_by_id(c, id)?.ok_or(StoreError::LeaseLost)?;
+    end_operation(c, policy, current, ending, now)
+}
+
+/// [`operation_end`] of `current`, the operation's row as just read in
+/// this transaction. The ended row is [`Ending::apply`]'s, written as is
+/// (at the version read), so it is not read back.
+pub(super) fn end_operation(
+    c: &Connection,
+    policy: WritePolicy,
+    current: Operation,
+    ending: &Ending,
+    now: Timestamp,
+) -> Result<Operation> {
+    debug_assert!(ending.to.is_terminal());
+    if current.state.is_terminal() {
+        return Err(StoreError::LeaseLost);
+    }
+    let read_at = current.version;
+    let ended = ending.apply(current, now, policy.operation_retention, policy.keep_inputs);
+    let id = ended.id.clone();
+    let id = id.as_str();
+    let changed = c
+        .prepare_cached(
+            "UPDATE OR FAIL operations
+                SET state = ?2, version = ?3, result = ?4, error_code = ?5, error_message = ?6,
+                    error_retryable = ?7, completed_at = ?8, updated_at = ?8, expires_at = ?9,
+                    input = CASE WHEN ?10 THEN NULL ELSE input END, progress = COALESCE(?11, progress)
+              WHERE id = ?1 AND version = ?12",
+        )?
+        .execute(params![
+            id,
+            ended.state.as_str(),
+            ended.version,
+            ended.result.as_ref().map(Value::to_string),
+            ended.error.as_ref().map(|e| e.code.as_str()),
+            ended.error.as_ref().map(|e| e.message.as_str()),
+            ended.error.as_ref().map(|e| e.retryable),
+            now.0,
+            ended.expires_at.map(|t| t.0),
+            ending.drops_input(policy.keep_inputs),
+            ending.progress_json(),
+            read_at,
+        ])?;
+    if changed == 0 {
+        return Err(StoreError::LeaseLost);
+    }
+    c.prepare_cached("DELETE FROM tasks WHERE operation_id = ?1")?
+        .execute(params![id])?;
+    let ended = if ending.publishes {
+        result_publish(c, policy, ended, now)?
+    } else {
+        result_discard(c, id, now)?;
+        ended
+    };
+    if ending.to == State::Cancelled {
+        // Cancelled work leaves nothing behind; a failed one keeps its
+        // pieces for a `from_checkpoint` re-run.
+        pieces_drop(c, id, None, None, now)?;
+    }
+    event_insert(c, &ended, EventType::Ended(ending.to), &ending.event_data())?;
+    outbox_insert(c, &ended)?;
+    Ok(ended)
+}
+
+/// Publishes the operation's uploaded artifacts, if it has any, as its result.
+pub(super) fn result_publish(c: &Connection, policy: WritePolicy, op: Operation, now: Timestamp) -> Result<Operation> {
+    let expires_at = result_expires_at(now, policy.result_retention, policy.operation_retention);
+    // Read, then updated (only if there is something to publish): most
+    // operations have no artifact, and an UPDATE … RETURNING opens an
+    // ephemeral table even when it returns nothing (see `update_and_read`).
+    let published: Vec<(String, ArtifactRef)> = c
+        .prepare_cached(
+            "SELECT name, id, content_type, size_bytes, sha256 FROM results
+              WHERE operation_id = ?1 AND state = 'uploaded'",
+        )?
+        .query_map(params![op.id.as_str()], |r| {
+            Ok((
+                r.get(0)?,
+                ArtifactRef {
+                    id: Id::from_trusted(r.get(1)?),
+                    content_type: r.get(2)?,
+                    size_bytes: r.get(3)?,
+                    sha256: r.get(4)?,
+                    expires_at,
+                },
+            ))
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    if published.is_empty() {
+        return Ok(op);
+    }
+    c.prepare_cached(
+        "UPDATE results SET state = 'published', expires_at = ?2 WHERE operation_id = ?1 AND state = 'uploaded'",
+    )?
+    .execute(params![op.id.as_str(), expires_at.0])?;
+    let op = with_published(op, published);
+    c.prepare_cached("UPDATE OR FAIL operations SET artifact = ?2 WHERE id = ?1")?
+        .execute(params![
+            op.id.as_str(),
+            artifacts_to_json(op.artifact.as_ref(), &op.artifacts).map(|v| v.to_string())
+        ])?;
+    Ok(op)
+}
+
+/// Drops uploads of an operation that did not succeed: nothing is published
+/// and the objects become garbage.
+pub(super) fn result_discard(c: &Connection, operation_id: &str, now: Timestamp) -> Result<()> {
+    c.prepare_cached(
+        "INSERT OR IGNORE INTO artifact_garbage (storage_key, created_at)
+         SELECT storage_key, ?2 FROM results WHERE operation_id = ?1 AND state = 'uploaded'",
+    )?
+    .execute(params![operation_id, now.0])?;
+    c.prepare_cached("DELETE FROM results WHERE operation_id = ?1 AND state = 'uploaded'")?
+        .execute(params![operation_id])?;
+    Ok(())
+}

@@ -1,0 +1,327 @@
+//! The worker's side after a claim: fenced reads of leased tasks,
+//! heartbeats, outcomes, and the reaper of lapsed leases.
+
+use super::*;
+
+/// The fenced row: one table and scalar subqueries, not a join. SQLite
+/// marks a join on a bound parameter as plan-dependent on its value, and
+/// rusqlite clears the bindings of a cached statement when it is returned,
+/// so such a statement is re-prepared on every use. The lease subquery is
+/// NULL unless the caller holds the lease.
+pub(super) const FENCED: &str =
+    "SELECT o.version, o.progress, o.cost_units, o.cancellable, o.cancel_requested_at IS NOT NULL,
+        o.cancel_reason, o.cancel_requested_by, o.attempt,
+        COALESCE((SELECT k.max_attempts FROM kinds k WHERE k.name = o.kind), 1), o.budget_max_cost,
+        (SELECT COALESCE(t.lease_ms, 30000) FROM tasks t
+          WHERE t.operation_id = ?1 AND t.status = 'leased' AND t.lease_token = ?2),
+        o.pause_requested_at IS NOT NULL
+   FROM operations o
+  WHERE o.id = ?1 AND o.state = 'running'";
+
+/// The fenced row in full, for an outcome that changes it: `None` from the
+/// lease subquery unless the caller holds the lease (as in [`FENCED`]).
+pub(super) fn fenced_operation(c: &Connection, operation_id: &Id, lease_token: &str) -> Result<(Fenced, Operation)> {
+    c.prepare_cached(&fenced_operation_sql())?
+        .query_row(params![operation_id.as_str(), lease_token], |r| {
+            let Some(lease_ms) = r.get::<_, Option<i64>>(OP_COLUMN_COUNT + 1)? else {
+                return Ok(None);
+            };
+            let op = operation_from_row(r)?;
+            Ok(Some((Fenced::of(&op, r.get(OP_COLUMN_COUNT)?, lease_ms), op)))
+        })
+        .optional()?
+        .flatten()
+        .ok_or(StoreError::LeaseLost)
+}
+
+pub(super) fn fenced_operation_sql() -> String {
+    format!(
+        "SELECT {OP_COLUMNS}, COALESCE((SELECT k.max_attempts FROM kinds k WHERE k.name = o.kind), 1),
+                (SELECT COALESCE(t.lease_ms, 30000) FROM tasks t
+                  WHERE t.operation_id = ?1 AND t.status = 'leased' AND t.lease_token = ?2)
+           FROM operations o
+          WHERE o.id = ?1 AND o.state = 'running'"
+    )
+}
+
+pub(super) fn fenced(c: &Connection, operation_id: &Id, lease_token: &str) -> Result<Fenced> {
+    c.prepare_cached(FENCED)?
+        .query_row(params![operation_id.as_str(), lease_token], |r| {
+            let Some(lease_ms) = r.get::<_, Option<i64>>(10)? else {
+                return Ok(None);
+            };
+            Ok(Some(Fenced {
+                version: r.get(0)?,
+                progress: json_column(r, 1)?.map(|v| progress_from_json(&v)),
+                cost_units: r.get(2)?,
+                cancellable: r.get(3)?,
+                cancel_requested: r.get(4)?,
+                cancel_reason: r.get(5)?,
+                cancel_requested_by: r.get(6)?,
+                attempt: r.get(7)?,
+                max_attempts: r.get(8)?,
+                budget_max_cost: r.get(9)?,
+                lease_ms,
+                pause_requested: r.get(11)?,
+            }))
+        })
+        .optional()?
+        .flatten()
+        .ok_or(StoreError::LeaseLost)
+}
+
+pub(super) fn task_heartbeat(c: &Connection, p: &HeartbeatParams) -> Result<HeartbeatAck> {
+    let current = fenced(c, &p.operation_id, &p.lease_token)?;
+    let lease_expires_at = p
+        .now
+        .plus(Duration::from_millis(u64::try_from(current.lease_ms).unwrap_or(0)));
+    c.prepare_cached("UPDATE tasks SET lease_expires_at = ?2 WHERE operation_id = ?1")?
+        .execute(params![p.operation_id.as_str(), lease_expires_at.0])?;
+    if let Some(checkpoint) = &p.checkpoint {
+        // Kept with the operation, not a change of its representation.
+        c.prepare_cached("UPDATE OR FAIL operations SET checkpoint = ?2 WHERE id = ?1")?
+            .execute(params![p.operation_id.as_str(), checkpoint.to_string()])?;
+    }
+
+    let effect = heartbeat_effect(&current, p);
+    let mut version = current.version;
+    if let Some(data) = &effect.event {
+        let updated = update_and_read(
+            c,
+            p.operation_id.as_str(),
+            "UPDATE OR FAIL operations SET progress = ?2, cost_units = ?3, cancellable = ?4, version = version + 1,
+                    updated_at = ?5
+              WHERE id = ?1 AND state = 'running'",
+            params![
+                effect.progress.as_ref().map(progress_text),
+                effect.cost_units,
+                effect.cancellable,
+                p.now.0
+            ],
+        )?
+        .ok_or(StoreError::LeaseLost)?;
+        version = updated.version;
+        event_insert(c, &updated, EventType::Progress, data)?;
+    }
+    let (mut cancel_requested, mut cancel_reason) = (current.cancel_requested, current.cancel_reason);
+    if effect.over_budget {
+        // Over budget: the server asks the worker to stop; it ends `failed`
+        // with `budget_exhausted` when it acknowledges (or is fenced out).
+        let reason = "budget_exhausted";
+        version = cancel_request(c, p.operation_id.as_str(), SYSTEM, Some(reason), p.now)?;
+        (cancel_requested, cancel_reason) = (true, Some(reason.to_owned()));
+    }
+    Ok(HeartbeatAck {
+        lease_expires_at,
+        cancel_requested,
+        cancel_reason,
+        pause_requested: current.pause_requested && !cancel_requested,
+        version,
+    })
+}
+
+pub(super) fn task_finish(c: &Connection, policy: WritePolicy, p: &FinishParams) -> Result<Operation> {
+    let (current, op) = fenced_operation(c, &p.operation_id, &p.lease_token)?;
+    let id = p.operation_id.as_str();
+    // The worker's last progress rides the outcome's own change.
+    let progress = final_progress(&current, p.progress.as_ref(), p.now);
+    match decide_finish(&current, &p.outcome)? {
+        Decision::End(ending) => end_operation(c, policy, op, &ending.with_progress(progress), p.now),
+        Decision::Retry { next_attempt, data } => requeue(c, id, next_attempt, progress.as_ref(), p.now, &data),
+        Decision::Pause {
+            attempt,
+            checkpoint,
+            data,
+        } => operation_pause(
+            c,
+            id,
+            Some(attempt),
+            progress.as_ref(),
+            checkpoint.as_ref(),
+            &data,
+            p.now,
+        ),
+    }
+}
+
+/// Puts a running operation's task back in the queue for attempt
+/// `next_attempt` after the backoff; the public state stays `running`.
+pub(super) fn requeue(
+    c: &Connection,
+    id: &str,
+    next_attempt: i64,
+    progress: Option<&Progress>,
+    now: Timestamp,
+    data: &Value,
+) -> Result<Operation> {
+    let available_at = now.plus(retry_backoff(next_attempt));
+    c.prepare_cached(
+        "UPDATE tasks SET status = 'ready', lease_token = NULL, lease_expires_at = NULL, worker_id = NULL,
+                available_at = ?2
+          WHERE operation_id = ?1",
+    )?
+    .execute(params![id, available_at.0])?;
+    let requeued = update_and_read(
+        c,
+        id,
+        "UPDATE OR FAIL operations SET attempt = ?2, version = version + 1, updated_at = ?3,
+                progress = COALESCE(?4, progress)
+          WHERE id = ?1 AND state = 'running'",
+        params![next_attempt, now.0, progress.map(progress_text)],
+    )?
+    .ok_or(StoreError::NotFound)?;
+    let mut data = data.clone();
+    if let Some(fields) = data.as_object_mut() {
+        fields.insert("next_attempt".into(), json!(next_attempt));
+        fields.insert("available_at".into(), json!(available_at.to_rfc3339()));
+    }
+    event_insert(c, &requeued, EventType::RetryScheduled, &data)?;
+    Ok(requeued)
+}
+
+pub(super) fn task_reap(c: &Connection, policy: WritePolicy, p: &ReapParams) -> Result<ReapCounts> {
+    let expired: Vec<(String, Lapsed)> = c
+        .prepare_cached(
+            "SELECT t.operation_id, o.attempt, o.cancel_requested_at IS NOT NULL, o.cancel_requested_by,
+                    o.cancel_reason, COALESCE(k.rerun_safe, 0), COALESCE(k.max_attempts, 1),
+                    o.pause_requested_at IS NOT NULL
+               FROM tasks t
+               JOIN operations o ON o.id = t.operation_id
+               LEFT JOIN kinds k ON k.name = t.kind
+              WHERE t.status = 'leased' AND t.lease_expires_at < ?1
+              ORDER BY t.lease_expires_at LIMIT ?2",
+        )?
+        .query_map(params![p.now.0, p.limit], |r| {
+            Ok((
+                r.get(0)?,
+                Lapsed {
+                    attempt: r.get(1)?,
+                    cancel_requested: r.get(2)?,
+                    cancel_requested_by: r.get(3)?,
+                    cancel_reason: r.get(4)?,
+                    rerun_safe: r.get(5)?,
+                    max_attempts: r.get(6)?,
+                    pause_requested: r.get(7)?,
+                },
+            ))
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+
+    let mut counts = ReapCounts::default();
+    for (id, task) in expired {
+        let decision = decide_reap(&task);
+        match &decision {
+            Decision::End(ending) => operation_end(c, policy, &id, ending, p.now)?,
+            Decision::Retry { next_attempt, data } => requeue(c, &id, *next_attempt, None, p.now, data)?,
+            Decision::Pause { attempt, data, .. } => operation_pause(c, &id, Some(*attempt), None, None, data, p.now)?,
+        };
+        counts.count(&task, &decision);
+    }
+    Ok(counts)
+}
+
+pub(super) fn task_expire_worker(c: &Connection, worker_id: &str, now: Timestamp) -> Result<u64> {
+    let n = c
+        .prepare_cached(
+            "UPDATE tasks SET lease_expires_at = ?2 WHERE status = 'leased' AND worker_id = ?1 AND lease_expires_at >= ?2",
+        )?
+        .execute(params![worker_id, now.0 - 1])?;
+    Ok(n as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{AcceptParams, ClaimParams, FinishParams, Outcome};
+    use longrun_core::IdKind;
+    use rusqlite::StatementStatus;
+
+    /// The statements of the job path stay prepared: none is re-prepared
+    /// from one task to the next (a profile once found the writer re-parsing
+    /// `FENCED` for every outcome).
+    #[test]
+    #[allow(unsafe_code)]
+    fn the_job_path_never_re_prepares_its_statements() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("longrun.db");
+        crate::sqlite::migrate(&path).unwrap();
+        let c = Connection::open(&path).unwrap();
+        let policy = WritePolicy {
+            operation_retention: Duration::from_secs(3600),
+            result_retention: Duration::from_secs(3600),
+            keep_inputs: false,
+        };
+        for i in 0..5 {
+            let now = Timestamp(1_800_000_000_000 + i);
+            operation_accept(
+                &c,
+                &AcceptParams {
+                    id: Id::generate(IdKind::Operation),
+                    tenant: "t".into(),
+                    kind: "k".into(),
+                    input: serde_json::json!({}),
+                    callback_url: None,
+                    deadline_at: None,
+                    budget_max_cost: None,
+                    labels: Default::default(),
+                    idempotency: None,
+                    uploads: Vec::new(),
+                    rerun_of: None,
+                    from_checkpoint: false,
+                    now,
+                },
+            )
+            .unwrap();
+            let claimed = task_claim(
+                &c,
+                policy,
+                &ClaimParams {
+                    kinds: vec!["k".into()],
+                    max_tasks: 4,
+                    lease: Duration::from_secs(30),
+                    worker_id: "w".into(),
+                    now,
+                },
+            )
+            .unwrap();
+            for task in claimed {
+                task_finish(
+                    &c,
+                    policy,
+                    &FinishParams {
+                        operation_id: task.operation_id,
+                        lease_token: task.lease_token,
+                        outcome: Outcome::Succeeded { result: None },
+                        progress: None,
+                        now,
+                    },
+                )
+                .unwrap();
+            }
+        }
+        let fenced = c.prepare_cached(&fenced_operation_sql()).unwrap();
+        assert_eq!(fenced.get_status(StatementStatus::Run), 5);
+        drop(fenced);
+        // Every statement the connection holds, with how often it was re-prepared.
+        let mut reprepared = Vec::new();
+        // SAFETY: the handle is this live connection's; sqlite3_next_stmt
+        // walks its statements, which stay alive while nothing prepares or
+        // finalizes, and neither happens in this loop.
+        unsafe {
+            let db = c.handle();
+            let mut stmt = rusqlite::ffi::sqlite3_next_stmt(db, std::ptr::null_mut());
+            while !stmt.is_null() {
+                let n = rusqlite::ffi::sqlite3_stmt_status(stmt, rusqlite::ffi::SQLITE_STMTSTATUS_REPREPARE, 0);
+                if n > 0 {
+                    let sql = std::ffi::CStr::from_ptr(rusqlite::ffi::sqlite3_sql(stmt));
+                    reprepared.push(sql.to_string_lossy().split_whitespace().collect::<Vec<_>>().join(" "));
+                }
+                stmt = rusqlite::ffi::sqlite3_next_stmt(db, stmt);
+            }
+        }
+        // Only READY_HEADS, once per claim (its ORDER BY on a column held
+        // equal to a parameter makes SQLite plan for the value).
+        let ready_heads = READY_HEADS.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert_eq!(reprepared, vec![ready_heads]);
+    }
+}

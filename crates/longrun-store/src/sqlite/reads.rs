@@ -1,0 +1,321 @@
+//! Reads, on a reader connection or the writer's: operations, lists
+//! (keyset pages), histories, results, and the console's and metrics' views.
+
+use super::*;
+
+pub(super) fn operation_get(c: &Connection, tenant: &str, id: &Id) -> Result<Option<Operation>> {
+    // The tenant is part of the lookup: another tenant's id is simply absent.
+    let sql = format!("SELECT {OP_COLUMNS} FROM operations WHERE id = ?1 AND tenant = ?2");
+    Ok(c.prepare_cached(&sql)?
+        .query_row(params![id.as_str(), tenant], operation_from_row)
+        .optional()?)
+}
+
+/// [`operation_get`] for readers: with its re-runs, from the partial index
+/// of `rerun_of`, in the same statement, and the size of its stored JSON
+/// (for the read cache).
+pub(super) fn operation_read(c: &Connection, tenant: &str, id: &Id) -> Result<Option<(Operation, usize)>> {
+    let sql = format!(
+        "SELECT {OP_COLUMNS}, (SELECT json_group_array(id) FROM
+                   (SELECT r.id FROM operations r WHERE r.rerun_of = operations.id ORDER BY r.seq)),
+                COALESCE(length(input), 0) + COALESCE(length(result), 0) + COALESCE(length(progress), 0)
+                  + COALESCE(length(labels), 0)
+           FROM operations WHERE id = ?1 AND tenant = ?2"
+    );
+    Ok(c.prepare_cached(&sql)?
+        .query_row(params![id.as_str(), tenant], |r| {
+            let mut op = operation_from_row(r)?;
+            let reruns: Vec<String> = json_column(r, OP_COLUMN_COUNT)?
+                .and_then(|v| serde_json::from_value(v).ok())
+                .unwrap_or_default();
+            op.reruns = Some(reruns.into_iter().map(Id::from_trusted).collect());
+            let json_bytes: i64 = r.get(OP_COLUMN_COUNT + 1)?;
+            Ok((op, usize::try_from(json_bytes).unwrap_or(usize::MAX)))
+        })
+        .optional()?)
+}
+
+pub(super) fn operation_list(c: &Connection, p: &ListParams) -> Result<OperationPage> {
+    let mut sql = format!("SELECT {OP_COLUMNS}, seq FROM operations WHERE 1 = 1");
+    let mut args: Vec<Box<dyn rusqlite::ToSql>> = Vec::new();
+    if let Some(tenant) = &p.tenant {
+        args.push(Box::new(tenant.clone()));
+        sql.push_str(&format!(" AND tenant = ?{}", args.len()));
+    }
+    if let Some(from) = p.created_from {
+        args.push(Box::new(from.0));
+        sql.push_str(&format!(" AND created_at >= ?{}", args.len()));
+    }
+    if let Some(before) = p.created_before {
+        args.push(Box::new(before.0));
+        sql.push_str(&format!(" AND created_at < ?{}", args.len()));
+    }
+    if let Some(state) = p.state {
+        args.push(Box::new(state.as_str()));
+        sql.push_str(&format!(" AND state = ?{}", args.len()));
+    }
+    if let Some(kind) = &p.kind {
+        args.push(Box::new(kind.clone()));
+        sql.push_str(&format!(" AND kind = ?{}", args.len()));
+    }
+    if let Some((key, value)) = &p.label {
+        // Label keys are validated to [a-z0-9_.-/], so quoting the path is safe.
+        args.push(Box::new(format!("$.\"{key}\"")));
+        args.push(Box::new(value.clone()));
+        sql.push_str(&format!(
+            " AND json_extract(labels, ?{}) = ?{}",
+            args.len() - 1,
+            args.len()
+        ));
+    }
+    if let Some(before) = p.before_seq {
+        args.push(Box::new(before));
+        sql.push_str(&format!(" AND seq < ?{}", args.len()));
+    }
+    if let Some(now) = p.visible_at {
+        args.push(Box::new(now.0));
+        sql.push_str(&format!(" AND (expires_at IS NULL OR expires_at > ?{})", args.len()));
+    }
+    let page_size = i64::from(p.page_size.max(1));
+    args.push(Box::new(page_size + 1));
+    sql.push_str(&format!(" ORDER BY seq DESC LIMIT ?{}", args.len()));
+
+    let mut stmt = c.prepare_cached(&sql)?;
+    let rows = stmt.query_map(rusqlite::params_from_iter(args.iter()), |r| {
+        let seq: i64 = r.get(OP_COLUMN_COUNT)?;
+        Ok((seq, operation_from_row(r)?))
+    })?;
+    let mut operations = Vec::new();
+    let mut seqs = Vec::new();
+    for row in rows {
+        let (seq, op) = row?;
+        seqs.push(seq);
+        operations.push(op);
+    }
+    Ok(crate::shared::page(operations, &seqs, page_size))
+}
+
+pub(super) fn operation_history(c: &Connection, tenant: &str, id: &Id) -> Result<Option<Vec<Event>>> {
+    if !owns(c, tenant, id)? {
+        return Ok(None);
+    }
+    let mut stmt = c.prepare_cached(
+        "SELECT version, type, state, at, data FROM operation_events
+          WHERE op_seq = (SELECT seq FROM operations WHERE id = ?1) ORDER BY version",
+    )?;
+    let events = stmt
+        .query_map(params![id.as_str()], |r| {
+            Ok(Event {
+                operation_id: id.clone(),
+                version: r.get(0)?,
+                event_type: r.get(1)?,
+                state: state_column(r, 2)?,
+                at: Timestamp(r.get(3)?),
+                data: json_column(r, 4)?.unwrap_or(Value::Null),
+                snapshot: None,
+            })
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    Ok(Some(events))
+}
+
+pub(super) fn operation_events_after(
+    c: &Connection,
+    tenant: &str,
+    id: &Id,
+    after_version: i64,
+    limit: u32,
+) -> Result<Option<Vec<Event>>> {
+    if !owns(c, tenant, id)? {
+        return Ok(None);
+    }
+    let mut stmt = c.prepare_cached(
+        "SELECT version, type, state, at, data, snapshot FROM operation_events
+          WHERE op_seq = (SELECT seq FROM operations WHERE id = ?1) AND version > ?2
+          ORDER BY version LIMIT ?3",
+    )?;
+    let events = stmt
+        .query_map(params![id.as_str(), after_version, limit], |r| {
+            Ok(Event {
+                operation_id: id.clone(),
+                version: r.get(0)?,
+                event_type: r.get(1)?,
+                state: state_column(r, 2)?,
+                at: Timestamp(r.get(3)?),
+                data: json_column(r, 4)?.unwrap_or(Value::Null),
+                snapshot: json_column(r, 5)?.as_ref().and_then(snapshot_from_json),
+            })
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    Ok(Some(events))
+}
+
+pub(super) fn kind_typical_duration(c: &Connection, kind: &str) -> Result<Option<Duration>> {
+    let mut durations: Vec<i64> = c
+        .prepare_cached(
+            "SELECT completed_at - created_at FROM operations
+              WHERE state = 'succeeded' AND kind = ?1 ORDER BY completed_at DESC LIMIT 101",
+        )?
+        .query_map(params![kind], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    if durations.is_empty() {
+        return Ok(None);
+    }
+    durations.sort_unstable();
+    let median = durations[durations.len() / 2].max(0);
+    Ok(Some(Duration::from_millis(median as u64)))
+}
+
+pub(super) fn result_for_operation(c: &Connection, tenant: &str, id: &Id) -> Result<Vec<ResultRecord>> {
+    let sql = format!(
+        "SELECT {RESULT_COLUMNS} FROM results WHERE operation_id = ?1 AND tenant = ?2 AND state <> 'uploaded' ORDER BY name"
+    );
+    Ok(c.prepare_cached(&sql)?
+        .query_map(params![id.as_str(), tenant], result_from_row)?
+        .collect::<rusqlite::Result<_>>()?)
+}
+
+pub(super) fn result_get(c: &Connection, id: &Id) -> Result<Option<ResultRecord>> {
+    let sql = format!("SELECT {RESULT_COLUMNS} FROM results WHERE id = ?1");
+    Ok(c.prepare_cached(&sql)?
+        .query_row(params![id.as_str()], result_from_row)
+        .optional()?)
+}
+
+pub(super) fn operation_tombstone(c: &Connection, tenant: &str, id: &Id) -> Result<Option<Timestamp>> {
+    Ok(
+        c.prepare_cached("SELECT removed_at FROM tombstones WHERE operation_id = ?1 AND tenant = ?2")?
+            .query_row(params![id.as_str(), tenant], |r| Ok(Timestamp(r.get(0)?)))
+            .optional()?,
+    )
+}
+
+/// The scope of a pause of acceptance: `*` for every kind.
+pub(super) const ALL_KINDS: &str = "*";
+
+pub(super) fn backlog(c: &Connection, now: Timestamp) -> Result<Backlog> {
+    let oldest_active = c
+        .prepare_cached(
+            "SELECT o.kind, o.state, MIN(o.created_at) FROM tasks t JOIN operations o ON o.id = t.operation_id
+              GROUP BY o.kind, o.state",
+        )?
+        .query_map([], |r| Ok((r.get(0)?, state_column(r, 1)?, Timestamp(r.get(2)?))))?
+        .collect::<rusqlite::Result<_>>()?;
+    let count = |sql: &str| -> Result<u64> {
+        let n: i64 = c.prepare_cached(sql)?.query_row(params![now.0], |r| r.get(0))?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    };
+    Ok(Backlog {
+        oldest_active,
+        retention_due: count("SELECT COUNT(*) FROM operations WHERE expires_at IS NOT NULL AND expires_at <= ?1")?
+            + count("SELECT COUNT(*) FROM results WHERE state = 'published' AND expires_at <= ?1")?
+            + count("SELECT COUNT(*) FROM tombstones WHERE expires_at <= ?1")?,
+        garbage_objects: count("SELECT COUNT(*) FROM artifact_garbage WHERE ?1 = ?1")?,
+        webhooks_due: count(
+            "SELECT COUNT(*) FROM webhook_deliveries WHERE status = 'pending' AND next_attempt_at <= ?1",
+        )?,
+        webhooks_failing: count(
+            "SELECT COUNT(*) FROM webhook_deliveries WHERE status = 'pending' AND attempts > 0 AND ?1 = ?1",
+        )?,
+    })
+}
+
+pub(super) fn operation_tenant(c: &Connection, id: &Id) -> Result<Option<String>> {
+    Ok(c.prepare_cached("SELECT tenant FROM operations WHERE id = ?1")?
+        .query_row(params![id.as_str()], |r| r.get(0))
+        .optional()?)
+}
+
+pub(super) fn operation_by_key(c: &Connection, tenant: &str, kinds: &[String], key: &str) -> Result<Option<Id>> {
+    // One primary-key lookup per kind: keys are scoped by (tenant, kind).
+    let mut stmt =
+        c.prepare_cached("SELECT operation_id FROM idempotency_keys WHERE tenant = ?1 AND kind = ?2 AND key = ?3")?;
+    for kind in kinds {
+        if let Some(id) = stmt
+            .query_row(params![tenant, kind, key], |r| r.get::<_, String>(0))
+            .optional()?
+        {
+            return Ok(Some(Id::from_trusted(id)));
+        }
+    }
+    Ok(None)
+}
+
+pub(super) fn idempotency_record(c: &Connection, tenant: &str, id: &Id) -> Result<Option<IdempotencyRecord>> {
+    Ok(c.prepare_cached(
+        "SELECT k.key, k.kind, k.created_at, k.replays FROM operations o
+           JOIN idempotency_keys k ON k.tenant = o.tenant AND k.kind = o.kind AND k.key = o.idempotency_key
+          WHERE o.id = ?1 AND o.tenant = ?2 AND k.operation_id = o.id",
+    )?
+    .query_row(params![id.as_str(), tenant], |r| {
+        Ok(IdempotencyRecord {
+            key: r.get(0)?,
+            kind: r.get(1)?,
+            created_at: Timestamp(r.get(2)?),
+            replays: r.get(3)?,
+        })
+    })
+    .optional()?)
+}
+
+pub(super) fn active_summary(c: &Connection, tenant: Option<&str>) -> Result<Vec<ActiveGroup>> {
+    Ok(c.prepare_cached(
+        "SELECT o.kind, o.state, COUNT(*), MIN(o.created_at) FROM tasks t JOIN operations o ON o.id = t.operation_id
+          WHERE ?1 IS NULL OR t.tenant = ?1 GROUP BY o.kind, o.state ORDER BY o.kind, o.state",
+    )?
+    .query_map(params![tenant], |r| {
+        Ok(ActiveGroup {
+            kind: r.get(0)?,
+            state: state_column(r, 1)?,
+            count: u64::try_from(r.get::<_, i64>(2)?).unwrap_or(0),
+            oldest_created_at: Timestamp(r.get(3)?),
+        })
+    })?
+    .collect::<rusqlite::Result<_>>()?)
+}
+
+pub(super) fn lease_list(c: &Connection, tenant: Option<&str>, limit: u32) -> Result<Vec<LeaseInfo>> {
+    Ok(c.prepare_cached(
+        "SELECT t.operation_id, t.tenant, t.kind, t.worker_id, o.attempt, t.lease_expires_at, t.lease_ms, o.progress
+           FROM tasks t JOIN operations o ON o.id = t.operation_id
+          WHERE t.status = 'leased' AND (?1 IS NULL OR t.tenant = ?1)
+          ORDER BY t.lease_expires_at LIMIT ?2",
+    )?
+    .query_map(params![tenant, limit], |r| {
+        let expires = Timestamp(r.get(5)?);
+        let lease_ms: Option<i64> = r.get(6)?;
+        Ok(LeaseInfo {
+            operation_id: Id::from_trusted(r.get(0)?),
+            tenant: r.get(1)?,
+            kind: r.get(2)?,
+            worker_id: r.get(3)?,
+            attempt: r.get(4)?,
+            lease_expires_at: expires,
+            last_heartbeat_at: lease_ms.map(|ms| Timestamp(expires.0 - ms)),
+            progress: json_column(r, 7)?.map(|v| progress_from_json(&v)),
+        })
+    })?
+    .collect::<rusqlite::Result<_>>()?)
+}
+
+pub(super) fn tenant_usage(c: &Connection) -> Result<Vec<TenantUsage>> {
+    Ok(c.prepare_cached(
+        "SELECT n.name, n.max_active, n.max_running, n.rate,
+                (SELECT COUNT(*) FROM tasks t WHERE t.tenant = n.name),
+                (SELECT COUNT(*) FROM tasks t WHERE t.tenant = n.name AND t.status = 'leased')
+           FROM tenants n ORDER BY n.name",
+    )?
+    .query_map([], |r| {
+        Ok(TenantUsage {
+            limits: TenantLimits {
+                name: r.get(0)?,
+                max_active: r.get(1)?,
+                max_running: r.get(2)?,
+                rate: r.get(3)?,
+            },
+            active: u64::try_from(r.get::<_, i64>(4)?).unwrap_or(0),
+            running: u64::try_from(r.get::<_, i64>(5)?).unwrap_or(0),
+        })
+    })?
+    .collect::<rusqlite::Result<_>>()?)
+}

@@ -1,0 +1,240 @@
+//! Uploads, the pieces of resumable artifacts and uploaded results, and the
+//! garbage their objects become.
+
+use super::*;
+
+/// Drops the piece rows of `operation_id` (of `name`, at or past `from`,
+/// when given); each object becomes garbage once no row names it, unless
+/// it is `keep` (a single piece that became the result itself).
+pub(super) fn pieces_drop(
+    c: &Connection,
+    operation_id: &str,
+    only: Option<(&str, i64)>,
+    keep: Option<&str>,
+    now: Timestamp,
+) -> Result<()> {
+    let (name, from) = only.map_or((None, 0), |(n, f)| (Some(n), f));
+    let dropped: Vec<String> = c
+        .prepare_cached(
+            "DELETE FROM artifact_pieces WHERE operation_id = ?1 AND (?2 IS NULL OR name = ?2) AND piece_offset >= ?3
+             RETURNING storage_key",
+        )?
+        .query_map(params![operation_id, name, from], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    for key in dropped {
+        c.prepare_cached(
+            "INSERT OR IGNORE INTO artifact_garbage (storage_key, created_at)
+             SELECT ?1, ?2 WHERE ?1 IS NOT ?3 AND NOT EXISTS (SELECT 1 FROM artifact_pieces WHERE storage_key = ?1)",
+        )?
+        .execute(params![key, now.0, keep])?;
+    }
+    Ok(())
+}
+
+pub(super) fn pieces_of(c: &Connection, operation_id: &str, name: &str) -> Result<Vec<(i64, UploadChunk)>> {
+    Ok(c.prepare_cached(
+        "SELECT piece_offset, storage_key, size_bytes FROM artifact_pieces
+          WHERE operation_id = ?1 AND name = ?2 ORDER BY piece_offset",
+    )?
+    .query_map(params![operation_id, name], |r| {
+        Ok((
+            r.get(0)?,
+            UploadChunk {
+                storage_key: r.get(1)?,
+                size_bytes: r.get(2)?,
+            },
+        ))
+    })?
+    .collect::<rusqlite::Result<_>>()?)
+}
+
+pub(super) fn artifact_piece_add(c: &Connection, p: &ArtifactPieceParams) -> Result<Vec<UploadChunk>> {
+    fenced(c, &p.operation_id, &p.lease_token)?;
+    let id = p.operation_id.as_str();
+    let pieces = pieces_of(c, id, &p.name)?;
+    let kept = piece_placement(&pieces, p.offset)?;
+    if kept < pieces.len() {
+        pieces_drop(c, id, Some((&p.name, p.offset)), None, p.now)?;
+    }
+    c.prepare_cached(
+        "INSERT INTO artifact_pieces (operation_id, name, piece_offset, storage_key, size_bytes)
+         VALUES (?1, ?2, ?3, ?4, ?5)",
+    )?
+    .execute(params![id, p.name, p.offset, p.piece.storage_key, p.piece.size_bytes])?;
+    let mut now_held: Vec<UploadChunk> = pieces.into_iter().take(kept).map(|(_, piece)| piece).collect();
+    now_held.push(p.piece.clone());
+    Ok(now_held)
+}
+
+pub(super) fn artifact_pieces(
+    c: &Connection,
+    operation_id: &Id,
+    lease_token: &str,
+    name: &str,
+) -> Result<Vec<UploadChunk>> {
+    fenced(c, operation_id, lease_token)?;
+    Ok(pieces_of(c, operation_id.as_str(), name)?
+        .into_iter()
+        .map(|(_, piece)| piece)
+        .collect())
+}
+
+pub(super) fn result_upload(c: &Connection, p: &ResultUploadParams) -> Result<()> {
+    fenced(c, &p.operation_id, &p.lease_token)?;
+    if p.joins_pieces {
+        pieces_drop(
+            c,
+            p.operation_id.as_str(),
+            Some((&p.name, 0)),
+            Some(&p.storage_key),
+            p.now,
+        )?;
+    }
+    // One upload per name: a new one replaces this attempt's earlier one of
+    // the name, and whatever earlier attempts left.
+    let replaced =
+        "FROM results WHERE operation_id = ?1 AND state = 'uploaded' AND (name = ?2 OR lease_token IS NOT ?3)";
+    c.prepare_cached(&format!(
+        "INSERT OR IGNORE INTO artifact_garbage (storage_key, created_at) SELECT storage_key, ?4 {replaced}"
+    ))?
+    .execute(params![p.operation_id.as_str(), p.name, p.lease_token, p.now.0])?;
+    c.prepare_cached(&format!("DELETE {replaced}"))?.execute(params![
+        p.operation_id.as_str(),
+        p.name,
+        p.lease_token
+    ])?;
+    let tenant: String = c
+        .prepare_cached("SELECT tenant FROM operations WHERE id = ?1")?
+        .query_row(params![p.operation_id.as_str()], |r| r.get(0))?;
+    c.prepare_cached(
+        "INSERT INTO results (id, operation_id, tenant, storage_key, content_type, size_bytes, sha256, state,
+                              lease_token, created_at, name)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'uploaded', ?8, ?9, ?10)",
+    )?
+    .execute(params![
+        p.result_id.as_str(),
+        p.operation_id.as_str(),
+        tenant,
+        p.storage_key,
+        p.content_type,
+        p.size_bytes,
+        p.sha256,
+        p.lease_token,
+        p.now.0,
+        p.name
+    ])?;
+    Ok(())
+}
+
+pub(super) fn artifact_garbage(c: &Connection, limit: u32) -> Result<Vec<String>> {
+    Ok(
+        c.prepare_cached("SELECT storage_key FROM artifact_garbage ORDER BY created_at LIMIT ?1")?
+            .query_map(params![limit], |r| r.get(0))?
+            .collect::<rusqlite::Result<_>>()?,
+    )
+}
+
+pub(super) fn artifact_garbage_done(c: &Connection, keys: &[String]) -> Result<()> {
+    for key in keys {
+        c.prepare_cached("DELETE FROM artifact_garbage WHERE storage_key = ?1")?
+            .execute(params![key])?;
+    }
+    Ok(())
+}
+
+pub(super) fn upload_create(c: &Connection, p: &UploadCreateParams) -> Result<UploadRecord> {
+    c.prepare_cached(
+        "INSERT INTO uploads (id, tenant, content_type, upload_offset, complete, expected_sha256, chunks, created_at,
+                              expires_at)
+         VALUES (?1, ?2, ?3, 0, 0, ?4, '[]', ?5, ?6)",
+    )?
+    .execute(params![
+        p.id.as_str(),
+        p.tenant,
+        p.content_type,
+        p.expected_sha256,
+        p.now.0,
+        p.expires_at.0
+    ])?;
+    upload_get(c, &p.tenant, &p.id)?.ok_or(StoreError::NotFound)
+}
+
+pub(super) fn upload_get(c: &Connection, tenant: &str, id: &Id) -> Result<Option<UploadRecord>> {
+    let sql = format!("SELECT {UPLOAD_COLUMNS} FROM uploads WHERE id = ?1 AND tenant = ?2");
+    Ok(c.prepare_cached(&sql)?
+        .query_row(params![id.as_str(), tenant], upload_from_row)
+        .optional()?)
+}
+
+pub(super) fn upload_append(c: &Connection, p: &UploadAppendParams) -> Result<UploadRecord> {
+    let current = upload_get(c, &p.tenant, &p.id)?.ok_or(StoreError::NotFound)?;
+    let appended = upload_appended(&current, p)?;
+    c.prepare_cached(
+        "UPDATE uploads SET upload_offset = ?2, complete = ?3, sha256 = ?4, expected_sha256 = ?5, chunks = ?6
+          WHERE id = ?1",
+    )?
+    .execute(params![
+        p.id.as_str(),
+        appended.offset,
+        appended.complete,
+        appended.sha256,
+        appended.expected_sha256,
+        chunks_to_json(&appended.chunks)
+    ])?;
+    Ok(appended)
+}
+
+pub(super) fn upload_complete(c: &Connection, p: &UploadCompleteParams) -> Result<UploadRecord> {
+    let current = upload_get(c, &p.tenant, &p.id)?.ok_or(StoreError::NotFound)?;
+    let (completed, garbage) = upload_completed(&current, p)?;
+    c.prepare_cached("UPDATE uploads SET complete = 1, sha256 = ?2, chunks = ?3 WHERE id = ?1")?
+        .execute(params![
+            p.id.as_str(),
+            completed.sha256,
+            chunks_to_json(&completed.chunks)
+        ])?;
+    for key in garbage {
+        c.prepare_cached("INSERT OR IGNORE INTO artifact_garbage (storage_key, created_at) VALUES (?1, ?2)")?
+            .execute(params![key, p.now.0])?;
+    }
+    Ok(completed)
+}
+
+pub(super) fn upload_remove(c: &Connection, tenant: &str, id: &Id, now: Timestamp) -> Result<bool> {
+    match upload_get(c, tenant, id)? {
+        Some(upload) if !upload.referenced => {
+            upload_drop(c, id.as_str(), now)?;
+            Ok(true)
+        }
+        _ => Ok(false),
+    }
+}
+
+/// Deletes an upload's row; its objects become garbage.
+pub(super) fn upload_drop(c: &Connection, id: &str, now: Timestamp) -> Result<()> {
+    let chunks: Option<String> = c
+        .prepare_cached("DELETE FROM uploads WHERE id = ?1 RETURNING chunks")?
+        .query_row(params![id], |r| r.get(0))
+        .optional()?;
+    for chunk in chunks_from_json(chunks.as_deref().unwrap_or("[]")) {
+        c.prepare_cached("INSERT OR IGNORE INTO artifact_garbage (storage_key, created_at) VALUES (?1, ?2)")?
+            .execute(params![chunk.storage_key, now.0])?;
+    }
+    Ok(())
+}
+
+pub(super) fn upload_for_task(
+    c: &Connection,
+    operation_id: &Id,
+    lease_token: &str,
+    upload_id: &Id,
+) -> Result<Option<UploadRecord>> {
+    fenced(c, operation_id, lease_token)?;
+    let sql = format!(
+        "SELECT {UPLOAD_COLUMNS} FROM uploads WHERE id = ?1
+            AND EXISTS (SELECT 1 FROM operation_uploads WHERE operation_id = ?2 AND upload_id = ?1)"
+    );
+    Ok(c.prepare_cached(&sql)?
+        .query_row(params![upload_id.as_str(), operation_id.as_str()], upload_from_row)
+        .optional()?)
+}
