@@ -13,17 +13,22 @@
 //! waits, so the writer drives the same function to completion with one
 //! poll ([`sqlite`'s `driver::block`](crate::sqlite)).
 //!
-//! Moved so far: the deadline enforcer ([`deadline`]) and `PATCH` of
-//! deadline and labels ([`update`]). The other use cases still live in each
-//! backend beside the pure rules of `shared.rs`; they move here one by one
-//! (see `docs/ARCHITECTURE.md`, "The store").
+//! Written here: workers' outcomes, the reaper and heartbeats ([`finish`]),
+//! cancel, pause and resume ([`control`]), the deadline enforcer
+//! ([`deadline`]) and `PATCH` of deadline and labels ([`update`]). Accepts
+//! and claims stay per dialect for now (see `docs/ARCHITECTURE.md`, "The
+//! store"), but end what they end through [`apply`].
 
+pub(crate) mod control;
 pub(crate) mod deadline;
 mod driver;
+mod effects;
 mod event;
+pub(crate) mod finish;
 pub(crate) mod update;
 
-pub(crate) use driver::{Driver, Effect, OverdueWaiting, PauseRequested, StopRequested, apply};
+pub(crate) use driver::{Driver, EndRow, Lock, OverdueWaiting, PauseRequested, StopRequested};
+pub(crate) use effects::{Effect, apply};
 pub(crate) use event::{EventType, WebhookType};
 
 use std::time::Duration;

@@ -13,8 +13,8 @@
 //! This file holds the store's state (pool, group-commit writers, read
 //! cache), opening and migrations, and the transaction wrapper. The rest is
 //! one file a concern: `store` (the [`Store`] methods), `driver` (the plan
-//! layer's primitives), `accept`, `claim`, `finish` (heartbeats, outcomes,
-//! the reaper), `ending`, `control` (cancel, pause, resume), `reads`,
+//! layer's primitives), `accept`, `claim`, `finish` (fenced reads),
+//! `ending`, `reads`,
 //! `retention`, `uploads`, `rows` (column codecs and shared statements),
 //! `notify` (the change feed) and `group_commit`.
 
@@ -23,14 +23,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use longrun_core::lease::retry_backoff;
 use longrun_core::{Id, IdKind, State, Timestamp};
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{Connection as _, PgConnection, PgPool, Row};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
-use crate::plan::{self, EventType, Policy, WebhookType};
+use crate::plan::{self, Effect, EndRow, EventType, Lock, Policy, WebhookType};
 use crate::reads::ReadCache;
 use crate::shared::*;
 use crate::*;
@@ -47,7 +46,6 @@ const CHANGES_PER_PAYLOAD: usize = changes_per_payload!();
 
 mod accept;
 mod claim;
-mod control;
 mod driver;
 mod ending;
 mod finish;
@@ -61,7 +59,6 @@ mod uploads;
 
 use accept::*;
 use claim::*;
-use control::*;
 use driver::PgDriver;
 use ending::*;
 use finish::*;
@@ -227,7 +224,11 @@ impl PostgresStore {
             Box::pin(commit_batch(
                 w,
                 c,
-                |c, ch, policy, batch| Box::pin(task_finish_batch(c, ch, policy, batch)),
+                |c, ch, policy, batch| {
+                    Box::pin(
+                        async move { plan::finish::task_finish_many(&mut PgDriver { c, ch, policy }, batch).await },
+                    )
+                },
                 batch,
             ))
         });

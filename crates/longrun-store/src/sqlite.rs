@@ -30,7 +30,6 @@ mod accept;
 mod admin;
 mod changes;
 mod claim;
-mod control;
 mod driver;
 mod ending;
 mod finish;
@@ -51,21 +50,19 @@ use async_trait::async_trait;
 use longrun_core::apikey::Role;
 use longrun_core::fingerprint::Fingerprint;
 use longrun_core::id::random_base32;
-use longrun_core::lease::retry_backoff;
 use longrun_core::{Id, IdKind, State, Timestamp};
 use rusqlite::types::Type;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params};
 use serde_json::{Value, json};
 
-use crate::plan::{self, EventType, WebhookType};
+use crate::plan::{self, Effect, EndRow, EventType, WebhookType};
 use crate::reads::ReadCache;
 use crate::shared::*;
 use crate::*;
 use accept::*;
 use admin::*;
 use claim::*;
-use control::*;
-use driver::SqliteDriver;
+use driver::{SqliteDriver, block};
 use ending::*;
 use finish::*;
 use reads::*;
@@ -413,6 +410,18 @@ impl ReaderPool {
     }
 }
 
+/// A worker's outcome, as the plan layer applies it (one item of a group
+/// commit: a batch of one, isolated from the others).
+fn task_finish(c: &Connection, policy: WritePolicy, p: &FinishParams) -> Result<Operation> {
+    let mut outcome = block(plan::finish::task_finish_many(&mut SqliteDriver::new(c, policy), &[p]))?;
+    outcome.pop().expect("one answer")
+}
+
+/// A heartbeat, as the plan layer applies it.
+fn task_heartbeat(c: &Connection, policy: WritePolicy, p: &HeartbeatParams) -> Result<HeartbeatAck> {
+    block(plan::finish::task_heartbeat(&mut SqliteDriver::new(c, policy), p))
+}
+
 #[async_trait]
 impl Store for SqliteStore {
     async fn operation_accept(&self, params: AcceptParams) -> Result<AcceptOutcome> {
@@ -442,7 +451,14 @@ impl Store for SqliteStore {
 
     async fn operation_cancel(&self, params: CancelParams) -> Result<CancelOutcome> {
         let policy = self.policy;
-        self.writer.write(move |c| operation_cancel(c, policy, &params)).await
+        self.writer
+            .write(move |c| {
+                block(plan::control::operation_cancel(
+                    &mut SqliteDriver::new(c, policy),
+                    &params,
+                ))
+            })
+            .await
     }
 
     async fn task_claim(&self, params: ClaimParams) -> Result<Vec<Task>> {
@@ -451,7 +467,8 @@ impl Store for SqliteStore {
     }
 
     async fn task_heartbeat(&self, params: HeartbeatParams) -> Result<HeartbeatAck> {
-        self.writer.write(move |c| task_heartbeat(c, &params)).await
+        let policy = self.policy;
+        self.writer.write(move |c| task_heartbeat(c, policy, &params)).await
     }
 
     async fn task_finish(&self, params: FinishParams) -> Result<Operation> {
@@ -482,7 +499,8 @@ impl Store for SqliteStore {
     }
 
     async fn task_heartbeat_many(&self, params: Vec<HeartbeatParams>) -> Vec<Result<HeartbeatAck>> {
-        self.write_each(params, task_heartbeat).await
+        let policy = self.policy;
+        self.write_each(params, move |c, p| task_heartbeat(c, policy, p)).await
     }
 
     async fn task_expire_worker(&self, worker_id: &str, now: Timestamp) -> Result<u64> {
@@ -492,17 +510,32 @@ impl Store for SqliteStore {
 
     async fn task_reap(&self, params: ReapParams) -> Result<ReapCounts> {
         let policy = self.policy;
-        self.writer.write(move |c| task_reap(c, policy, &params)).await
+        self.writer
+            .write(move |c| block(plan::finish::task_reap(&mut SqliteDriver::new(c, policy), &params)))
+            .await
     }
 
     async fn operation_intent(&self, params: IntentParams) -> Result<Operation> {
-        self.writer.write(move |c| operation_intent(c, &params)).await
+        let policy = self.policy;
+        self.writer
+            .write(move |c| {
+                block(plan::control::operation_intent(
+                    &mut SqliteDriver::new(c, policy),
+                    &params,
+                ))
+            })
+            .await
     }
 
     async fn operation_update(&self, params: UpdateParams) -> Result<Operation> {
         let policy = self.policy;
         self.writer
-            .write(move |c| driver::block(plan::update::operation_update(&mut SqliteDriver { c, policy }, &params)))
+            .write(move |c| {
+                block(plan::update::operation_update(
+                    &mut SqliteDriver::new(c, policy),
+                    &params,
+                ))
+            })
             .await
     }
 
@@ -510,8 +543,8 @@ impl Store for SqliteStore {
         let policy = self.policy;
         self.writer
             .write(move |c| {
-                driver::block(plan::deadline::deadline_enforce(
-                    &mut SqliteDriver { c, policy },
+                block(plan::deadline::deadline_enforce(
+                    &mut SqliteDriver::new(c, policy),
                     &params,
                 ))
             })

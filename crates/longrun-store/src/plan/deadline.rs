@@ -3,9 +3,9 @@
 //! pure plan and an apply. Phases run in order, so a stop asked for in the
 //! second is seen by the third when the grace period is zero.
 
-use longrun_core::State;
+use longrun_core::{State, Timestamp};
 
-use super::driver::{OverdueWaiting, PauseRequested, StopRequested};
+use super::driver::{EndRow, OverdueWaiting, PauseRequested, StopRequested};
 use super::{Driver, Effect, EventType, apply};
 use crate::shared::{Ending, SYSTEM, deadline_error_before_start, failing_cancel, pause_not_honoured_data};
 use crate::{EnforceCounts, EnforceParams, OperationError, Result};
@@ -18,7 +18,7 @@ pub(crate) async fn deadline_enforce<D: Driver>(d: &mut D, p: &EnforceParams) ->
     let mut counts = EnforceCounts::default();
 
     let waiting = d.overdue_waiting(p.now, p.limit).await?;
-    let effects = plan_overdue_waiting(&waiting);
+    let effects = plan_overdue_waiting(&waiting, p.now);
     apply(d, &effects, p.now).await?;
     counts.expired_before_start = effects.len() as u64;
 
@@ -29,7 +29,7 @@ pub(crate) async fn deadline_enforce<D: Driver>(d: &mut D, p: &EnforceParams) ->
 
     let cutoff = p.now.minus(p.grace);
     let ignored = d.stops_unacknowledged(cutoff, p.limit).await?;
-    let effects = plan_stops_unacknowledged(&ignored);
+    let effects = plan_stops_unacknowledged(&ignored, p.now);
     apply(d, &effects, p.now).await?;
     counts.ended_without_ack = effects.len() as u64;
 
@@ -43,7 +43,7 @@ pub(crate) async fn deadline_enforce<D: Driver>(d: &mut D, p: &EnforceParams) ->
 /// Not started (or waiting for a retry) and past the deadline: never start
 /// it. A first attempt fails as "never started"; a retry fails as a stop the
 /// server asked for would have ended it.
-fn plan_overdue_waiting(rows: &[OverdueWaiting]) -> Vec<Effect> {
+fn plan_overdue_waiting(rows: &[OverdueWaiting], now: Timestamp) -> Vec<Effect> {
     rows.iter()
         .map(|row| {
             let error = if row.state == State::Queued {
@@ -51,10 +51,12 @@ fn plan_overdue_waiting(rows: &[OverdueWaiting]) -> Vec<Effect> {
             } else {
                 failing_cancel(Some(SYSTEM), Some(DEADLINE_EXCEEDED)).expect("a failing reason")
             };
-            Effect::End {
+            Effect::End(EndRow {
                 id: row.id.clone(),
                 ending: Ending::failed(error),
-            }
+                now,
+                guard: None,
+            })
         })
         .collect()
 }
@@ -64,8 +66,8 @@ fn plan_overdue_running(ids: &[String]) -> Vec<Effect> {
     ids.iter()
         .map(|id| Effect::RequestCancel {
             id: id.clone(),
-            by: SYSTEM,
-            reason: Some(DEADLINE_EXCEEDED),
+            by: SYSTEM.to_owned(),
+            reason: Some(DEADLINE_EXCEEDED.to_owned()),
         })
         .collect()
 }
@@ -73,7 +75,7 @@ fn plan_overdue_running(ids: &[String]) -> Vec<Effect> {
 /// Asked to stop by the server and not acknowledged within the grace
 /// period: end it as the server decided. The worker's lease goes with its
 /// task row, so its later writes get `lease_lost`.
-fn plan_stops_unacknowledged(rows: &[StopRequested]) -> Vec<Effect> {
+fn plan_stops_unacknowledged(rows: &[StopRequested], now: Timestamp) -> Vec<Effect> {
     rows.iter()
         .map(|row| {
             let error = failing_cancel(Some(SYSTEM), row.reason.as_deref()).unwrap_or_else(|| OperationError {
@@ -81,10 +83,12 @@ fn plan_stops_unacknowledged(rows: &[StopRequested]) -> Vec<Effect> {
                 message: "the operation's deadline passed".into(),
                 retryable: false,
             });
-            Effect::End {
+            Effect::End(EndRow {
                 id: row.id.clone(),
                 ending: Ending::failed(error),
-            }
+                now,
+                guard: None,
+            })
         })
         .collect()
 }
@@ -93,8 +97,9 @@ fn plan_stops_unacknowledged(rows: &[StopRequested]) -> Vec<Effect> {
 /// and the history says the request was not honoured.
 fn plan_pauses_unanswered(rows: &[PauseRequested], p: &EnforceParams) -> Vec<Effect> {
     rows.iter()
-        .map(|row| Effect::ClearPauseRequest {
+        .map(|row| Effect::SetPauseRequest {
             id: row.id.clone(),
+            at: None,
             event: EventType::PauseNotHonoured,
             data: pause_not_honoured_data(row.requested_at, p.grace),
         })
@@ -105,13 +110,11 @@ fn plan_pauses_unanswered(rows: &[PauseRequested], p: &EnforceParams) -> Vec<Eff
 mod tests {
     use std::time::Duration;
 
-    use longrun_core::Timestamp;
-
     use super::*;
 
     fn ending_code(effect: &Effect) -> &str {
         match effect {
-            Effect::End { ending, .. } => &ending.error.as_ref().expect("a failure").code,
+            Effect::End(row) => &row.ending.error.as_ref().expect("a failure").code,
             other => panic!("not an ending: {other:?}"),
         }
     }
@@ -128,12 +131,10 @@ mod tests {
                 state: State::Running,
             },
         ];
-        let effects = plan_overdue_waiting(&rows);
+        let effects = plan_overdue_waiting(&rows, Timestamp(0));
         assert_eq!(effects.len(), 2);
-        let Effect::End { ending, .. } = &effects[0] else {
-            unreachable!()
-        };
-        assert_eq!(ending, &Ending::failed(deadline_error_before_start()));
+        let Effect::End(row) = &effects[0] else { unreachable!() };
+        assert_eq!(row.ending, Ending::failed(deadline_error_before_start()));
         // A retry waiting for its backoff ends as the stop would have.
         assert_eq!(ending_code(&effects[1]), DEADLINE_EXCEEDED);
     }
@@ -150,7 +151,7 @@ mod tests {
                 reason: None,
             },
         ];
-        let effects = plan_stops_unacknowledged(&rows);
+        let effects = plan_stops_unacknowledged(&rows, Timestamp(0));
         assert_eq!(ending_code(&effects[0]), "budget_exhausted");
         assert_eq!(ending_code(&effects[1]), DEADLINE_EXCEEDED);
     }
@@ -161,8 +162,8 @@ mod tests {
             plan_overdue_running(&["op_a".into()]),
             [Effect::RequestCancel {
                 id: "op_a".into(),
-                by: SYSTEM,
-                reason: Some(DEADLINE_EXCEEDED),
+                by: SYSTEM.into(),
+                reason: Some(DEADLINE_EXCEEDED.into()),
             }]
         );
     }
@@ -178,7 +179,7 @@ mod tests {
             id: "op_a".into(),
             requested_at: Timestamp(1_000),
         }];
-        let [Effect::ClearPauseRequest { event, data, .. }] = &plan_pauses_unanswered(&rows, &p)[..] else {
+        let [Effect::SetPauseRequest { event, data, .. }] = &plan_pauses_unanswered(&rows, &p)[..] else {
             panic!("one withdrawal");
         };
         assert_eq!(*event, EventType::PauseNotHonoured);

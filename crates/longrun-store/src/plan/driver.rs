@@ -1,12 +1,17 @@
 //! What a backend provides to the use cases of the plan layer: fetch
-//! primitives, and the writes [`apply`] turns [`Effect`]s into.
+//! primitives, and the row writes [`apply`](super::apply) turns
+//! [`Effect`](super::Effect)s into. None of them decides anything; none
+//! records an event or queues a webhook of its own accord (the use case
+//! says which, with [`EventType`] and [`WebhookType`]).
+
+use std::collections::HashMap;
 
 use longrun_core::{State, Timestamp};
 use serde_json::Value;
 
-use super::EventType;
-use crate::shared::{Ending, UpdateChange};
-use crate::{Id, Operation, Result};
+use super::{EventType, WebhookType};
+use crate::shared::{Ending, Fenced, Holder, Lapsed, UpdateChange};
+use crate::{Id, Operation, Progress, Result};
 
 /// An operation past its deadline whose task waits in the queue (a first
 /// attempt, or a retry waiting for its backoff).
@@ -30,13 +35,38 @@ pub(crate) struct PauseRequested {
     pub requested_at: Timestamp,
 }
 
+/// Whether a fetch of fenced rows locks them until the transaction ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lock {
+    /// Read only: what was read may change before the transaction writes
+    /// (where another writer can run at the same time).
+    None,
+    /// Locked until the transaction ends.
+    ForUpdate,
+}
+
+/// One operation to end: as `ending` says, at `now`, and (with a `guard`)
+/// only while it is still at that version.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct EndRow {
+    pub id: String,
+    pub ending: Ending,
+    pub now: Timestamp,
+    pub guard: Option<i64>,
+}
+
 /// A backend as the plan layer's use cases see it: one transaction (or one
 /// writer job) in which rows are fetched and changes applied. Fetches that
 /// hand out shared work lock what they return and skip what another node
 /// holds (`FOR UPDATE SKIP LOCKED` on PostgreSQL; SQLite has one writer).
 ///
-/// Every method is a statement or two; none decides anything.
+/// Every method is a statement or a few; none decides anything.
 pub(crate) trait Driver {
+    /// One writer at a time: what a fetch returned stays as read until the
+    /// use case ends, locked or not (SQLite's writer thread). A use case
+    /// then needs no second, locking read before it writes.
+    const SERIAL: bool;
+
     // Fetch primitives.
 
     /// Up to `limit` operations past their deadline at `now` whose task is
@@ -55,78 +85,87 @@ pub(crate) trait Driver {
     /// `cutoff`, oldest request first.
     async fn pauses_unanswered(&mut self, cutoff: Timestamp, limit: u32) -> Result<Vec<PauseRequested>>;
 
+    /// Up to `limit` leased tasks whose lease ended before `now`, soonest
+    /// expiry first.
+    async fn leases_lapsed(&mut self, now: Timestamp, limit: u32) -> Result<Vec<(String, Lapsed)>>;
+
+    /// The fenced rows of `leases` (operation id, lease token), in their
+    /// order: `None` where the lease is not (or no longer) held, and for a
+    /// second lease of one operation, which finds it already used.
+    async fn fenced(&mut self, leases: &[(&str, &str)], lock: Lock) -> Result<Vec<Option<Fenced>>>;
+
     /// The tenant's operation, locked for the rest of the transaction.
     async fn operation_locked(&mut self, tenant: &str, id: &Id) -> Result<Option<Operation>>;
 
-    // Writes, as `apply` calls them.
+    /// Whether the operation's task is leased (`None`: it has no task).
+    async fn task_leased(&mut self, id: &str) -> Result<Option<bool>>;
 
-    /// Ends each non-terminal operation as its `Ending` says, at `now`
-    /// (dispatch record, results, pieces, event and webhook included).
-    /// `LeaseLost` if one of them had ended already.
-    async fn operations_end(&mut self, ends: &[(&str, &Ending)], now: Timestamp) -> Result<()>;
+    /// What the workers of `op` can do, as a change of intent needs it.
+    async fn intent_holder(&mut self, op: &Operation) -> Result<Holder>;
 
-    /// Asks the worker holding running work to stop (its `cancel_requested`
-    /// event included).
-    async fn cancel_request(&mut self, id: &str, by: &str, reason: Option<&str>, now: Timestamp) -> Result<()>;
+    // Row writes, as `apply` calls them.
 
-    /// Clears a running operation's pause request, one version on.
-    async fn pause_request_clear(&mut self, id: &str, now: Timestamp) -> Result<Operation>;
+    /// Ends each operation of `ends` that is still live (and at its guard
+    /// version): state, task, results, pieces. Returns the ended ones by id.
+    async fn operations_end(&mut self, ends: &[EndRow]) -> Result<HashMap<String, Operation>>;
+
+    /// Records a stop asked of running work, one version on.
+    async fn cancel_request(&mut self, id: &str, by: &str, reason: Option<&str>, now: Timestamp) -> Result<Operation>;
+
+    /// Records who cancelled work that ends at once (the same version; the
+    /// ending that follows moves it).
+    async fn cancel_record(&mut self, id: &str, by: &str, reason: Option<&str>, now: Timestamp) -> Result<()>;
+
+    /// Puts a running operation's task back in the queue until
+    /// `available_at`, for attempt `next_attempt`, one version on.
+    async fn retry_schedule(
+        &mut self,
+        id: &str,
+        next_attempt: i64,
+        available_at: Timestamp,
+        progress: Option<&Progress>,
+        now: Timestamp,
+    ) -> Result<Operation>;
+
+    /// Takes a live operation out of the queue as `paused` (its task row
+    /// goes), one version on.
+    async fn pause(
+        &mut self,
+        id: &str,
+        attempt: Option<i64>,
+        progress: Option<&Progress>,
+        checkpoint: Option<&Value>,
+        now: Timestamp,
+    ) -> Result<Operation>;
+
+    /// Puts a paused operation back in the queue, one version on.
+    async fn resume(&mut self, id: &str, now: Timestamp) -> Result<Operation>;
+
+    /// Sets (or clears) a live operation's pause request, one version on.
+    async fn pause_request_set(&mut self, id: &str, at: Option<Timestamp>, now: Timestamp) -> Result<Operation>;
 
     /// Sets a live operation's deadline and labels, one version on.
     async fn deadline_and_labels_set(&mut self, id: &str, change: &UpdateChange, now: Timestamp) -> Result<Operation>;
 
-    /// Records the event `event_type` of `op`'s current version.
-    async fn event_insert(&mut self, op: &Operation, event_type: EventType, data: &Value) -> Result<()>;
-}
+    /// Renews a lease until `until`.
+    async fn lease_renew(&mut self, id: &str, until: Timestamp) -> Result<()>;
 
-/// What a use case decided to write, for [`apply`].
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Effect {
-    /// End a non-terminal operation.
-    End { id: String, ending: Ending },
-    /// Ask the worker holding running work to stop.
-    RequestCancel {
-        id: String,
-        by: &'static str,
-        reason: Option<&'static str>,
-    },
-    /// Withdraw a pause request, recording why.
-    ClearPauseRequest { id: String, event: EventType, data: Value },
-    /// Change a live operation's deadline and labels.
-    SetDeadlineAndLabels { id: String, change: UpdateChange },
-}
+    /// Keeps a worker's checkpoint with the operation (no new version).
+    async fn checkpoint_save(&mut self, id: &str, checkpoint: &Value) -> Result<()>;
 
-/// Applies `effects` in order through `driver`, at `now`: the endings in
-/// one call (set-based where the driver can), the rest one by one. Returns
-/// the operations the effects left at a new version, where the write
-/// returns one.
-pub(crate) async fn apply<D: Driver>(driver: &mut D, effects: &[Effect], now: Timestamp) -> Result<Vec<Operation>> {
-    let ends: Vec<(&str, &Ending)> = effects
-        .iter()
-        .filter_map(|e| match e {
-            Effect::End { id, ending } => Some((id.as_str(), ending)),
-            _ => None,
-        })
-        .collect();
-    if !ends.is_empty() {
-        driver.operations_end(&ends, now).await?;
-    }
-    let mut changed = Vec::new();
-    for effect in effects {
-        match effect {
-            Effect::End { .. } => {}
-            Effect::RequestCancel { id, by, reason } => driver.cancel_request(id, by, *reason, now).await?,
-            Effect::ClearPauseRequest { id, event, data } => {
-                let op = driver.pause_request_clear(id, now).await?;
-                driver.event_insert(&op, *event, data).await?;
-                changed.push(op);
-            }
-            Effect::SetDeadlineAndLabels { id, change } => {
-                let op = driver.deadline_and_labels_set(id, change, now).await?;
-                driver.event_insert(&op, EventType::Updated, &change.data).await?;
-                changed.push(op);
-            }
-        }
-    }
-    Ok(changed)
+    /// Stores what a worker reported of running work, one version on.
+    async fn progress_set(
+        &mut self,
+        id: &str,
+        progress: Option<&Progress>,
+        cost_units: f64,
+        cancellable: bool,
+        now: Timestamp,
+    ) -> Result<Operation>;
+
+    /// Records events, each of its operation's current version.
+    async fn events_insert(&mut self, events: &[(&Operation, EventType, Value)]) -> Result<()>;
+
+    /// Queues the webhook `webhook` of `op`'s change, if it has a callback.
+    async fn webhook_queue(&mut self, op: &Operation, webhook: WebhookType) -> Result<()>;
 }

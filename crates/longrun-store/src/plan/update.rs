@@ -19,6 +19,9 @@ pub(crate) async fn operation_update<D: Driver>(d: &mut D, p: &UpdateParams) -> 
         id: p.id.as_str().to_owned(),
         change,
     }];
-    let mut changed = apply(d, &effects, p.now).await?;
-    changed.pop().ok_or(StoreError::NotFound)
+    apply(d, &effects, p.now)
+        .await?
+        .pop()
+        .flatten()
+        .ok_or(StoreError::NotFound)
 }

@@ -199,12 +199,18 @@ pub(super) async fn task_claim(
     let (expired, live): (Vec<Picked>, Vec<Picked>) = picked
         .into_iter()
         .partition(|task| task.deadline_at.is_some_and(|d| d <= p.now.0));
-    let ending = Ending::failed(deadline_error_before_start());
-    let endings: Vec<(&str, &Ending, Timestamp)> = expired
+    let expired: Vec<Effect> = expired
         .iter()
-        .map(|task| (task.operation_id.as_str(), &ending, p.now))
+        .map(|task| {
+            Effect::End(EndRow {
+                id: task.operation_id.clone(),
+                ending: Ending::failed(deadline_error_before_start()),
+                now: p.now,
+                guard: None,
+            })
+        })
         .collect();
-    operations_end(c, ch, policy, &endings).await?;
+    plan::apply(&mut PgDriver { c, ch, policy }, &expired, p.now).await?;
     if live.is_empty() {
         return Ok(Vec::new());
     }

@@ -3,14 +3,10 @@
 //! work lock their rows `FOR UPDATE SKIP LOCKED`, so nodes running the same
 //! pass at once split the work instead of waiting for each other.
 
-use longrun_core::Timestamp;
-use serde_json::Value;
-use sqlx::{PgConnection, Row};
+use std::collections::HashMap;
 
-use super::{Changes, OP_COLUMNS, db, event_insert, operations_end, rows_of, state_of, update_returning};
-use crate::plan::{Driver, EventType, OverdueWaiting, PauseRequested, Policy, StopRequested};
-use crate::shared::{Ending, UpdateChange};
-use crate::{Id, Operation, Result, StoreError};
+use super::*;
+use crate::plan::{Driver, EndRow, Lock, OverdueWaiting, PauseRequested, StopRequested};
 
 /// A transaction, with what it changed so far, as a [`Driver`].
 pub(super) struct PgDriver<'c> {
@@ -19,7 +15,19 @@ pub(super) struct PgDriver<'c> {
     pub policy: Policy,
 }
 
+impl PgDriver<'_> {
+    /// `UPDATE … RETURNING` every column of the one operation it matches.
+    async fn update(
+        &mut self,
+        query: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    ) -> Result<Operation> {
+        update_returning(self.c, query).await?.ok_or(StoreError::NotFound)
+    }
+}
+
 impl Driver for PgDriver<'_> {
+    const SERIAL: bool = false;
+
     async fn overdue_waiting(&mut self, now: Timestamp, limit: u32) -> Result<Vec<OverdueWaiting>> {
         let rows = rows_of(
             self.c,
@@ -95,37 +103,213 @@ impl Driver for PgDriver<'_> {
             .collect()
     }
 
+    async fn leases_lapsed(&mut self, now: Timestamp, limit: u32) -> Result<Vec<(String, Lapsed)>> {
+        let rows = rows_of(
+            self.c,
+            "SELECT t.operation_id, o.attempt, o.cancel_requested_at IS NOT NULL, o.cancel_requested_by,
+                    o.cancel_reason, COALESCE(k.rerun_safe, FALSE), COALESCE(k.max_attempts, 1),
+                    o.pause_requested_at IS NOT NULL
+               FROM tasks t
+               JOIN operations o ON o.id = t.operation_id
+               LEFT JOIN kinds k ON k.name = t.kind
+              WHERE t.status = 'leased' AND t.lease_expires_at < $1
+              ORDER BY t.lease_expires_at LIMIT $2
+              FOR UPDATE OF t, o SKIP LOCKED",
+            now.0,
+            i64::from(limit),
+        )
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok((
+                    r.try_get(0).map_err(db)?,
+                    Lapsed {
+                        attempt: r.try_get(1).map_err(db)?,
+                        cancel_requested: r.try_get(2).map_err(db)?,
+                        cancel_requested_by: r.try_get(3).map_err(db)?,
+                        cancel_reason: r.try_get(4).map_err(db)?,
+                        rerun_safe: r.try_get(5).map_err(db)?,
+                        max_attempts: r.try_get(6).map_err(db)?,
+                        pause_requested: r.try_get(7).map_err(db)?,
+                    },
+                ))
+            })
+            .collect()
+    }
+
+    async fn fenced(&mut self, leases: &[(&str, &str)], lock: Lock) -> Result<Vec<Option<Fenced>>> {
+        let mut found = fenced_many(self.c, leases, lock).await?;
+        // A second outcome for one lease finds it already used.
+        Ok(leases
+            .iter()
+            .map(|(id, token)| found.remove(&((*id).to_owned(), (*token).to_owned())))
+            .collect())
+    }
+
     async fn operation_locked(&mut self, tenant: &str, id: &Id) -> Result<Option<Operation>> {
-        match super::lock_operation(self.c, tenant, id).await {
+        match lock_operation(self.c, tenant, id).await {
             Ok(op) => Ok(Some(op)),
             Err(StoreError::NotFound) => Ok(None),
             Err(e) => Err(e),
         }
     }
 
-    async fn operations_end(&mut self, ends: &[(&str, &Ending)], now: Timestamp) -> Result<()> {
-        let batch: Vec<(&str, &Ending, Timestamp)> = ends.iter().map(|(id, e)| (*id, *e, now)).collect();
-        let ended = operations_end(self.c, self.ch, self.policy, &batch).await?;
-        if ended.len() < ends.len() {
-            return Err(StoreError::LeaseLost);
-        }
+    async fn task_leased(&mut self, id: &str) -> Result<Option<bool>> {
+        sqlx::query_scalar("SELECT status = 'leased' FROM tasks WHERE operation_id = $1")
+            .bind(id)
+            .fetch_optional(&mut *self.c)
+            .await
+            .map_err(db)
+    }
+
+    /// The operation's row is locked first (`operation_locked`), as a cancel
+    /// locks it, so the two take turns. A claim locks the task row first
+    /// and the operation's after: its task is taken with `NOWAIT`, and a
+    /// claim in progress means the work is being started — held by a
+    /// worker — instead of a deadlock.
+    async fn intent_holder(&mut self, op: &Operation) -> Result<Holder> {
+        let pausable: bool = sqlx::query_scalar("SELECT COALESCE((SELECT pausable FROM kinds WHERE name = $1), FALSE)")
+            .bind(&op.kind)
+            .fetch_one(&mut *self.c)
+            .await
+            .map_err(db)?;
+        // A lock not granted aborts the transaction, up to this savepoint.
+        sqlx::query("SAVEPOINT task_lock")
+            .execute(&mut *self.c)
+            .await
+            .map_err(db)?;
+        let status: Option<String> =
+            match sqlx::query_scalar("SELECT status FROM tasks WHERE operation_id = $1 FOR UPDATE NOWAIT")
+                .bind(op.id.as_str())
+                .fetch_optional(&mut *self.c)
+                .await
+            {
+                Ok(status) => status,
+                Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(LOCK_NOT_AVAILABLE) => {
+                    sqlx::query("ROLLBACK TO SAVEPOINT task_lock")
+                        .execute(&mut *self.c)
+                        .await
+                        .map_err(db)?;
+                    Some("leased".into())
+                }
+                Err(e) => return Err(db(e)),
+            };
+        Ok(Holder {
+            leased: status.as_deref() == Some("leased"),
+            pausable,
+        })
+    }
+
+    async fn operations_end(&mut self, ends: &[EndRow]) -> Result<HashMap<String, Operation>> {
+        operations_end(self.c, self.policy, ends).await
+    }
+
+    async fn cancel_request(&mut self, id: &str, by: &str, reason: Option<&str>, now: Timestamp) -> Result<Operation> {
+        let sql = format!(
+            "UPDATE operations SET cancel_requested_at = $2, cancel_requested_by = $3, cancel_reason = $4,
+                    version = version + 1, updated_at = $2
+              WHERE id = $1 AND state = 'running' RETURNING {OP_COLUMNS}"
+        );
+        self.update(sqlx::query(&sql).bind(id).bind(now.0).bind(by).bind(reason))
+            .await
+    }
+
+    async fn cancel_record(&mut self, id: &str, by: &str, reason: Option<&str>, now: Timestamp) -> Result<()> {
+        sqlx::query(
+            "UPDATE operations SET cancel_requested_at = $2, cancel_requested_by = $3, cancel_reason = $4 WHERE id = $1",
+        )
+        .bind(id)
+        .bind(now.0)
+        .bind(by)
+        .bind(reason)
+        .execute(&mut *self.c)
+        .await
+        .map_err(db)?;
         Ok(())
     }
 
-    async fn cancel_request(&mut self, id: &str, by: &str, reason: Option<&str>, now: Timestamp) -> Result<()> {
-        super::cancel_request(self.c, self.ch, id, by, reason, now)
-            .await
-            .map(|_| ())
-    }
-
-    async fn pause_request_clear(&mut self, id: &str, now: Timestamp) -> Result<Operation> {
+    async fn retry_schedule(
+        &mut self,
+        id: &str,
+        next_attempt: i64,
+        available_at: Timestamp,
+        progress: Option<&Progress>,
+        now: Timestamp,
+    ) -> Result<Operation> {
+        sqlx::query(
+            "UPDATE tasks SET status = 'ready', lease_token = NULL, lease_expires_at = NULL, worker_id = NULL,
+                    available_at = $2
+              WHERE operation_id = $1",
+        )
+        .bind(id)
+        .bind(available_at.0)
+        .execute(&mut *self.c)
+        .await
+        .map_err(db)?;
         let sql = format!(
-            "UPDATE operations SET pause_requested_at = NULL, version = version + 1, updated_at = $2
+            "UPDATE operations SET attempt = $2, version = version + 1, updated_at = $3,
+                    progress = COALESCE($4, progress)
               WHERE id = $1 AND state = 'running' RETURNING {OP_COLUMNS}"
         );
-        update_returning(self.c, sqlx::query(&sql).bind(id).bind(now.0))
-            .await?
-            .ok_or(StoreError::NotFound)
+        let progress = progress.map(progress_text);
+        self.update(sqlx::query(&sql).bind(id).bind(next_attempt).bind(now.0).bind(progress))
+            .await
+    }
+
+    async fn pause(
+        &mut self,
+        id: &str,
+        attempt: Option<i64>,
+        progress: Option<&Progress>,
+        checkpoint: Option<&Value>,
+        now: Timestamp,
+    ) -> Result<Operation> {
+        let sql = format!(
+            "UPDATE operations SET state = 'paused', version = version + 1, updated_at = $2,
+                    attempt = COALESCE($3, attempt), progress = COALESCE($4, progress),
+                    checkpoint = COALESCE($5, checkpoint), pause_requested_at = NULL
+              WHERE id = $1 AND state IN ('queued', 'running') RETURNING {OP_COLUMNS}"
+        );
+        let query = sqlx::query(&sql)
+            .bind(id)
+            .bind(now.0)
+            .bind(attempt)
+            .bind(progress.map(progress_text))
+            .bind(checkpoint.map(Value::to_string));
+        let paused = self.update(query).await?;
+        sqlx::query("DELETE FROM tasks WHERE operation_id = $1")
+            .bind(id)
+            .execute(&mut *self.c)
+            .await
+            .map_err(db)?;
+        Ok(paused)
+    }
+
+    async fn resume(&mut self, id: &str, now: Timestamp) -> Result<Operation> {
+        let sql = format!(
+            "UPDATE operations SET state = 'queued', version = version + 1, updated_at = $2
+              WHERE id = $1 AND state = 'paused' RETURNING {OP_COLUMNS}"
+        );
+        let resumed = self.update(sqlx::query(&sql).bind(id).bind(now.0)).await?;
+        sqlx::query(
+            "INSERT INTO tasks (operation_id, seq, tenant, kind, status, available_at)
+             SELECT id, seq, tenant, kind, 'ready', $2 FROM operations WHERE id = $1",
+        )
+        .bind(id)
+        .bind(now.0)
+        .execute(&mut *self.c)
+        .await
+        .map_err(db)?;
+        Ok(resumed)
+    }
+
+    async fn pause_request_set(&mut self, id: &str, at: Option<Timestamp>, now: Timestamp) -> Result<Operation> {
+        let sql = format!(
+            "UPDATE operations SET pause_requested_at = $2, version = version + 1, updated_at = $3
+              WHERE id = $1 AND state IN ('queued', 'running') RETURNING {OP_COLUMNS}"
+        );
+        self.update(sqlx::query(&sql).bind(id).bind(at.map(|t| t.0)).bind(now.0))
+            .await
     }
 
     async fn deadline_and_labels_set(&mut self, id: &str, change: &UpdateChange, now: Timestamp) -> Result<Operation> {
@@ -139,10 +323,56 @@ impl Driver for PgDriver<'_> {
             .bind(change.deadline_at.map(|t| t.0))
             .bind(labels)
             .bind(now.0);
-        update_returning(self.c, query).await?.ok_or(StoreError::NotFound)
+        self.update(query).await
     }
 
-    async fn event_insert(&mut self, op: &Operation, event_type: EventType, data: &Value) -> Result<()> {
-        event_insert(self.c, self.ch, op, event_type, data).await
+    async fn lease_renew(&mut self, id: &str, until: Timestamp) -> Result<()> {
+        sqlx::query("UPDATE tasks SET lease_expires_at = $2 WHERE operation_id = $1")
+            .bind(id)
+            .bind(until.0)
+            .execute(&mut *self.c)
+            .await
+            .map_err(db)?;
+        Ok(())
+    }
+
+    async fn checkpoint_save(&mut self, id: &str, checkpoint: &Value) -> Result<()> {
+        sqlx::query("UPDATE operations SET checkpoint = $2 WHERE id = $1")
+            .bind(id)
+            .bind(checkpoint.to_string())
+            .execute(&mut *self.c)
+            .await
+            .map_err(db)?;
+        Ok(())
+    }
+
+    async fn progress_set(
+        &mut self,
+        id: &str,
+        progress: Option<&Progress>,
+        cost_units: f64,
+        cancellable: bool,
+        now: Timestamp,
+    ) -> Result<Operation> {
+        let sql = format!(
+            "UPDATE operations SET progress = $2, cost_units = $3, cancellable = $4, version = version + 1,
+                    updated_at = $5
+              WHERE id = $1 AND state = 'running' RETURNING {OP_COLUMNS}"
+        );
+        let query = sqlx::query(&sql)
+            .bind(id)
+            .bind(progress.map(progress_text))
+            .bind(cost_units)
+            .bind(cancellable)
+            .bind(now.0);
+        update_returning(self.c, query).await?.ok_or(StoreError::LeaseLost)
+    }
+
+    async fn events_insert(&mut self, events: &[(&Operation, EventType, Value)]) -> Result<()> {
+        events_insert(self.c, self.ch, events).await
+    }
+
+    async fn webhook_queue(&mut self, op: &Operation, webhook: WebhookType) -> Result<()> {
+        outbox_insert_as(self.c, op, webhook).await
     }
 }

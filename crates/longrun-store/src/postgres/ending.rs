@@ -1,53 +1,26 @@
 //! Ending operations: one set-based pass ends many (state, task, results,
-//! pieces, events, webhooks), guarded by the version each was read at.
+//! pieces), each guarded by the version it was read at where it has one.
 
 use super::*;
 
-/// Moves a non-terminal operation to a terminal state and returns it (see
-/// `sqlite/sql.rs`).
-pub(super) async fn operation_end(
-    c: &mut PgConnection,
-    ch: &mut Changes,
-    policy: Policy,
-    id: &str,
-    ending: &Ending,
-    now: Timestamp,
-) -> Result<Operation> {
-    operations_end(c, ch, policy, &[(id, ending, now)])
-        .await?
-        .remove(id)
-        .ok_or(StoreError::LeaseLost)
-}
-
-/// Ends many non-terminal operations in a constant number of statements
-/// (one UPDATE from arrays, one DELETE of their tasks, one each to publish
-/// and to discard uploaded results, one INSERT of their events) and returns
-/// the ended ones by id; an operation that was already terminal is missing.
-/// Each ends at its own `now`.
+/// Ends each live operation of `ends` (at its guard version, where it has
+/// one) in a constant number of statements — one UPDATE from arrays, one
+/// DELETE of their tasks, one each to publish and to discard uploaded
+/// results — and returns the ended ones by id; an operation that was
+/// already terminal, or moved past its guard, is missing. Each ends at its
+/// own `now`. Their events and webhooks are the plan layer's
+/// (`plan::apply`).
 pub(super) async fn operations_end(
     c: &mut PgConnection,
-    ch: &mut Changes,
     policy: Policy,
-    endings: &[(&str, &Ending, Timestamp)],
+    ends: &[EndRow],
 ) -> Result<std::collections::HashMap<String, Operation>> {
-    operations_end_guarded(c, ch, policy, endings, &[]).await
-}
-
-/// [`operations_end`], each ending applied only while its operation is at
-/// the version of the same place in `versions` (when it has one): an
-/// operation changed since (a cancel request, a lapsed lease) is missing
-/// from the answer, as one already ended is.
-pub(super) async fn operations_end_guarded(
-    c: &mut PgConnection,
-    ch: &mut Changes,
-    policy: Policy,
-    endings: &[(&str, &Ending, Timestamp)],
-    versions: &[i64],
-) -> Result<std::collections::HashMap<String, Operation>> {
-    if endings.is_empty() {
+    if ends.is_empty() {
         return Ok(std::collections::HashMap::new());
     }
-    let versions: Vec<Option<i64>> = (0..endings.len()).map(|i| versions.get(i).copied()).collect();
+    let endings: Vec<(&str, &Ending, Timestamp)> = ends.iter().map(|e| (e.id.as_str(), &e.ending, e.now)).collect();
+    let versions: Vec<Option<i64>> = ends.iter().map(|e| e.guard).collect();
+    let drops_input: Vec<bool> = ends.iter().map(|e| e.ending.drops_input(policy.keep_inputs)).collect();
     let ids: Vec<&str> = endings.iter().map(|(id, _, _)| *id).collect();
     let states: Vec<&str> = endings.iter().map(|(_, e, _)| e.to.as_str()).collect();
     let results: Vec<Option<String>> = endings
@@ -78,11 +51,12 @@ pub(super) async fn operations_end_guarded(
             SET state = e.e_state, version = version + 1, result = e.e_result, error_code = e.e_code,
                 error_message = e.e_message, error_retryable = e.e_retryable, completed_at = e.e_now,
                 updated_at = e.e_now, expires_at = e.e_expires,
-                input = CASE WHEN $10 OR e.e_state <> 'succeeded' THEN input ELSE NULL END,
+                input = CASE WHEN e.e_drop THEN NULL ELSE input END,
                 progress = COALESCE(e.e_progress, progress)
            FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], $5::TEXT[], $6::BOOL[], $7::TEXT[],
-                       $8::BIGINT[], $9::BIGINT[], $11::BIGINT[])
-                AS e(e_id, e_state, e_result, e_code, e_message, e_retryable, e_progress, e_now, e_expires, e_version)
+                       $8::BIGINT[], $9::BIGINT[], $10::BOOL[], $11::BIGINT[])
+                AS e(e_id, e_state, e_result, e_code, e_message, e_retryable, e_progress, e_now, e_expires, e_drop,
+                     e_version)
           WHERE id = ANY($1::TEXT[]) AND id = e.e_id
             AND (e.e_state IS NULL OR state IN ('queued', 'running', 'paused'))
             AND (e.e_version IS NULL OR version = e.e_version)
@@ -97,7 +71,7 @@ pub(super) async fn operations_end_guarded(
     .bind(&progress)
     .bind(&nows)
     .bind(&expiries)
-    .bind(policy.keep_inputs)
+    .bind(&drops_input)
     .bind(&versions)
     .fetch_all(&mut *c)
     .await
@@ -131,19 +105,9 @@ pub(super) async fn operations_end_guarded(
     results_discard(c, &other, discard_at).await?;
     // Cancelled work leaves nothing behind; a failed one keeps its pieces
     // for a `from_checkpoint` re-run.
-    for (id, ending, at) in endings {
+    for (id, ending, at) in &endings {
         if ending.to == State::Cancelled && ended.contains_key(*id) {
             pieces_drop(c, id, None, None, *at).await?;
-        }
-    }
-    let events: Vec<(&Operation, EventType, Value)> = endings
-        .iter()
-        .filter_map(|(id, e, _)| ended.get(*id).map(|op| (op, EventType::Ended(e.to), e.event_data())))
-        .collect();
-    events_insert(c, ch, &events).await?;
-    for (id, _, _) in endings {
-        if let Some(op) = ended.get(*id) {
-            outbox_insert(c, op).await?;
         }
     }
     Ok(ended)

@@ -19,7 +19,7 @@ pub(super) struct Batching {
     pub(super) alone_below: usize,
 }
 
-/// Worker outcomes: applied set-based (`task_finish_batch`).
+/// Worker outcomes: applied set-based (`plan::finish::task_finish_many`).
 pub(super) const FINISH: Batching = Batching {
     max_batch: 256,
     writers: 2,

@@ -104,16 +104,6 @@ pub(super) fn operation_from_row(r: &PgRow) -> Result<Operation> {
     })
 }
 
-pub(super) async fn event_insert(
-    c: &mut PgConnection,
-    ch: &mut Changes,
-    op: &Operation,
-    event_type: EventType,
-    data: &Value,
-) -> Result<()> {
-    events_insert(c, ch, &[(op, event_type, data.clone())]).await
-}
-
 pub(super) async fn operation_by_id(c: &mut PgConnection, id: &str) -> Result<Option<Operation>> {
     let row = sqlx::query(&format!("SELECT {OP_COLUMNS} FROM operations WHERE id = $1"))
         .bind(id)

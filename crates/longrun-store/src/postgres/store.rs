@@ -80,7 +80,11 @@ impl Store for PostgresStore {
 
     async fn operation_cancel(&self, params: CancelParams) -> Result<CancelOutcome> {
         let policy = self.policy;
-        in_tx!(self, |c, ch| operation_cancel(c, ch, policy, &params).await)
+        in_tx!(self, |c, ch| plan::control::operation_cancel(
+            &mut PgDriver { c, ch, policy },
+            &params
+        )
+        .await)
     }
 
     async fn task_claim(&self, params: ClaimParams) -> Result<Vec<Task>> {
@@ -92,7 +96,12 @@ impl Store for PostgresStore {
     }
 
     async fn task_heartbeat(&self, params: HeartbeatParams) -> Result<HeartbeatAck> {
-        in_tx!(self, |c, ch| task_heartbeat(c, ch, &params).await)
+        let policy = self.policy;
+        in_tx!(self, |c, ch| plan::finish::task_heartbeat(
+            &mut PgDriver { c, ch, policy },
+            &params
+        )
+        .await)
     }
 
     async fn task_finish(&self, params: FinishParams) -> Result<Operation> {
@@ -128,7 +137,11 @@ impl Store for PostgresStore {
 
     async fn task_reap(&self, params: ReapParams) -> Result<ReapCounts> {
         let policy = self.policy;
-        in_tx!(self, |c, ch| task_reap(c, ch, policy, &params).await)
+        in_tx!(self, |c, ch| plan::finish::task_reap(
+            &mut PgDriver { c, ch, policy },
+            &params
+        )
+        .await)
     }
 
     async fn operation_update(&self, params: UpdateParams) -> Result<Operation> {
@@ -141,7 +154,12 @@ impl Store for PostgresStore {
     }
 
     async fn operation_intent(&self, params: IntentParams) -> Result<Operation> {
-        in_tx!(self, |c, ch| operation_intent(c, ch, &params).await)
+        let policy = self.policy;
+        in_tx!(self, |c, ch| plan::control::operation_intent(
+            &mut PgDriver { c, ch, policy },
+            &params
+        )
+        .await)
     }
 
     async fn deadline_enforce(&self, params: EnforceParams) -> Result<EnforceCounts> {

@@ -115,13 +115,13 @@ pub(super) fn lease_task(
     let deadline_at = current.deadline_at;
     if deadline_at.is_some_and(|d| d <= p.now) {
         // A queued operation whose deadline passed is never started.
-        end_operation(
-            c,
-            policy,
-            current,
-            &Ending::failed(deadline_error_before_start()),
-            p.now,
-        )?;
+        let expired = Effect::End(EndRow {
+            id: id.to_owned(),
+            ending: Ending::failed(deadline_error_before_start()),
+            now: p.now,
+            guard: Some(current.version),
+        });
+        block(plan::apply(&mut SqliteDriver::new(c, policy), &[expired], p.now))?;
         return Ok(None);
     }
     let was_queued = current.state == State::Queued;

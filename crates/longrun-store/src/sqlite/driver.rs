@@ -3,23 +3,46 @@
 //! commit, so a use case's future never waits and [`block`] drives it to
 //! completion in one poll.
 
+use std::collections::HashMap;
 use std::future::Future;
 
 use futures_util::FutureExt as _;
-use longrun_core::Timestamp;
-use rusqlite::{Connection, params};
-use serde_json::Value;
 
 use super::*;
-use crate::plan::{Driver, EventType};
-use crate::plan::{OverdueWaiting, PauseRequested, StopRequested};
-use crate::shared::{Ending, UpdateChange};
-use crate::{Id, Operation, Result, StoreError};
+use crate::plan::{Driver, EndRow, Lock, OverdueWaiting, PauseRequested, StopRequested};
 
 /// The writer thread's connection, as a [`Driver`].
 pub(super) struct SqliteDriver<'c> {
-    pub c: &'c Connection,
-    pub policy: WritePolicy,
+    c: &'c Connection,
+    policy: WritePolicy,
+    /// Operations as `fenced` read them in full, so that ending one writes
+    /// the row it read instead of reading it again (a use case ends what it
+    /// fenced; any other write forgets the row).
+    read: HashMap<String, Operation>,
+}
+
+impl<'c> SqliteDriver<'c> {
+    pub(super) fn new(c: &'c Connection, policy: WritePolicy) -> Self {
+        Self {
+            c,
+            policy,
+            read: HashMap::new(),
+        }
+    }
+
+    /// An operation's row, the one `fenced` read if no write came since.
+    fn current(&mut self, id: &str) -> Result<Option<Operation>> {
+        match self.read.remove(id) {
+            Some(op) => Ok(Some(op)),
+            None => operation_by_id(self.c, id),
+        }
+    }
+
+    /// `UPDATE … WHERE id = ?1` of one operation, read back.
+    fn update(&mut self, id: &str, sql: &str, rest: &[&dyn rusqlite::ToSql]) -> Result<Operation> {
+        self.read.remove(id);
+        update_and_read(self.c, id, sql, rest)?.ok_or(StoreError::NotFound)
+    }
 }
 
 /// Runs a use case on the writer thread: every statement of the SQLite
@@ -31,6 +54,10 @@ pub(super) fn block<T>(use_case: impl Future<Output = Result<T>>) -> Result<T> {
 }
 
 impl Driver for SqliteDriver<'_> {
+    // The writer thread is the only writer: a row read in its job stays as
+    // read until the job ends.
+    const SERIAL: bool = true;
+
     async fn overdue_waiting(&mut self, now: Timestamp, limit: u32) -> Result<Vec<OverdueWaiting>> {
         let rows = self
             .c
@@ -100,47 +127,249 @@ impl Driver for SqliteDriver<'_> {
         Ok(rows)
     }
 
+    async fn leases_lapsed(&mut self, now: Timestamp, limit: u32) -> Result<Vec<(String, Lapsed)>> {
+        let lapsed = self
+            .c
+            .prepare_cached(
+                "SELECT t.operation_id, o.attempt, o.cancel_requested_at IS NOT NULL, o.cancel_requested_by,
+                        o.cancel_reason, COALESCE(k.rerun_safe, 0), COALESCE(k.max_attempts, 1),
+                        o.pause_requested_at IS NOT NULL
+                   FROM tasks t
+                   JOIN operations o ON o.id = t.operation_id
+                   LEFT JOIN kinds k ON k.name = t.kind
+                  WHERE t.status = 'leased' AND t.lease_expires_at < ?1
+                  ORDER BY t.lease_expires_at LIMIT ?2",
+            )?
+            .query_map(params![now.0, limit], |r| {
+                Ok((
+                    r.get(0)?,
+                    Lapsed {
+                        attempt: r.get(1)?,
+                        cancel_requested: r.get(2)?,
+                        cancel_requested_by: r.get(3)?,
+                        cancel_reason: r.get(4)?,
+                        rerun_safe: r.get(5)?,
+                        max_attempts: r.get(6)?,
+                        pause_requested: r.get(7)?,
+                    },
+                ))
+            })?
+            .collect::<rusqlite::Result<_>>()?;
+        Ok(lapsed)
+    }
+
+    async fn fenced(&mut self, leases: &[(&str, &str)], _lock: Lock) -> Result<Vec<Option<Fenced>>> {
+        let mut found = Vec::with_capacity(leases.len());
+        for (i, (id, token)) in leases.iter().enumerate() {
+            if leases[..i].iter().any(|(other, _)| other == id) {
+                // One outcome per lease: a second finds it used.
+                found.push(None);
+                continue;
+            }
+            match fenced_operation(self.c, &Id::from_trusted((*id).to_owned()), token) {
+                Ok((fenced, op)) => {
+                    self.read.insert((*id).to_owned(), op);
+                    found.push(Some(fenced));
+                }
+                Err(StoreError::LeaseLost) => found.push(None),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(found)
+    }
+
     async fn operation_locked(&mut self, tenant: &str, id: &Id) -> Result<Option<Operation>> {
-        // The writer thread is the only writer: a row read in its job stays
-        // as read until the job ends.
         operation_get(self.c, tenant, id)
     }
 
-    async fn operations_end(&mut self, ends: &[(&str, &Ending)], now: Timestamp) -> Result<()> {
-        for (id, ending) in ends {
-            operation_end(self.c, self.policy, id, ending, now)?;
+    async fn task_leased(&mut self, id: &str) -> Result<Option<bool>> {
+        Ok(self
+            .c
+            .prepare_cached("SELECT status = 'leased' FROM tasks WHERE operation_id = ?1")?
+            .query_row(params![id], |r| r.get(0))
+            .optional()?)
+    }
+
+    async fn intent_holder(&mut self, op: &Operation) -> Result<Holder> {
+        Ok(self
+            .c
+            .prepare_cached(
+                "SELECT EXISTS (SELECT 1 FROM tasks WHERE operation_id = ?1 AND status = 'leased'),
+                        COALESCE((SELECT pausable FROM kinds WHERE name = ?2), 0)",
+            )?
+            .query_row(params![op.id.as_str(), op.kind], |r| {
+                Ok(Holder {
+                    leased: r.get(0)?,
+                    pausable: r.get(1)?,
+                })
+            })?)
+    }
+
+    async fn operations_end(&mut self, ends: &[EndRow]) -> Result<HashMap<String, Operation>> {
+        let mut ended = HashMap::with_capacity(ends.len());
+        for row in ends {
+            let Some(current) = self.current(&row.id)? else {
+                continue;
+            };
+            if row.guard.is_some_and(|version| version != current.version) {
+                continue;
+            }
+            if let Some(op) = end_operation(self.c, self.policy, current, &row.ending, row.now)? {
+                ended.insert(row.id.clone(), op);
+            }
         }
+        Ok(ended)
+    }
+
+    async fn cancel_request(&mut self, id: &str, by: &str, reason: Option<&str>, now: Timestamp) -> Result<Operation> {
+        self.update(
+            id,
+            "UPDATE OR FAIL operations SET cancel_requested_at = ?2, cancel_requested_by = ?3, cancel_reason = ?4,
+                    version = version + 1, updated_at = ?2
+              WHERE id = ?1 AND state = 'running'",
+            params![now.0, by, reason],
+        )
+    }
+
+    async fn cancel_record(&mut self, id: &str, by: &str, reason: Option<&str>, now: Timestamp) -> Result<()> {
+        self.read.remove(id);
+        self.c
+            .prepare_cached(
+                "UPDATE OR FAIL operations SET cancel_requested_at = ?2, cancel_requested_by = ?3, cancel_reason = ?4
+                  WHERE id = ?1",
+            )?
+            .execute(params![id, now.0, by, reason])?;
         Ok(())
     }
 
-    async fn cancel_request(&mut self, id: &str, by: &str, reason: Option<&str>, now: Timestamp) -> Result<()> {
-        cancel_request(self.c, id, by, reason, now).map(|_| ())
+    async fn retry_schedule(
+        &mut self,
+        id: &str,
+        next_attempt: i64,
+        available_at: Timestamp,
+        progress: Option<&Progress>,
+        now: Timestamp,
+    ) -> Result<Operation> {
+        self.c
+            .prepare_cached(
+                "UPDATE tasks SET status = 'ready', lease_token = NULL, lease_expires_at = NULL, worker_id = NULL,
+                        available_at = ?2
+                  WHERE operation_id = ?1",
+            )?
+            .execute(params![id, available_at.0])?;
+        self.update(
+            id,
+            "UPDATE OR FAIL operations SET attempt = ?2, version = version + 1, updated_at = ?3,
+                    progress = COALESCE(?4, progress)
+              WHERE id = ?1 AND state = 'running'",
+            params![next_attempt, now.0, progress.map(progress_text)],
+        )
     }
 
-    async fn pause_request_clear(&mut self, id: &str, now: Timestamp) -> Result<Operation> {
-        update_and_read(
-            self.c,
+    async fn pause(
+        &mut self,
+        id: &str,
+        attempt: Option<i64>,
+        progress: Option<&Progress>,
+        checkpoint: Option<&Value>,
+        now: Timestamp,
+    ) -> Result<Operation> {
+        let paused = self.update(
             id,
-            "UPDATE OR FAIL operations SET pause_requested_at = NULL, version = version + 1, updated_at = ?2
-              WHERE id = ?1 AND state = 'running'",
+            "UPDATE OR FAIL operations SET state = 'paused', version = version + 1, updated_at = ?2,
+                    attempt = COALESCE(?3, attempt), progress = COALESCE(?4, progress),
+                    checkpoint = COALESCE(?5, checkpoint), pause_requested_at = NULL
+              WHERE id = ?1 AND state IN ('queued', 'running')",
+            params![
+                now.0,
+                attempt,
+                progress.map(progress_text),
+                checkpoint.map(Value::to_string)
+            ],
+        )?;
+        self.c
+            .prepare_cached("DELETE FROM tasks WHERE operation_id = ?1")?
+            .execute(params![id])?;
+        Ok(paused)
+    }
+
+    async fn resume(&mut self, id: &str, now: Timestamp) -> Result<Operation> {
+        let resumed = self.update(
+            id,
+            "UPDATE OR FAIL operations SET state = 'queued', version = version + 1, updated_at = ?2
+              WHERE id = ?1 AND state = 'paused'",
             params![now.0],
-        )?
-        .ok_or(StoreError::NotFound)
+        )?;
+        self.c
+            .prepare_cached(
+                "INSERT INTO tasks (operation_id, seq, tenant, kind, status, available_at)
+                 SELECT id, seq, tenant, kind, 'ready', ?2 FROM operations WHERE id = ?1",
+            )?
+            .execute(params![id, now.0])?;
+        Ok(resumed)
+    }
+
+    async fn pause_request_set(&mut self, id: &str, at: Option<Timestamp>, now: Timestamp) -> Result<Operation> {
+        self.update(
+            id,
+            "UPDATE OR FAIL operations SET pause_requested_at = ?2, version = version + 1, updated_at = ?3
+              WHERE id = ?1 AND state IN ('queued', 'running')",
+            params![at.map(|t| t.0), now.0],
+        )
     }
 
     async fn deadline_and_labels_set(&mut self, id: &str, change: &UpdateChange, now: Timestamp) -> Result<Operation> {
         let labels = serde_json::to_string(&change.labels).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        update_and_read(
-            self.c,
+        self.update(
             id,
             "UPDATE OR FAIL operations SET deadline_at = ?2, labels = ?3, version = version + 1, updated_at = ?4
               WHERE id = ?1 AND state IN ('queued', 'running')",
             params![change.deadline_at.map(|t| t.0), labels, now.0],
-        )?
-        .ok_or(StoreError::NotFound)
+        )
     }
 
-    async fn event_insert(&mut self, op: &Operation, event_type: EventType, data: &Value) -> Result<()> {
-        event_insert(self.c, op, event_type, data)
+    async fn lease_renew(&mut self, id: &str, until: Timestamp) -> Result<()> {
+        self.c
+            .prepare_cached("UPDATE tasks SET lease_expires_at = ?2 WHERE operation_id = ?1")?
+            .execute(params![id, until.0])?;
+        Ok(())
+    }
+
+    async fn checkpoint_save(&mut self, id: &str, checkpoint: &Value) -> Result<()> {
+        self.c
+            .prepare_cached("UPDATE OR FAIL operations SET checkpoint = ?2 WHERE id = ?1")?
+            .execute(params![id, checkpoint.to_string()])?;
+        Ok(())
+    }
+
+    async fn progress_set(
+        &mut self,
+        id: &str,
+        progress: Option<&Progress>,
+        cost_units: f64,
+        cancellable: bool,
+        now: Timestamp,
+    ) -> Result<Operation> {
+        self.read.remove(id);
+        update_and_read(
+            self.c,
+            id,
+            "UPDATE OR FAIL operations SET progress = ?2, cost_units = ?3, cancellable = ?4, version = version + 1,
+                    updated_at = ?5
+              WHERE id = ?1 AND state = 'running'",
+            params![progress.map(progress_text), cost_units, cancellable, now.0],
+        )?
+        .ok_or(StoreError::LeaseLost)
+    }
+
+    async fn events_insert(&mut self, events: &[(&Operation, EventType, Value)]) -> Result<()> {
+        for (op, event_type, data) in events {
+            event_insert(self.c, op, *event_type, data)?;
+        }
+        Ok(())
+    }
+
+    async fn webhook_queue(&mut self, op: &Operation, webhook: WebhookType) -> Result<()> {
+        outbox_insert_as(self.c, op, webhook)
     }
 }

@@ -1,35 +1,24 @@
-//! Ending an operation: state, task, results, pieces, event and webhook,
-//! written at the version it was read at.
+//! Ending an operation: state, task, results and pieces, written at the
+//! version it was read at (its event and webhook are the plan layer's).
 
 use super::*;
 
-/// Moves a non-terminal operation to a terminal state, removes its dispatch
-/// record, drops its input (unless kept), records the event and its webhook,
-/// and returns the ended operation.
-pub(super) fn operation_end(
-    c: &Connection,
-    policy: WritePolicy,
-    id: &str,
-    ending: &Ending,
-    now: Timestamp,
-) -> Result<Operation> {
-    let current = operation_by_id(c, id)?.ok_or(StoreError::LeaseLost)?;
-    end_operation(c, policy, current, ending, now)
-}
-
-/// [`operation_end`] of `current`, the operation's row as just read in
-/// this transaction. The ended row is [`Ending::apply`]'s, written as is
-/// (at the version read), so it is not read back.
+/// Ends `current`, the operation's row as just read in this transaction:
+/// moves it to its terminal state, removes its dispatch record, drops its
+/// input (unless kept), publishes or discards its uploaded results and
+/// (cancelled) drops its pieces. The ended row is [`Ending::apply`]'s,
+/// written as is (at the version read), so it is not read back. `None` if
+/// it had ended already or moved on since it was read.
 pub(super) fn end_operation(
     c: &Connection,
     policy: WritePolicy,
     current: Operation,
     ending: &Ending,
     now: Timestamp,
-) -> Result<Operation> {
+) -> Result<Option<Operation>> {
     debug_assert!(ending.to.is_terminal());
     if current.state.is_terminal() {
-        return Err(StoreError::LeaseLost);
+        return Ok(None);
     }
     let read_at = current.version;
     let ended = ending.apply(current, now, policy.operation_retention, policy.keep_inputs);
@@ -58,7 +47,7 @@ pub(super) fn end_operation(
             read_at,
         ])?;
     if changed == 0 {
-        return Err(StoreError::LeaseLost);
+        return Ok(None);
     }
     c.prepare_cached("DELETE FROM tasks WHERE operation_id = ?1")?
         .execute(params![id])?;
@@ -73,9 +62,7 @@ pub(super) fn end_operation(
         // pieces for a `from_checkpoint` re-run.
         pieces_drop(c, id, None, None, now)?;
     }
-    event_insert(c, &ended, EventType::Ended(ending.to), &ending.event_data())?;
-    outbox_insert(c, &ended)?;
-    Ok(ended)
+    Ok(Some(ended))
 }
 
 /// Publishes the operation's uploaded artifacts, if it has any, as its result.

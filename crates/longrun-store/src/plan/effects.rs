@@ -1,0 +1,220 @@
+//! What a use case decides to write ([`Effect`]), and [`apply`], which
+//! turns effects into a driver's row writes, the events that record them
+//! and the webhooks they queue: the one place that says which event and
+//! which webhook each change of an operation carries.
+
+use longrun_core::Timestamp;
+use longrun_core::lease::retry_backoff;
+use serde_json::{Value, json};
+
+use super::driver::EndRow;
+use super::{Driver, EventType, WebhookType};
+use crate::shared::UpdateChange;
+use crate::{Operation, Progress, Result, StoreError};
+
+/// A change of one operation, as a use case decided it.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Effect {
+    /// End it (`ended` event, state webhook). Without a guard, an operation
+    /// that ended meanwhile refuses the whole apply with `LeaseLost`; with
+    /// one, it is left out of the answer.
+    End(EndRow),
+    /// Ask its worker to stop (`cancel_requested`).
+    RequestCancel {
+        id: String,
+        by: String,
+        reason: Option<String>,
+    },
+    /// Say who cancels it, before an `End` that cancels it at once.
+    RecordCancel {
+        id: String,
+        by: String,
+        reason: Option<String>,
+    },
+    /// Retry after the backoff of attempt `next_attempt` (`retry_scheduled`,
+    /// its data completed with the attempt and when it becomes available).
+    Retry {
+        id: String,
+        next_attempt: i64,
+        progress: Option<Progress>,
+        data: Value,
+    },
+    /// Out of the queue as `paused` (`paused` event and webhook).
+    Pause {
+        id: String,
+        attempt: Option<i64>,
+        progress: Option<Progress>,
+        checkpoint: Option<Value>,
+        data: Value,
+    },
+    /// Back in the queue (`resumed` event and webhook).
+    Resume { id: String },
+    /// Set or clear the pause request, recorded as `event`.
+    SetPauseRequest {
+        id: String,
+        at: Option<Timestamp>,
+        event: EventType,
+        data: Value,
+    },
+    /// Change deadline and labels (`updated`).
+    SetDeadlineAndLabels { id: String, change: UpdateChange },
+    /// Renew the lease (no new version).
+    RenewLease { id: String, until: Timestamp },
+    /// Keep the worker's checkpoint (no new version).
+    SaveCheckpoint { id: String, checkpoint: Value },
+    /// Store a worker's report (`progress`).
+    ReportProgress {
+        id: String,
+        progress: Option<Progress>,
+        cost_units: f64,
+        cancellable: bool,
+        data: Value,
+    },
+}
+
+/// Applies `effects` in order through `driver` at `now` and answers, for
+/// each, the operation it left at a new version (`None` for an effect that
+/// makes none, and for a guarded ending that found its operation changed).
+/// Consecutive endings go to the driver together (set-based on
+/// PostgreSQL), and their events in one call.
+pub(crate) async fn apply<D: Driver>(d: &mut D, effects: &[Effect], now: Timestamp) -> Result<Vec<Option<Operation>>> {
+    let mut answers: Vec<Option<Operation>> = Vec::with_capacity(effects.len());
+    let mut i = 0;
+    while i < effects.len() {
+        let run = effects[i..].iter().take_while(|e| matches!(e, Effect::End(_))).count();
+        if run > 0 {
+            answers.extend(end_all(d, &effects[i..i + run]).await?);
+            i += run;
+        } else {
+            answers.push(apply_one(d, &effects[i], now).await?);
+            i += 1;
+        }
+    }
+    Ok(answers)
+}
+
+/// Applies a run of `Effect::End`s in one driver call.
+async fn end_all<D: Driver>(d: &mut D, effects: &[Effect]) -> Result<Vec<Option<Operation>>> {
+    let rows: Vec<&EndRow> = effects
+        .iter()
+        .map(|e| match e {
+            Effect::End(row) => row,
+            _ => unreachable!("a run of endings"),
+        })
+        .collect();
+    let owned: Vec<EndRow> = rows.iter().map(|row| (*row).clone()).collect();
+    let mut ended = d.operations_end(&owned).await?;
+    let mut answers = Vec::with_capacity(rows.len());
+    for row in &rows {
+        match ended.remove(&row.id) {
+            Some(op) => answers.push(Some(op)),
+            None if row.guard.is_some() => answers.push(None),
+            None => return Err(StoreError::LeaseLost),
+        }
+    }
+    let recorded: Vec<(&Operation, EventType, Value)> = rows
+        .iter()
+        .zip(&answers)
+        .filter_map(|(row, op)| {
+            op.as_ref()
+                .map(|op| (op, EventType::Ended(row.ending.to), row.ending.event_data()))
+        })
+        .collect();
+    d.events_insert(&recorded).await?;
+    for (op, _, _) in &recorded {
+        d.webhook_queue(op, WebhookType::Reached(op.state)).await?;
+    }
+    Ok(answers)
+}
+
+/// Applies one effect other than an ending.
+async fn apply_one<D: Driver>(d: &mut D, effect: &Effect, now: Timestamp) -> Result<Option<Operation>> {
+    Ok(match effect {
+        Effect::End(_) => unreachable!("endings go through end_all"),
+        Effect::RequestCancel { id, by, reason } => {
+            let op = d.cancel_request(id, by, reason.as_deref(), now).await?;
+            let data = json!({"requested_by": by, "reason": reason});
+            record(d, op, EventType::CancelRequested, data, None).await?
+        }
+        Effect::RecordCancel { id, by, reason } => {
+            d.cancel_record(id, by, reason.as_deref(), now).await?;
+            None
+        }
+        Effect::Retry {
+            id,
+            next_attempt,
+            progress,
+            data,
+        } => {
+            let available_at = now.plus(retry_backoff(*next_attempt));
+            let op = d
+                .retry_schedule(id, *next_attempt, available_at, progress.as_ref(), now)
+                .await?;
+            let mut data = data.clone();
+            if let Some(fields) = data.as_object_mut() {
+                fields.insert("next_attempt".into(), json!(next_attempt));
+                fields.insert("available_at".into(), json!(available_at.to_rfc3339()));
+            }
+            record(d, op, EventType::RetryScheduled, data, None).await?
+        }
+        Effect::Pause {
+            id,
+            attempt,
+            progress,
+            checkpoint,
+            data,
+        } => {
+            let op = d
+                .pause(id, *attempt, progress.as_ref(), checkpoint.as_ref(), now)
+                .await?;
+            record(d, op, EventType::Paused, data.clone(), Some(WebhookType::Paused)).await?
+        }
+        Effect::Resume { id } => {
+            let op = d.resume(id, now).await?;
+            record(d, op, EventType::Resumed, json!({}), Some(WebhookType::Resumed)).await?
+        }
+        Effect::SetPauseRequest { id, at, event, data } => {
+            let op = d.pause_request_set(id, *at, now).await?;
+            record(d, op, *event, data.clone(), None).await?
+        }
+        Effect::SetDeadlineAndLabels { id, change } => {
+            let op = d.deadline_and_labels_set(id, change, now).await?;
+            record(d, op, EventType::Updated, change.data.clone(), None).await?
+        }
+        Effect::RenewLease { id, until } => {
+            d.lease_renew(id, *until).await?;
+            None
+        }
+        Effect::SaveCheckpoint { id, checkpoint } => {
+            d.checkpoint_save(id, checkpoint).await?;
+            None
+        }
+        Effect::ReportProgress {
+            id,
+            progress,
+            cost_units,
+            cancellable,
+            data,
+        } => {
+            let op = d
+                .progress_set(id, progress.as_ref(), *cost_units, *cancellable, now)
+                .await?;
+            record(d, op, EventType::Progress, data.clone(), None).await?
+        }
+    })
+}
+
+/// Records `op`'s new version as `event` (and queues `webhook`); answers it.
+async fn record<D: Driver>(
+    d: &mut D,
+    op: Operation,
+    event: EventType,
+    data: Value,
+    webhook: Option<WebhookType>,
+) -> Result<Option<Operation>> {
+    d.events_insert(&[(&op, event, data)]).await?;
+    if let Some(webhook) = webhook {
+        d.webhook_queue(&op, webhook).await?;
+    }
+    Ok(Some(op))
+}
