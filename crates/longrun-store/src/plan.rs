@@ -15,7 +15,8 @@
 //!
 //! Written here: workers' outcomes, the reaper and heartbeats ([`finish`]),
 //! cancel, pause and resume ([`control`]), the deadline enforcer
-//! ([`deadline`]) and `PATCH` of deadline and labels ([`update`]). Accepts
+//! ([`deadline`]), `PATCH` of deadline and labels ([`update`]), and
+//! retention and tenant deletion ([`retention`]). Accepts
 //! and claims stay per dialect for now (see `docs/ARCHITECTURE.md`, "The
 //! store"), but end what they end through [`apply`].
 
@@ -25,6 +26,7 @@ mod driver;
 mod effects;
 mod event;
 pub(crate) mod finish;
+pub(crate) mod retention;
 pub(crate) mod update;
 
 pub(crate) use driver::{Driver, EndRow, Lock, OverdueWaiting, PauseRequested, StopRequested};

@@ -677,7 +677,15 @@ impl Store for SqliteStore {
     }
 
     async fn retention_sweep(&self, params: RetentionParams) -> Result<RetentionCounts> {
-        self.writer.write(move |c| retention_sweep(c, &params)).await
+        let policy = self.policy;
+        self.writer
+            .write(move |c| {
+                block(plan::retention::retention_sweep(
+                    &mut SqliteDriver::new(c, policy),
+                    &params,
+                ))
+            })
+            .await
     }
 
     async fn artifact_garbage(&self, limit: u32) -> Result<Vec<String>> {
@@ -690,7 +698,16 @@ impl Store for SqliteStore {
 
     async fn tenant_delete(&self, tenant: &str, now: Timestamp) -> Result<TenantDeleteCounts> {
         let tenant = tenant.to_owned();
-        self.writer.write(move |c| tenant_delete(c, &tenant, now)).await
+        let policy = self.policy;
+        self.writer
+            .write(move |c| {
+                block(plan::retention::tenant_delete(
+                    &mut SqliteDriver::new(c, policy),
+                    &tenant,
+                    now,
+                ))
+            })
+            .await
     }
 
     async fn server_secret_list(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>> {

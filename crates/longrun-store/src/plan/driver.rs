@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use longrun_core::{State, Timestamp};
 use serde_json::Value;
 
+use super::retention::{Expiring, Tombstone};
 use super::{EventType, WebhookType};
 use crate::shared::{Ending, Fenced, Holder, Lapsed, UpdateChange};
 use crate::{Id, Operation, Progress, Result};
@@ -162,6 +163,54 @@ pub(crate) trait Driver {
         cancellable: bool,
         now: Timestamp,
     ) -> Result<Operation>;
+
+    // Retention and tenant deletion: fetches of what is due, and removals.
+
+    /// Up to `limit` published results past their expiry (id, storage key).
+    async fn results_expiring(&mut self, now: Timestamp, limit: u32) -> Result<Vec<(String, String)>>;
+
+    /// Marks a result expired; its object becomes garbage.
+    async fn result_expire(&mut self, id: &str, storage_key: &str, now: Timestamp) -> Result<()>;
+
+    /// Up to `limit` operations past their retention, soonest expiry first.
+    async fn operations_expiring(&mut self, now: Timestamp, limit: u32) -> Result<Vec<Expiring>>;
+
+    /// Deletes everything of one operation but its idempotency record; its
+    /// result objects become garbage, and read caches forget it.
+    async fn operation_remove(&mut self, id: &str, now: Timestamp) -> Result<()>;
+
+    /// Stores (or replaces) a tombstone.
+    async fn tombstone_set(&mut self, tombstone: &Tombstone) -> Result<()>;
+
+    /// Deletes up to `limit` tombstones past their window and the
+    /// idempotency records they kept; returns how many.
+    async fn tombstones_bury(&mut self, now: Timestamp, limit: u32) -> Result<u64>;
+
+    /// Up to `limit` finished deliveries created at or before `cutoff`.
+    async fn deliveries_finished(&mut self, cutoff: Timestamp, limit: u32) -> Result<Vec<String>>;
+
+    /// Deletes a delivery and its attempts.
+    async fn delivery_remove(&mut self, event_id: &str) -> Result<()>;
+
+    /// Up to `limit` uploads past their expiry that no operation names.
+    async fn uploads_unused(&mut self, now: Timestamp, limit: u32) -> Result<Vec<String>>;
+
+    /// Deletes an upload; its objects become garbage.
+    async fn upload_drop(&mut self, id: &str, now: Timestamp) -> Result<()>;
+
+    /// How many results and webhook deliveries the tenant has.
+    async fn tenant_counts(&mut self, tenant: &str) -> Result<(u64, u64)>;
+
+    /// The ids of every operation of the tenant.
+    async fn tenant_operations(&mut self, tenant: &str) -> Result<Vec<String>>;
+
+    /// The ids of every upload of the tenant.
+    async fn tenant_uploads(&mut self, tenant: &str) -> Result<Vec<String>>;
+
+    /// Deletes the tenant's remaining rows (results, whose objects become
+    /// garbage, keys, records, tombstones, deliveries, secrets, its limits);
+    /// returns how many API keys went.
+    async fn tenant_rows_delete(&mut self, tenant: &str, now: Timestamp) -> Result<u64>;
 
     /// Records events, each of its operation's current version.
     async fn events_insert(&mut self, events: &[(&Operation, EventType, Value)]) -> Result<()>;

@@ -121,8 +121,8 @@ pub(super) const SUBMIT_LEASED: &str = "WITH q AS (
      ), e AS (
          INSERT INTO operation_events (operation_id, version, type, state, at, data, snapshot)
          SELECT o.id, v.version, v.type, v.state, $10, v.data, v.snapshot
-           FROM o CROSS JOIN (VALUES (1::BIGINT, 'created', 'queued', '{}', $14::TEXT),
-                                     (2::BIGINT, 'started', 'running', $15::TEXT, $16::TEXT))
+           FROM o CROSS JOIN (VALUES (1::BIGINT, $19::TEXT, 'queued', '{}', $14::TEXT),
+                                     (2::BIGINT, $20::TEXT, 'running', $15::TEXT, $16::TEXT))
                 AS v(version, type, state, data, snapshot)
      ), n AS (
          SELECT pg_notify($17, $18) FROM o
@@ -169,6 +169,8 @@ pub(super) async fn operation_accept_leased(
         .bind(snapshot_text(&running))
         .bind(CHANNEL)
         .bind(payload)
+        .bind(EventType::Created.as_str())
+        .bind(EventType::Started.as_str())
         .fetch_optional(&mut *c)
         .await
         .map_err(db);
@@ -203,7 +205,7 @@ pub(super) enum Inserted {
 /// The submission statement's CTEs: what it writes (see
 /// `insert_submissions`). Item `ord` of the arrays is one submission; `$13`
 /// says the caller checked the quota; `$17` is each item's notification
-/// (announcing only).
+/// (announcing only); `$18` the type of the event each records.
 macro_rules! submit_ctes {
     () => {
         "WITH q AS (
@@ -233,7 +235,7 @@ macro_rules! submit_ctes {
              SELECT o.id, o.seq, q.tenant, q.kind, 'ready', q.now FROM o JOIN q USING (id)
          ), e AS (
              INSERT INTO operation_events (operation_id, version, type, state, at, data, snapshot)
-             SELECT o.id, 1, 'created', 'queued', q.now, '{}', q.snapshot FROM o JOIN q USING (id)
+             SELECT o.id, 1, $18, 'queued', q.now, '{}', q.snapshot FROM o JOIN q USING (id)
          ), pc AS (
              INSERT INTO artifact_pieces (operation_id, name, piece_offset, storage_key, size_bytes)
              SELECT o.id, p.name, p.piece_offset, p.storage_key, p.size_bytes
@@ -252,13 +254,13 @@ pub(super) const SUBMIT_IN_TX: &str = concat!(
     " SELECT q.capped, o.id IS NOT NULL FROM q LEFT JOIN o USING (id) ORDER BY q.ord"
 );
 
-/// The submission statement on its own: it also NOTIFYs (`$18`) what it
+/// The submission statement on its own: it also NOTIFYs (`$19`) what it
 /// created, [`CHANGES_PER_PAYLOAD`] items per payload, and commits as it
 /// ends.
 pub(super) const SUBMIT_ANNOUNCING: &str = concat!(
     submit_ctes!(),
     ", n AS (
-         SELECT pg_notify($18, '[' || string_agg(q.change, ',' ORDER BY q.ord) || ']')
+         SELECT pg_notify($19, '[' || string_agg(q.change, ',' ORDER BY q.ord) || ']')
            FROM o JOIN q USING (id) GROUP BY (q.ord - 1) / ",
     changes_per_payload!(),
     "
@@ -341,7 +343,8 @@ pub(super) async fn insert_submissions(
         .bind(column(|p| {
             p.rerun_of.as_ref().filter(|_| p.from_checkpoint).map(Id::as_str)
         }))
-        .bind(change);
+        .bind(change)
+        .bind(EventType::Created.as_str());
     let query = if announcing { query.bind(CHANNEL) } else { query };
     let rows = query.fetch_all(&mut *c).await.map_err(db)?;
     if rows.len() != batch.len() {

@@ -6,7 +6,20 @@
 use std::collections::HashMap;
 
 use super::*;
+use crate::plan::retention::{Expiring, Tombstone};
 use crate::plan::{Driver, EndRow, Lock, OverdueWaiting, PauseRequested, StopRequested};
+
+/// The rest of a deleted tenant's rows, after its operations and uploads.
+const TENANT_ROWS: [&str; 8] = [
+    "DELETE FROM results WHERE tenant = $1",
+    "DELETE FROM idempotency_keys WHERE tenant = $1",
+    "DELETE FROM tombstones WHERE tenant = $1",
+    "DELETE FROM webhook_deliveries WHERE tenant = $1",
+    "DELETE FROM webhook_secrets WHERE tenant = $1",
+    "DELETE FROM tenant_dispatch WHERE tenant = $1",
+    "DELETE FROM tasks WHERE tenant = $1 AND status IN ('ready', 'leased')",
+    "DELETE FROM tenants WHERE name = $1",
+];
 
 /// A transaction, with what it changed so far, as a [`Driver`].
 pub(super) struct PgDriver<'c> {
@@ -366,6 +379,197 @@ impl Driver for PgDriver<'_> {
             .bind(cancellable)
             .bind(now.0);
         update_returning(self.c, query).await?.ok_or(StoreError::LeaseLost)
+    }
+
+    async fn results_expiring(&mut self, now: Timestamp, limit: u32) -> Result<Vec<(String, String)>> {
+        let rows = rows_of(
+            self.c,
+            "SELECT id, storage_key FROM results WHERE state = 'published' AND expires_at <= $1
+              ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED",
+            now.0,
+            i64::from(limit),
+        )
+        .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get(0).map_err(db)?, r.try_get(1).map_err(db)?)))
+            .collect()
+    }
+
+    async fn result_expire(&mut self, id: &str, storage_key: &str, now: Timestamp) -> Result<()> {
+        sqlx::query("UPDATE results SET state = 'expired' WHERE id = $1")
+            .bind(id)
+            .execute(&mut *self.c)
+            .await
+            .map_err(db)?;
+        garbage_insert(self.c, &[storage_key.to_owned()], now).await
+    }
+
+    async fn operations_expiring(&mut self, now: Timestamp, limit: u32) -> Result<Vec<Expiring>> {
+        let rows = rows_of(
+            self.c,
+            "SELECT id, tenant, expires_at, kind, idempotency_key FROM operations
+              WHERE expires_at IS NOT NULL AND expires_at <= $1
+              ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED",
+            now.0,
+            i64::from(limit),
+        )
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(Expiring {
+                    id: r.try_get(0).map_err(db)?,
+                    tenant: r.try_get(1).map_err(db)?,
+                    expired_at: Timestamp(r.try_get(2).map_err(db)?),
+                    kind: r.try_get(3).map_err(db)?,
+                    idempotency_key: r.try_get(4).map_err(db)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn operation_remove(&mut self, id: &str, now: Timestamp) -> Result<()> {
+        operation_remove(self.c, self.ch, id, now).await
+    }
+
+    async fn tombstone_set(&mut self, t: &Tombstone) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO tombstones (operation_id, tenant, removed_at, expires_at, kind, idempotency_key)
+             VALUES ($1, $2, $3, $4, $5, $6)
+             ON CONFLICT (operation_id) DO UPDATE SET removed_at = excluded.removed_at, expires_at = excluded.expires_at,
+                                                      kind = excluded.kind, idempotency_key = excluded.idempotency_key",
+        )
+        .bind(&t.operation_id)
+        .bind(&t.tenant)
+        .bind(t.removed_at.0)
+        .bind(t.expires_at.0)
+        .bind(&t.kind)
+        .bind(&t.idempotency_key)
+        .execute(&mut *self.c)
+        .await
+        .map_err(db)?;
+        Ok(())
+    }
+
+    /// One statement: the due tombstones (locked, skipping what another
+    /// node buries), then the idempotency records they kept.
+    async fn tombstones_bury(&mut self, now: Timestamp, limit: u32) -> Result<u64> {
+        let buried: i64 = sqlx::query_scalar(
+            "WITH buried AS (
+                 DELETE FROM tombstones WHERE operation_id IN (
+                     SELECT operation_id FROM tombstones WHERE expires_at <= $1
+                      ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED)
+                 RETURNING operation_id, tenant, kind, idempotency_key),
+             freed AS (
+                 DELETE FROM idempotency_keys k USING buried b
+                  WHERE k.tenant = b.tenant AND k.kind = b.kind AND k.key = b.idempotency_key
+                    AND k.operation_id = b.operation_id)
+             SELECT count(*) FROM buried",
+        )
+        .bind(now.0)
+        .bind(i64::from(limit))
+        .fetch_one(&mut *self.c)
+        .await
+        .map_err(db)?;
+        Ok(u64::try_from(buried).unwrap_or(0))
+    }
+
+    async fn deliveries_finished(&mut self, cutoff: Timestamp, limit: u32) -> Result<Vec<String>> {
+        ids(
+            self.c,
+            "SELECT event_id FROM webhook_deliveries WHERE status <> 'pending' AND created_at <= $1
+              ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED",
+            cutoff.0,
+            i64::from(limit),
+        )
+        .await
+    }
+
+    async fn delivery_remove(&mut self, event_id: &str) -> Result<()> {
+        for sql in [
+            "DELETE FROM webhook_attempts WHERE event_id = $1",
+            "DELETE FROM webhook_deliveries WHERE event_id = $1",
+        ] {
+            sqlx::query(sql)
+                .bind(event_id)
+                .execute(&mut *self.c)
+                .await
+                .map_err(db)?;
+        }
+        Ok(())
+    }
+
+    async fn uploads_unused(&mut self, now: Timestamp, limit: u32) -> Result<Vec<String>> {
+        ids(
+            self.c,
+            "SELECT id FROM uploads WHERE expires_at <= $1
+                AND NOT EXISTS (SELECT 1 FROM operation_uploads WHERE upload_id = uploads.id)
+              ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED",
+            now.0,
+            i64::from(limit),
+        )
+        .await
+    }
+
+    async fn upload_drop(&mut self, id: &str, now: Timestamp) -> Result<()> {
+        upload_drop(self.c, id, now).await
+    }
+
+    async fn tenant_counts(&mut self, tenant: &str) -> Result<(u64, u64)> {
+        let mut counts = [0u64; 2];
+        for (i, sql) in [
+            "SELECT COUNT(*) FROM results WHERE tenant = $1",
+            "SELECT COUNT(*) FROM webhook_deliveries WHERE tenant = $1",
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let n: i64 = sqlx::query_scalar(sql)
+                .bind(tenant)
+                .fetch_one(&mut *self.c)
+                .await
+                .map_err(db)?;
+            counts[i] = u64::try_from(n).unwrap_or(0);
+        }
+        Ok((counts[0], counts[1]))
+    }
+
+    async fn tenant_operations(&mut self, tenant: &str) -> Result<Vec<String>> {
+        sqlx::query_scalar("SELECT id FROM operations WHERE tenant = $1")
+            .bind(tenant)
+            .fetch_all(&mut *self.c)
+            .await
+            .map_err(db)
+    }
+
+    async fn tenant_uploads(&mut self, tenant: &str) -> Result<Vec<String>> {
+        sqlx::query_scalar("SELECT id FROM uploads WHERE tenant = $1")
+            .bind(tenant)
+            .fetch_all(&mut *self.c)
+            .await
+            .map_err(db)
+    }
+
+    async fn tenant_rows_delete(&mut self, tenant: &str, now: Timestamp) -> Result<u64> {
+        // Results of operations already removed (expired ones have no object left).
+        sqlx::query(
+            "INSERT INTO artifact_garbage (storage_key, created_at)
+             SELECT storage_key, $2 FROM results WHERE tenant = $1 AND state <> 'expired' ON CONFLICT DO NOTHING",
+        )
+        .bind(tenant)
+        .bind(now.0)
+        .execute(&mut *self.c)
+        .await
+        .map_err(db)?;
+        let keys = sqlx::query("DELETE FROM api_keys WHERE tenant = $1")
+            .bind(tenant)
+            .execute(&mut *self.c)
+            .await
+            .map_err(db)?
+            .rows_affected();
+        for sql in TENANT_ROWS {
+            sqlx::query(sql).bind(tenant).execute(&mut *self.c).await.map_err(db)?;
+        }
+        Ok(keys)
     }
 
     async fn events_insert(&mut self, events: &[(&Operation, EventType, Value)]) -> Result<()> {

@@ -612,7 +612,12 @@ impl Store for PostgresStore {
     }
 
     async fn retention_sweep(&self, params: RetentionParams) -> Result<RetentionCounts> {
-        in_tx!(self, |c, ch| retention_sweep(c, ch, &params).await)
+        let policy = self.policy;
+        in_tx!(self, |c, ch| plan::retention::retention_sweep(
+            &mut PgDriver { c, ch, policy },
+            &params
+        )
+        .await)
     }
 
     async fn artifact_garbage(&self, limit: u32) -> Result<Vec<String>> {
@@ -634,7 +639,13 @@ impl Store for PostgresStore {
 
     async fn tenant_delete(&self, tenant: &str, now: Timestamp) -> Result<TenantDeleteCounts> {
         let tenant = tenant.to_owned();
-        in_tx!(self, |c, ch| tenant_delete(c, ch, &tenant, now).await)
+        let policy = self.policy;
+        in_tx!(self, |c, ch| plan::retention::tenant_delete(
+            &mut PgDriver { c, ch, policy },
+            &tenant,
+            now
+        )
+        .await)
     }
 
     async fn server_secret_list(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>> {

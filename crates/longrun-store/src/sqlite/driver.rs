@@ -9,7 +9,20 @@ use std::future::Future;
 use futures_util::FutureExt as _;
 
 use super::*;
+use crate::plan::retention::{Expiring, Tombstone};
 use crate::plan::{Driver, EndRow, Lock, OverdueWaiting, PauseRequested, StopRequested};
+
+/// The rest of a deleted tenant's rows, after its operations and uploads.
+const TENANT_ROWS: [&str; 8] = [
+    "DELETE FROM results WHERE tenant = ?1",
+    "DELETE FROM idempotency_keys WHERE tenant = ?1",
+    "DELETE FROM tombstones WHERE tenant = ?1",
+    "DELETE FROM webhook_deliveries WHERE tenant = ?1",
+    "DELETE FROM webhook_secrets WHERE tenant = ?1",
+    "DELETE FROM tenant_dispatch WHERE tenant = ?1",
+    "DELETE FROM tasks WHERE tenant = ?1 AND status IN ('ready', 'leased')",
+    "DELETE FROM tenants WHERE name = ?1",
+];
 
 /// The writer thread's connection, as a [`Driver`].
 pub(super) struct SqliteDriver<'c> {
@@ -360,6 +373,183 @@ impl Driver for SqliteDriver<'_> {
             params![progress.map(progress_text), cost_units, cancellable, now.0],
         )?
         .ok_or(StoreError::LeaseLost)
+    }
+
+    async fn results_expiring(&mut self, now: Timestamp, limit: u32) -> Result<Vec<(String, String)>> {
+        let due = self
+            .c
+            .prepare_cached(
+                "SELECT id, storage_key FROM results
+                  WHERE state = 'published' AND expires_at <= ?1 ORDER BY expires_at LIMIT ?2",
+            )?
+            .query_map(params![now.0, limit], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<rusqlite::Result<_>>()?;
+        Ok(due)
+    }
+
+    async fn result_expire(&mut self, id: &str, storage_key: &str, now: Timestamp) -> Result<()> {
+        self.c
+            .prepare_cached("UPDATE results SET state = 'expired' WHERE id = ?1")?
+            .execute(params![id])?;
+        self.c
+            .prepare_cached("INSERT OR IGNORE INTO artifact_garbage (storage_key, created_at) VALUES (?1, ?2)")?
+            .execute(params![storage_key, now.0])?;
+        Ok(())
+    }
+
+    async fn operations_expiring(&mut self, now: Timestamp, limit: u32) -> Result<Vec<Expiring>> {
+        let due = self
+            .c
+            .prepare_cached(
+                "SELECT id, tenant, expires_at, kind, idempotency_key FROM operations
+                  WHERE expires_at IS NOT NULL AND expires_at <= ?1 ORDER BY expires_at LIMIT ?2",
+            )?
+            .query_map(params![now.0, limit], |r| {
+                Ok(Expiring {
+                    id: r.get(0)?,
+                    tenant: r.get(1)?,
+                    expired_at: Timestamp(r.get(2)?),
+                    kind: r.get(3)?,
+                    idempotency_key: r.get(4)?,
+                })
+            })?
+            .collect::<rusqlite::Result<_>>()?;
+        Ok(due)
+    }
+
+    async fn operation_remove(&mut self, id: &str, now: Timestamp) -> Result<()> {
+        self.read.remove(id);
+        operation_remove(self.c, id, now)
+    }
+
+    async fn tombstone_set(&mut self, t: &Tombstone) -> Result<()> {
+        self.c
+            .prepare_cached(
+                "INSERT OR REPLACE INTO tombstones (operation_id, tenant, removed_at, expires_at, kind, idempotency_key)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )?
+            .execute(params![
+                t.operation_id,
+                t.tenant,
+                t.removed_at.0,
+                t.expires_at.0,
+                t.kind,
+                t.idempotency_key
+            ])?;
+        Ok(())
+    }
+
+    /// Row by row: the statements run in-process, and two set statements
+    /// would have to agree on ties at the limit.
+    async fn tombstones_bury(&mut self, now: Timestamp, limit: u32) -> Result<u64> {
+        type Buried = (String, String, Option<String>, Option<String>);
+        let due: Vec<Buried> = self
+            .c
+            .prepare_cached(
+                "SELECT operation_id, tenant, kind, idempotency_key FROM tombstones WHERE expires_at <= ?1
+                  ORDER BY expires_at LIMIT ?2",
+            )?
+            .query_map(params![now.0, limit], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+            })?
+            .collect::<rusqlite::Result<_>>()?;
+        for (id, tenant, kind, key) in &due {
+            self.c
+                .prepare_cached(
+                    "DELETE FROM idempotency_keys WHERE tenant = ?2 AND kind = ?3 AND key = ?4 AND operation_id = ?1",
+                )?
+                .execute(params![id, tenant, kind, key])?;
+            self.c
+                .prepare_cached("DELETE FROM tombstones WHERE operation_id = ?1")?
+                .execute(params![id])?;
+        }
+        Ok(due.len() as u64)
+    }
+
+    async fn deliveries_finished(&mut self, cutoff: Timestamp, limit: u32) -> Result<Vec<String>> {
+        let due = self
+            .c
+            .prepare_cached(
+                "SELECT event_id FROM webhook_deliveries WHERE status <> 'pending' AND created_at <= ?1
+                  ORDER BY created_at LIMIT ?2",
+            )?
+            .query_map(params![cutoff.0, limit], |r| r.get(0))?
+            .collect::<rusqlite::Result<_>>()?;
+        Ok(due)
+    }
+
+    async fn delivery_remove(&mut self, event_id: &str) -> Result<()> {
+        for sql in [
+            "DELETE FROM webhook_attempts WHERE event_id = ?1",
+            "DELETE FROM webhook_deliveries WHERE event_id = ?1",
+        ] {
+            self.c.prepare_cached(sql)?.execute(params![event_id])?;
+        }
+        Ok(())
+    }
+
+    async fn uploads_unused(&mut self, now: Timestamp, limit: u32) -> Result<Vec<String>> {
+        let due = self
+            .c
+            .prepare_cached(
+                "SELECT id FROM uploads WHERE expires_at <= ?1
+                    AND NOT EXISTS (SELECT 1 FROM operation_uploads WHERE upload_id = uploads.id)
+                  ORDER BY expires_at LIMIT ?2",
+            )?
+            .query_map(params![now.0, limit], |r| r.get(0))?
+            .collect::<rusqlite::Result<_>>()?;
+        Ok(due)
+    }
+
+    async fn upload_drop(&mut self, id: &str, now: Timestamp) -> Result<()> {
+        upload_drop(self.c, id, now)
+    }
+
+    async fn tenant_counts(&mut self, tenant: &str) -> Result<(u64, u64)> {
+        let count = |sql: &str| -> Result<u64> {
+            let n: i64 = self.c.query_row(sql, params![tenant], |r| r.get(0))?;
+            Ok(u64::try_from(n).unwrap_or(0))
+        };
+        Ok((
+            count("SELECT COUNT(*) FROM results WHERE tenant = ?1")?,
+            count("SELECT COUNT(*) FROM webhook_deliveries WHERE tenant = ?1")?,
+        ))
+    }
+
+    async fn tenant_operations(&mut self, tenant: &str) -> Result<Vec<String>> {
+        let ids = self
+            .c
+            .prepare_cached("SELECT id FROM operations WHERE tenant = ?1")?
+            .query_map(params![tenant], |r| r.get(0))?
+            .collect::<rusqlite::Result<_>>()?;
+        Ok(ids)
+    }
+
+    async fn tenant_uploads(&mut self, tenant: &str) -> Result<Vec<String>> {
+        let ids = self
+            .c
+            .prepare_cached("SELECT id FROM uploads WHERE tenant = ?1")?
+            .query_map(params![tenant], |r| r.get(0))?
+            .collect::<rusqlite::Result<_>>()?;
+        Ok(ids)
+    }
+
+    async fn tenant_rows_delete(&mut self, tenant: &str, now: Timestamp) -> Result<u64> {
+        // Results of operations already removed (expired ones have no object left).
+        self.c
+            .prepare_cached(
+                "INSERT OR IGNORE INTO artifact_garbage (storage_key, created_at)
+                 SELECT storage_key, ?2 FROM results WHERE tenant = ?1 AND state <> 'expired'",
+            )?
+            .execute(params![tenant, now.0])?;
+        let keys = self
+            .c
+            .prepare_cached("DELETE FROM api_keys WHERE tenant = ?1")?
+            .execute(params![tenant])?;
+        for sql in TENANT_ROWS {
+            self.c.prepare_cached(sql)?.execute(params![tenant])?;
+        }
+        Ok(keys as u64)
     }
 
     async fn events_insert(&mut self, events: &[(&Operation, EventType, Value)]) -> Result<()> {

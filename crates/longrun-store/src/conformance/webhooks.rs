@@ -1,0 +1,184 @@
+//! Webhooks: one per state transition, deliveries leased, logged, retried
+//! and given up, and secrets rotated with an overlap.
+
+use super::*;
+
+pub async fn each_state_transition_of_a_callback_operation_queues_one_webhook(store: &dyn Store) {
+    declare(store, "hooked", true, 3).await;
+    let mut changes = store.subscribe_changes();
+    let mut p = accept_params("t1", "hooked", None, json!({}));
+    p.callback_url = Some("https://client.example/hook".into());
+    let AcceptOutcome::Created(op) = store.operation_accept(p).await.unwrap() else {
+        panic!()
+    };
+    let plain = create(store, "t1", "hooked").await; // no callback: no webhooks
+    // The published changes say which operation has a callback (what
+    // wakes the webhook deliverer).
+    let published: Vec<(Id, bool)> = vec![changes.recv().await.unwrap(), changes.recv().await.unwrap()]
+        .into_iter()
+        .map(|c| (c.operation_id, c.callback))
+        .collect();
+    assert_eq!(published, vec![(op.id.clone(), true), (plain.id, false)]);
+    let lease = Duration::from_secs(60);
+    assert!(
+        store.webhook_due(at(0), 10, lease).await.unwrap().is_empty(),
+        "acceptance is not a transition"
+    );
+
+    let first = claim_one(store, "hooked", at(1)).await;
+    let claimed_other = claim_one(store, "hooked", at(1)).await;
+    let due = store.webhook_due(at(1), 10, lease).await.unwrap();
+    assert_eq!(due.len(), 1);
+    assert_eq!(
+        (due[0].operation_id.clone(), due[0].event_type.as_str()),
+        (op.id.clone(), "operation.running")
+    );
+    assert_eq!(due[0].url, "https://client.example/hook");
+    let payload: Value = serde_json::from_str(&due[0].payload).unwrap();
+    assert_eq!(
+        payload["data"],
+        json!({"operation_id": op.id.as_str(), "version": 2, "state": "running", "kind": "hooked"})
+    );
+    assert!(due[0].event_id.as_str().starts_with("evt_"));
+
+    // A retry is not a transition (still running); the end is.
+    let expired_at = at(1).plus(LEASE).plus(Duration::from_secs(1));
+    store
+        .task_reap(ReapParams {
+            now: expired_at,
+            limit: 10,
+        })
+        .await
+        .unwrap();
+    let retry = claim_one(store, "hooked", expired_at.plus(Duration::from_secs(60))).await;
+    assert_eq!(retry.operation_id, first.operation_id);
+    store
+        .task_finish(finish(
+            &retry,
+            Outcome::Succeeded { result: None },
+            expired_at.plus(Duration::from_secs(61)),
+        ))
+        .await
+        .unwrap();
+    let _ = claimed_other;
+    let later = store.webhook_due(at(10_000), 10, lease).await.unwrap();
+    let types: Vec<&str> = later.iter().map(|d| d.event_type.as_str()).collect();
+    assert_eq!(
+        types,
+        vec!["operation.running", "operation.succeeded"],
+        "one per transition (the retry's start is none), the first due again once its lease ran out"
+    );
+}
+
+pub async fn webhook_attempts_are_leased_logged_retried_and_given_up(store: &dyn Store) {
+    let mut p = accept_params("t1", "hooked2", None, json!({}));
+    p.callback_url = Some("https://client.example/hook".into());
+    let AcceptOutcome::Created(op) = store.operation_accept(p).await.unwrap() else {
+        panic!()
+    };
+    store.operation_cancel(cancel("t1", &op.id, at(1))).await.unwrap();
+    let lease = Duration::from_secs(60);
+    let due = store.webhook_due(at(1), 10, lease).await.unwrap();
+    assert_eq!(due.len(), 1);
+    assert!(
+        store.webhook_due(at(2), 10, lease).await.unwrap().is_empty(),
+        "leased to the first caller"
+    );
+    let event = due[0].event_id.clone();
+
+    let fail = |attempt, next: Option<Timestamp>, now| AttemptParams {
+        event_id: event.clone(),
+        attempt,
+        outcome: AttemptOutcome::Failed {
+            status_code: Some(503),
+            error: "503 Service Unavailable".into(),
+            next_attempt_at: next,
+        },
+        now,
+        latency_ms: Some(attempt * 10),
+    };
+    store.webhook_attempt(fail(1, Some(at(10)), at(2))).await.unwrap();
+    assert!(store.webhook_due(at(9), 10, lease).await.unwrap().is_empty());
+    let again = store.webhook_due(at(10), 10, lease).await.unwrap();
+    assert_eq!((again.len(), again[0].attempts), (1, 1));
+    store.webhook_attempt(fail(2, None, at(11))).await.unwrap();
+    assert!(
+        store.webhook_due(at(100_000), 10, lease).await.unwrap().is_empty(),
+        "given up"
+    );
+    assert!(matches!(
+        store.webhook_attempt(fail(3, None, at(12))).await,
+        Err(StoreError::NotFound)
+    ));
+
+    let log = store.webhook_log("t1", &op.id).await.unwrap().unwrap();
+    assert_eq!(log.len(), 2);
+    assert_eq!(
+        (log[0].attempt, log[0].status_code, log[0].next_attempt_at),
+        (1, Some(503), Some(at(10)))
+    );
+    assert_eq!((log[1].attempt, log[1].next_attempt_at), (2, None));
+    assert_eq!(
+        (log[0].latency_ms, log[1].latency_ms),
+        (Some(10), Some(20)),
+        "each attempt's latency"
+    );
+    assert_eq!(log[1].event_type, "operation.cancelled");
+    assert!(store.webhook_log("t2", &op.id).await.unwrap().is_none());
+    assert_eq!(
+        get(store, &op).await.state,
+        State::Cancelled,
+        "delivery never changes the operation"
+    );
+
+    // A crashed deliverer's lease runs out and the event is due again.
+    let mut p = accept_params("t1", "hooked2", None, json!({}));
+    p.callback_url = Some("https://client.example/hook".into());
+    let AcceptOutcome::Created(second) = store.operation_accept(p).await.unwrap() else {
+        panic!()
+    };
+    store.operation_cancel(cancel("t1", &second.id, at(20))).await.unwrap();
+    assert_eq!(store.webhook_due(at(20), 10, lease).await.unwrap().len(), 1);
+    let retaken = store.webhook_due(at(81), 10, lease).await.unwrap();
+    assert_eq!(retaken.len(), 1);
+    store
+        .webhook_attempt(AttemptParams {
+            event_id: retaken[0].event_id.clone(),
+            attempt: 1,
+            outcome: AttemptOutcome::Delivered { status_code: 204 },
+            now: at(82),
+            latency_ms: None,
+        })
+        .await
+        .unwrap();
+    assert!(store.webhook_due(at(100_000), 10, lease).await.unwrap().is_empty());
+}
+
+pub async fn webhook_secrets_rotate_with_an_overlap(store: &dyn Store) {
+    let first = store.webhook_secrets("t1", "whsec_first".into(), at(0)).await.unwrap();
+    assert_eq!(first, vec!["whsec_first".to_owned()]);
+    let same = store
+        .webhook_secrets("t1", "whsec_ignored".into(), at(1))
+        .await
+        .unwrap();
+    assert_eq!(same, first, "a candidate is used only when there is none");
+    store
+        .webhook_secret_rotate("t1", "whsec_second".into(), at(10), Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let both = store.webhook_secrets("t1", "whsec_x".into(), at(11)).await.unwrap();
+    assert_eq!(
+        both,
+        vec!["whsec_second".to_owned(), "whsec_first".to_owned()],
+        "newest first, both sign"
+    );
+    let after = store
+        .webhook_secrets("t1", "whsec_x".into(), at(10 + 3600))
+        .await
+        .unwrap();
+    assert_eq!(after, vec!["whsec_second".to_owned()]);
+    assert_eq!(
+        store.webhook_secrets("t2", "whsec_other".into(), at(0)).await.unwrap(),
+        vec!["whsec_other".to_owned()]
+    );
+}

@@ -1,0 +1,127 @@
+//! Retention and tenant deletion, written once for every backend: which
+//! rows each phase of a pass removes, in what order, with what tombstone,
+//! and what the pass counts. The driver fetches what is due (locked and
+//! skipped where another node works on it) and removes it.
+
+use std::time::Duration;
+
+use longrun_core::Timestamp;
+
+use super::Driver;
+use crate::{Result, RetentionCounts, RetentionParams, TenantDeleteCounts};
+
+/// An operation past its retention, as the sweep reads it.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Expiring {
+    pub id: String,
+    pub tenant: String,
+    pub expired_at: Timestamp,
+    pub kind: String,
+    pub idempotency_key: Option<String>,
+}
+
+/// What stays of a removed operation for its window: `410 gone` for its id,
+/// and the key of the idempotency record it outlives (its burial frees it).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Tombstone {
+    pub operation_id: String,
+    pub tenant: String,
+    pub removed_at: Timestamp,
+    pub expires_at: Timestamp,
+    pub kind: String,
+    pub idempotency_key: Option<String>,
+}
+
+/// The tombstone of `op`. Its window counts from the operation's expiry
+/// (when readers began to see it gone), not from when a sweep got to it.
+fn tombstone_of(op: &Expiring, window: Duration) -> Tombstone {
+    Tombstone {
+        operation_id: op.id.clone(),
+        tenant: op.tenant.clone(),
+        removed_at: op.expired_at,
+        expires_at: op.expired_at.plus(window),
+        kind: op.kind.clone(),
+        idempotency_key: op.idempotency_key.clone(),
+    }
+}
+
+/// One batched, idempotent pass (see `Store::retention_sweep`): each phase
+/// handles at most `limit` rows.
+pub(crate) async fn retention_sweep<D: Driver>(d: &mut D, p: &RetentionParams) -> Result<RetentionCounts> {
+    let mut counts = RetentionCounts::default();
+
+    // Results past their lifetime: the operation stays `succeeded`; the
+    // bytes go.
+    for (id, storage_key) in d.results_expiring(p.now, p.limit).await? {
+        d.result_expire(&id, &storage_key, p.now).await?;
+        counts.results_expired += 1;
+    }
+
+    // Operations past their retention: removed, with a tombstone.
+    for op in d.operations_expiring(p.now, p.limit).await? {
+        d.operation_remove(&op.id, p.now).await?;
+        d.tombstone_set(&tombstone_of(&op, p.tombstone_retention)).await?;
+        counts.operations_removed += 1;
+    }
+
+    // Tombstones past their window: the id is forgotten, its key freed.
+    counts.tombstones_removed = d.tombstones_bury(p.now, p.limit).await?;
+
+    // Finished deliveries and their log, past the delivery retention.
+    for event_id in d
+        .deliveries_finished(p.now.minus(p.delivery_retention), p.limit)
+        .await?
+    {
+        d.delivery_remove(&event_id).await?;
+        counts.deliveries_removed += 1;
+    }
+
+    // Uploads past their expiry that no operation names.
+    for id in d.uploads_unused(p.now, p.limit).await? {
+        d.upload_drop(&id, p.now).await?;
+        counts.uploads_removed += 1;
+    }
+    Ok(counts)
+}
+
+/// Removes everything of the tenant (see `Store::tenant_delete`): its
+/// operations one by one as retention removes them (no tombstones), its
+/// uploads, then the rest of its rows; result objects become garbage.
+pub(crate) async fn tenant_delete<D: Driver>(d: &mut D, tenant: &str, now: Timestamp) -> Result<TenantDeleteCounts> {
+    let (results, deliveries) = d.tenant_counts(tenant).await?;
+    let operations = d.tenant_operations(tenant).await?;
+    for id in &operations {
+        d.operation_remove(id, now).await?;
+    }
+    let uploads = d.tenant_uploads(tenant).await?;
+    for id in &uploads {
+        d.upload_drop(id, now).await?;
+    }
+    let keys = d.tenant_rows_delete(tenant, now).await?;
+    Ok(TenantDeleteCounts {
+        operations: operations.len() as u64,
+        results,
+        keys,
+        deliveries,
+        uploads: uploads.len() as u64,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tombstone_window_counts_from_the_expiry_and_keeps_the_key() {
+        let op = Expiring {
+            id: "op_a".into(),
+            tenant: "t".into(),
+            expired_at: Timestamp(1_000),
+            kind: "export".into(),
+            idempotency_key: Some("k".into()),
+        };
+        let t = tombstone_of(&op, Duration::from_secs(2));
+        assert_eq!((t.removed_at, t.expires_at), (Timestamp(1_000), Timestamp(3_000)));
+        assert_eq!(t.idempotency_key.as_deref(), Some("k"));
+    }
+}

@@ -1,0 +1,358 @@
+//! How records are kept in columns: the JSON forms of progress, artifacts,
+//! upload pieces and snapshots, the webhook body as queued, a delivery
+//! attempt's row, and pages of a list.
+
+use super::*;
+
+/// The body of the webhook `event_type` of `op`'s change, as queued (the
+/// same text on every attempt, so every attempt carries one signature
+/// input).
+pub(crate) fn webhook_payload(op: &Operation, event_type: &str) -> String {
+    let event = longrun_api::WebhookEvent {
+        event_type: event_type.to_owned(),
+        timestamp: op.updated_at.to_rfc3339(),
+        data: longrun_api::WebhookData {
+            operation_id: op.id.to_string(),
+            version: op.version,
+            state: op.state.as_str().to_owned(),
+            kind: op.kind.clone(),
+        },
+    };
+    serde_json::to_string(&event).expect("a webhook body serializes")
+}
+
+pub(crate) fn artifact_to_json(a: &ArtifactRef) -> Value {
+    json!({
+        "id": a.id.as_str(),
+        "content_type": a.content_type,
+        "size_bytes": a.size_bytes,
+        "sha256": a.sha256,
+        "expires_at": a.expires_at.0,
+    })
+}
+
+pub(crate) fn artifact_from_json(v: &Value) -> Option<ArtifactRef> {
+    Some(ArtifactRef {
+        id: Id::from_trusted(v.get("id")?.as_str()?.to_owned()),
+        content_type: v.get("content_type")?.as_str()?.to_owned(),
+        size_bytes: v.get("size_bytes")?.as_i64()?,
+        sha256: v.get("sha256")?.as_str()?.to_owned(),
+        expires_at: Timestamp(v.get("expires_at")?.as_i64()?),
+    })
+}
+
+/// The published artifacts of an operation as its `artifact` column keeps
+/// them: the default one alone in its own form (as before named artifacts
+/// existed), or `{"artifacts": {name: artifact}}` when any is named; `None`
+/// when there are none.
+pub(crate) fn artifacts_to_json(default: Option<&ArtifactRef>, named: &BTreeMap<String, ArtifactRef>) -> Option<Value> {
+    if named.is_empty() {
+        return default.map(artifact_to_json);
+    }
+    let mut all: serde_json::Map<String, Value> = named
+        .iter()
+        .map(|(name, a)| (name.clone(), artifact_to_json(a)))
+        .collect();
+    if let Some(a) = default {
+        all.insert(DEFAULT_ARTIFACT.to_owned(), artifact_to_json(a));
+    }
+    Some(json!({ "artifacts": all }))
+}
+
+/// The inverse of [`artifacts_to_json`]: the default artifact and the named ones.
+pub(crate) fn artifacts_from_json(v: Option<&Value>) -> (Option<ArtifactRef>, BTreeMap<String, ArtifactRef>) {
+    let Some(v) = v.filter(|v| !v.is_null()) else {
+        return (None, BTreeMap::new());
+    };
+    let Some(all) = v.get("artifacts").and_then(Value::as_object) else {
+        return (artifact_from_json(v), BTreeMap::new());
+    };
+    let mut named: BTreeMap<String, ArtifactRef> = all
+        .iter()
+        .filter_map(|(name, a)| Some((name.clone(), artifact_from_json(a)?)))
+        .collect();
+    (named.remove(DEFAULT_ARTIFACT), named)
+}
+
+/// Adds `published` (name, artifact) to an operation's artifacts.
+pub(crate) fn with_published(mut op: Operation, published: Vec<(String, ArtifactRef)>) -> Operation {
+    for (name, artifact) in published {
+        if name == DEFAULT_ARTIFACT {
+            op.artifact = Some(artifact);
+        } else {
+            op.artifacts.insert(name, artifact);
+        }
+    }
+    op
+}
+
+pub(crate) fn progress_to_json(p: &Progress) -> Value {
+    json!({
+        "completed_units": p.completed_units,
+        "total_units": p.total_units,
+        "unit": p.unit,
+        "phase": p.phase,
+        "details": p.details,
+        "updated_at": p.updated_at.map(|t| t.0),
+    })
+}
+
+pub(crate) fn progress_from_json(v: &Value) -> Progress {
+    let text = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_owned);
+    Progress {
+        completed_units: v.get("completed_units").and_then(Value::as_f64),
+        total_units: v.get("total_units").and_then(Value::as_f64),
+        unit: text("unit"),
+        phase: text("phase"),
+        details: v.get("details").filter(|d| !d.is_null()).cloned(),
+        updated_at: v.get("updated_at").and_then(Value::as_i64).map(Timestamp),
+    }
+}
+
+/// The representation-relevant fields of `op` (not its input) as JSON text,
+/// kept with each event (read back by [`snapshot_from_json`]).
+///
+/// Written straight from borrowed fields, not through a `serde_json::Value`:
+/// every change of the job path stores one, and building the map (a key
+/// string and a node per field) cost as much as writing it out — together a
+/// tenth of the SQLite writer thread in a profile of the in-process drain.
+/// Absent fields and empty labels are left out (the reader takes a missing
+/// field as absent): a new operation's snapshot was 491 bytes, half of them
+/// `null`s, and events are the largest table the job path writes.
+pub(crate) fn snapshot_text(op: &Operation) -> String {
+    #[derive(serde::Serialize)]
+    struct Snapshot<'a> {
+        id: &'a str,
+        tenant: &'a str,
+        kind: &'a str,
+        state: &'a str,
+        version: i64,
+        attempt: i64,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        callback_url: Option<&'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        deadline_at: Option<i64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        budget_max_cost: Option<f64>,
+        cost_units: f64,
+        #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+        labels: &'a BTreeMap<String, String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        progress: Option<ProgressJson<'a>>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        result: Option<&'a Value>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        error: Option<ErrorJson<'a>>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        cancel: Option<CancelJson<'a>>,
+        cancellable: bool,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        idempotency_key: Option<&'a str>,
+        created_at: i64,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        started_at: Option<i64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        completed_at: Option<i64>,
+        updated_at: i64,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        expires_at: Option<i64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        artifact: Option<Value>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        rerun_of: Option<&'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pause_requested_at: Option<i64>,
+    }
+    #[derive(serde::Serialize)]
+    struct ErrorJson<'a> {
+        code: &'a str,
+        message: &'a str,
+        retryable: bool,
+    }
+    #[derive(serde::Serialize)]
+    struct CancelJson<'a> {
+        requested_at: i64,
+        requested_by: &'a str,
+        reason: Option<&'a str>,
+    }
+    let snapshot = Snapshot {
+        id: op.id.as_str(),
+        tenant: &op.tenant,
+        kind: &op.kind,
+        state: op.state.as_str(),
+        version: op.version,
+        attempt: op.attempt,
+        callback_url: op.callback_url.as_deref(),
+        deadline_at: op.deadline_at.map(|t| t.0),
+        budget_max_cost: op.budget_max_cost,
+        cost_units: op.cost_units,
+        labels: &op.labels,
+        progress: op.progress.as_ref().map(ProgressJson::of),
+        result: op.result.as_ref(),
+        error: op.error.as_ref().map(|e| ErrorJson {
+            code: &e.code,
+            message: &e.message,
+            retryable: e.retryable,
+        }),
+        cancel: op.cancel.as_ref().map(|c| CancelJson {
+            requested_at: c.requested_at.0,
+            requested_by: &c.requested_by,
+            reason: c.reason.as_deref(),
+        }),
+        cancellable: op.cancellable,
+        idempotency_key: op.idempotency_key.as_deref(),
+        created_at: op.created_at.0,
+        started_at: op.started_at.map(|t| t.0),
+        completed_at: op.completed_at.map(|t| t.0),
+        updated_at: op.updated_at.0,
+        expires_at: op.expires_at.map(|t| t.0),
+        artifact: artifacts_to_json(op.artifact.as_ref(), &op.artifacts),
+        rerun_of: op.rerun_of.as_ref().map(Id::as_str),
+        pause_requested_at: op.pause_requested_at.map(|t| t.0),
+    };
+    serde_json::to_string(&snapshot).expect("a snapshot is always serializable")
+}
+
+/// A progress as the `progress` column and snapshots keep it.
+#[derive(serde::Serialize)]
+pub(crate) struct ProgressJson<'a> {
+    pub(super) completed_units: Option<f64>,
+    pub(super) total_units: Option<f64>,
+    pub(super) unit: Option<&'a str>,
+    pub(super) phase: Option<&'a str>,
+    pub(super) details: Option<&'a Value>,
+    pub(super) updated_at: Option<i64>,
+}
+
+/// A progress as JSON text, for the `progress` column.
+pub(crate) fn progress_text(p: &Progress) -> String {
+    serde_json::to_string(&ProgressJson::of(p)).expect("a progress is always serializable")
+}
+
+impl<'a> ProgressJson<'a> {
+    pub(crate) fn of(p: &'a Progress) -> Self {
+        Self {
+            completed_units: p.completed_units,
+            total_units: p.total_units,
+            unit: p.unit.as_deref(),
+            phase: p.phase.as_deref(),
+            details: p.details.as_ref(),
+            updated_at: p.updated_at.map(|t| t.0),
+        }
+    }
+}
+
+pub(crate) fn snapshot_from_json(v: &Value) -> Option<Operation> {
+    let text = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_owned);
+    let time = |k: &str| v.get(k).and_then(Value::as_i64).map(Timestamp);
+    Some(Operation {
+        id: Id::from_trusted(text("id")?),
+        tenant: text("tenant")?,
+        kind: text("kind")?,
+        state: text("state")?.parse().ok()?,
+        version: v.get("version")?.as_i64()?,
+        attempt: v.get("attempt")?.as_i64()?,
+        input: None,
+        callback_url: text("callback_url"),
+        deadline_at: time("deadline_at"),
+        budget_max_cost: v.get("budget_max_cost").and_then(Value::as_f64),
+        cost_units: v.get("cost_units").and_then(Value::as_f64).unwrap_or(0.0),
+        labels: serde_json::from_value(v.get("labels").cloned().unwrap_or_default()).unwrap_or_default(),
+        progress: v.get("progress").filter(|p| !p.is_null()).map(progress_from_json),
+        result: v.get("result").filter(|r| !r.is_null()).cloned(),
+        error: v.get("error").filter(|e| !e.is_null()).map(|e| OperationError {
+            code: e.get("code").and_then(Value::as_str).unwrap_or_default().to_owned(),
+            message: e.get("message").and_then(Value::as_str).unwrap_or_default().to_owned(),
+            retryable: e.get("retryable").and_then(Value::as_bool).unwrap_or(false),
+        }),
+        cancel: v.get("cancel").filter(|c| !c.is_null()).map(|c| CancelRequest {
+            requested_at: Timestamp(c.get("requested_at").and_then(Value::as_i64).unwrap_or(0)),
+            requested_by: c
+                .get("requested_by")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned(),
+            reason: c.get("reason").and_then(Value::as_str).map(str::to_owned),
+        }),
+        cancellable: v.get("cancellable").and_then(Value::as_bool).unwrap_or(true),
+        idempotency_key: text("idempotency_key"),
+        created_at: time("created_at")?,
+        started_at: time("started_at"),
+        completed_at: time("completed_at"),
+        updated_at: time("updated_at")?,
+        expires_at: time("expires_at"),
+        artifact: None,
+        artifacts: BTreeMap::new(),
+        rerun_of: text("rerun_of").map(Id::from_trusted),
+        reruns: None,
+        pause_requested_at: time("pause_requested_at"),
+    })
+    .map(|mut op| {
+        (op.artifact, op.artifacts) = artifacts_from_json(v.get("artifact"));
+        op
+    })
+}
+
+pub(crate) fn lease_ms(lease: Duration) -> i64 {
+    i64::try_from(lease.as_millis()).unwrap_or(i64::MAX)
+}
+
+pub(crate) fn chunks_to_json(chunks: &[UploadChunk]) -> String {
+    serde_json::to_string(chunks).unwrap_or_else(|_| "[]".into())
+}
+
+pub(crate) fn chunks_from_json(text: &str) -> Vec<UploadChunk> {
+    serde_json::from_str(text).unwrap_or_default()
+}
+
+/// A page of a list read one row past `page_size` (with each row's `seq`):
+/// that extra row says another page follows, from the last kept row's seq.
+pub(crate) fn page(mut operations: Vec<Operation>, seqs: &[i64], page_size: i64) -> OperationPage {
+    let next_before_seq = if operations.len() as i64 > page_size {
+        operations.truncate(page_size as usize);
+        seqs.get(page_size as usize - 1).copied()
+    } else {
+        None
+    };
+    OperationPage {
+        operations,
+        next_before_seq,
+    }
+}
+
+/// How one delivery attempt is recorded, for every backend.
+pub(crate) struct AttemptRow<'a> {
+    /// The delivery's status after it: `delivered`, `pending` (another
+    /// attempt is due) or `given_up`.
+    pub status: &'static str,
+    pub status_code: Option<u16>,
+    pub error: Option<&'a str>,
+    /// Milliseconds; `None` once delivered or given up.
+    pub next_attempt_at: Option<i64>,
+}
+
+/// What an attempt's outcome writes.
+pub(crate) fn attempt_row(outcome: &AttemptOutcome) -> AttemptRow<'_> {
+    match outcome {
+        AttemptOutcome::Delivered { status_code } => AttemptRow {
+            status: "delivered",
+            status_code: Some(*status_code),
+            error: None,
+            next_attempt_at: None,
+        },
+        AttemptOutcome::Failed {
+            status_code,
+            error,
+            next_attempt_at,
+        } => AttemptRow {
+            status: if next_attempt_at.is_some() {
+                "pending"
+            } else {
+                "given_up"
+            },
+            status_code: *status_code,
+            error: Some(error.as_str()),
+            next_attempt_at: next_attempt_at.map(|t| t.0),
+        },
+    }
+}

@@ -1,0 +1,119 @@
+//! Keeps the backends drivers (docs/ARCHITECTURE.md, "The store"): a file
+//! under `src/postgres*` or `src/sqlite*` never spells an event or webhook
+//! name (they come from `plan::EventType` and `plan::WebhookType`) and
+//! never looks at a decision of the rules (`Decision`, `IntentChange`,
+//! `decide_*`): deciding is the plan layer's, once for both.
+
+use std::path::{Path, PathBuf};
+
+/// History event names, as a backend would spell them in Rust.
+const EVENT_NAMES: [&str; 14] = [
+    "created",
+    "started",
+    "progress",
+    "cancel_requested",
+    "pause_requested",
+    "pause_withdrawn",
+    "paused",
+    "resumed",
+    "retry_scheduled",
+    "updated",
+    "pause_not_honoured",
+    "succeeded",
+    "failed",
+    "cancelled",
+];
+
+/// Event names that are no state's name, as SQL would spell them (a
+/// state's name in SQL is a state, which the schema's checks spell too).
+const EVENT_ONLY_NAMES: [&str; 10] = [
+    "created",
+    "started",
+    "progress",
+    "cancel_requested",
+    "pause_requested",
+    "pause_withdrawn",
+    "resumed",
+    "retry_scheduled",
+    "updated",
+    "pause_not_honoured",
+];
+
+/// What only the plan layer may name: the decision types and the rules.
+const DECISIONS: [&str; 3] = ["Decision", "IntentChange", "decide_"];
+
+/// Whether `line` names `word` (not as a part of a longer identifier; a
+/// word ending in `_` is a prefix).
+fn names(line: &str, word: &str) -> bool {
+    let ident = |c: char| c.is_alphanumeric() || c == '_';
+    line.match_indices(word).any(|(at, _)| {
+        let before = line[..at].chars().next_back();
+        let after = line[at + word.len()..].chars().next();
+        !before.is_some_and(ident) && (word.ends_with('_') || !after.is_some_and(ident))
+    })
+}
+
+fn backend_files() -> Vec<PathBuf> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = vec![src.join("postgres.rs"), src.join("sqlite.rs")];
+    for dir in ["postgres", "sqlite"] {
+        for entry in std::fs::read_dir(src.join(dir)).expect("backend folder") {
+            let path = entry.expect("entry").path();
+            if path.extension().is_some_and(|e| e == "rs") {
+                files.push(path);
+            }
+        }
+    }
+    files
+}
+
+/// The file's code before its tests (`#[cfg(test)]` modules come last).
+fn code_of(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).expect("readable source");
+    match text.find("#[cfg(test)]") {
+        Some(tests) => text[..tests].to_owned(),
+        None => text,
+    }
+}
+
+#[test]
+fn backends_spell_no_event_or_webhook_name() {
+    let mut found = Vec::new();
+    for path in backend_files() {
+        let code = code_of(&path);
+        for (n, line) in code.lines().enumerate() {
+            let rust = EVENT_NAMES.iter().map(|name| format!("\"{name}\""));
+            let sql = EVENT_ONLY_NAMES.iter().map(|name| format!("'{name}'"));
+            if rust.chain(sql).any(|quoted| line.contains(&quoted)) {
+                found.push(format!("{}:{}: {}", path.display(), n + 1, line.trim()));
+            }
+            if line.contains("\"operation.") || line.contains("'operation.") {
+                found.push(format!("{}:{}: {}", path.display(), n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "event or webhook names in a backend:\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn backends_decide_nothing() {
+    let mut found = Vec::new();
+    for path in backend_files() {
+        let code = code_of(&path);
+        for (n, line) in code.lines().enumerate() {
+            if line.trim_start().starts_with("//") {
+                continue;
+            }
+            for name in DECISIONS {
+                if names(line, name) {
+                    found.push(format!("{}:{}: {}", path.display(), n + 1, line.trim()));
+                }
+            }
+        }
+    }
+    assert!(found.is_empty(), "decisions in a backend:\n{}", found.join("\n"));
+}
