@@ -250,6 +250,12 @@ struct ServeArgs {
     /// Requests of one tenant handled at once (long-polls included); more are 429.
     #[arg(long, env = "LONGRUN_MAX_IN_FLIGHT_PER_TENANT", default_value_t = 1024)]
     max_in_flight_per_tenant: usize,
+    /// Proxies whose Forwarded / X-Forwarded-For headers name the client
+    /// (comma-separated addresses or CIDR networks; none by default). The
+    /// source of a request is then the rightmost forwarded address that is
+    /// not a trusted proxy; from any other peer, the peer.
+    #[arg(long, env = "LONGRUN_TRUSTED_PROXIES", default_value = "", value_parser = longrun_server::source::TrustedProxies::parse)]
+    trusted_proxies: longrun_server::source::TrustedProxies,
     /// Time a client has to send a request's head (and an idle connection is kept).
     #[arg(long, env = "LONGRUN_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     header_read_timeout: Duration,
@@ -532,6 +538,7 @@ async fn serve(global: &Global, args: ServeArgs) -> anyhow::Result<()> {
             header_read_timeout: args.header_read_timeout,
             body_stall_timeout: args.body_stall_timeout,
             send_stall_timeout: args.send_stall_timeout,
+            trusted_proxies: args.trusted_proxies.clone(),
             ..Default::default()
         },
         ..Config::default()

@@ -148,13 +148,10 @@ impl FromRequestParts<AppState> for Viewer {
             .await
             .map_err(|e| error_page(None, ApiError::from(e)))?
             .ok_or_else(to_sign_in)?;
-        let record = match app.cached_api_key(&key_id) {
-            Some(known) => known,
-            None => app
-                .load_api_key(&key_id)
-                .await
-                .map_err(|e| error_page(None, ApiError::from(e)))?,
-        };
+        let record = app
+            .api_key(&key_id)
+            .await
+            .map_err(|e| error_page(None, ApiError::from(e)))?;
         // A revoked key's sessions end with it.
         let record = record
             .filter(|r| r.revoked_at.is_none() && r.role != Role::Worker)
@@ -378,36 +375,24 @@ async fn sign_in(
     if !same_origin(&headers) {
         return refuse(StatusCode::FORBIDDEN, "This form did not come from this console.");
     }
-    // A source that keeps failing is refused before any store read, as the
-    // API refuses it (`--auth-failures-per-source`).
-    let source = peer.map(|p| p.ip().to_string());
-    let rate = app.config.limits.auth_failures_per_source;
-    if let Some(source) = &source
-        && let Err(wait) = app.auth_failures.check(source, rate, std::time::Instant::now())
-    {
-        let mut response = refuse(
-            StatusCode::TOO_MANY_REQUESTS,
-            "Too many failed sign-ins from this address; wait and try again.",
-        );
-        response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from(wait.as_secs().max(1)));
-        return response;
-    }
-    let record = match PresentedKey::parse(form.key.trim()) {
-        None => None,
-        Some(presented) => match app.load_api_key(&presented.id).await {
-            Ok(Some(record)) if record.revoked_at.is_none() && presented.verify(&record.secret_hash) => Some(record),
-            Ok(_) => None,
-            Err(e) => return error_page(None, e.into()),
-        },
-    };
-    let Some(record) = record else {
-        metrics::counter!("longrun_auth_failures_total").increment(1);
-        if let Some(source) = &source {
-            let _ = app.auth_failures.take(source, rate, std::time::Instant::now());
+    // As the API authenticates (`http::auth::authenticate`): a correct key
+    // signs in whatever its address did; wrong secrets of existing keys
+    // spend the source's budget (`--auth-failures-per-source`).
+    let source = || peer.map(|p| crate::source::client_address(p.ip(), &headers, &app.config.limits.trusted_proxies));
+    let record = match crate::http::auth::authenticate(&app, PresentedKey::parse(form.key.trim()), source).await {
+        Ok(record) => record,
+        Err(ApiError::RateLimited { retry_after, .. }) => {
+            let mut response = refuse(
+                StatusCode::TOO_MANY_REQUESTS,
+                "Too many failed sign-ins from this address; wait and try again.",
+            );
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(retry_after.as_secs().max(1)));
+            return response;
         }
-        return refuse(StatusCode::UNAUTHORIZED, "That key is not valid.");
+        Err(ApiError::Unauthenticated) => return refuse(StatusCode::UNAUTHORIZED, "That key is not valid."),
+        Err(e) => return error_page(None, e),
     };
     if record.role == Role::Worker {
         return refuse(
@@ -686,6 +671,7 @@ async fn create_key(
         })
         .await
         .or_page(&viewer)?;
+    app.known_keys.insert(&key.id);
     tracing::info!(key_id = %key.id, tenant = %tenant, role = role.as_str(), "console created an API key");
     // Shown once, on this response only (never cached, never redirected to).
     let shown = pages::Secret {

@@ -43,6 +43,7 @@ pub async fn edge(mut req: Request, next: Next) -> Response {
         method = %req.method(),
         path = %req.uri().path(),
         request_id = %request_id,
+        source = tracing::field::Empty,
         tenant = tracing::field::Empty,
         op.id = tracing::field::Empty,
     );
@@ -117,7 +118,16 @@ fn operation_in_path(path: &str) -> Option<&str> {
 /// Sheds load: past `max_in_flight` requests being handled, one more is
 /// answered `503` with `Retry-After` at once rather than queued, so the
 /// requests already in keep their latency and memory stays bounded.
+///
+/// It also names the request's source in its span (see [`crate::source`]),
+/// when the span is recorded at all.
 pub async fn shed(State(app): State<AppState>, req: Request, next: Next) -> Response {
+    let span = tracing::Span::current();
+    if !span.is_disabled()
+        && let Some(source) = app.source_of(req.extensions(), req.headers())
+    {
+        span.record("source", tracing::field::display(source));
+    }
     let Some(_place) = app.in_flight.try_enter() else {
         metrics::counter!("longrun_http_shed_total").increment(1);
         return ApiError::TemporarilyUnavailable {

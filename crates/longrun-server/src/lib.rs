@@ -37,10 +37,12 @@ mod commands;
 mod console;
 mod handoff;
 mod http;
+mod keys;
 pub mod listen;
 mod metrics;
 mod ratelimit;
 mod server;
+pub mod source;
 mod submissions;
 
 use std::sync::Arc;
@@ -118,10 +120,6 @@ pub const PAUSED_RETRY_AFTER: Duration = Duration::from_secs(30);
 /// Server secrets holding download-link keys are named `link-key:<kid>`.
 pub const LINK_KEY_PREFIX: &str = "link-key:";
 
-/// How long an unknown key id is remembered as unknown. A key created
-/// since is usable after this time at most (keys are created before they are
-/// handed out, so this only matters for a token tried before it existed).
-const UNKNOWN_KEY_TTL: Duration = Duration::from_secs(5);
 /// A source's bucket of failed authentications holds this many seconds of
 /// its rate.
 const AUTH_FAILURE_BURST_SECONDS: f64 = 10.0;
@@ -149,9 +147,9 @@ pub struct Inner {
     pub(crate) fingerprinter: Fingerprinter,
     /// Verified key records (revoked ones too).
     pub(crate) keys: TtlCache<Id, ApiKeyRecord>,
-    /// Key ids the store does not know: a flood of one bad key reads once.
-    pub(crate) unknown_keys: TtlCache<Id, ()>,
-    /// Failed authentications per source.
+    /// The key ids that exist: an unknown one is refused from memory.
+    pub(crate) known_keys: keys::KnownKeys,
+    /// Failed authentications of existing key ids, per source.
     pub(crate) auth_failures: RateLimiter,
     key_lookups: AtomicU64,
     pub(crate) in_flight: InFlight,
@@ -202,7 +200,7 @@ impl AppState {
             signals,
             fingerprinter,
             keys: TtlCache::new(config.key_cache_ttl),
-            unknown_keys: TtlCache::new(UNKNOWN_KEY_TTL),
+            known_keys: keys::KnownKeys::default(),
             auth_failures: RateLimiter::with_burst(AUTH_FAILURE_BURST_SECONDS),
             key_lookups: AtomicU64::new(0),
             in_flight: InFlight::new(config.limits.max_in_flight),
@@ -223,28 +221,44 @@ impl AppState {
         }))
     }
 
-    /// What this process knows of key `id` without reading the store:
-    /// `Some(Some(record))` read recently, `Some(None)` recently found not to
-    /// exist, `None` not known. Unknown ids are cached apart from records, so
-    /// a flood of them cannot push the good ones out.
-    pub(crate) fn cached_api_key(&self, id: &Id) -> Option<Option<ApiKeyRecord>> {
-        if let Some(record) = self.keys.get(id) {
-            return Some(Some(record));
+    /// The record of key `id`, as this process may trust it: `None` when no
+    /// such key exists. An id no key has is refused from memory (see
+    /// [`keys`]); a known one is read from the store when its cached record
+    /// is older than `--key-cache-ttl`.
+    pub(crate) async fn api_key(&self, id: &Id) -> Result<Option<ApiKeyRecord>, StoreError> {
+        self.known_keys.ensure_loaded(self.store.as_ref()).await?;
+        match self.known_keys.check(id) {
+            keys::Known::No => return Ok(None),
+            keys::Known::Yes => {
+                if let Some(record) = self.keys.get(id) {
+                    return Ok(Some(record));
+                }
+            }
+            keys::Known::LookUp => {}
         }
-        self.unknown_keys.get(id).map(|()| None)
+        self.load_api_key(id).await
     }
 
-    /// Reads key `id` from the store (counted in [`Self::key_lookups`]) and
-    /// caches the answer, found or not.
-    pub(crate) async fn load_api_key(&self, id: &Id) -> Result<Option<ApiKeyRecord>, StoreError> {
+    /// Reads key `id` from the store (counted in [`Self::key_lookups`]),
+    /// caches the record and tells the set of known ids what was found.
+    async fn load_api_key(&self, id: &Id) -> Result<Option<ApiKeyRecord>, StoreError> {
         self.key_lookups.fetch_add(1, Ordering::Relaxed);
         ::metrics::counter!("longrun_api_key_lookups_total").increment(1);
         let record = self.store.api_key_get(id).await?;
-        match &record {
-            Some(record) => self.keys.put(id.clone(), record.clone()),
-            None => self.unknown_keys.put(id.clone(), ()),
+        self.known_keys.found(id, record.as_ref());
+        if let Some(record) = &record {
+            self.keys.put(id.clone(), record.clone());
         }
         Ok(record)
+    }
+
+    /// Where a request comes from (see [`source`]).
+    pub(crate) fn source_of(
+        &self,
+        extensions: &axum::http::Extensions,
+        headers: &axum::http::HeaderMap,
+    ) -> Option<std::net::IpAddr> {
+        source::of_request(extensions, headers, &self.config.limits.trusted_proxies)
     }
 
     /// Key records read from the store by this process so far.

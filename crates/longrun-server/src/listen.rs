@@ -51,10 +51,14 @@ pub struct Limits {
     /// Requests of one tenant being handled at once (long-polls included);
     /// more are `429 rate_limited`, so one tenant cannot take every slot.
     pub max_in_flight_per_tenant: usize,
-    /// Failed authentications per second a source (peer IP) may make, with a
-    /// burst of ten times that; beyond it, unknown keys from that source
-    /// are `429 rate_limited` without a database read.
+    /// Failed authentications of existing key ids (a wrong secret, a
+    /// revoked key) per second a source may make, with a burst of ten times
+    /// that; beyond it, its failing requests are `429 rate_limited`. A
+    /// correct key is never refused for what its source did.
     pub auth_failures_per_source: f64,
+    /// Proxies whose `Forwarded`/`X-Forwarded-For` name the source
+    /// (`--trusted-proxies`); from any other peer, the peer is the source.
+    pub trusted_proxies: crate::source::TrustedProxies,
 }
 
 impl Default for Limits {
@@ -67,6 +71,7 @@ impl Default for Limits {
             max_in_flight: 4096,
             max_in_flight_per_tenant: 1024,
             auth_failures_per_source: 2.0,
+            trusted_proxies: crate::source::TrustedProxies::default(),
         }
     }
 }

@@ -44,15 +44,6 @@ impl RateLimiter {
     /// Takes one token for `name` at `rate` per second; `Err(wait)` says how
     /// long until one is available.
     pub fn take(&self, name: &str, rate: f64, now: Instant) -> Result<(), Duration> {
-        self.with_bucket(name, rate, now, true)
-    }
-
-    /// Like [`Self::take`], but leaves the token: whether one is there.
-    pub fn check(&self, name: &str, rate: f64, now: Instant) -> Result<(), Duration> {
-        self.with_bucket(name, rate, now, false)
-    }
-
-    fn with_bucket(&self, name: &str, rate: f64, now: Instant, take: bool) -> Result<(), Duration> {
         let capacity = (rate * self.burst_seconds).max(1.0);
         let mut buckets = self.buckets.lock().expect("rate limiter poisoned");
         if buckets.len() >= MAX_BUCKETS && !buckets.contains_key(name) {
@@ -71,9 +62,7 @@ impl RateLimiter {
         bucket.tokens = (bucket.tokens + elapsed * rate).min(capacity);
         bucket.refilled_at = now;
         if bucket.tokens >= 1.0 {
-            if take {
-                bucket.tokens -= 1.0;
-            }
+            bucket.tokens -= 1.0;
             Ok(())
         } else {
             Err(Duration::from_secs_f64((1.0 - bucket.tokens) / rate))
@@ -164,14 +153,13 @@ mod tests {
     }
 
     #[test]
-    fn a_check_leaves_the_token_and_bursts_hold_several_seconds() {
+    fn bursts_hold_several_seconds_of_the_rate() {
         let limiter = RateLimiter::with_burst(10.0);
         let t0 = Instant::now();
         for _ in 0..20 {
-            assert!(limiter.check("src", 2.0, t0).is_ok());
             assert!(limiter.take("src", 2.0, t0).is_ok());
         }
-        assert_eq!(limiter.check("src", 2.0, t0).unwrap_err(), Duration::from_millis(500));
+        assert_eq!(limiter.take("src", 2.0, t0).unwrap_err(), Duration::from_millis(500));
         assert!(limiter.take("src", 2.0, t0 + Duration::from_millis(500)).is_ok());
     }
 

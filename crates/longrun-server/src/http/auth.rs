@@ -1,9 +1,10 @@
 //! Bearer API keys: parsed, looked up by id, checked in constant time against
 //! the stored SHA-256, role-checked. Verified records are cached for a few
 //! seconds so the hot paths do not read the key table on every request; a
-//! revocation takes effect within that time. Unknown ids are cached apart,
-//! and a source (peer IP) that keeps failing is refused with `429` before
-//! any store read.
+//! revocation takes effect within that time. An id no key has is refused
+//! from the in-memory set of key ids (`crate::keys`), and a source that
+//! keeps sending wrong secrets for existing ids gets `429` for them — never
+//! for a correct key.
 
 use std::time::{Duration, Instant};
 
@@ -12,6 +13,7 @@ use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
 use longrun_core::Id;
 use longrun_core::apikey::{PresentedKey, Role};
+use longrun_store::ApiKeyRecord;
 
 use crate::AppState;
 use crate::http::error::ApiError;
@@ -44,38 +46,10 @@ impl FromRequestParts<AppState> for Caller {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
-        let source = || crate::listen::peer(&parts.extensions).map(|p| p.ip().to_string());
-        let presented = presented_key(parts);
-        let record = match &presented {
-            None => None,
-            Some(presented) => match state.cached_api_key(&presented.id) {
-                Some(known) => known,
-                None => {
-                    // A source that keeps failing gets no more store reads:
-                    // only keys this process already knows are checked for it.
-                    if let Some(source) = source() {
-                        let rate = state.config.limits.auth_failures_per_source;
-                        if let Err(wait) = state.auth_failures.check(&source, rate, Instant::now()) {
-                            return Err(too_many_failures(wait));
-                        }
-                    }
-                    state.load_api_key(&presented.id).await?
-                }
-            },
-        };
-        let verified = match (&presented, record) {
-            (Some(presented), Some(record)) if record.revoked_at.is_none() && presented.verify(&record.secret_hash) => {
-                record
-            }
-            _ => {
-                metrics::counter!("longrun_auth_failures_total").increment(1);
-                if let Some(source) = source() {
-                    let rate = state.config.limits.auth_failures_per_source;
-                    let _ = state.auth_failures.take(&source, rate, Instant::now());
-                }
-                return Err(ApiError::Unauthenticated);
-            }
-        };
+        let verified = authenticate(state, presented_key(parts), || {
+            state.source_of(&parts.extensions, &parts.headers)
+        })
+        .await?;
         tracing::Span::current().record("tenant", verified.tenant.as_str());
         let in_flight = state
             .tenants_in_flight
@@ -95,6 +69,58 @@ impl FromRequestParts<AppState> for Caller {
         }
         Ok(caller)
     }
+}
+
+/// Why a key was refused, as `longrun_auth_failures_total` counts it.
+#[derive(Debug, Clone, Copy)]
+enum Failure {
+    /// No bearer key, or not a key's syntax: refused without a store read.
+    Malformed,
+    /// No key has its id: refused from memory (see `keys`).
+    UnknownId,
+    /// The id exists; the secret is wrong, or the key is revoked.
+    WrongSecret,
+}
+
+impl Failure {
+    fn label(self) -> &'static str {
+        match self {
+            Failure::Malformed => "malformed",
+            Failure::UnknownId => "unknown_key",
+            Failure::WrongSecret => "wrong_secret",
+        }
+    }
+}
+
+/// The record of a presented key that is valid now, or the refusal: `401`,
+/// or `429` for a source past its budget of failures (`source` is asked
+/// only then). A correct key is checked before any budget, so it is never
+/// refused for what other requests from its address did; only failed
+/// guesses of an existing key's secret spend the source's budget, and an
+/// unknown id costs nothing but a set lookup.
+pub(crate) async fn authenticate(
+    state: &AppState,
+    presented: Option<PresentedKey>,
+    source: impl FnOnce() -> Option<std::net::IpAddr>,
+) -> Result<ApiKeyRecord, ApiError> {
+    let failure = match &presented {
+        None => Failure::Malformed,
+        Some(presented) => match state.api_key(&presented.id).await? {
+            None => Failure::UnknownId,
+            Some(record) if record.revoked_at.is_none() && presented.verify(&record.secret_hash) => {
+                return Ok(record);
+            }
+            Some(_) => Failure::WrongSecret,
+        },
+    };
+    metrics::counter!("longrun_auth_failures_total", "reason" => failure.label()).increment(1);
+    if let (Failure::WrongSecret, Some(source)) = (failure, source()) {
+        let rate = state.config.limits.auth_failures_per_source;
+        if let Err(wait) = state.auth_failures.take(&source.to_string(), rate, Instant::now()) {
+            return Err(too_many_failures(wait));
+        }
+    }
+    Err(ApiError::Unauthenticated)
 }
 
 /// The bearer key of the request, if it has one that parses.

@@ -768,8 +768,8 @@ async fn the_download_button_yields_the_artifacts_bytes() {
 }
 
 /// Signing in over plain HTTP (no browser needed): refusals are pages, not
-/// problem documents; a cross-site sign-in is refused; failures are limited
-/// per source as the API's are.
+/// problem documents; a cross-site sign-in is refused; wrong secrets are
+/// limited per source as the API's are, and never a good key.
 #[tokio::test]
 async fn sign_in_refusals_are_pages_and_failures_are_limited_per_source() {
     let limits = longrun_server::listen::Limits {
@@ -826,12 +826,20 @@ async fn sign_in_refusals_are_pages_and_failures_are_limited_per_source() {
         .unwrap();
     assert!(response.headers()["set-cookie"].to_str().unwrap().contains("Secure"));
 
-    // Bad keys: 401 pages for the source's burst, then 429 with Retry-After.
-    let (mut unauthorized, mut limited) = (0, 0);
+    // Made-up keys: 401 pages, never limited (refused from memory).
     for _ in 0..40 {
         let response = sign_in(longrun_core::apikey::NewApiKey::generate().token, None)
             .await
             .unwrap();
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    }
+    // Wrong secrets of an existing key: 401 pages for the source's burst,
+    // then 429 with Retry-After.
+    let (id, _) = app.client_key.rsplit_once('_').unwrap();
+    let (mut unauthorized, mut limited) = (0, 0);
+    for _ in 0..40 {
+        let guess = format!("{id}_{}", longrun_core::id::random_base32::<32>());
+        let response = sign_in(guess, None).await.unwrap();
         assert!(
             response.headers()["content-type"]
                 .to_str()
@@ -849,6 +857,9 @@ async fn sign_in_refusals_are_pages_and_failures_are_limited_per_source() {
     }
     assert!((1..=11).contains(&unauthorized), "the burst: {unauthorized}");
     assert_eq!(limited, 40 - unauthorized);
+    // The good key still signs in from that address.
+    let response = sign_in(app.client_key.clone(), None).await.unwrap();
+    assert_eq!(response.status(), StatusCode::SEE_OTHER);
 
     // A page without a session sends to sign-in, keeping where it was going.
     let response = http.get(app.url("/ui/operations?state=failed")).send().await.unwrap();

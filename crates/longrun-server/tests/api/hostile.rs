@@ -227,53 +227,159 @@ async fn past_the_in_flight_limits_requests_are_shed_at_once_overall_and_per_ten
     app.shutdown().await;
 }
 
-#[tokio::test]
-async fn a_flood_of_bad_keys_costs_no_store_read_past_the_first_and_is_limited_per_source() {
-    let app = spawn_app_with(Options {
-        key_cache_ttl: Duration::from_secs(600),
-        ..limits(|l| l.auth_failures_per_source = 1.0)
-    })
-    .await;
-    let get = |key: String| app.request(Method::GET, "/v1/operations", &key).send();
-    assert_eq!(get(app.client_key.clone()).await.unwrap().status(), StatusCode::OK);
-    let before = app.state.key_lookups();
+/// A well-formed token of `key`'s id with another secret: a wrong guess.
+fn wrong_secret(key: &str) -> String {
+    let (id, _) = key.rsplit_once('_').expect("a key token");
+    format!("{id}_{}", longrun_core::id::random_base32::<32>())
+}
 
-    // One unknown key, again and again: one store read. (The source's burst
-    // is ten failures; these take five of them.)
-    let unknown = NewApiKey::generate().token;
-    for _ in 0..5 {
-        let response = get(unknown.clone()).await.unwrap();
-        assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
-    }
-    assert_eq!(app.state.key_lookups() - before, 1);
+/// What the flood tests count, by status.
+#[derive(Debug, Default)]
+struct Answers {
+    ok: usize,
+    unauthorized: usize,
+    limited: usize,
+}
 
-    // Ever new unknown keys: the source's burst of failures, then 429
-    // without a store read.
-    let before = app.state.key_lookups();
-    let (mut unauthenticated, mut limited) = (0, 0);
-    for _ in 0..100 {
-        let response = get(NewApiKey::generate().token).await.unwrap();
+impl Answers {
+    async fn count(&mut self, response: reqwest::Response) {
         match response.status() {
-            StatusCode::UNAUTHORIZED => unauthenticated += 1,
+            StatusCode::OK => self.ok += 1,
+            StatusCode::UNAUTHORIZED => self.unauthorized += 1,
             StatusCode::TOO_MANY_REQUESTS => {
                 assert!(response.headers().contains_key("retry-after"));
                 let body: Value = response.json().await.unwrap();
                 assert_eq!(body["code"], "rate_limited");
-                limited += 1;
+                self.limited += 1;
             }
             other => panic!("unexpected {other}"),
         }
     }
-    let reads = app.state.key_lookups() - before;
-    println!("100 fresh bad keys: {unauthenticated} × 401, {limited} × 429, {reads} store reads");
-    assert!(
-        (1..=7).contains(&unauthenticated),
-        "the rest of the burst: {unauthenticated}"
-    );
-    assert_eq!(limited, 100 - unauthenticated);
-    assert_eq!(reads, unauthenticated, "a limited request reads nothing");
+}
 
-    // A key this process has verified still works from that source.
-    assert_eq!(get(app.client_key.clone()).await.unwrap().status(), StatusCode::OK);
+/// 10,000 bad keys from one address — made-up ids, malformed tokens, and
+/// wrong secrets of an existing key — while the good key from that address
+/// gets `200` every time it asks, with its record read from the store on
+/// every request (a key cache of zero: the case where a good key used to be
+/// throttled once its cache entry expired). Made-up ids are refused from
+/// memory: they cost no store read past the process-wide miss budget, and
+/// never a `429`; only the wrong secrets spend the source's budget.
+#[tokio::test]
+async fn a_flood_of_bad_keys_never_refuses_a_good_key_from_the_same_source() {
+    let app = spawn_app_with(limits(|l| l.auth_failures_per_source = 1.0)).await;
+    let get = |key: &str| app.request(Method::GET, "/v1/operations", key).send();
+    assert_eq!(get(&app.client_key).await.unwrap().status(), StatusCode::OK);
+
+    let (mut made_up, mut malformed, mut guesses, mut good) = (
+        Answers::default(),
+        Answers::default(),
+        Answers::default(),
+        Answers::default(),
+    );
+    let started = Instant::now();
+    let before = app.state.key_lookups();
+    for i in 0..10_000 {
+        match i % 4 {
+            0 | 1 => made_up.count(get(&NewApiKey::generate().token).await.unwrap()).await,
+            2 => malformed.count(get(&format!("lr_not-a-key-{i}")).await.unwrap()).await,
+            _ => guesses.count(get(&wrong_secret(&app.client_key)).await.unwrap()).await,
+        }
+        if i % 50 == 0 {
+            good.count(get(&app.client_key).await.unwrap()).await;
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let lookups = app.state.key_lookups() - before;
+    println!(
+        "10,000 bad keys in {elapsed:.1}s: made-up {made_up:?}, malformed {malformed:?}, \
+         wrong secrets {guesses:?}, good key {good:?}, {lookups} store reads"
+    );
+    assert_eq!(
+        (good.ok, good.unauthorized, good.limited),
+        (200, 0, 0),
+        "the good key is never refused"
+    );
+    assert_eq!(
+        (made_up.unauthorized, made_up.limited),
+        (5_000, 0),
+        "made-up ids: 401, never 429"
+    );
+    assert_eq!((malformed.unauthorized, malformed.limited), (2_500, 0));
+    // The source's burst (ten seconds of one a second) and what refilled,
+    // then 429 for every further wrong secret.
+    assert!(
+        guesses.unauthorized <= 10 + elapsed.ceil() as usize + 1,
+        "wrong secrets past the budget: {guesses:?}"
+    );
+    assert_eq!(guesses.unauthorized + guesses.limited, 2_500);
+    // Store reads: the known key's record on every good request and every
+    // wrong secret (cache of zero), plus made-up ids within the miss budget.
+    let known = good.ok + guesses.unauthorized + guesses.limited;
+    let budget = 100 + (10.0 * elapsed).ceil() as u64 + 1;
+    assert!(
+        lookups <= known as u64 + budget,
+        "{lookups} reads for {known} known-key requests and a miss budget of {budget}"
+    );
+    app.shutdown().await;
+}
+
+/// Behind a trusted proxy the source is the forwarded client: one client's
+/// wrong secrets spend its budget, not the proxy's, and neither another
+/// client nor a good key from the same client is refused.
+#[tokio::test]
+async fn behind_a_trusted_proxy_each_forwarded_client_has_its_own_budget() {
+    let app = spawn_app_with(limits(|l| {
+        l.auth_failures_per_source = 1.0;
+        l.trusted_proxies = longrun_server::source::TrustedProxies::parse("127.0.0.0/8").unwrap();
+    }))
+    .await;
+    let from = |client: &str, key: &str| {
+        app.request(Method::GET, "/v1/operations", key)
+            // A hop the client claims first, then what the proxy saw.
+            .header("x-forwarded-for", format!("6.6.6.6, {client}"))
+            .send()
+    };
+    let (mut guesses, mut good) = (Answers::default(), Answers::default());
+    for _ in 0..200 {
+        guesses
+            .count(from("203.0.113.7", &wrong_secret(&app.client_key)).await.unwrap())
+            .await;
+        good.count(from("203.0.113.7", &app.client_key).await.unwrap()).await;
+    }
+    assert_eq!(good.ok, 200, "the good key behind the same client: {good:?}");
+    assert!(guesses.limited > 150, "the flooding client is limited: {guesses:?}");
+    // Another client behind the same proxy still gets a plain 401.
+    let other = from("198.51.100.9", &wrong_secret(&app.client_key)).await.unwrap();
+    assert_eq!(other.status(), StatusCode::UNAUTHORIZED);
+    // The forged leftmost hop is not the source either.
+    let forged = from("6.6.6.6", &wrong_secret(&app.client_key)).await.unwrap();
+    assert_eq!(forged.status(), StatusCode::UNAUTHORIZED);
+    app.shutdown().await;
+}
+
+/// From a peer that is no trusted proxy, `X-Forwarded-For` changes nothing:
+/// a client cannot buy a fresh budget by naming another address.
+#[tokio::test]
+async fn a_spoofed_forwarded_header_from_an_untrusted_peer_changes_nothing() {
+    let app = spawn_app_with(limits(|l| l.auth_failures_per_source = 1.0)).await;
+    let mut guesses = Answers::default();
+    for i in 0..100 {
+        let response = app
+            .request(Method::GET, "/v1/operations", &wrong_secret(&app.client_key))
+            .header("x-forwarded-for", format!("198.51.100.{i}"))
+            .header("forwarded", format!("for=203.0.113.{i}"))
+            .send()
+            .await
+            .unwrap();
+        guesses.count(response).await;
+    }
+    assert!(guesses.limited >= 80, "one budget for the peer: {guesses:?}");
+    let good = app
+        .request(Method::GET, "/v1/operations", &app.client_key)
+        .header("x-forwarded-for", "198.51.100.1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(good.status(), StatusCode::OK);
     app.shutdown().await;
 }
