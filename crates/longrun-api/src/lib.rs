@@ -1,4 +1,4 @@
-//! Longrun's wire types: the JSON bodies of the public protocol (CONTRACT
+//! Longrun's wire types: the JSON bodies of the public protocol (docs/api.md
 //! §3, §9) and of the worker protocol (§4), each with its serde and OpenAPI
 //! derives. The server renders and reads them, the SDK and remote workers
 //! write and read them: one definition, so the three cannot drift, and what

@@ -1,4 +1,4 @@
-//! The public protocol's bodies (CONTRACT §3, §9): what a client sends to
+//! The public protocol's bodies (docs/api.md §3, §9): what a client sends to
 //! submit, re-run, change and cancel operations, and what it reads back.
 
 use std::borrow::Cow;
@@ -63,7 +63,7 @@ fn labels_schema() -> utoipa::openapi::schema::Object {
         .build()
 }
 
-/// `POST /v1/operations/batch` (CONTRACT §9).
+/// `POST /v1/operations/batch` (docs/api.md §9).
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BatchSubmitRequest {
@@ -245,7 +245,7 @@ pub struct CancelRequestBody {
     pub reason: Option<String>,
 }
 
-/// The operation representation (CONTRACT §3).
+/// The operation representation (docs/api.md §3).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct OperationBody {
     /// `op_…`, opaque.

@@ -5,7 +5,7 @@ use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
 
-/// Every stable problem code (CONTRACT §6; `method_not_allowed` is ours).
+/// Every stable problem code (docs/api.md §6; `method_not_allowed` is ours).
 /// Only its schema is used: the server's errors name their codes.
 #[derive(utoipa::ToSchema)]
 #[allow(non_camel_case_types, dead_code, missing_docs)]

@@ -1,4 +1,4 @@
-//! The body of a webhook (Standard Webhooks; CONTRACT §7): sent once per
+//! The body of a webhook (Standard Webhooks; docs/api.md §7): sent once per
 //! state change of an operation that named a callback.
 
 use serde::{Deserialize, Serialize};

@@ -1,4 +1,4 @@
-//! The worker protocol's bodies (CONTRACT §4, §9): claims, heartbeats and
+//! The worker protocol's bodies (docs/api.md §4, §9): claims, heartbeats and
 //! outcomes, each fenced by the task's lease token, and the bodies of the
 //! artifact uploads.
 

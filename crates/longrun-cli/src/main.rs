@@ -1,4 +1,4 @@
-//! `longrun`: the one binary (CONTRACT §1). A thin clap layer over the server,
+//! `longrun`: the one binary (docs/api.md §1). A thin clap layer over the server,
 //! the store and the client SDK.
 //!
 //! # Layout

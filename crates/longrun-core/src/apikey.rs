@@ -13,7 +13,7 @@ use crate::id::{Id, IdKind, random_base32};
 
 const PREFIX: &str = "lr_";
 
-/// Roles of CONTRACT §2.
+/// Roles of docs/api.md §2.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Role {
     /// Submits, reads and cancels its tenant's operations.

@@ -9,7 +9,7 @@
 //! new rows land together at the right-hand end of every index keyed by an
 //! id (operations, tasks, events, idempotency records, deliveries) instead
 //! of on a random page of each. The time is not a meaning — nothing reads
-//! it back — and the 96 random bits keep ids unguessable (CONTRACT §1).
+//! it back — and the 96 random bits keep ids unguessable (docs/api.md §1).
 //!
 //! Two older shapes still parse (26 characters, 128 bits): the creation
 //! second (32 bits) then 96 random bits, and before that 128 random bits.

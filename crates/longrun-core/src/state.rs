@@ -11,7 +11,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-/// An operation's state (CONTRACT §5); the transition table is [`State::can_become`].
+/// An operation's state (docs/api.md §5); the transition table is [`State::can_become`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum State {
     /// Waiting for a worker.

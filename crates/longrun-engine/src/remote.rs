@@ -1,5 +1,5 @@
 //! Remote workers: the same [`Handler`]s, driven over the HTTP worker
-//! protocol (CONTRACT §4) instead of straight through the store.
+//! protocol (docs/api.md §4) instead of straight through the store.
 //!
 //! [`RemoteWorker`] long-polls for batches, runs each task with an
 //! [`HttpLink`] (heartbeats carry progress and cost and bring back cancel

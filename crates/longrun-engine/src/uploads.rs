@@ -1,5 +1,5 @@
 //! Where upload bytes live: inputs a client streams (and may resume) before
-//! a submission names them (CONTRACT §9 "Uploads and artifacts").
+//! a submission names them (docs/api.md §9 "Uploads and artifacts").
 //!
 //! Each request's body is stored as one *piece* under `uploads/{id}/`, as an
 //! object of the [`ArtifactStore`]. A body cut short keeps what arrived (the

@@ -1,4 +1,4 @@
-//! The webhook deliverer: sends the outbox's due events (CONTRACT §5,
+//! The webhook deliverer: sends the outbox's due events (docs/api.md §5,
 //! Standard Webhooks) and records every attempt. At least once: an event is
 //! leased while it is being sent, so a crashed deliverer's events are sent
 //! again; receivers dedupe by `webhook-id`.

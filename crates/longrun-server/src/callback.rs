@@ -1,4 +1,4 @@
-//! The submission-time policy for webhook callback URLs (CONTRACT §5): what
+//! The submission-time policy for webhook callback URLs (docs/api.md §5): what
 //! can never pass is refused before anything is accepted. `https` only and no
 //! IP literals or local names by default; development flags lift that.
 //!

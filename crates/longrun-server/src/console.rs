@@ -1,4 +1,4 @@
-//! The console (CONTRACT §9): a web dashboard served at `/ui/` by the same
+//! The console (docs/api.md §9): a web dashboard served at `/ui/` by the same
 //! process, rendered on the server (every reading page works without
 //! JavaScript; the live rows and nothing else need it), with its assets
 //! compiled into the binary.

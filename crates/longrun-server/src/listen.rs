@@ -151,7 +151,7 @@ fn stalled(error: &hyper::Error) -> bool {
 }
 
 /// The answer to a connection over the cap: a problem, then close. Like
-/// every response it carries a request id (CONTRACT §6), though no request
+/// every response it carries a request id (docs/api.md §6), though no request
 /// was read.
 async fn refuse(mut stream: TcpStream) {
     let mut problem = crate::http::error::ApiError::TemporarilyUnavailable {

@@ -1,4 +1,4 @@
-//! Prometheus metrics (CONTRACT §7). Counters and histograms of the life of
+//! Prometheus metrics (docs/api.md §7). Counters and histograms of the life of
 //! operations are derived from the store's committed-change feed — one place,
 //! and only for changes that are durable; services count what they do (reaper,
 //! enforcer, webhooks, retention); ages and backlogs are read at scrape time.

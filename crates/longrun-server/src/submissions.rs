@@ -1,5 +1,5 @@
 //! What a submission is, decided once for the HTTP API (single, batch,
-//! re-run) and the console: every cheap deterministic check of CONTRACT §3
+//! re-run) and the console: every cheap deterministic check of docs/api.md §3
 //! (acceptance paused, key policy, kind and its input, labels, budget,
 //! deadline caps, callback policy), the idempotency fingerprint over the
 //! semantic request, and what an acceptance means to the caller. Handlers
@@ -60,7 +60,7 @@ pub(crate) async fn prepare_rerun(
 }
 
 /// Checks a submission and turns it into what the store accepts: every
-/// cheap deterministic check of CONTRACT §3 (acceptance paused, key policy,
+/// cheap deterministic check of docs/api.md §3 (acceptance paused, key policy,
 /// kind, labels, input size and the kind's own validation, budget, deadline
 /// caps, callback policy), then the idempotency fingerprint over the
 /// semantic request. The single and the batch endpoint share it.

@@ -1,5 +1,5 @@
 //! One error type for the HTTP edge, one variant per stable `code` of
-//! CONTRACT §6, rendered as RFC 9457 problem+json in one place.
+//! docs/api.md §6, rendered as RFC 9457 problem+json in one place.
 //!
 //! Handlers return [`ApiError`]; its response carries the problem as an
 //! extension and the [`edge`](crate::http::edge) middleware writes the body,
@@ -16,7 +16,7 @@ use longrun_core::Id;
 use longrun_store::StoreError;
 
 /// Every refusal of the HTTP edge, one variant per stable problem `code`
-/// (CONTRACT §6); `Display` is the problem's `detail`.
+/// (docs/api.md §6); `Display` is the problem's `detail`.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
     /// `400 invalid_request`: the request breaks a rule of its own.

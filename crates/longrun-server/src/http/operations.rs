@@ -1,4 +1,4 @@
-//! The operation resource (CONTRACT §3): submit, read, list, history, cancel.
+//! The operation resource (docs/api.md §3): submit, read, list, history, cancel.
 
 use std::time::Duration;
 

@@ -1,4 +1,4 @@
-//! Results as artifacts (CONTRACT §3 "Results", §4 upload).
+//! Results as artifacts (docs/api.md §3 "Results", §4 upload).
 //!
 //! - `PUT /v1/worker/tasks/{id}/artifact` (worker, `Lease-Token` header):
 //!   the body is streamed into the artifact store — never held whole in

@@ -1,4 +1,4 @@
-//! Uploads: inputs streamed before a submission names them (CONTRACT §9
+//! Uploads: inputs streamed before a submission names them (docs/api.md §9
 //! "Uploads and artifacts"), resumable as the IETF resumable-uploads draft
 //! describes.
 //!

@@ -1,4 +1,4 @@
-//! Storage records mapped to the public JSON shapes of CONTRACT §3, here
+//! Storage records mapped to the public JSON shapes of docs/api.md §3, here
 //! and nowhere else, because what is serialized is contract. The shapes
 //! themselves are `longrun-api`'s (shared with the SDK and remote workers);
 //! they are re-exported here for the handlers.

@@ -1,4 +1,4 @@
-//! The remote worker protocol (CONTRACT §4), for keys of role `worker`:
+//! The remote worker protocol (docs/api.md §4), for keys of role `worker`:
 //! long-polling batch claims, fenced heartbeats and outcomes.
 //!
 //! Workers serve every tenant's tasks of the kinds they ask for (they are the

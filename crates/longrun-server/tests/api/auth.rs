@@ -1,4 +1,4 @@
-//! Authentication and ownership (CONTRACT §2).
+//! Authentication and ownership (docs/api.md §2).
 
 use longrun_core::apikey::Role;
 use reqwest::{Method, StatusCode};

@@ -1,4 +1,4 @@
-//! The batch endpoints of CONTRACT §9 over real HTTP: `POST
+//! The batch endpoints of docs/api.md §9 over real HTTP: `POST
 //! /v1/operations/batch` answers each submission as its single request
 //! would, and `POST /v1/worker/outcomes` applies each report fenced by its
 //! own lease token. Bad items refuse only themselves; bad batches refuse

@@ -1,4 +1,4 @@
-//! Cancellation (CONTRACT §3 "Cancelling").
+//! Cancellation (docs/api.md §3 "Cancelling").
 
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};

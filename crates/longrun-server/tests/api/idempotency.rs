@@ -1,4 +1,4 @@
-//! Idempotency exactly as CONTRACT §3 specifies it: replays, conflicts,
+//! Idempotency exactly as docs/api.md §3 specifies it: replays, conflicts,
 //! scope, convergence of concurrent first requests, and a retry after a lost
 //! response.
 

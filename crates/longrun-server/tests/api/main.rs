@@ -5,6 +5,7 @@ mod auth;
 mod batches;
 mod cancel;
 mod console;
+mod docs;
 mod errors;
 mod fuzz;
 mod helpers;

@@ -1,4 +1,4 @@
-//! The operator's view (CONTRACT §7): metrics and pausing acceptance.
+//! The operator's view (docs/api.md §7): metrics and pausing acceptance.
 
 use longrun_core::apikey::Role;
 use reqwest::{Method, StatusCode};

@@ -1,4 +1,4 @@
-//! Results as expiring artifacts and retention (CONTRACT §3 "Results",
+//! Results as expiring artifacts and retention (docs/api.md §3 "Results",
 //! "Retention"): the export kind, signed download links with `Range`, worker
 //! uploads, cleanup of cancelled work, and retention walked with a manual clock.
 

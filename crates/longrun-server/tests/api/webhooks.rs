@@ -1,4 +1,4 @@
-//! Webhooks (CONTRACT §5) delivered over real HTTP to receivers on loopback:
+//! Webhooks (docs/api.md §5) delivered over real HTTP to receivers on loopback:
 //! retries with the same `webhook-id`, giving up without touching the
 //! operation, signatures checked by the `standardwebhooks` package from PyPI,
 //! exactly-once application behind a proxy that drops acknowledgements, and

@@ -1,4 +1,4 @@
-//! The remote worker protocol (CONTRACT §4) over real HTTP: claims, fenced
+//! The remote worker protocol (docs/api.md §4) over real HTTP: claims, fenced
 //! heartbeats and outcomes, the reaper, retries, cancellation races,
 //! deadlines, budgets, intent changes, quotas and fairness. Leases and
 //! deadlines expire by moving the server's manual clock, never by sleeping.

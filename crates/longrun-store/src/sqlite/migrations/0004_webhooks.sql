@@ -1,4 +1,4 @@
--- Webhooks (CONTRACT §5): an outbox row per state transition of an operation
+-- Webhooks (docs/api.md §5): an outbox row per state transition of an operation
 -- with a callback, written in the transition's own transaction; a log of
 -- every delivery attempt; signing secrets per tenant.
 

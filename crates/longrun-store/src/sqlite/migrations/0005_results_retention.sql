@@ -1,4 +1,4 @@
--- Results as artifacts, and retention (CONTRACT §3 "Results", "Retention").
+-- Results as artifacts, and retention (docs/api.md §3 "Results", "Retention").
 
 -- The published artifact of an operation, as the representation shows it.
 ALTER TABLE operations ADD COLUMN artifact TEXT;
