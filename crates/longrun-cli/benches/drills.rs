@@ -109,6 +109,20 @@ async fn main() {
             clean &= tally.clean();
         }
     }
+    if wanted("exec-trees") {
+        let (mut processes, mut survivors) = (0, 0);
+        for seed in 1..=drills {
+            let dir = tempfile::tempdir().unwrap();
+            let trees = drill::kill_an_exec_worker_with_process_trees(seed, dir.path()).await;
+            processes += trees.processes;
+            survivors += trees.survivors;
+        }
+        println!(
+            "`exec-trees`: kill -9 of a `longrun worker --exec` running 4 process trees: \
+             {drills} drills, {processes} processes started, {survivors} alive 5 s after the kill"
+        );
+        clean &= survivors == 0;
+    }
     if wanted("postgres-node") || wanted("postgres-stop") {
         match longrun_store::pgtest::start_durable() {
             Ok(cluster) => {

@@ -30,6 +30,7 @@ use longrun_store::postgres::{PostgresConfig, PostgresStore};
 use longrun_store::{ApiKeyCreateParams, KindSpec, SqliteConfig, SqliteStore, Store, TenantLimits};
 
 mod client;
+mod supervise;
 
 #[derive(Parser)]
 #[command(
@@ -103,8 +104,22 @@ enum Command {
     /// {"result": …} gives the result. Exit 0 succeeds, anything else fails with
     /// worker_error. Cancellation sends SIGTERM, then SIGKILL after --grace.
     Worker(WorkerArgs),
+    /// Run one `worker --exec` command so that it ends when its worker dies
+    /// (started by the worker itself; see `supervise.rs`).
+    #[command(hide = true)]
+    Supervise(SuperviseArgs),
     #[command(flatten)]
     Client(client::ClientCommand),
+}
+
+#[derive(Args)]
+struct SuperviseArgs {
+    /// Between SIGTERM and SIGKILL once the worker is gone.
+    #[arg(long, value_parser = parse_duration)]
+    grace: Duration,
+    /// The program and its arguments.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
+    command: Vec<std::ffi::OsString>,
 }
 
 #[derive(Args)]
@@ -424,6 +439,19 @@ fn main() -> std::process::ExitCode {
         Ok(runtime) => runtime,
         Err(e) => return fail(&e.into()),
     };
+    if let Command::Supervise(args) = cli.command {
+        // Light: one thread, and no logging of its own (its streams are the
+        // command's).
+        let code = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(anyhow::Error::from)
+            .and_then(|runtime| runtime.block_on(supervise::supervise(args.grace, args.command)));
+        return match code {
+            Ok(code) => std::process::ExitCode::from(code),
+            Err(e) => fail(&e),
+        };
+    }
     if let Command::Client(command) = cli.command {
         let code = runtime.block_on(client::run(command));
         return std::process::ExitCode::from(u8::try_from(code).unwrap_or(1));
@@ -489,7 +517,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Worker(args) => worker(args).await,
-        Command::Client(_) => unreachable!("client commands run in main"),
+        Command::Client(_) | Command::Supervise(_) => unreachable!("run in main"),
     }
 }
 
@@ -769,6 +797,9 @@ async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
         kind: args.kind.clone(),
         command: args.exec,
         grace: args.grace,
+        // This binary, as each command's supervisor: a dead worker's
+        // commands end with it.
+        supervisor: std::env::current_exe().ok(),
     }));
     let mut config = RemoteConfig::new(args.connection.server.clone(), token);
     config.concurrency = args.concurrency.max(1);

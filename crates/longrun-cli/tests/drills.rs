@@ -83,6 +83,22 @@ async fn five_kills_of_an_exec_worker_mid_task_lose_and_repeat_nothing() {
     .await;
 }
 
+/// Five kills of a worker whose commands are process trees: every process
+/// of every tree ends within 5 s (issue 46's worker-death drill).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_kills_of_an_exec_worker_leave_no_process_of_its_commands() {
+    let (mut processes, mut survivors) = (0, 0);
+    for seed in 1..=5 {
+        let dir = tempfile::tempdir().unwrap();
+        let trees = drill::kill_an_exec_worker_with_process_trees(seed, dir.path()).await;
+        processes += trees.processes;
+        survivors += trees.survivors;
+    }
+    println!("kill -9 of a worker with process trees: 5 drills, {processes} processes, {survivors} alive 5 s later");
+    assert!(processes >= 40);
+    assert_eq!(survivors, 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_kills_of_an_sdk_worker_mid_task_lose_and_repeat_nothing() {
     let plan = plan(2, 20);

@@ -228,6 +228,71 @@ while true; do sleep 0.05; done"#,
     );
 }
 
+/// Whether process `pid` still runs (a zombie waiting to be reaped does not).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| stat.rsplit_once(") ").map(|(_, rest)| !rest.starts_with('Z')))
+        .unwrap_or(false)
+}
+
+/// A worker killed with `kill -9` takes its command's whole process tree
+/// with it: a shell, and a grandchild it started that writes a heartbeat
+/// file every 100 ms, are gone within 5 s, and the file stops growing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_workers_command_and_its_grandchildren_end_with_it() {
+    let h = harness().await;
+    h.declare("tree", false).await;
+    let pids = h.dir.path().join("pids");
+    let beats = h.dir.path().join("beats");
+    let script = h.script(
+        "tree.sh",
+        &format!(
+            r#"echo $$ >> {pids}
+sh -c 'echo $$ >> {pids}; while true; do echo beat >> {beats}; sleep 0.1; done' &
+echo '{{"progress":{{"phase":"STARTED"}}}}'
+wait"#,
+            pids = pids.display(),
+            beats = beats.display()
+        ),
+    );
+    let mut worker = h.worker("tree", &script, &[]);
+    let id = h.submit("tree-1", "tree", json!({})).await;
+    h.wait_for(&id, "the command to start", |op| op["progress"]["phase"] == "STARTED")
+        .await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let started: Vec<u32> = loop {
+        let beating = std::fs::metadata(&beats).is_ok_and(|m| m.len() > 0);
+        let listed: Vec<u32> = std::fs::read_to_string(&pids)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect();
+        if beating && listed.len() == 2 {
+            break listed;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the grandchild never beat");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(started.iter().all(|pid| alive(*pid)));
+
+    worker.start_kill().unwrap(); // SIGKILL: no chance to clean up
+    worker.wait().await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while started.iter().any(|pid| alive(*pid)) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "still alive 5 s after the worker died: {:?}",
+            started.iter().filter(|pid| alive(**pid)).collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Every process that wrote the file is gone, so it has stopped growing.
+    let size = std::fs::metadata(&beats).unwrap().len();
+    assert!(size > 0);
+    assert!(started.iter().all(|pid| !alive(*pid)));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sigkilled_worker_is_retried_when_safe_and_outcome_unknown_otherwise() {
     let h = harness().await;

@@ -1,7 +1,9 @@
 //! `longrun worker --exec CMD`: any program becomes an operation kind.
 //!
 //! Per task, `sh -c CMD` runs in its own process group with the input JSON on
-//! stdin and `LONGRUN_OPERATION_ID` / `LONGRUN_ATTEMPT` in its environment.
+//! stdin and `LONGRUN_OPERATION_ID` / `LONGRUN_ATTEMPT` in its environment;
+//! under a supervisor (`longrun supervise`, the group's leader) when one is
+//! given, so that the group ends when the worker dies.
 //! Each stdout line that is a JSON object with `progress` reports progress;
 //! one with `result` gives the result. Exit 0 succeeds; any other exit fails
 //! with `worker_error` and the end of stderr. On cancellation the group gets
@@ -39,6 +41,10 @@ pub struct ExecHandler {
     pub command: String,
     /// Between SIGTERM and SIGKILL.
     pub grace: Duration,
+    /// A `longrun` binary to run each command under (`longrun supervise`),
+    /// so that the command's process group ends when this worker dies;
+    /// `None` runs `sh` directly, and a dead worker's command runs on.
+    pub supervisor: Option<std::path::PathBuf>,
 }
 
 fn progress_from(v: &Value) -> ProgressUpdate {
@@ -160,7 +166,19 @@ impl Handler for ExecHandler {
     async fn run(&self, ctx: TaskContext) -> Result<Option<Value>, TaskError> {
         let uploads = fetch_uploads(&ctx).await?;
         let checkpoints = CheckpointFile::new(ctx.checkpoint()).await?;
-        let mut command = Command::new("sh");
+        let mut command = match &self.supervisor {
+            Some(supervisor) => {
+                let mut command = Command::new(supervisor);
+                command
+                    .arg("supervise")
+                    .arg("--grace")
+                    .arg(format!("{}ms", self.grace.as_millis()))
+                    .arg("--")
+                    .arg("sh");
+                command
+            }
+            None => Command::new("sh"),
+        };
         if let Some(dir) = &uploads {
             command.env("LONGRUN_UPLOADS_DIR", dir.path());
         }

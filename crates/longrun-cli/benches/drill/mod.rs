@@ -892,6 +892,112 @@ pub async fn kill_a_worker(seed: u64, plan: &Plan, data_dir: &Path, kind: Worker
     report
 }
 
+/// What a drill of [`kill_an_exec_worker_with_process_trees`] saw.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Trees {
+    /// Processes the killed worker's commands had started (shells and
+    /// their children).
+    pub processes: usize,
+    /// Of those, how many were still alive 5 s after the kill.
+    pub survivors: usize,
+}
+
+/// Whether process `pid` still runs (a zombie waiting to be reaped does not).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| stat.rsplit_once(") ").map(|(_, rest)| !rest.starts_with('Z')))
+        .unwrap_or(false)
+}
+
+/// Scenario 2c: `kill -9` of a `longrun worker --exec` whose four running
+/// commands are process trees — a shell, and a grandchild that beats until
+/// it is killed, never ending on its own. Counts the processes of those
+/// trees still alive 5 s after the kill: the worker's supervisors
+/// (`longrun supervise`) end each tree when the worker dies.
+pub async fn kill_an_exec_worker_with_process_trees(seed: u64, data_dir: &Path) -> Trees {
+    let store = vec!["--data-dir".to_owned(), data_dir.display().to_string()];
+    let (token, worker_token) = processes::prepare(&store);
+    let port = processes::free_port();
+    let mut args = store.clone();
+    args.push("--builtin-workers=false".into());
+    let mut server = processes::serve(port, &args).await;
+    let base = format!("http://127.0.0.1:{port}");
+    let pids = data_dir.join("pids");
+    let command = format!(
+        "echo $$ >> {pids}; sh -c 'echo $$ >> {pids}; while true; do sleep 0.1; done' & wait",
+        pids = pids.display()
+    );
+    let mut worker = tokio::process::Command::new(processes::BIN)
+        .args([
+            "worker",
+            "--kind",
+            "noop",
+            "--concurrency",
+            "4",
+            "--lease",
+            "5s",
+            "--grace",
+            "1s",
+        ])
+        .args(["--server", &base, "--token", &worker_token, "--exec", &command])
+        .env("LONGRUN_LOG", "error")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("longrun worker starts");
+    let http = drill_http();
+    for i in 0..4 {
+        let key = format!("tree-{seed}-{i}");
+        let response = http
+            .post(format!("{base}/v1/operations"))
+            .bearer_auth(&token)
+            .header("Idempotency-Key", &key)
+            .json(&json!({"kind": "noop", "input": {}}))
+            .send()
+            .await
+            .expect("a submission");
+        assert!(response.status().is_success(), "{}", response.status());
+    }
+    // Every command and its grandchild have started.
+    let started = Instant::now();
+    let listed: Vec<u32> = loop {
+        let listed: Vec<u32> = std::fs::read_to_string(&pids)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect();
+        if listed.len() >= 8 {
+            break listed;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the trees never started: {listed:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    worker.start_kill().unwrap();
+    let _ = worker.wait().await;
+    let killed = Instant::now();
+    while listed.iter().any(|pid| alive(*pid)) && killed.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let survivors: Vec<u32> = listed.iter().copied().filter(|pid| alive(*pid)).collect();
+    // Leave nothing behind, whatever the drill found.
+    for pid in &survivors {
+        let _ = std::process::Command::new("kill")
+            .args(["-9", &pid.to_string()])
+            .status();
+    }
+    let _ = server.start_kill();
+    let _ = server.wait().await;
+    Trees {
+        processes: listed.len(),
+        survivors: survivors.len(),
+    }
+}
+
 /// What a faulty proxy does to the connections through it.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Faults {
