@@ -236,6 +236,10 @@ struct ServeArgs {
     /// How long a removed operation answers 410 gone (and keeps its idempotency key).
     #[arg(long, env = "LONGRUN_TOMBSTONE_RETENTION", default_value = "30d", value_parser = parse_duration)]
     tombstone_retention: Duration,
+    /// How old an artifact object no row names must be before retention
+    /// deletes it as a crash's leftover.
+    #[arg(long, env = "LONGRUN_ORPHAN_GRACE", default_value = "1h", value_parser = parse_duration)]
+    orphan_grace: Duration,
     /// How long a minted download link works.
     #[arg(long, env = "LONGRUN_LINK_TTL", default_value = "5m", value_parser = parse_duration)]
     link_ttl: Duration,
@@ -271,6 +275,10 @@ struct ServeArgs {
     /// not a trusted proxy; from any other peer, the peer.
     #[arg(long, env = "LONGRUN_TRUSTED_PROXIES", default_value = "", value_parser = longrun_server::source::TrustedProxies::parse)]
     trusted_proxies: longrun_server::source::TrustedProxies,
+    /// Long-polls and event streams one tenant may hold open at once; more
+    /// are 429 rate_limited.
+    #[arg(long, env = "LONGRUN_MAX_WAITERS_PER_TENANT", default_value_t = 1000)]
+    max_waiters_per_tenant: usize,
     /// Time a client has to send a request's head (and an idle connection is kept).
     #[arg(long, env = "LONGRUN_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     header_read_timeout: Duration,
@@ -540,6 +548,7 @@ async fn serve(global: &Global, args: ServeArgs) -> anyhow::Result<()> {
     options.metrics_listen = args.metrics_listen;
     options.webhooks.schedule = args.webhook_retry_schedule.0.clone();
     options.retention.tombstone_retention = args.tombstone_retention;
+    options.retention.orphan_grace = args.orphan_grace;
     if let Some(url) = &global.artifact_store {
         options.artifact_store = Some(longrun_engine::artifacts::from_url(url)?);
     }
@@ -559,6 +568,7 @@ async fn serve(global: &Global, args: ServeArgs) -> anyhow::Result<()> {
         max_artifact_bytes: args.max_artifact_bytes,
         max_upload_bytes: args.max_upload_bytes,
         upload_retention: args.upload_retention,
+        max_waiters_per_tenant: args.max_waiters_per_tenant.max(1),
         limits: longrun_server::listen::Limits {
             max_connections: args.max_connections,
             max_in_flight: args.max_in_flight,

@@ -63,8 +63,26 @@ pub trait ArtifactStore: Send + Sync + 'static {
     /// Removes `key`; removing what is not there is fine.
     async fn delete(&self, key: &str) -> Result<(), ArtifactError>;
 
-    /// Every object, finished or not (operators and tests count what is left).
-    async fn list(&self) -> Result<Vec<String>, ArtifactError>;
+    /// Every object, finished or not, with when it was last written (the
+    /// store's own wall-clock time): what the orphan sweep of retention
+    /// reads.
+    async fn list_modified(&self) -> Result<Vec<ListedObject>, ArtifactError>;
+
+    /// Every object's key, sorted (operators and tests count what is left).
+    async fn list(&self) -> Result<Vec<String>, ArtifactError> {
+        let mut keys: Vec<String> = self.list_modified().await?.into_iter().map(|o| o.key).collect();
+        keys.sort();
+        Ok(keys)
+    }
+}
+
+/// An object as [`ArtifactStore::list_modified`] lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListedObject {
+    /// Its key.
+    pub key: String,
+    /// When it was last written.
+    pub modified: std::time::SystemTime,
 }
 
 /// Artifacts as files under a directory (`--data-dir/artifacts`). Uploads go
@@ -162,31 +180,39 @@ impl ArtifactStore for FileArtifacts {
         }
     }
 
-    async fn list(&self) -> Result<Vec<String>, ArtifactError> {
+    async fn list_modified(&self) -> Result<Vec<ListedObject>, ArtifactError> {
         let root = self.root.clone();
         tokio::task::spawn_blocking(move || {
-            let mut keys = Vec::new();
-            walk(&root, &root, &mut keys)?;
-            keys.sort();
-            Ok(keys)
+            let mut objects = Vec::new();
+            walk(&root, &root, &mut objects)?;
+            Ok(objects)
         })
         .await
         .map_err(|e| ArtifactError::Io(e.to_string()))?
     }
 }
 
-fn walk(root: &Path, dir: &Path, keys: &mut Vec<String>) -> Result<(), ArtifactError> {
+fn walk(root: &Path, dir: &Path, objects: &mut Vec<ListedObject>) -> Result<(), ArtifactError> {
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(e.into()),
     };
     for entry in entries {
-        let path = entry?.path();
+        let entry = entry?;
+        let path = entry.path();
         if path.is_dir() {
-            walk(root, &path, keys)?;
+            walk(root, &path, objects)?;
         } else if let Ok(relative) = path.strip_prefix(root) {
-            keys.push(relative.to_string_lossy().into_owned());
+            // A file removed since it was listed (a finished upload's
+            // temporary file) is not an object any more.
+            let Ok(modified) = entry.metadata().and_then(|m| m.modified()) else {
+                continue;
+            };
+            objects.push(ListedObject {
+                key: relative.to_string_lossy().into_owned(),
+                modified,
+            });
         }
     }
     Ok(())
@@ -444,22 +470,24 @@ impl ArtifactStore for S3Artifacts {
         }
     }
 
-    async fn list(&self) -> Result<Vec<String>, ArtifactError> {
+    async fn list_modified(&self) -> Result<Vec<ListedObject>, ArtifactError> {
         use futures_util::TryStreamExt;
         let prefix = (!self.prefix.is_empty()).then(|| object_store::path::Path::from(self.prefix.as_str()));
         let objects: Vec<object_store::ObjectMeta> =
             self.store.list(prefix.as_ref()).try_collect().await.map_err(s3_error)?;
-        let mut keys: Vec<String> = objects
+        Ok(objects
             .into_iter()
             .map(|o| {
                 let full = o.location.to_string();
-                full.strip_prefix(&format!("{}/", self.prefix))
-                    .map(str::to_owned)
-                    .unwrap_or(full)
+                ListedObject {
+                    key: full
+                        .strip_prefix(&format!("{}/", self.prefix))
+                        .map(str::to_owned)
+                        .unwrap_or(full),
+                    modified: o.last_modified.into(),
+                }
             })
-            .collect();
-        keys.sort();
-        Ok(keys)
+            .collect())
     }
 }
 

@@ -4,6 +4,14 @@
 //! are forgotten, and unreachable artifact objects are deleted. Batched,
 //! idempotent and restart-safe: every step can be repeated, and objects are
 //! deleted before their garbage rows.
+//!
+//! Now and then (`orphan_interval`) it also sweeps for *orphans*: objects
+//! no row names, older than `orphan_grace` by the artifact store's own
+//! clock. A process that crashed between storing an object (an upload
+//! piece, a result, a piece of a resumable artifact, a half-written
+//! temporary file) and recording it leaves one; nothing else would ever
+//! delete it. Every object is written moments before the row that names it,
+//! so an object older than the grace that no row names never will be.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,6 +33,12 @@ pub struct Config {
     pub delivery_retention: Duration,
     /// Rows of each kind per store call.
     pub batch: u32,
+    /// How old an object no row names must be before the orphan sweep
+    /// deletes it.
+    pub orphan_grace: Duration,
+    /// How often the orphan sweep lists the artifact store (a list of every
+    /// object: not every pass).
+    pub orphan_interval: Duration,
 }
 
 impl Default for Config {
@@ -34,6 +48,8 @@ impl Default for Config {
             tombstone_retention: Duration::from_secs(30 * 24 * 3600),
             delivery_retention: Duration::from_secs(7 * 24 * 3600),
             batch: 500,
+            orphan_grace: Duration::from_secs(3600),
+            orphan_interval: Duration::from_secs(3600),
         }
     }
 }
@@ -45,6 +61,8 @@ pub struct Report {
     pub records: RetentionCounts,
     /// Artifact objects deleted.
     pub objects_deleted: u64,
+    /// Orphaned objects (named by no row) deleted.
+    pub orphans_deleted: u64,
 }
 
 /// Removes expired operations, results, uploads and records, and their objects.
@@ -53,6 +71,8 @@ pub struct Retention {
     artifacts: Arc<dyn ArtifactStore>,
     clock: Arc<dyn Clock>,
     config: Config,
+    /// When the last orphan sweep ran (by the service's clock).
+    swept_orphans_at: std::sync::Mutex<Option<longrun_core::Timestamp>>,
 }
 
 impl Retention {
@@ -68,6 +88,7 @@ impl Retention {
             artifacts,
             clock,
             config,
+            swept_orphans_at: std::sync::Mutex::new(None),
         }
     }
 
@@ -94,6 +115,9 @@ impl Retention {
             }
         }
         report.objects_deleted = self.collect_garbage().await?;
+        if self.orphan_sweep_due() {
+            report.orphans_deleted = self.sweep_orphans().await?;
+        }
         let removed = |what: &'static str, n: u64| {
             metrics::counter!("longrun_retention_removed_total", "what" => what).increment(n)
         };
@@ -102,6 +126,7 @@ impl Retention {
         removed("tombstones", report.records.tombstones_removed);
         removed("deliveries", report.records.deliveries_removed);
         removed("objects", report.objects_deleted);
+        removed("orphans", report.orphans_deleted);
         if report != Report::default() {
             tracing::info!(?report, "retention pass");
         }
@@ -111,6 +136,58 @@ impl Retention {
     /// Deletes unreachable objects, then forgets them.
     pub async fn collect_garbage(&self) -> Result<u64, StoreError> {
         collect_garbage(self.store.as_ref(), self.artifacts.as_ref(), self.config.batch).await
+    }
+
+    /// Whether `orphan_interval` has passed since the last orphan sweep
+    /// (the first pass always sweeps); if so, the sweep counts as started.
+    fn orphan_sweep_due(&self) -> bool {
+        let now = self.clock.now();
+        let mut last = self.swept_orphans_at.lock().expect("retention poisoned");
+        let due = last.is_none_or(|at| now.minus(self.config.orphan_interval) >= at);
+        if due {
+            *last = Some(now);
+        }
+        due
+    }
+
+    /// Deletes objects no row names that are older than `orphan_grace`
+    /// (see the module); returns how many. An object that cannot be listed
+    /// or deleted now is logged and left for the next sweep.
+    pub async fn sweep_orphans(&self) -> Result<u64, StoreError> {
+        let listed = match self.artifacts.list_modified().await {
+            Ok(listed) => listed,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not list the artifact store for orphans; will retry");
+                return Ok(0);
+            }
+        };
+        let cutoff = std::time::SystemTime::now()
+            .checked_sub(self.config.orphan_grace)
+            .unwrap_or(std::time::UNIX_EPOCH);
+        let old: Vec<String> = listed
+            .into_iter()
+            .filter(|o| o.modified <= cutoff)
+            .map(|o| o.key)
+            .collect();
+        let mut deleted = 0;
+        for keys in old.chunks(self.config.batch.max(1) as usize) {
+            let named: std::collections::HashSet<String> = self
+                .store
+                .artifact_keys_named(keys.to_vec())
+                .await?
+                .into_iter()
+                .collect();
+            for key in keys.iter().filter(|k| !named.contains(*k)) {
+                match self.artifacts.delete(key).await {
+                    Ok(()) => {
+                        tracing::info!(key, "deleted an orphaned artifact object");
+                        deleted += 1;
+                    }
+                    Err(e) => tracing::warn!(key, error = %e, "could not delete an orphaned object; will retry"),
+                }
+            }
+        }
+        Ok(deleted)
     }
 
     /// Passes every `interval` until `shutdown`.

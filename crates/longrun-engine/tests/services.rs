@@ -239,6 +239,130 @@ async fn retention_expires_results_removes_operations_and_deletes_their_objects_
     );
 }
 
+/// Makes every object of `artifacts` (under `root`) look `age` old to the
+/// file system, whose clock the orphan sweep reads.
+fn age_every_object(root: &std::path::Path, age: Duration) {
+    fn walk(dir: &std::path::Path, at: std::time::SystemTime) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(&path, at);
+            } else {
+                std::fs::File::options()
+                    .write(true)
+                    .open(&path)
+                    .unwrap()
+                    .set_modified(at)
+                    .unwrap();
+            }
+        }
+    }
+    walk(root, std::time::SystemTime::now() - age);
+}
+
+/// The crash windows of issue 46: an object stored and never recorded — a
+/// result, an upload piece, a half-written temporary file — is deleted by
+/// the first retention pass that finds it older than the grace period;
+/// every object a row names stays.
+#[tokio::test]
+async fn retention_deletes_orphaned_objects_past_their_grace_and_nothing_named() {
+    let f = fixture();
+    f.declare("k", true).await;
+    let root = f.dir.path().join("artifacts");
+    let artifacts = Arc::new(FileArtifacts::new(&root));
+    f.submit("k", |_| {}).await;
+    let task = f.claim("k").await;
+    let body = |bytes: &'static [u8]| -> longrun_engine::artifacts::ByteReader { Box::pin(bytes) };
+
+    // Named: a result stored and recorded, and an upload piece appended.
+    let target = longrun_engine::results::TaskArtifact {
+        operation_id: &task.operation_id,
+        lease_token: &task.lease_token,
+        name: longrun_store::DEFAULT_ARTIFACT,
+        content_type: "text/csv",
+    };
+    let result = longrun_engine::results::store_upload(
+        f.store.as_ref(),
+        artifacts.as_ref(),
+        target,
+        body(b"a,b\n"),
+        1 << 20,
+        f.clock.now(),
+    )
+    .await
+    .unwrap();
+    let upload = Id::generate(IdKind::Upload);
+    f.store
+        .upload_create(longrun_store::UploadCreateParams {
+            id: upload.clone(),
+            tenant: "t1".into(),
+            content_type: "text/csv".into(),
+            expected_sha256: None,
+            now: f.clock.now(),
+            expires_at: f.clock.now().plus(Duration::from_secs(86_400)),
+        })
+        .await
+        .unwrap();
+    let kept = longrun_engine::uploads::store_piece(artifacts.as_ref(), &upload, 0, body(b"1,2\n"), 1 << 20)
+        .await
+        .unwrap();
+    f.store
+        .upload_append(longrun_store::UploadAppendParams {
+            tenant: "t1".into(),
+            id: upload.clone(),
+            offset: 0,
+            chunk: kept.chunk.clone(),
+            sha256: None,
+            expected_sha256: None,
+            now: f.clock.now(),
+        })
+        .await
+        .unwrap();
+
+    // The injected crash: stored, then the process died before recording.
+    artifacts
+        .put(
+            &format!("results/{}", Id::generate(IdKind::Result)),
+            body(b"lost"),
+            1 << 20,
+        )
+        .await
+        .unwrap();
+    longrun_engine::uploads::store_piece(artifacts.as_ref(), &upload, 4, body(b"lost"), 1 << 20)
+        .await
+        .unwrap();
+    std::fs::create_dir_all(root.join(".tmp")).unwrap();
+    std::fs::write(root.join(".tmp/half-written"), b"lo").unwrap();
+    assert_eq!(artifacts.list().await.unwrap().len(), 5);
+
+    let retention = Retention::new(
+        f.store.clone(),
+        artifacts.clone(),
+        f.clock(),
+        retention::Config::default(),
+    );
+    // Young objects are never orphans: their rows may be a moment away.
+    assert_eq!(retention.run_once().await.unwrap().orphans_deleted, 0);
+    assert_eq!(artifacts.list().await.unwrap().len(), 5);
+
+    // An hour and more later, at the next sweep.
+    age_every_object(&root, Duration::from_secs(2 * 3600));
+    assert_eq!(
+        retention.run_once().await.unwrap().orphans_deleted,
+        0,
+        "the sweep runs once per orphan_interval"
+    );
+    f.clock.advance(Duration::from_secs(3600));
+    assert_eq!(retention.run_once().await.unwrap().orphans_deleted, 3);
+    let mut named = vec![format!("results/{}", result.id), kept.chunk.storage_key.clone()];
+    named.sort();
+    assert_eq!(artifacts.list().await.unwrap(), named, "what rows name stays");
+    assert!(
+        f.store.upload_get("t1", &upload).await.unwrap().is_some(),
+        "the upload is untouched"
+    );
+}
+
 /// A receiver on loopback that answers each request with the next status.
 async fn receiver(statuses: Vec<u16>) -> (String, tokio::task::JoinHandle<usize>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

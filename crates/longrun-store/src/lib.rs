@@ -289,6 +289,12 @@ pub trait Store: Send + Sync + 'static {
     /// Forgets garbage whose objects were deleted.
     async fn artifact_garbage_done(&self, keys: Vec<String>) -> Result<()>;
 
+    /// Which of `keys` (storage keys of objects) a row names: a result, a
+    /// piece of a resumable artifact, or an upload (its pieces, or its
+    /// joined object). An object no row names is an orphan: a crash between
+    /// storing it and recording it left it behind.
+    async fn artifact_keys_named(&self, keys: Vec<String>) -> Result<Vec<String>>;
+
     /// Removes every operation, record, result, event, delivery, secret and
     /// key of the tenant (result objects become garbage).
     async fn tenant_delete(&self, tenant: &str, now: longrun_core::Timestamp) -> Result<TenantDeleteCounts>;

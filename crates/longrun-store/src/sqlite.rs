@@ -696,6 +696,10 @@ impl Store for SqliteStore {
         self.writer.write(move |c| artifact_garbage_done(c, &keys)).await
     }
 
+    async fn artifact_keys_named(&self, keys: Vec<String>) -> Result<Vec<String>> {
+        self.read(move |c| artifact_keys_named(c, &keys)).await
+    }
+
     async fn tenant_delete(&self, tenant: &str, now: Timestamp) -> Result<TenantDeleteCounts> {
         let tenant = tenant.to_owned();
         let policy = self.policy;

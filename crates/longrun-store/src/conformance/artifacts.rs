@@ -392,3 +392,81 @@ pub async fn artifact_pieces_outlive_attempts_and_are_joined_once(store: &dyn St
     }
     assert!(!garbage.contains(&"p-forged".to_owned()) && !garbage.contains(&"p-bad".to_owned()));
 }
+
+/// An object is named while a row names it — a result, a piece of a
+/// resumable artifact, an upload's piece or its joined object — and is an
+/// orphan otherwise (what a crash between storing and recording leaves).
+pub async fn objects_are_named_while_a_row_names_them(store: &dyn Store) {
+    declare(store, "named", true, 1).await;
+    create(store, "t1", "named").await;
+    let task = claim_one(store, "named", at(1)).await;
+    store
+        .result_upload(named_upload(&task, "report", "results/res_named", at(2)))
+        .await
+        .unwrap();
+    store
+        .artifact_piece_add(piece(&task, 0, "pieces/op/default/0-a", 4, at(2)))
+        .await
+        .unwrap();
+    let id = Id::generate(IdKind::Upload);
+    store
+        .upload_create(UploadCreateParams {
+            id: id.clone(),
+            tenant: "t1".into(),
+            content_type: "text/csv".into(),
+            expected_sha256: None,
+            now: at(0),
+            expires_at: at(100),
+        })
+        .await
+        .unwrap();
+    let upload_key = |name: &str| format!("uploads/{id}/{name}");
+    for (offset, name) in [(0, "0-a"), (3, "3-b")] {
+        store
+            .upload_append(UploadAppendParams {
+                tenant: "t1".into(),
+                id: id.clone(),
+                offset,
+                chunk: chunk(&upload_key(name), 3),
+                sha256: None,
+                expected_sha256: None,
+                now: at(1),
+            })
+            .await
+            .unwrap();
+    }
+    let asked = vec![
+        "results/res_named".to_owned(),
+        "pieces/op/default/0-a".to_owned(),
+        upload_key("0-a"),
+        upload_key("3-b"),
+        "results/res_orphan".to_owned(),
+        upload_key("9-orphan"),
+        format!("uploads/{}/0-a", Id::generate(IdKind::Upload)),
+        ".tmp/half-written".to_owned(),
+    ];
+    let mut named = store.artifact_keys_named(asked.clone()).await.unwrap();
+    named.sort();
+    let mut expected = asked[..4].to_vec();
+    expected.sort();
+    assert_eq!(named, expected, "the recorded objects, and only them");
+
+    // Joined, the upload names its whole object and no longer its pieces.
+    store
+        .upload_complete(UploadCompleteParams {
+            tenant: "t1".into(),
+            id: id.clone(),
+            size_bytes: 6,
+            object: chunk(&upload_key("whole"), 6),
+            sha256: "cd".repeat(32),
+            now: at(2),
+        })
+        .await
+        .unwrap();
+    let named = store
+        .artifact_keys_named(vec![upload_key("0-a"), upload_key("whole")])
+        .await
+        .unwrap();
+    assert_eq!(named, vec![upload_key("whole")]);
+    assert!(store.artifact_keys_named(Vec::new()).await.unwrap().is_empty());
+}

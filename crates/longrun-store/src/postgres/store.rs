@@ -637,6 +637,25 @@ impl Store for PostgresStore {
         Ok(())
     }
 
+    /// One statement for all of `keys`, each looked up by the indexes that
+    /// name objects (see the SQLite backend).
+    async fn artifact_keys_named(&self, keys: Vec<String>) -> Result<Vec<String>> {
+        let uploads: Vec<Option<&str>> = keys.iter().map(|k| upload_of_key(k)).collect();
+        let quoted: Vec<String> = keys.iter().map(|k| key_in_chunks(k)).collect();
+        sqlx::query_scalar(
+            "SELECT k.key FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[]) AS k(key, upload, quoted)
+              WHERE EXISTS (SELECT 1 FROM results WHERE storage_key = k.key)
+                 OR EXISTS (SELECT 1 FROM artifact_pieces WHERE storage_key = k.key)
+                 OR EXISTS (SELECT 1 FROM uploads WHERE id = k.upload AND position(k.quoted IN chunks) > 0)",
+        )
+        .bind(&keys)
+        .bind(&uploads)
+        .bind(&quoted)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db)
+    }
+
     async fn tenant_delete(&self, tenant: &str, now: Timestamp) -> Result<TenantDeleteCounts> {
         let tenant = tenant.to_owned();
         let policy = self.policy;

@@ -297,6 +297,22 @@ pub(crate) fn lease_ms(lease: Duration) -> i64 {
     i64::try_from(lease.as_millis()).unwrap_or(i64::MAX)
 }
 
+/// The upload an object belongs to, by its storage key: upload pieces and
+/// joined uploads are stored under `uploads/{upload id}/` (longrun-engine's
+/// `uploads.rs`), so a key is matched against one upload's pieces, never
+/// against every upload's.
+pub(crate) fn upload_of_key(key: &str) -> Option<&str> {
+    key.strip_prefix("uploads/")?
+        .split('/')
+        .next()
+        .filter(|id| !id.is_empty())
+}
+
+/// How a storage key appears in an upload's `chunks` column (a JSON string).
+pub(crate) fn key_in_chunks(key: &str) -> String {
+    serde_json::to_string(key).unwrap_or_default()
+}
+
 pub(crate) fn chunks_to_json(chunks: &[UploadChunk]) -> String {
     serde_json::to_string(chunks).unwrap_or_else(|_| "[]".into())
 }

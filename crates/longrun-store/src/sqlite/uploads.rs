@@ -238,3 +238,23 @@ pub(super) fn upload_for_task(
         .query_row(params![upload_id.as_str(), operation_id.as_str()], upload_from_row)
         .optional()?)
 }
+
+/// See `Store::artifact_keys_named`: each key is looked up by the indexes
+/// that name objects (results' and pieces' storage keys, the upload its key
+/// says it belongs to).
+pub(super) fn artifact_keys_named(c: &Connection, keys: &[String]) -> Result<Vec<String>> {
+    let mut named = Vec::new();
+    for key in keys {
+        let found: bool = c
+            .prepare_cached(
+                "SELECT EXISTS (SELECT 1 FROM results WHERE storage_key = ?1)
+                     OR EXISTS (SELECT 1 FROM artifact_pieces WHERE storage_key = ?1)
+                     OR EXISTS (SELECT 1 FROM uploads WHERE id = ?2 AND instr(chunks, ?3) > 0)",
+            )?
+            .query_row(params![key, upload_of_key(key), key_in_chunks(key)], |r| r.get(0))?;
+        if found {
+            named.push(key.clone());
+        }
+    }
+    Ok(named)
+}
