@@ -8,6 +8,7 @@ use std::collections::HashSet;
 use std::process::Stdio;
 use std::time::Duration;
 
+use longrun_store::Store as _;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -24,6 +25,10 @@ fn free_port() -> u16 {
 }
 
 async fn serve(url: &str, port: u16, node: &str) -> Child {
+    serve_with(url, port, node, &[]).await
+}
+
+async fn serve_with(url: &str, port: u16, node: &str, extra: &[&str]) -> Child {
     let mut child = Command::new(BIN)
         .args([
             "serve",
@@ -34,6 +39,7 @@ async fn serve(url: &str, port: u16, node: &str) -> Child {
             node,
         ])
         .args(["--database", url])
+        .args(extra)
         .env("LONGRUN_LOG", "warn")
         .stdout(Stdio::piped())
         .kill_on_drop(true)
@@ -359,4 +365,114 @@ async fn a_waiting_claim_is_handed_a_new_submission_in_its_commit() {
     let answered = claim.await.unwrap();
     assert_eq!(answered["tasks"][0]["operation_id"], second["id"]);
     assert_eq!(get(&format!("/v1/operations/{id}")).await["state"], "succeeded");
+}
+
+/// A resumable upload appended through node A, its connection cut mid-body,
+/// resumed through node B (as behind a balancer): B's `HEAD` waits for A's
+/// append in flight — A holds the right to append in the database — and
+/// answers the offset that includes the bytes A kept; B's `PATCH` from
+/// there completes the upload with the whole file's SHA-256.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_cut_on_one_node_resumes_through_another() {
+    use sha2::Digest;
+    use tokio::io::AsyncWriteExt;
+
+    let Some(cluster) = longrun_store::pgtest::cluster() else {
+        return;
+    };
+    let url = cluster.database().await;
+    cli(&url, &["migrate"]);
+    let client = cli(&url, &["keys", "create", "--tenant", "up", "--role", "client"]);
+    let shared = tempfile::tempdir().unwrap();
+    let data_dir = shared.path().display().to_string();
+    let ports = [free_port(), free_port(), free_port()];
+    let nodes: Vec<String> = ports.iter().map(|p| format!("http://127.0.0.1:{p}")).collect();
+    let mut servers = Vec::new();
+    for (i, port) in ports.iter().enumerate() {
+        servers.push(serve_with(&url, *port, &format!("u{i}"), &["--data-dir", &data_dir]).await);
+    }
+    let http = reqwest::Client::new();
+    let created = http
+        .post(format!("{}/v1/uploads", nodes[0]))
+        .bearer_auth(&client)
+        .header("Upload-Complete", "?0")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), StatusCode::CREATED);
+    let id = created.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    // Node A: a PATCH whose body stops half-way, its connection held open.
+    let file: Vec<u8> = (0..64 * 1024u32).flat_map(|i| i.to_le_bytes()).collect();
+    let half = file.len() / 2;
+    let mut a = tokio::net::TcpStream::connect(("127.0.0.1", ports[0])).await.unwrap();
+    let head = format!(
+        "PATCH /v1/uploads/{id} HTTP/1.1\r\nHost: longrun\r\nAuthorization: Bearer {client}\r\n\
+         Upload-Offset: 0\r\nUpload-Complete: ?1\r\nContent-Type: application/octet-stream\r\n\
+         Content-Length: {}\r\n\r\n",
+        file.len()
+    );
+    a.write_all(head.as_bytes()).await.unwrap();
+    a.write_all(&file[..half]).await.unwrap();
+    a.flush().await.unwrap();
+    // Node A holds the right to append (seen in the database itself).
+    let store = longrun_store::postgres::PostgresStore::open(longrun_store::postgres::PostgresConfig::new(url.clone()))
+        .await
+        .unwrap();
+    let upload_id = longrun_core::Id::parse(longrun_core::IdKind::Upload, &id).unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while store
+        .upload_appending("up", &upload_id, longrun_core::Clock::now(&longrun_core::SystemClock))
+        .await
+        .unwrap()
+        .is_none()
+    {
+        assert!(tokio::time::Instant::now() < deadline, "node A never began its append");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    // Node B's HEAD, sent while A appends, then A's connection cut.
+    let head_b = {
+        let (http, url, client) = (http.clone(), format!("{}/v1/uploads/{id}", nodes[1]), client.clone());
+        tokio::spawn(async move { http.head(url).bearer_auth(client).send().await.unwrap() })
+    };
+    drop(a);
+    let offset = head_b.await.unwrap();
+    assert_eq!(offset.status(), StatusCode::NO_CONTENT);
+    let kept: usize = offset.headers()["upload-offset"].to_str().unwrap().parse().unwrap();
+    assert!(kept > 0, "the offset includes what node A kept");
+    assert_eq!(offset.headers()["upload-complete"], "?0");
+
+    // The rest through node B completes it, byte for byte.
+    let done = http
+        .patch(format!("{}/v1/uploads/{id}", nodes[1]))
+        .bearer_auth(&client)
+        .header("Upload-Offset", kept.to_string())
+        .header("Upload-Complete", "?1")
+        .body(file[kept..].to_vec())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(done.status(), StatusCode::OK, "{}", done.text().await.unwrap());
+    let body: Value = done.json().await.unwrap();
+    let expected = data_encoding::HEXLOWER.encode(&sha2::Sha256::digest(&file));
+    assert_eq!(
+        (body["complete"].as_bool(), body["sha256"].as_str()),
+        (Some(true), Some(expected.as_str()))
+    );
+    // Node C answers the same.
+    let seen: Value = http
+        .get(format!("{}/v1/uploads/{id}", nodes[2]))
+        .bearer_auth(&client)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(seen["size_bytes"].as_u64(), Some(file.len() as u64));
+    drop(servers);
 }

@@ -162,8 +162,6 @@ pub struct Inner {
     pub(crate) changes: Arc<ChangeHub>,
     /// Claims waiting for work that a submission may be leased to.
     pub(crate) handoffs: handoff::HandOffs,
-    /// Uploads this process is appending to (see `http::uploads`).
-    pub(crate) appending: http::uploads::Appending,
     pub(crate) scrape: metrics::Scrape,
     pauses: TtlCache<(), Vec<Option<String>>>,
     /// The console's per-minute counts (fed by the change feed).
@@ -212,7 +210,6 @@ impl AppState {
             rates: RateLimiter::default(),
             changes: ChangeHub::new(config.max_waiters_per_tenant),
             handoffs: handoff::HandOffs::default(),
-            appending: http::uploads::Appending::default(),
             scrape: metrics::Scrape::new(store.clone(), clock.clone()),
             pauses: TtlCache::new(config.key_cache_ttl.min(PAUSE_CACHE_TTL)),
             stats: console::stats::ConsoleStats::new(clock.clone()),

@@ -102,6 +102,7 @@ macro_rules! store_conformance {
             named_artifacts_are_published_together_and_an_earlier_attempts_are_replaced,
             uploads_append_at_their_offset_complete_once_and_live_while_named,
             objects_are_named_while_a_row_names_them,
+            one_request_at_a_time_holds_the_right_to_append,
             reruns_link_both_ways_and_leave_the_original_unchanged,
             racing_intents_end_as_one_order_of_them_would,
             retention_expires_results_removes_operations_and_buries_tombstones,

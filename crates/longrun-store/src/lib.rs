@@ -309,6 +309,25 @@ pub trait Store: Send + Sync + 'static {
     /// [`UploadAppendParams`]); a refused piece is the caller's to delete.
     async fn upload_append(&self, params: UploadAppendParams) -> Result<UploadRecord>;
 
+    /// Takes (or, with the same token, renews) the right to append to the
+    /// tenant's upload `id` until `params.until`: one request on any node
+    /// holds it at a time. `Busy` while another token's right lives;
+    /// `NotFound` for an unknown or foreign id.
+    async fn upload_append_lease(&self, params: AppendLeaseParams) -> Result<AppendLease>;
+
+    /// Gives back the right to append, if `token` still holds it.
+    async fn upload_append_release(&self, id: &Id, token: &str) -> Result<()>;
+
+    /// When the right to append that a request holds on the tenant's upload
+    /// `id` ends, if one holds it at `now`; `None` when no append is under
+    /// way (or the upload is unknown).
+    async fn upload_appending(
+        &self,
+        tenant: &str,
+        id: &Id,
+        now: longrun_core::Timestamp,
+    ) -> Result<Option<longrun_core::Timestamp>>;
+
     /// Completes an upload whose pieces the caller joined into one object.
     async fn upload_complete(&self, params: UploadCompleteParams) -> Result<UploadRecord>;
 

@@ -16,7 +16,8 @@
 //! Written here: workers' outcomes, the reaper and heartbeats ([`finish`]),
 //! cancel, pause and resume ([`control`]), the deadline enforcer
 //! ([`deadline`]), `PATCH` of deadline and labels ([`update`]), and
-//! retention and tenant deletion ([`retention`]). Accepts
+//! retention and tenant deletion ([`retention`]), and the right to append
+//! to an upload ([`uploads`]). Accepts
 //! and claims stay per dialect for now (see `docs/ARCHITECTURE.md`, "The
 //! store"), but end what they end through [`apply`].
 
@@ -28,6 +29,7 @@ mod event;
 pub(crate) mod finish;
 pub(crate) mod retention;
 pub(crate) mod update;
+pub(crate) mod uploads;
 
 pub(crate) use driver::{Driver, EndRow, Lock, OverdueWaiting, PauseRequested, StopRequested};
 pub(crate) use effects::{Effect, apply};

@@ -134,6 +134,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (10, include_str!("postgres/0010_guard_after.sql")),
     (11, include_str!("postgres/0011_history_vacuum.sql")),
     (12, include_str!("postgres/0012_keys_by_tombstone.sql")),
+    (13, include_str!("postgres/0013_upload_appends.sql")),
 ];
 
 /// How to reach and use a PostgreSQL database.

@@ -88,6 +88,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (13, include_str!("sqlite/migrations/0013_events_append.sql")),
     (14, include_str!("sqlite/migrations/0014_cheaper_checks.sql")),
     (15, include_str!("sqlite/migrations/0015_keys_by_tombstone.sql")),
+    (16, include_str!("sqlite/migrations/0016_upload_appends.sql")),
 ];
 
 /// How to open the embedded database.
@@ -694,6 +695,36 @@ impl Store for SqliteStore {
 
     async fn artifact_garbage_done(&self, keys: Vec<String>) -> Result<()> {
         self.writer.write(move |c| artifact_garbage_done(c, &keys)).await
+    }
+
+    async fn upload_append_lease(&self, params: AppendLeaseParams) -> Result<AppendLease> {
+        let policy = self.policy;
+        self.writer
+            .write(move |c| {
+                block(plan::uploads::upload_append_lease(
+                    &mut SqliteDriver::new(c, policy),
+                    &params,
+                ))
+            })
+            .await
+    }
+
+    async fn upload_append_release(&self, id: &Id, token: &str) -> Result<()> {
+        let (policy, id, token) = (self.policy, id.clone(), token.to_owned());
+        self.writer
+            .write(move |c| {
+                block(plan::uploads::upload_append_release(
+                    &mut SqliteDriver::new(c, policy),
+                    &id,
+                    &token,
+                ))
+            })
+            .await
+    }
+
+    async fn upload_appending(&self, tenant: &str, id: &Id, now: Timestamp) -> Result<Option<Timestamp>> {
+        let lease = self.read_now(|c| upload_lease(c, Some(tenant), id))?;
+        Ok(lease.and_then(|l| l.live_until(now)))
     }
 
     async fn artifact_keys_named(&self, keys: Vec<String>) -> Result<Vec<String>> {

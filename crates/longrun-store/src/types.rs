@@ -1012,6 +1012,34 @@ pub struct UploadCompleteParams {
     pub now: Timestamp,
 }
 
+/// A request for the right to append to an upload (see
+/// [`crate::Store::upload_append_lease`]).
+#[derive(Debug, Clone)]
+pub struct AppendLeaseParams {
+    /// The owning tenant.
+    pub tenant: String,
+    /// The upload.
+    pub id: Id,
+    /// The request's own token (random): the same token renews.
+    pub token: String,
+    /// Until when it holds the right (renewed while the body streams).
+    pub until: Timestamp,
+    /// The instant of the call (callers pass time in; the store reads no clock).
+    pub now: Timestamp,
+}
+
+/// What a request for the right to append got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AppendLease {
+    /// The caller holds it now.
+    Held,
+    /// Another request holds it, until then at the latest.
+    Busy {
+        /// When the other request's right ends unless it renews it.
+        until: Timestamp,
+    },
+}
+
 /// A console session: the SHA-256 of the cookie's token (the token itself
 /// is never stored) and the API key it was opened with.
 #[derive(Debug, Clone)]

@@ -17,11 +17,12 @@
 //!
 //! A body cut short is stored and appended only once the server has read
 //! to the cut (and, on the file system, flushed it): a `HEAD` or `PATCH`
-//! that arrives meanwhile waits for that append in this process (up to
-//! [`SETTLE_WAIT`]), as the draft asks, so it learns the offset that
-//! includes it instead of resending bytes that are about to be kept. (On
-//! several nodes one may answer an older offset; the store's offset compare
-//! still refuses the stale append.)
+//! that arrives meanwhile waits for that append (up to [`SETTLE_WAIT`]), as
+//! the draft asks, so it learns the offset that includes it instead of
+//! resending bytes that are about to be kept. The request appending holds
+//! the right to append in the store (`Store::upload_append_lease`, renewed
+//! while its body streams), so the wait holds across nodes: a client that
+//! resumes through another node behind a balancer gets the same offset.
 //!
 //! `Content-Digest: sha-256=:…:` checks one request's bytes (a mismatch
 //! keeps none of them); `Repr-Digest` declares the whole upload's digest,
@@ -40,7 +41,10 @@ use longrun_core::validate::MAX_NAMED_UPLOADS;
 use longrun_core::{Id, IdKind, Timestamp};
 use longrun_engine::artifacts::ArtifactError;
 use longrun_engine::uploads::{self, Piece};
-use longrun_store::{StoreError, UploadAppendParams, UploadCompleteParams, UploadCreateParams, UploadRecord};
+use longrun_store::{
+    AppendLease, AppendLeaseParams, StoreError, UploadAppendParams, UploadCompleteParams, UploadCreateParams,
+    UploadRecord,
+};
 use std::sync::Arc;
 
 use crate::AppState;
@@ -72,49 +76,105 @@ pub fn upload_body(u: &UploadRecord) -> UploadBody {
     }
 }
 
-/// The upload headers of the resumable-uploads draft, and `Location`.
 /// Longest a `HEAD` or `PATCH` waits for an append in flight.
 pub const SETTLE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// The uploads this process is appending to, each with a lock its appends
-/// hold; an entry goes when its last holder does.
-#[derive(Default)]
-pub struct Appending(std::sync::Mutex<std::collections::HashMap<Id, Arc<tokio::sync::Mutex<()>>>>);
+/// How long an append holds the right to append before renewing it (every
+/// third of it, while its body streams): what a node that dies mid-append
+/// keeps others waiting at most.
+const APPEND_LEASE: std::time::Duration = std::time::Duration::from_secs(15);
 
-/// Held while a request appends to (or reads the offset of) one upload.
-pub struct Settled<'a> {
-    appending: &'a Appending,
-    id: Id,
-    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+/// How often a request waiting for another's append looks again.
+const SETTLE_POLL: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// The right to append to one upload, held by this request in the store
+/// (so on every node): renewed in the background while held, given back by
+/// [`AppendHold::release`] (or, if the request is dropped, when this is).
+struct AppendHold {
+    renewing: tokio::task::JoinHandle<()>,
+    release: Option<(Arc<dyn longrun_store::Store>, Id, String)>,
 }
 
-impl Appending {
-    /// Waits (up to [`SETTLE_WAIT`]) for appends in flight to `id` to end.
-    async fn settle(&self, id: &Id) -> Settled<'_> {
-        let lock = {
-            let mut map = self.0.lock().expect("appending lock");
-            map.entry(id.clone()).or_default().clone()
-        };
-        let guard = tokio::time::timeout(SETTLE_WAIT, lock.lock_owned()).await.ok();
-        Settled {
-            appending: self,
+impl AppendHold {
+    /// Takes the right to append to the tenant's upload `id`, waiting (up to
+    /// [`SETTLE_WAIT`]) while another request on any node holds it; `None`
+    /// if it is still held then (the store's offset compare still refuses
+    /// a stale append).
+    async fn take(app: &AppState, tenant: &str, id: &Id) -> Result<Option<Self>, ApiError> {
+        let token = longrun_core::id::random_base32::<16>();
+        let lease = |now: Timestamp| AppendLeaseParams {
+            tenant: tenant.to_owned(),
             id: id.clone(),
-            guard,
+            token: token.clone(),
+            until: now.plus(APPEND_LEASE),
+            now,
+        };
+        let deadline = tokio::time::Instant::now() + SETTLE_WAIT;
+        loop {
+            match app.store.upload_append_lease(lease(app.clock.now())).await? {
+                AppendLease::Held => break,
+                AppendLease::Busy { .. } if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(SETTLE_POLL).await;
+                }
+                AppendLease::Busy { .. } => return Ok(None),
+            }
+        }
+        let (store, clock) = (app.store.clone(), app.clock.clone());
+        let renew = lease(clock.now());
+        let renewing = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(APPEND_LEASE / 3).await;
+                let now = clock.now();
+                let renewed = AppendLeaseParams {
+                    until: now.plus(APPEND_LEASE),
+                    now,
+                    ..renew.clone()
+                };
+                if !matches!(store.upload_append_lease(renewed).await, Ok(AppendLease::Held)) {
+                    return;
+                }
+            }
+        });
+        Ok(Some(Self {
+            renewing,
+            release: Some((app.store.clone(), id.clone(), token)),
+        }))
+    }
+
+    /// Gives the right back before the answer goes out, so that the
+    /// client's next request finds it free.
+    async fn release(mut self) {
+        self.renewing.abort();
+        if let Some((store, id, token)) = self.release.take() {
+            let _ = store.upload_append_release(&id, &token).await;
         }
     }
 }
 
-impl Drop for Settled<'_> {
+impl Drop for AppendHold {
     fn drop(&mut self) {
-        drop(self.guard.take());
-        let mut map = self.appending.0.lock().expect("appending lock");
-        // Ours and the map's: no one else waits.
-        if map.get(&self.id).is_some_and(|lock| Arc::strong_count(lock) == 1) {
-            map.remove(&self.id);
+        self.renewing.abort();
+        if let Some((store, id, token)) = self.release.take() {
+            tokio::spawn(async move {
+                let _ = store.upload_append_release(&id, &token).await;
+            });
         }
     }
 }
 
+/// Waits (up to [`SETTLE_WAIT`]) while a request on any node appends to the
+/// tenant's upload `id`, so that an offset read next includes what it keeps.
+async fn settle(app: &AppState, tenant: &str, id: &Id) -> Result<(), ApiError> {
+    let deadline = tokio::time::Instant::now() + SETTLE_WAIT;
+    while tokio::time::Instant::now() < deadline
+        && app.store.upload_appending(tenant, id, app.clock.now()).await?.is_some()
+    {
+        tokio::time::sleep(SETTLE_POLL).await;
+    }
+    Ok(())
+}
+
+/// The upload headers of the resumable-uploads draft, and `Location`.
 fn upload_response(status: StatusCode, upload: &UploadRecord) -> Response {
     let mut response = (status, Json(upload_body(upload))).into_response();
     let h = response.headers_mut();
@@ -256,9 +316,11 @@ async fn create(
             expires_at: now.plus(app.config.upload_retention),
         })
         .await?;
-    let settled = app.appending.settle(&created.id).await;
+    let hold = AppendHold::take(&app, &caller.tenant, &created.id).await?;
     let written = receive(&app, &caller, &created, request, room, complete, request_digest).await;
-    drop(settled);
+    if let Some(hold) = hold {
+        hold.release().await;
+    }
     if written.is_err() && complete {
         // A whole upload that failed leaves nothing behind to resume.
         let _ = app.store.upload_remove(&caller.tenant, &created.id, now).await;
@@ -295,10 +357,41 @@ async fn append(
     let whole_digest = digest(&headers, "repr-digest")?;
     // Another tenant's id is a 404 at once, never a wait on its appends.
     find(&app, &caller, &upload_id).await?;
-    let _settled = app.appending.settle(&id).await;
+    let hold = AppendHold::take(&app, &caller.tenant, &id).await?;
+    let written = append_held(
+        &app,
+        &caller,
+        &id,
+        at,
+        &headers,
+        whole_digest,
+        request,
+        complete,
+        request_digest,
+    )
+    .await;
+    if let Some(hold) = hold {
+        hold.release().await;
+    }
+    Ok(upload_response(StatusCode::OK, &written?))
+}
+
+/// [`append`], holding the right to append.
+#[allow(clippy::too_many_arguments)]
+async fn append_held(
+    app: &AppState,
+    caller: &Caller,
+    id: &Id,
+    at: i64,
+    headers: &HeaderMap,
+    whole_digest: Option<String>,
+    request: Request,
+    complete: bool,
+    request_digest: Option<String>,
+) -> Result<UploadRecord, ApiError> {
     let mut upload = app
         .store
-        .upload_get(&caller.tenant, &id)
+        .upload_get(&caller.tenant, id)
         .await?
         .ok_or(ApiError::NotFound)?;
     // Refused before a byte of the body is read.
@@ -308,12 +401,11 @@ async fn append(
             complete: upload.complete,
         });
     }
-    let room = check_length(&app, &headers, at)?;
+    let room = check_length(app, headers, at)?;
     if upload.expected_sha256.is_none() {
         upload.expected_sha256 = whole_digest;
     }
-    let written = receive(&app, &caller, &upload, request, room, complete, request_digest).await?;
-    Ok(upload_response(StatusCode::OK, &written))
+    receive(app, caller, &upload, request, room, complete, request_digest).await
 }
 
 /// Stores the body as the upload's next piece, appends it at the upload's
@@ -435,7 +527,7 @@ async fn offset(
     Path(upload_id): Path<String>,
 ) -> Result<Response, ApiError> {
     let id = find(&app, &caller, &upload_id).await?.id;
-    let _settled = app.appending.settle(&id).await;
+    settle(&app, &caller.tenant, &id).await?;
     let upload = find(&app, &caller, &upload_id).await?;
     let mut response = upload_response(StatusCode::NO_CONTENT, &upload);
     *response.body_mut() = axum::body::Body::empty();

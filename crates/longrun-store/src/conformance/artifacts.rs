@@ -470,3 +470,69 @@ pub async fn objects_are_named_while_a_row_names_them(store: &dyn Store) {
     assert_eq!(named, vec![upload_key("whole")]);
     assert!(store.artifact_keys_named(Vec::new()).await.unwrap().is_empty());
 }
+
+/// One request appends to an upload at a time, on whatever node: the right
+/// is taken, renewed by its token, refused to another while it lives, given
+/// back by its holder only, and lapses at its end.
+pub async fn one_request_at_a_time_holds_the_right_to_append(store: &dyn Store) {
+    let id = Id::generate(IdKind::Upload);
+    store
+        .upload_create(UploadCreateParams {
+            id: id.clone(),
+            tenant: "t1".into(),
+            content_type: "text/csv".into(),
+            expected_sha256: None,
+            now: at(0),
+            expires_at: at(100),
+        })
+        .await
+        .unwrap();
+    let lease = |token: &str, until: u64, now: u64| AppendLeaseParams {
+        tenant: "t1".into(),
+        id: id.clone(),
+        token: token.into(),
+        until: at(until),
+        now: at(now),
+    };
+    assert_eq!(store.upload_appending("t1", &id, at(1)).await.unwrap(), None);
+    assert_eq!(
+        store.upload_append_lease(lease("a", 10, 1)).await.unwrap(),
+        AppendLease::Held
+    );
+    assert_eq!(
+        store.upload_append_lease(lease("b", 12, 2)).await.unwrap(),
+        AppendLease::Busy { until: at(10) }
+    );
+    assert_eq!(store.upload_appending("t1", &id, at(2)).await.unwrap(), Some(at(10)));
+    // Its holder renews it.
+    assert_eq!(
+        store.upload_append_lease(lease("a", 20, 3)).await.unwrap(),
+        AppendLease::Held
+    );
+    assert_eq!(store.upload_appending("t1", &id, at(3)).await.unwrap(), Some(at(20)));
+    // Another tenant's id is unknown; so is an unknown id.
+    let foreign = AppendLeaseParams {
+        tenant: "t2".into(),
+        ..lease("c", 30, 3)
+    };
+    assert!(matches!(
+        store.upload_append_lease(foreign).await,
+        Err(StoreError::NotFound)
+    ));
+    assert_eq!(store.upload_appending("t2", &id, at(3)).await.unwrap(), None);
+    // Only its holder gives it back.
+    store.upload_append_release(&id, "b").await.unwrap();
+    assert_eq!(store.upload_appending("t1", &id, at(4)).await.unwrap(), Some(at(20)));
+    store.upload_append_release(&id, "a").await.unwrap();
+    assert_eq!(store.upload_appending("t1", &id, at(4)).await.unwrap(), None);
+    assert_eq!(
+        store.upload_append_lease(lease("b", 12, 5)).await.unwrap(),
+        AppendLease::Held
+    );
+    // A holder that stops renewing (its node died) loses it at its end.
+    assert_eq!(store.upload_appending("t1", &id, at(12)).await.unwrap(), None);
+    assert_eq!(
+        store.upload_append_lease(lease("c", 40, 12)).await.unwrap(),
+        AppendLease::Held
+    );
+}

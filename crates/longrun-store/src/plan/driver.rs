@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use super::retention::{Expiring, Tombstone};
 use super::{EventType, WebhookType};
-use crate::shared::{Ending, Fenced, Holder, Lapsed, UpdateChange};
+use crate::shared::{Ending, Fenced, Holder, Lapsed, UpdateChange, UploadLease};
 use crate::{Id, Operation, Progress, Result};
 
 /// An operation past its deadline whose task waits in the queue (a first
@@ -211,6 +211,16 @@ pub(crate) trait Driver {
     /// garbage, keys, records, tombstones, deliveries, secrets, its limits);
     /// returns how many API keys went.
     async fn tenant_rows_delete(&mut self, tenant: &str, now: Timestamp) -> Result<u64>;
+
+    // Uploads.
+
+    /// Who holds the right to append to upload `id` (the tenant's, when
+    /// given), locked for the rest of the transaction; `None` if no such
+    /// upload.
+    async fn upload_lease_locked(&mut self, tenant: Option<&str>, id: &Id) -> Result<Option<UploadLease>>;
+
+    /// Sets who holds the right to append to upload `id`.
+    async fn upload_lease_set(&mut self, id: &Id, lease: &UploadLease) -> Result<()>;
 
     /// Records events, each of its operation's current version.
     async fn events_insert(&mut self, events: &[(&Operation, EventType, Value)]) -> Result<()>;

@@ -572,6 +572,21 @@ impl Driver for PgDriver<'_> {
         Ok(keys)
     }
 
+    async fn upload_lease_locked(&mut self, tenant: Option<&str>, id: &Id) -> Result<Option<UploadLease>> {
+        upload_lease(self.c, tenant, id, true).await
+    }
+
+    async fn upload_lease_set(&mut self, id: &Id, lease: &UploadLease) -> Result<()> {
+        sqlx::query("UPDATE uploads SET appending_token = $2, appending_until = $3 WHERE id = $1")
+            .bind(id.as_str())
+            .bind(&lease.token)
+            .bind(lease.until.map(|t| t.0))
+            .execute(&mut *self.c)
+            .await
+            .map_err(db)?;
+        Ok(())
+    }
+
     async fn events_insert(&mut self, events: &[(&Operation, EventType, Value)]) -> Result<()> {
         events_insert(self.c, self.ch, events).await
     }

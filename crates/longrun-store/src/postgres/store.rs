@@ -637,6 +637,31 @@ impl Store for PostgresStore {
         Ok(())
     }
 
+    async fn upload_append_lease(&self, params: AppendLeaseParams) -> Result<AppendLease> {
+        let policy = self.policy;
+        in_tx!(self, |c, ch| plan::uploads::upload_append_lease(
+            &mut PgDriver { c, ch, policy },
+            &params
+        )
+        .await)
+    }
+
+    async fn upload_append_release(&self, id: &Id, token: &str) -> Result<()> {
+        let (policy, id, token) = (self.policy, id.clone(), token.to_owned());
+        in_tx!(self, |c, ch| plan::uploads::upload_append_release(
+            &mut PgDriver { c, ch, policy },
+            &id,
+            &token
+        )
+        .await)
+    }
+
+    async fn upload_appending(&self, tenant: &str, id: &Id, now: Timestamp) -> Result<Option<Timestamp>> {
+        let mut c = self.pool.acquire().await.map_err(db)?;
+        let lease = upload_lease(&mut c, Some(tenant), id, false).await?;
+        Ok(lease.and_then(|l| l.live_until(now)))
+    }
+
     /// One statement for all of `keys`, each looked up by the indexes that
     /// name objects (see the SQLite backend).
     async fn artifact_keys_named(&self, keys: Vec<String>) -> Result<Vec<String>> {

@@ -454,6 +454,30 @@ pub(crate) fn upload_completed(
     Ok((completed, garbage))
 }
 
+/// Who holds the right to append to an upload, as its row says.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct UploadLease {
+    pub token: Option<String>,
+    pub until: Option<Timestamp>,
+}
+
+impl UploadLease {
+    /// When the right ends, if someone holds it at `now`.
+    pub(crate) fn live_until(&self, now: Timestamp) -> Option<Timestamp> {
+        self.token.as_ref().and(self.until).filter(|until| *until > now)
+    }
+}
+
+/// Whether `token` may take (or renew) the right to append at `now`: yes
+/// when nobody holds it, the holder's right has lapsed, or `token` is the
+/// holder's; else `Err` with when the holder's right ends.
+pub(crate) fn append_lease_free(current: &UploadLease, token: &str, now: Timestamp) -> Result<(), Timestamp> {
+    match current.live_until(now) {
+        Some(until) if current.token.as_deref() != Some(token) => Err(until),
+        _ => Ok(()),
+    }
+}
+
 /// Where a new piece of a resumable artifact may go: `pieces` (in offset
 /// order) before `offset` must end exactly there. Returns how many of them
 /// stay (those at or past `offset` are replaced).

@@ -552,6 +552,17 @@ impl Driver for SqliteDriver<'_> {
         Ok(keys as u64)
     }
 
+    async fn upload_lease_locked(&mut self, tenant: Option<&str>, id: &Id) -> Result<Option<UploadLease>> {
+        upload_lease(self.c, tenant, id)
+    }
+
+    async fn upload_lease_set(&mut self, id: &Id, lease: &UploadLease) -> Result<()> {
+        self.c
+            .prepare_cached("UPDATE uploads SET appending_token = ?2, appending_until = ?3 WHERE id = ?1")?
+            .execute(params![id.as_str(), lease.token, lease.until.map(|t| t.0)])?;
+        Ok(())
+    }
+
     async fn events_insert(&mut self, events: &[(&Operation, EventType, Value)]) -> Result<()> {
         for (op, event_type, data) in events {
             event_insert(self.c, op, *event_type, data)?;
