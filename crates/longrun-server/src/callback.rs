@@ -9,7 +9,9 @@
 use url::{Host, Url};
 
 use crate::http::error::ApiError;
-use crate::http::operations::MAX_CALLBACK_URL_LEN;
+
+/// The longest callback URL, in bytes.
+pub const MAX_CALLBACK_URL_LEN: usize = 2048;
 
 /// Which callback URLs a submission may name (checked when it is accepted;
 /// the deliverer checks the resolved address again).

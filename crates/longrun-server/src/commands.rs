@@ -15,8 +15,10 @@ use longrun_store::{CancelOutcome, CancelParams, DesiredState, IntentParams, Ope
 
 use crate::AppState;
 use crate::http::error::ApiError;
-use crate::http::operations::MAX_CANCEL_REASON_CHARS;
 use crate::http::wire::{DesiredStateBody, UpdateRequest};
+
+/// The longest cancellation reason, in characters.
+pub const MAX_CANCEL_REASON_CHARS: usize = 1024;
 
 /// Cancels `id` on behalf of `requested_by`: `200` with the operation when it
 /// is cancelled now or already ended, `202` when its worker has been asked.

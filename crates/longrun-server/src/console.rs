@@ -352,7 +352,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Peer {
     type Rejection = Infallible;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        Ok(Peer(crate::listen::peer(&parts.extensions)))
+        Ok(Peer(crate::source::peer(&parts.extensions)))
     }
 }
 

@@ -16,7 +16,6 @@
 //! Shutdown is graceful: the listener stops accepting, in-flight requests
 //! finish, idle connections close.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -172,10 +171,4 @@ async fn refuse(mut stream: TcpStream) {
         stream.shutdown().await
     })
     .await;
-}
-
-/// The peer of a request served by [`serve`]; `None` for requests from
-/// elsewhere (tests calling the router directly).
-pub fn peer(extensions: &axum::http::Extensions) -> Option<SocketAddr> {
-    extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0)
 }

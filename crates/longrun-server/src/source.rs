@@ -47,6 +47,14 @@ impl TrustedProxies {
     }
 }
 
+/// The peer of a request served by [`crate::listen::serve`]; `None` for requests from
+/// elsewhere (tests calling the router directly).
+pub fn peer(extensions: &axum::http::Extensions) -> Option<std::net::SocketAddr> {
+    extensions
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|c| c.0)
+}
+
 /// The source of a request served by `listen::serve` (see the module);
 /// `None` for a request that came from elsewhere (tests calling the router).
 pub fn of_request(
@@ -54,7 +62,7 @@ pub fn of_request(
     headers: &HeaderMap,
     trusted: &TrustedProxies,
 ) -> Option<IpAddr> {
-    crate::listen::peer(extensions).map(|peer| client_address(peer.ip(), headers, trusted))
+    peer(extensions).map(|peer| client_address(peer.ip(), headers, trusted))
 }
 
 /// The source of a request from `peer` with `headers` (see the module).

@@ -14,8 +14,10 @@ use serde_json::{Value, json};
 
 use crate::AppState;
 use crate::http::error::ApiError;
-use crate::http::operations::QUOTA_RETRY_AFTER;
 use crate::http::wire::{BudgetRequest, CallbackRequest, RerunRequest, SubmitRequest};
+
+/// When a tenant is at `max_active`, when to try again.
+pub const QUOTA_RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// A re-run of `id` as a submission: the original's fields, less what
 /// `request` overrides. The API and the console re-run through here.

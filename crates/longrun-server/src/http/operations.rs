@@ -25,11 +25,7 @@ use crate::http::wire::{
 use crate::submissions::{accept, accept_error, accepted, prepare_rerun, prepare_submission};
 
 pub const DEFAULT_PAGE_SIZE: u32 = 50;
-/// When a tenant is at `max_active`, when to try again.
-pub const QUOTA_RETRY_AFTER: Duration = Duration::from_secs(5);
 pub const MAX_PAGE_SIZE: u32 = 100;
-pub const MAX_CANCEL_REASON_CHARS: usize = 1024;
-pub const MAX_CALLBACK_URL_LEN: usize = 2048;
 /// Idempotency records never live less than this after an operation ends.
 pub const MIN_IDEMPOTENCY_LIFETIME: Duration = Duration::from_secs(24 * 3600);
 
