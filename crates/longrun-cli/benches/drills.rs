@@ -9,6 +9,7 @@
 
 mod drill;
 mod processes;
+mod record;
 
 use std::time::Duration;
 
@@ -74,6 +75,7 @@ async fn main() {
     println!("{drills} drills per scenario, {plan:?}");
     let mut rows: Vec<String> = Vec::new();
     let mut skipped = Vec::new();
+    let mut trees: Option<String> = None;
     let mut clean = true;
     if wanted("sqlite-server") {
         let tally = run(drills, async |seed| {
@@ -117,10 +119,12 @@ async fn main() {
             processes += trees.processes;
             survivors += trees.survivors;
         }
-        println!(
+        let line = format!(
             "`exec-trees`: kill -9 of a `longrun worker --exec` running 4 process trees: \
              {drills} drills, {processes} processes started, {survivors} alive 5 s after the kill"
         );
+        println!("{line}");
+        trees = Some(line);
         clean &= survivors == 0;
     }
     if wanted("postgres-node") || wanted("postgres-stop") {
@@ -211,10 +215,19 @@ async fn main() {
         }
     }
 
-    println!("\n{}", Tally::HEADER);
-    for row in &rows {
-        println!("{row}");
+    let mut record = record::Record::new("drills");
+    if !rows.is_empty() {
+        record.line("");
+        record.line(Tally::HEADER);
+        for row in &rows {
+            record.line(row.clone());
+        }
     }
+    if let Some(line) = trees {
+        record.line("");
+        record.line(line);
+    }
+    record.write();
     for why in &skipped {
         eprintln!("SKIPPED: {why}");
     }

@@ -64,6 +64,7 @@ use tokio::process::{Child, Command};
 use tokio_util::sync::CancellationToken;
 
 mod processes;
+mod record;
 
 use processes::{free_port, listening, prepare, serve};
 
@@ -831,8 +832,9 @@ fn main() {
                 ));
             }
         }
-        println!("| figure | median | rounds |");
-        println!("|---|---|---|");
+        let mut record = record::Record::new("peers");
+        record.line("| figure | median | rounds |");
+        record.line("|---|---|---|");
         for (name, values) in &figures {
             // Latencies in milliseconds get a decimal; rates do not need one.
             let show = |v: f64| {
@@ -843,7 +845,7 @@ fn main() {
                 }
             };
             let all: Vec<String> = values.iter().map(|v| show(*v)).collect();
-            println!("| {name} | {} | {} |", show(median(values)), all.join(", "));
+            record.line(format!("| {name} | {} | {} |", show(median(values)), all.join(", ")));
         }
         let m = |name: &str| figures.get(name).map(|v| median(v));
         // A ceiling is what the machine gives a trivial server under the
@@ -856,9 +858,9 @@ fn main() {
             (Some(x), Some(y)) => format!("{:.2}×", x / y),
             _ => "n/a".into(),
         };
-        println!();
-        println!("| ratio (same run) | value |");
-        println!("|---|---|");
+        record.line("");
+        record.line("| ratio (same run) | value |");
+        record.line("|---|---|");
         for (a, b) in [
             ("longrun in-process PG", "graphile batched"),
             ("longrun in-process SQLite", "graphile batched"),
@@ -871,7 +873,7 @@ fn main() {
             ("longrun GET 200 SQLite", "bare axum GET ceiling"),
             ("longrun GET 304 SQLite", "bare axum GET ceiling"),
         ] {
-            println!("| {a} / {b} | {} |", ratio(a, b));
+            record.line(format!("| {a} / {b} | {} |", ratio(a, b)));
         }
         // The history's samples are taken in pairs, each size right after
         // the other: the ratio is the median of the pairs' ratios, so that
@@ -885,12 +887,13 @@ fn main() {
             _ => "n/a".into(),
         };
         for (a, b) in &history_ratios {
-            println!("| {a} / {b}, paired samples | {} |", paired(a, b));
+            record.line(format!("| {a} / {b}, paired samples | {} |", paired(a, b)));
         }
-        println!();
-        println!("Longrun keeps every operation, its idempotency record and its history (3 events each);");
-        println!("graphile-worker deletes finished jobs.");
-        println!("The GET rows poll one operation that does not change: after the first read the store's");
-        println!("read cache answers them (as it answers any poll of an unchanged operation).");
+        record.line("");
+        record.line("Longrun keeps every operation, its idempotency record and its history (3 events each);");
+        record.line("graphile-worker deletes finished jobs.");
+        record.line("The GET rows poll one operation that does not change: after the first read the store's");
+        record.line("read cache answers them (as it answers any poll of an unchanged operation).");
+        record.write();
     });
 }
