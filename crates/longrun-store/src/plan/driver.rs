@@ -108,7 +108,7 @@ pub(crate) trait Driver {
 
     /// Ends each operation of `ends` that is still live (and at its guard
     /// version): state, task, results, pieces. Returns the ended ones by id.
-    async fn operations_end(&mut self, ends: &[EndRow]) -> Result<HashMap<String, Operation>>;
+    async fn operations_end(&mut self, ends: &[&EndRow]) -> Result<HashMap<String, Operation>>;
 
     /// Records a stop asked of running work, one version on.
     async fn cancel_request(&mut self, id: &str, by: &str, reason: Option<&str>, now: Timestamp) -> Result<Operation>;
@@ -189,9 +189,6 @@ pub(crate) trait Driver {
     /// Up to `limit` finished deliveries created at or before `cutoff`.
     async fn deliveries_finished(&mut self, cutoff: Timestamp, limit: u32) -> Result<Vec<String>>;
 
-    /// Deletes a delivery and its attempts.
-    async fn delivery_remove(&mut self, event_id: &str) -> Result<()>;
-
     /// Up to `limit` uploads past their expiry that no operation names.
     async fn uploads_unused(&mut self, now: Timestamp, limit: u32) -> Result<Vec<String>>;
 
@@ -207,10 +204,15 @@ pub(crate) trait Driver {
     /// The ids of every upload of the tenant.
     async fn tenant_uploads(&mut self, tenant: &str) -> Result<Vec<String>>;
 
-    /// Deletes the tenant's remaining rows (results, whose objects become
-    /// garbage, keys, records, tombstones, deliveries, secrets, its limits);
-    /// returns how many API keys went.
-    async fn tenant_rows_delete(&mut self, tenant: &str, now: Timestamp) -> Result<u64>;
+    /// Makes the objects of the tenant's results that still have one
+    /// garbage (results of operations already removed; expired ones have
+    /// no object left).
+    async fn tenant_results_to_garbage(&mut self, tenant: &str, now: Timestamp) -> Result<()>;
+
+    /// `DELETE FROM {table} WHERE {column} = value{and}`: one of the plan's
+    /// fixed lists of rows to remove (`and` is a condition, empty or
+    /// starting with ` AND`, that lets an index find them). Returns how many.
+    async fn rows_delete(&mut self, table: &str, column: &str, and: &str, value: &str) -> Result<u64>;
 
     // Uploads.
 

@@ -102,8 +102,7 @@ async fn end_all<D: Driver>(d: &mut D, effects: &[Effect]) -> Result<Vec<Option<
             _ => unreachable!("a run of endings"),
         })
         .collect();
-    let owned: Vec<EndRow> = rows.iter().map(|row| (*row).clone()).collect();
-    let mut ended = d.operations_end(&owned).await?;
+    let mut ended = d.operations_end(&rows).await?;
     let mut answers = Vec::with_capacity(rows.len());
     for row in &rows {
         match ended.remove(&row.id) {

@@ -42,7 +42,7 @@ pub(crate) async fn task_finish_many<D: Driver>(d: &mut D, batch: &[&FinishParam
         decide_all(d, batch, &(0..batch.len()).collect::<Vec<_>>(), seen, &mut answers).await?;
         return Ok(answers.into_iter().map(|a| a.expect("every item answered")).collect());
     }
-    let mut ends: Vec<(usize, EndRow)> = Vec::new();
+    let mut ends: Vec<(usize, Effect)> = Vec::new();
     for (i, (p, fenced)) in batch.iter().zip(seen).enumerate() {
         let Some(fenced) = fenced else {
             // A lease, once gone, never comes back.
@@ -55,12 +55,12 @@ pub(crate) async fn task_finish_many<D: Driver>(d: &mut D, batch: &[&FinishParam
                 let progress = final_progress(&fenced, p.progress.as_ref(), p.now);
                 ends.push((
                     i,
-                    EndRow {
+                    Effect::End(EndRow {
                         id: p.operation_id.as_str().to_owned(),
                         ending: ending.with_progress(progress),
                         now: p.now,
                         guard: Some(fenced.version),
-                    },
+                    }),
                 ));
             }
             _ => again.push(i),
@@ -68,14 +68,14 @@ pub(crate) async fn task_finish_many<D: Driver>(d: &mut D, batch: &[&FinishParam
     }
     // In id order, as the locked pass locks: two batches ending the same
     // operations cannot wait for each other.
-    ends.sort_by(|a, b| a.1.id.cmp(&b.1.id));
-    let effects: Vec<Effect> = ends.iter().map(|(_, row)| Effect::End(row.clone())).collect();
+    ends.sort_by(|(a, _), (b, _)| batch[*a].operation_id.as_str().cmp(batch[*b].operation_id.as_str()));
+    let (which, effects): (Vec<usize>, Vec<Effect>) = ends.into_iter().unzip();
     // Endings carry their own `now`; apply's is for other effects.
     let now = batch.first().map_or(Timestamp(0), |p| p.now);
-    for ((i, _), ended) in ends.iter().zip(apply(d, &effects, now).await?) {
+    for (i, ended) in which.into_iter().zip(apply(d, &effects, now).await?) {
         match ended {
-            Some(op) => answers[*i] = Some(Ok(op)),
-            None => again.push(*i),
+            Some(op) => answers[i] = Some(Ok(op)),
+            None => again.push(i),
         }
     }
     if !again.is_empty() {
@@ -122,10 +122,10 @@ async fn decide_all<D: Driver>(
             .flatten();
         answers[i] = Some(changed.ok_or(StoreError::NotFound));
     }
-    let effects: Vec<Effect> = ends.iter().map(|(_, e)| e.clone()).collect();
+    let (which, effects): (Vec<usize>, Vec<Effect>) = ends.into_iter().unzip();
     let now = batch.first().map_or(Timestamp(0), |p| p.now);
-    for ((i, _), ended) in ends.iter().zip(apply(d, &effects, now).await?) {
-        answers[*i] = Some(ended.ok_or(StoreError::LeaseLost));
+    for (i, ended) in which.into_iter().zip(apply(d, &effects, now).await?) {
+        answers[i] = Some(ended.ok_or(StoreError::LeaseLost));
     }
     Ok(())
 }

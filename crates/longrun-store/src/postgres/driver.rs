@@ -9,18 +9,6 @@ use super::*;
 use crate::plan::retention::{Expiring, Tombstone};
 use crate::plan::{Driver, EndRow, Lock, OverdueWaiting, PauseRequested, StopRequested};
 
-/// The rest of a deleted tenant's rows, after its operations and uploads.
-const TENANT_ROWS: [&str; 8] = [
-    "DELETE FROM results WHERE tenant = $1",
-    "DELETE FROM idempotency_keys WHERE tenant = $1",
-    "DELETE FROM tombstones WHERE tenant = $1",
-    "DELETE FROM webhook_deliveries WHERE tenant = $1",
-    "DELETE FROM webhook_secrets WHERE tenant = $1",
-    "DELETE FROM tenant_dispatch WHERE tenant = $1",
-    "DELETE FROM tasks WHERE tenant = $1 AND status IN ('ready', 'leased')",
-    "DELETE FROM tenants WHERE name = $1",
-];
-
 /// A transaction, with what it changed so far, as a [`Driver`].
 pub(super) struct PgDriver<'c> {
     pub c: &'c mut PgConnection,
@@ -213,7 +201,7 @@ impl Driver for PgDriver<'_> {
         })
     }
 
-    async fn operations_end(&mut self, ends: &[EndRow]) -> Result<HashMap<String, Operation>> {
+    async fn operations_end(&mut self, ends: &[&EndRow]) -> Result<HashMap<String, Operation>> {
         operations_end(self.c, self.policy, ends).await
     }
 
@@ -484,20 +472,6 @@ impl Driver for PgDriver<'_> {
         .await
     }
 
-    async fn delivery_remove(&mut self, event_id: &str) -> Result<()> {
-        for sql in [
-            "DELETE FROM webhook_attempts WHERE event_id = $1",
-            "DELETE FROM webhook_deliveries WHERE event_id = $1",
-        ] {
-            sqlx::query(sql)
-                .bind(event_id)
-                .execute(&mut *self.c)
-                .await
-                .map_err(db)?;
-        }
-        Ok(())
-    }
-
     async fn uploads_unused(&mut self, now: Timestamp, limit: u32) -> Result<Vec<String>> {
         ids(
             self.c,
@@ -549,8 +523,7 @@ impl Driver for PgDriver<'_> {
             .map_err(db)
     }
 
-    async fn tenant_rows_delete(&mut self, tenant: &str, now: Timestamp) -> Result<u64> {
-        // Results of operations already removed (expired ones have no object left).
+    async fn tenant_results_to_garbage(&mut self, tenant: &str, now: Timestamp) -> Result<()> {
         sqlx::query(
             "INSERT INTO artifact_garbage (storage_key, created_at)
              SELECT storage_key, $2 FROM results WHERE tenant = $1 AND state <> 'expired' ON CONFLICT DO NOTHING",
@@ -560,16 +533,17 @@ impl Driver for PgDriver<'_> {
         .execute(&mut *self.c)
         .await
         .map_err(db)?;
-        let keys = sqlx::query("DELETE FROM api_keys WHERE tenant = $1")
-            .bind(tenant)
+        Ok(())
+    }
+
+    async fn rows_delete(&mut self, table: &str, column: &str, and: &str, value: &str) -> Result<u64> {
+        let sql = format!("DELETE FROM {table} WHERE {column} = $1{and}");
+        Ok(sqlx::query(&sql)
+            .bind(value)
             .execute(&mut *self.c)
             .await
             .map_err(db)?
-            .rows_affected();
-        for sql in TENANT_ROWS {
-            sqlx::query(sql).bind(tenant).execute(&mut *self.c).await.map_err(db)?;
-        }
-        Ok(keys)
+            .rows_affected())
     }
 
     async fn upload_lease_locked(&mut self, tenant: Option<&str>, id: &Id) -> Result<Option<UploadLease>> {

@@ -13,7 +13,7 @@ use super::*;
 pub(super) async fn operations_end(
     c: &mut PgConnection,
     policy: Policy,
-    ends: &[EndRow],
+    ends: &[&EndRow],
 ) -> Result<std::collections::HashMap<String, Operation>> {
     if ends.is_empty() {
         return Ok(std::collections::HashMap::new());
@@ -27,10 +27,18 @@ pub(super) async fn operations_end(
         .iter()
         .map(|(_, e, _)| e.result.as_ref().map(Value::to_string))
         .collect();
-    let error = |e: &Ending| e.error.clone();
-    let codes: Vec<Option<String>> = endings.iter().map(|(_, e, _)| error(e).map(|e| e.code)).collect();
-    let messages: Vec<Option<String>> = endings.iter().map(|(_, e, _)| error(e).map(|e| e.message)).collect();
-    let retryable: Vec<Option<bool>> = endings.iter().map(|(_, e, _)| error(e).map(|e| e.retryable)).collect();
+    let codes: Vec<Option<&str>> = endings
+        .iter()
+        .map(|(_, e, _)| e.error.as_ref().map(|e| e.code.as_str()))
+        .collect();
+    let messages: Vec<Option<&str>> = endings
+        .iter()
+        .map(|(_, e, _)| e.error.as_ref().map(|e| e.message.as_str()))
+        .collect();
+    let retryable: Vec<Option<bool>> = endings
+        .iter()
+        .map(|(_, e, _)| e.error.as_ref().map(|e| e.retryable))
+        .collect();
     let progress: Vec<Option<String>> = endings.iter().map(|(_, e, _)| e.progress_json()).collect();
     let nows: Vec<i64> = endings.iter().map(|(_, _, now)| now.0).collect();
     let expiries: Vec<i64> = endings

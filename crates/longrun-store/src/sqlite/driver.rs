@@ -12,26 +12,15 @@ use super::*;
 use crate::plan::retention::{Expiring, Tombstone};
 use crate::plan::{Driver, EndRow, Lock, OverdueWaiting, PauseRequested, StopRequested};
 
-/// The rest of a deleted tenant's rows, after its operations and uploads.
-const TENANT_ROWS: [&str; 8] = [
-    "DELETE FROM results WHERE tenant = ?1",
-    "DELETE FROM idempotency_keys WHERE tenant = ?1",
-    "DELETE FROM tombstones WHERE tenant = ?1",
-    "DELETE FROM webhook_deliveries WHERE tenant = ?1",
-    "DELETE FROM webhook_secrets WHERE tenant = ?1",
-    "DELETE FROM tenant_dispatch WHERE tenant = ?1",
-    "DELETE FROM tasks WHERE tenant = ?1 AND status IN ('ready', 'leased')",
-    "DELETE FROM tenants WHERE name = ?1",
-];
-
 /// The writer thread's connection, as a [`Driver`].
 pub(super) struct SqliteDriver<'c> {
     c: &'c Connection,
     policy: WritePolicy,
     /// Operations as `fenced` read them in full, so that ending one writes
     /// the row it read instead of reading it again (a use case ends what it
-    /// fenced; any other write forgets the row).
-    read: HashMap<String, Operation>,
+    /// fenced; any other write forgets the row). Usually one: the writer
+    /// runs each outcome as a batch of its own.
+    read: Vec<Operation>,
 }
 
 impl<'c> SqliteDriver<'c> {
@@ -39,21 +28,26 @@ impl<'c> SqliteDriver<'c> {
         Self {
             c,
             policy,
-            read: HashMap::new(),
+            read: Vec::new(),
         }
     }
 
     /// An operation's row, the one `fenced` read if no write came since.
     fn current(&mut self, id: &str) -> Result<Option<Operation>> {
-        match self.read.remove(id) {
-            Some(op) => Ok(Some(op)),
+        match self.read.iter().position(|op| op.id.as_str() == id) {
+            Some(at) => Ok(Some(self.read.swap_remove(at))),
             None => operation_by_id(self.c, id),
         }
     }
 
+    /// Forgets the row `fenced` read of `id`: a write changed it.
+    fn forget(&mut self, id: &str) {
+        self.read.retain(|op| op.id.as_str() != id);
+    }
+
     /// `UPDATE … WHERE id = ?1` of one operation, read back.
     fn update(&mut self, id: &str, sql: &str, rest: &[&dyn rusqlite::ToSql]) -> Result<Operation> {
-        self.read.remove(id);
+        self.forget(id);
         update_and_read(self.c, id, sql, rest)?.ok_or(StoreError::NotFound)
     }
 }
@@ -179,9 +173,9 @@ impl Driver for SqliteDriver<'_> {
                 found.push(None);
                 continue;
             }
-            match fenced_operation(self.c, &Id::from_trusted((*id).to_owned()), token) {
+            match fenced_operation(self.c, id, token) {
                 Ok((fenced, op)) => {
-                    self.read.insert((*id).to_owned(), op);
+                    self.read.push(op);
                     found.push(Some(fenced));
                 }
                 Err(StoreError::LeaseLost) => found.push(None),
@@ -218,7 +212,7 @@ impl Driver for SqliteDriver<'_> {
             })?)
     }
 
-    async fn operations_end(&mut self, ends: &[EndRow]) -> Result<HashMap<String, Operation>> {
+    async fn operations_end(&mut self, ends: &[&EndRow]) -> Result<HashMap<String, Operation>> {
         let mut ended = HashMap::with_capacity(ends.len());
         for row in ends {
             let Some(current) = self.current(&row.id)? else {
@@ -245,7 +239,7 @@ impl Driver for SqliteDriver<'_> {
     }
 
     async fn cancel_record(&mut self, id: &str, by: &str, reason: Option<&str>, now: Timestamp) -> Result<()> {
-        self.read.remove(id);
+        self.forget(id);
         self.c
             .prepare_cached(
                 "UPDATE OR FAIL operations SET cancel_requested_at = ?2, cancel_requested_by = ?3, cancel_reason = ?4
@@ -363,7 +357,7 @@ impl Driver for SqliteDriver<'_> {
         cancellable: bool,
         now: Timestamp,
     ) -> Result<Operation> {
-        self.read.remove(id);
+        self.forget(id);
         update_and_read(
             self.c,
             id,
@@ -418,7 +412,7 @@ impl Driver for SqliteDriver<'_> {
     }
 
     async fn operation_remove(&mut self, id: &str, now: Timestamp) -> Result<()> {
-        self.read.remove(id);
+        self.forget(id);
         operation_remove(self.c, id, now)
     }
 
@@ -478,16 +472,6 @@ impl Driver for SqliteDriver<'_> {
         Ok(due)
     }
 
-    async fn delivery_remove(&mut self, event_id: &str) -> Result<()> {
-        for sql in [
-            "DELETE FROM webhook_attempts WHERE event_id = ?1",
-            "DELETE FROM webhook_deliveries WHERE event_id = ?1",
-        ] {
-            self.c.prepare_cached(sql)?.execute(params![event_id])?;
-        }
-        Ok(())
-    }
-
     async fn uploads_unused(&mut self, now: Timestamp, limit: u32) -> Result<Vec<String>> {
         let due = self
             .c
@@ -534,22 +518,19 @@ impl Driver for SqliteDriver<'_> {
         Ok(ids)
     }
 
-    async fn tenant_rows_delete(&mut self, tenant: &str, now: Timestamp) -> Result<u64> {
-        // Results of operations already removed (expired ones have no object left).
+    async fn tenant_results_to_garbage(&mut self, tenant: &str, now: Timestamp) -> Result<()> {
         self.c
             .prepare_cached(
                 "INSERT OR IGNORE INTO artifact_garbage (storage_key, created_at)
                  SELECT storage_key, ?2 FROM results WHERE tenant = ?1 AND state <> 'expired'",
             )?
             .execute(params![tenant, now.0])?;
-        let keys = self
-            .c
-            .prepare_cached("DELETE FROM api_keys WHERE tenant = ?1")?
-            .execute(params![tenant])?;
-        for sql in TENANT_ROWS {
-            self.c.prepare_cached(sql)?.execute(params![tenant])?;
-        }
-        Ok(keys as u64)
+        Ok(())
+    }
+
+    async fn rows_delete(&mut self, table: &str, column: &str, and: &str, value: &str) -> Result<u64> {
+        let sql = format!("DELETE FROM {table} WHERE {column} = ?1{and}");
+        Ok(self.c.prepare_cached(&sql)?.execute(params![value])? as u64)
     }
 
     async fn upload_lease_locked(&mut self, tenant: Option<&str>, id: &Id) -> Result<Option<UploadLease>> {

@@ -20,9 +20,10 @@ pub(super) const FENCED: &str =
 
 /// The fenced row in full, for an outcome that changes it: `None` from the
 /// lease subquery unless the caller holds the lease (as in [`FENCED`]).
-pub(super) fn fenced_operation(c: &Connection, operation_id: &Id, lease_token: &str) -> Result<(Fenced, Operation)> {
-    c.prepare_cached(&fenced_operation_sql())?
-        .query_row(params![operation_id.as_str(), lease_token], |r| {
+pub(super) fn fenced_operation(c: &Connection, operation_id: &str, lease_token: &str) -> Result<(Fenced, Operation)> {
+    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(fenced_operation_sql);
+    c.prepare_cached(&SQL)?
+        .query_row(params![operation_id, lease_token], |r| {
             let Some(lease_ms) = r.get::<_, Option<i64>>(OP_COLUMN_COUNT + 1)? else {
                 return Ok(None);
             };
