@@ -409,17 +409,7 @@ pub async fn objects_are_named_while_a_row_names_them(store: &dyn Store) {
         .await
         .unwrap();
     let id = Id::generate(IdKind::Upload);
-    store
-        .upload_create(UploadCreateParams {
-            id: id.clone(),
-            tenant: "t1".into(),
-            content_type: "text/csv".into(),
-            expected_sha256: None,
-            now: at(0),
-            expires_at: at(100),
-        })
-        .await
-        .unwrap();
+    new_upload(store, &id).await;
     let upload_key = |name: &str| format!("uploads/{id}/{name}");
     for (offset, name) in [(0, "0-a"), (3, "3-b")] {
         store
@@ -476,17 +466,7 @@ pub async fn objects_are_named_while_a_row_names_them(store: &dyn Store) {
 /// back by its holder only, and lapses at its end.
 pub async fn one_request_at_a_time_holds_the_right_to_append(store: &dyn Store) {
     let id = Id::generate(IdKind::Upload);
-    store
-        .upload_create(UploadCreateParams {
-            id: id.clone(),
-            tenant: "t1".into(),
-            content_type: "text/csv".into(),
-            expected_sha256: None,
-            now: at(0),
-            expires_at: at(100),
-        })
-        .await
-        .unwrap();
+    new_upload(store, &id).await;
     let lease = |token: &str, until: u64, now: u64| AppendLeaseParams {
         tenant: "t1".into(),
         id: id.clone(),
@@ -535,4 +515,19 @@ pub async fn one_request_at_a_time_holds_the_right_to_append(store: &dyn Store) 
         store.upload_append_lease(lease("c", 40, 12)).await.unwrap(),
         AppendLease::Held
     );
+}
+
+/// A new upload `id` of tenant `t1`, living until 100 s.
+async fn new_upload(store: &dyn Store, id: &Id) {
+    store
+        .upload_create(UploadCreateParams {
+            id: id.clone(),
+            tenant: "t1".into(),
+            content_type: "text/csv".into(),
+            expected_sha256: None,
+            now: at(0),
+            expires_at: at(100),
+        })
+        .await
+        .unwrap();
 }
