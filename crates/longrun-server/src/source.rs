@@ -37,7 +37,7 @@ impl TrustedProxies {
 
     /// Whether `addr` is one of the trusted proxies.
     pub fn contains(&self, addr: IpAddr) -> bool {
-        let addr = canonical(addr);
+        let addr = addr.to_canonical();
         self.0.iter().any(|net| net.contains(&addr))
     }
 
@@ -67,7 +67,7 @@ pub fn of_request(
 
 /// The source of a request from `peer` with `headers` (see the module).
 pub fn client_address(peer: IpAddr, headers: &HeaderMap, trusted: &TrustedProxies) -> IpAddr {
-    let peer = canonical(peer);
+    let peer = peer.to_canonical();
     if !trusted.contains(peer) {
         return peer;
     }
@@ -130,22 +130,14 @@ fn x_forwarded_for(headers: &HeaderMap) -> Vec<Option<IpAddr>> {
 fn parse_node(node: &str) -> Option<IpAddr> {
     let node = node.trim().trim_matches('"');
     if let Some(v6) = node.strip_prefix('[') {
-        return v6.split(']').next()?.parse().ok().map(canonical);
+        return v6.split(']').next()?.parse().ok().map(|a: IpAddr| a.to_canonical());
     }
     if let Ok(addr) = node.parse::<IpAddr>() {
-        return Some(canonical(addr));
+        return Some(addr.to_canonical());
     }
     // An IPv4 address with a port.
     let (host, _port) = node.rsplit_once(':')?;
     host.parse::<std::net::Ipv4Addr>().ok().map(IpAddr::V4)
-}
-
-/// IPv4 addresses mapped into IPv6 (a dual-stack listener's peers) as IPv4.
-fn canonical(addr: IpAddr) -> IpAddr {
-    match addr {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(addr, IpAddr::V4),
-        v4 => v4,
-    }
 }
 
 #[cfg(test)]

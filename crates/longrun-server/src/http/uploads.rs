@@ -355,8 +355,8 @@ async fn append(
         .ok_or_else(|| ApiError::InvalidRequest("Upload-Complete (?0 or ?1) is required".into()))?;
     let request_digest = digest(&headers, "content-digest")?;
     let whole_digest = digest(&headers, "repr-digest")?;
-    // Another tenant's id is a 404 at once, never a wait on its appends.
-    find(&app, &caller, &upload_id).await?;
+    // Another tenant's id is a 404 at once (the store refuses the right to
+    // append to it), never a wait on its appends.
     let hold = AppendHold::take(&app, &caller.tenant, &id).await?;
     let written = append_held(
         &app,
@@ -526,7 +526,9 @@ async fn offset(
     caller: Caller,
     Path(upload_id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let id = find(&app, &caller, &upload_id).await?.id;
+    caller.require_client()?;
+    let id = Id::parse(IdKind::Upload, &upload_id).ok_or(ApiError::NotFound)?;
+    // An unknown or foreign id has no append to wait for: a 404 at once.
     settle(&app, &caller.tenant, &id).await?;
     let upload = find(&app, &caller, &upload_id).await?;
     let mut response = upload_response(StatusCode::NO_CONTENT, &upload);
