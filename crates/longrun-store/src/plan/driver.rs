@@ -90,9 +90,9 @@ pub(crate) trait Driver {
     /// expiry first.
     async fn leases_lapsed(&mut self, now: Timestamp, limit: u32) -> Result<Vec<(String, Lapsed)>>;
 
-    /// The fenced rows of `leases` (operation id, lease token), in their
-    /// order: `None` where the lease is not (or no longer) held, and for a
-    /// second lease of one operation, which finds it already used.
+    /// The fenced rows of `leases` (operation id, lease token; no lease
+    /// twice), in their order: `None` where the lease is not (or no longer)
+    /// held.
     async fn fenced(&mut self, leases: &[(&str, &str)], lock: Lock) -> Result<Vec<Option<Fenced>>>;
 
     /// The tenant's operation, locked for the rest of the transaction.

@@ -35,7 +35,7 @@ pub(crate) async fn task_finish_many<D: Driver>(d: &mut D, batch: &[&FinishParam
         .map(|p| (p.operation_id.as_str(), p.lease_token.as_str()))
         .collect();
     let lock = if D::SERIAL { Lock::ForUpdate } else { Lock::None };
-    let seen = d.fenced(&leases, lock).await?;
+    let seen = fenced_once(d, &leases, lock).await?;
     let mut answers: Vec<Option<Result<Operation>>> = (0..batch.len()).map(|_| None).collect();
     let mut again: Vec<usize> = Vec::new();
     if D::SERIAL {
@@ -85,6 +85,28 @@ pub(crate) async fn task_finish_many<D: Driver>(d: &mut D, batch: &[&FinishParam
         decide_all(d, batch, &again, current, &mut answers).await?;
     }
     Ok(answers.into_iter().map(|a| a.expect("every item answered")).collect())
+}
+
+/// The fenced rows of `leases`, in order, each lease fetched once: a second
+/// outcome with one lease in a batch finds it used, as it would one batch
+/// later (`None`, answered `lease_lost`).
+async fn fenced_once<D: Driver>(d: &mut D, leases: &[(&str, &str)], lock: Lock) -> Result<Vec<Option<Fenced>>> {
+    let mut seen = std::collections::HashSet::with_capacity(leases.len());
+    let first: Vec<bool> = leases.iter().map(|lease| seen.insert(*lease)).collect();
+    if first.iter().all(|f| *f) {
+        return d.fenced(leases, lock).await;
+    }
+    let unique: Vec<(&str, &str)> = leases
+        .iter()
+        .zip(&first)
+        .filter(|(_, f)| **f)
+        .map(|(l, _)| *l)
+        .collect();
+    let mut found = d.fenced(&unique, lock).await?.into_iter();
+    Ok(first
+        .into_iter()
+        .map(|f| if f { found.next().flatten() } else { None })
+        .collect())
 }
 
 /// Decides and applies the outcomes `which` of `batch` on fenced rows that

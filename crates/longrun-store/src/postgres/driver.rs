@@ -140,7 +140,6 @@ impl Driver for PgDriver<'_> {
 
     async fn fenced(&mut self, leases: &[(&str, &str)], lock: Lock) -> Result<Vec<Option<Fenced>>> {
         let mut found = fenced_many(self.c, leases, lock).await?;
-        // A second outcome for one lease finds it already used.
         Ok(leases
             .iter()
             .map(|(id, token)| found.remove(&((*id).to_owned(), (*token).to_owned())))

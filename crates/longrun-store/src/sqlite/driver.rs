@@ -167,12 +167,7 @@ impl Driver for SqliteDriver<'_> {
 
     async fn fenced(&mut self, leases: &[(&str, &str)], _lock: Lock) -> Result<Vec<Option<Fenced>>> {
         let mut found = Vec::with_capacity(leases.len());
-        for (i, (id, token)) in leases.iter().enumerate() {
-            if leases[..i].iter().any(|(other, _)| other == id) {
-                // One outcome per lease: a second finds it used.
-                found.push(None);
-                continue;
-            }
+        for (id, token) in leases {
             match fenced_operation(self.c, id, token) {
                 Ok((fenced, op)) => {
                     self.read.push(op);
