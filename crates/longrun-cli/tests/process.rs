@@ -869,3 +869,26 @@ fn failures_are_one_line_and_each_command_shows_its_own_flags() {
     assert!(submit.contains("--token") && submit.contains("--output") && !submit.contains("--listen"));
     assert!(help("worker").contains("--token"));
 }
+
+/// `--trusted-proxies` takes addresses and CIDR networks; anything else is
+/// refused before the server starts, naming the value (a typo must not
+/// leave the server trusting nobody, or everybody, silently).
+#[test]
+fn serve_refuses_a_trusted_proxy_that_is_no_address_or_network() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(BIN)
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--trusted-proxies",
+            "10.0.0.0/8,proxy.internal",
+        ])
+        .args(["--data-dir", &dir.path().display().to_string()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "a usage error");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("proxy.internal"), "{stderr}");
+    assert!(!dir.path().join("longrun.db").exists(), "nothing was started");
+}
