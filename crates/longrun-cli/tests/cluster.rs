@@ -74,6 +74,18 @@ fn cli(url: &str, args: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap().trim().to_owned()
 }
 
+/// Three nodes on `url` (named `{prefix}0`…), with `extra` arguments:
+/// their ports, base URLs and processes.
+async fn three_nodes(url: &str, prefix: &str, extra: &[&str]) -> ([u16; 3], Vec<String>, Vec<Child>) {
+    let ports = [free_port(), free_port(), free_port()];
+    let nodes = ports.iter().map(|p| format!("http://127.0.0.1:{p}")).collect();
+    let mut servers = Vec::new();
+    for (i, port) in ports.iter().enumerate() {
+        servers.push(serve_with(url, *port, &format!("{prefix}{i}"), extra).await);
+    }
+    (ports, nodes, servers)
+}
+
 /// Submits with one key, trying the nodes in turn until one answers.
 async fn submit(http: &reqwest::Client, nodes: &[String], first: usize, token: &str, key: &str) -> String {
     for attempt in 0..60 {
@@ -109,12 +121,7 @@ async fn three_nodes_one_killed_every_operation_ends_exactly_once() {
     let worker = cli(&url, &["keys", "create", "--tenant", "drill", "--role", "worker"]);
     cli(&url, &["kinds", "set", "drill", "--rerun-safe", "--max-attempts", "5"]);
 
-    let ports = [free_port(), free_port(), free_port()];
-    let nodes: Vec<String> = ports.iter().map(|p| format!("http://127.0.0.1:{p}")).collect();
-    let mut servers = Vec::new();
-    for (i, port) in ports.iter().enumerate() {
-        servers.push(serve(&url, *port, &format!("n{i}")).await);
-    }
+    let (ports, nodes, mut servers) = three_nodes(&url, "n", &[]).await;
     let dir = tempfile::tempdir().unwrap();
     let script = dir.path().join("work.sh");
     std::fs::write(
@@ -385,12 +392,7 @@ async fn an_upload_cut_on_one_node_resumes_through_another() {
     let client = cli(&url, &["keys", "create", "--tenant", "up", "--role", "client"]);
     let shared = tempfile::tempdir().unwrap();
     let data_dir = shared.path().display().to_string();
-    let ports = [free_port(), free_port(), free_port()];
-    let nodes: Vec<String> = ports.iter().map(|p| format!("http://127.0.0.1:{p}")).collect();
-    let mut servers = Vec::new();
-    for (i, port) in ports.iter().enumerate() {
-        servers.push(serve_with(&url, *port, &format!("u{i}"), &["--data-dir", &data_dir]).await);
-    }
+    let (ports, nodes, servers) = three_nodes(&url, "u", &["--data-dir", &data_dir]).await;
     let http = reqwest::Client::new();
     let created = http
         .post(format!("{}/v1/uploads", nodes[0]))
