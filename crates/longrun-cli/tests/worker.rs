@@ -98,11 +98,17 @@ impl Harness {
     /// A `longrun worker` process. Its lease is the shortest allowed (5 s), so
     /// it heartbeats — and learns of cancellation — every ~1.7 s.
     fn worker(&self, kind: &str, script: &Path, env: &[(&str, &str)]) -> Child {
+        self.worker_with(kind, script, env, &[])
+    }
+
+    /// [`Self::worker`] with `extra` arguments.
+    fn worker_with(&self, kind: &str, script: &Path, env: &[(&str, &str)], extra: &[&str]) -> Child {
         let mut command = Command::new(BIN);
         command
             .args(["worker", "--kind", kind, "--exec"])
             .arg(script)
             .args(["--server", &self.base, "--grace", "5s", "--lease", "5s"])
+            .args(extra)
             .env("LONGRUN_TOKEN", &self.worker_key)
             .env("LONGRUN_LOG", "warn")
             .stdout(Stdio::null())
@@ -260,37 +266,88 @@ wait"#,
     let id = h.submit("tree-1", "tree", json!({})).await;
     h.wait_for(&id, "the command to start", |op| op["progress"]["phase"] == "STARTED")
         .await;
+    let started = wait_for_pids(&pids, 2).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let started: Vec<u32> = loop {
-        let beating = std::fs::metadata(&beats).is_ok_and(|m| m.len() > 0);
-        let listed: Vec<u32> = std::fs::read_to_string(&pids)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| l.trim().parse().ok())
-            .collect();
-        if beating && listed.len() == 2 {
-            break listed;
-        }
+    while !std::fs::metadata(&beats).is_ok_and(|m| m.len() > 0) {
         assert!(tokio::time::Instant::now() < deadline, "the grandchild never beat");
         tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    }
     assert!(started.iter().all(|pid| alive(*pid)));
 
     worker.start_kill().unwrap(); // SIGKILL: no chance to clean up
     worker.wait().await.unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while started.iter().any(|pid| alive(*pid)) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "still alive 5 s after the worker died: {:?}",
-            started.iter().filter(|pid| alive(**pid)).collect::<Vec<_>>()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    all_gone_within(&started, Duration::from_secs(5), "5 s after the worker died").await;
     // Every process that wrote the file is gone, so it has stopped growing.
     let size = std::fs::metadata(&beats).unwrap().len();
     assert!(size > 0);
     assert!(started.iter().all(|pid| !alive(*pid)));
+}
+
+/// A worker that shuts down (SIGTERM) while a command runs past its
+/// `--shutdown-grace` gives the task back and takes the command's whole
+/// tree with it, grandchildren too: dropping a task ends its process group,
+/// not only the group's leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_shuts_down_ends_the_command_trees_it_gives_back() {
+    let h = harness().await;
+    h.declare("tree", true).await;
+    let pids = h.dir.path().join("pids");
+    let script = h.script(
+        "tree.sh",
+        &format!(
+            r#"echo $$ >> {pids}
+sh -c 'trap "" TERM; echo $$ >> {pids}; while true; do sleep 0.1; done' &
+echo '{{"progress":{{"phase":"STARTED"}}}}'
+trap "" TERM
+wait"#,
+            pids = pids.display(),
+        ),
+    );
+    let mut worker = h.worker_with("tree", &script, &[], &["--shutdown-grace", "1s"]);
+    let id = h.submit("tree-down", "tree", json!({})).await;
+    h.wait_for(&id, "the command to start", |op| op["progress"]["phase"] == "STARTED")
+        .await;
+    let started = wait_for_pids(&pids, 2).await;
+
+    // SIGTERM: the worker stops claiming, waits 1 s, gives the task back
+    // (the command ignores SIGTERM, so it is still running then) and exits.
+    std::process::Command::new("kill")
+        .args(["-TERM", &worker.id().unwrap().to_string()])
+        .status()
+        .unwrap();
+    worker.wait().await.unwrap();
+    all_gone_within(&started, Duration::from_secs(5), "after the worker shut down").await;
+}
+
+/// Waits (up to `bound`) until none of `pids` runs; fails naming the
+/// survivors.
+async fn all_gone_within(pids: &[u32], bound: Duration, when: &str) {
+    let deadline = tokio::time::Instant::now() + bound;
+    while pids.iter().any(|pid| alive(*pid)) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "still alive {when}: {:?}",
+            pids.iter().filter(|pid| alive(**pid)).collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The pids the tree scripts write, once `n` of them are there.
+async fn wait_for_pids(path: &Path, n: usize) -> Vec<u32> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let listed: Vec<u32> = std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect();
+        if listed.len() >= n {
+            return listed;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the tree never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -136,6 +136,21 @@ impl Drop for UploadsDir {
     }
 }
 
+/// Ends the command's whole process group if the task ends while it still
+/// runs — an error, a lost lease, a worker giving its tasks back at
+/// shutdown drops the task — where `kill_on_drop` would end only the
+/// group's leader (the supervisor, or `sh`) and leave the command and its
+/// children running. Disarmed once the leader has been waited for.
+struct GroupGuard(Option<u32>);
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        if self.0.is_some() {
+            signal_group(self.0.take(), libc::SIGKILL);
+        }
+    }
+}
+
 #[allow(unsafe_code)]
 fn signal_group(pid: Option<u32>, signal: libc::c_int) {
     if let Some(pid) = pid.and_then(|p| libc::pid_t::try_from(p).ok()) {
@@ -199,6 +214,7 @@ impl Handler for ExecHandler {
             .spawn()
             .map_err(|e| TaskError::fatal("worker_error", format!("could not start the command: {e}")))?;
         let pid = child.id();
+        let mut group = GroupGuard(pid);
 
         let mut stdin = child.stdin.take().expect("piped stdin");
         let input = serde_json::to_vec(ctx.input()).unwrap_or_default();
@@ -260,6 +276,7 @@ impl Handler for ExecHandler {
             .wait()
             .await
             .map_err(|e| TaskError::fatal("worker_error", format!("could not wait for the command: {e}")))?;
+        group.0 = None;
         if cancelled || ctx.is_cancelled() && !status.success() {
             return Err(TaskError::Cancelled);
         }
