@@ -11,6 +11,8 @@
 //!   PostgreSQL and SQLite: a release `longrun serve` restarted on a full queue;
 //! - Longrun remote (a `noop` kind, 2 `RemoteWorker`s × 64 slots over HTTP,
 //!   batch claims and batched outcomes) on PostgreSQL and SQLite;
+//! - the Python SDK's worker (2 processes × 64 slots, `sdk/python/benches/
+//!   noop_worker.py`) on the same queue, beside the Rust remote drain;
 //! - batch submissions (100 per request, 4 clients; each client's first
 //!   request opens the connections and is not timed) and single submissions
 //!   (32 clients, p99) beside pgbench's single-row INSERT (32 clients) and a
@@ -45,7 +47,7 @@
 //!
 //! `LONGRUN_PEER_ONLY` (comma-separated groups: `graphile`, `pgbench`,
 //! `axum`, `pg`, `sqlite`, or one of `pg-in-process`, `pg-remote`,
-//! `pg-submits`, `pg-reads`, `pg-pickup`, `pg-history` and the same for `sqlite`) runs
+//! `pg-python`, `pg-submits`, `pg-reads`, `pg-pickup`, `pg-history` and the same for `sqlite`) runs
 //! only those, for a quick look while working.
 
 use std::collections::BTreeMap;
@@ -373,6 +375,42 @@ impl Longrun {
         rate
     }
 
+    /// Two Python SDK worker processes (`sdk/python/benches/noop_worker.py`,
+    /// 64 slots each, as the Rust remote drain) on a full queue: jobs/s from
+    /// the moment both are imported and ready (interpreter start left out).
+    async fn python_remote(&self, python: &Path, jobs: usize) -> f64 {
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+        let port = free_port();
+        let base = format!("http://127.0.0.1:{port}");
+        let _server = serve_store(&self.store, port, false).await;
+        self.enqueue(&base, json!({"kind": "noop"}), jobs).await;
+        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../sdk/python/benches/noop_worker.py");
+        let mut workers = Vec::new();
+        for _ in 0..2 {
+            let mut child = tokio::process::Command::new(python)
+                .arg(&script)
+                .args([&base, &self.worker, "64"])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .kill_on_drop(true)
+                .spawn()
+                .unwrap();
+            let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+            assert_eq!(lines.next_line().await.unwrap().as_deref(), Some("ready"));
+            workers.push(child);
+        }
+        let started = Instant::now();
+        for w in &mut workers {
+            w.stdin.as_mut().unwrap().write_all(b"go\n").await.unwrap();
+        }
+        self.drained(&base).await;
+        let rate = jobs as f64 / started.elapsed().as_secs_f64();
+        for w in &mut workers {
+            let _ = w.kill().await;
+        }
+        rate
+    }
+
     /// 32 clients submitting one at a time for `seconds`: (submissions/s, p99 ms).
     async fn single_submits(&self, seconds: u64) -> (f64, f64) {
         let port = free_port();
@@ -554,6 +592,25 @@ async fn bare_axum(seconds: u64) -> ((f64, f64), (f64, f64)) {
     let gets = closed_loop(seconds, move |_, _| http.get(format!("{base}/get")), 200).await;
     let _ = server.kill().await;
     (posts, gets)
+}
+
+/// The Python interpreter of the SDK's environment (`LONGRUN_PYTHON`, else
+/// the one `sdk/python/scripts/test` makes), if it imports `longrun`.
+fn python_sdk() -> Result<PathBuf, String> {
+    let python = std::env::var_os("LONGRUN_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/python-sdk-venv/bin/python"));
+    let imports = std::process::Command::new(&python)
+        .args(["-c", "import longrun"])
+        .output()
+        .map_err(|e| format!("{}: {e}; run sdk/python/scripts/test once", python.display()))?;
+    if !imports.status.success() {
+        return Err(format!(
+            "{} cannot import longrun; run sdk/python/scripts/test once",
+            python.display()
+        ));
+    }
+    Ok(python)
 }
 
 /// The no-op kind; tells `started` (if any) when each run begins.
@@ -748,6 +805,16 @@ fn main() {
                     let rate = fresh("remote").await.remote(jobs).await;
                     note(&mut figures, format!("longrun remote {store}"), rate);
                 }
+                if wanted(&format!("{group}-python")) {
+                    match python_sdk() {
+                        Ok(python) => {
+                            settle(&cluster).await;
+                            let rate = fresh("python").await.python_remote(&python, jobs).await;
+                            note(&mut figures, format!("python remote {store}"), rate);
+                        }
+                        Err(why) => println!("the Python SDK is not available ({why}); its rows are skipped"),
+                    }
+                }
                 if wanted(&format!("{group}-submits")) {
                     settle(&cluster).await;
                     let (rate, p99) = fresh("submits").await.single_submits(seconds).await;
@@ -866,6 +933,8 @@ fn main() {
             ("longrun in-process SQLite", "graphile batched"),
             ("longrun remote PG", "graphile batched"),
             ("longrun remote PG", "graphile plain"),
+            ("python remote PG", "longrun remote PG"),
+            ("python remote SQLite", "longrun remote SQLite"),
             ("longrun single submits PG", "pgbench INSERT ceiling"),
             ("longrun single submits SQLite", "bare axum POST ceiling"),
             ("longrun GET 200 PG", "bare axum GET ceiling"),
