@@ -102,3 +102,13 @@ fn as_whole_number(value: &Value) -> Option<u64> {
     };
     whole.filter(|w| i64::try_from(*w).is_ok())
 }
+
+/// A field whose `null` means something (`Some(None)`) beside its absence
+/// (`None`, with `#[serde(default)]`).
+pub fn present<'de, D, T>(deserializer: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<T>::deserialize(deserializer).map(Some)
+}

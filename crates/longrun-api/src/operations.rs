@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::Problem;
-use crate::de::{object, present_whole_number, whole_number};
+use crate::de::{object, present, present_whole_number, whole_number};
 
 /// A submission. The schema states every rule the server checks on its own
 /// (`400 invalid_request`); what depends on the kind (its input), on
@@ -37,6 +37,19 @@ pub struct SubmitRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(schema_with = labels_schema)]
     pub labels: Option<BTreeMap<String, String>>,
+    /// When the work may start (RFC 3339); not claimed before. Its
+    /// deadline still counts from creation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(format = DateTime, example = "2026-12-06T02:00:00Z")]
+    pub not_before: Option<String>,
+    /// The same as `not_before`, in seconds from now (not with `not_before`).
+    #[serde(default, deserialize_with = "whole_number", skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 31_536_000)]
+    pub start_after_seconds: Option<u64>,
+    /// 1–9, higher claimed first within the tenant; 5 when left out.
+    #[serde(default, deserialize_with = "whole_number", skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 9)]
+    pub priority: Option<u64>,
 }
 
 /// Labels as the server checks them: at most 32; keys of a-z, 0-9, `_ . - /`
@@ -102,6 +115,19 @@ pub struct BatchSubmitItem {
     /// Labels to filter lists by.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub labels: Option<BTreeMap<String, String>>,
+    /// When the work may start (RFC 3339); not claimed before. Its
+    /// deadline still counts from creation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(format = DateTime, example = "2026-12-06T02:00:00Z")]
+    pub not_before: Option<String>,
+    /// The same as `not_before`, in seconds from now (not with `not_before`).
+    #[serde(default, deserialize_with = "whole_number", skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0)]
+    pub start_after_seconds: Option<u64>,
+    /// 1–9, higher claimed first within the tenant; 5 when left out.
+    #[serde(default, deserialize_with = "whole_number", skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0)]
+    pub priority: Option<u64>,
 }
 
 /// A batch item's budget: its bounds are checked per item. (Only its
@@ -133,6 +159,9 @@ impl BatchSubmitItem {
             deadline_seconds: self.deadline_seconds,
             budget: self.budget,
             labels: self.labels,
+            not_before: self.not_before,
+            start_after_seconds: self.start_after_seconds,
+            priority: self.priority,
         }
     }
 }
@@ -192,6 +221,18 @@ pub struct RerunRequest {
     /// failed export stopped, say); from the beginning if it saved none.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub from_checkpoint: bool,
+    /// When the re-run may start (RFC 3339); at once when left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(format = DateTime, example = "2026-12-06T02:00:00Z")]
+    pub not_before: Option<String>,
+    /// The same as `not_before`, in seconds from now (not with `not_before`).
+    #[serde(default, deserialize_with = "whole_number", skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 31_536_000)]
+    pub start_after_seconds: Option<u64>,
+    /// 1–9, higher claimed first within the tenant; the original's when left out.
+    #[serde(default, deserialize_with = "whole_number", skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 9)]
+    pub priority: Option<u64>,
 }
 
 /// A budget: the most cost units the work may report.
@@ -224,6 +265,12 @@ pub struct UpdateRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(schema_with = labels_schema)]
     pub labels: Option<BTreeMap<String, String>>,
+    /// A new start (RFC 3339) while the operation is queued; `null` lets it
+    /// start at once. Moving the start of work that started is `409
+    /// intent_conflict`.
+    #[serde(default, deserialize_with = "present", skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub not_before: Option<Option<String>>,
 }
 
 /// The intents a client may set with `PATCH`.
@@ -299,10 +346,24 @@ pub struct OperationBody {
     pub error: Option<ErrorBody>,
     /// Its labels.
     pub labels: BTreeMap<String, String>,
+    /// When it may start; `null`: as soon as a worker is free.
+    #[serde(default)]
+    pub not_before: Option<String>,
+    /// 1–9, higher claimed first within its tenant.
+    #[serde(default = "default_priority")]
+    #[schema(minimum = 1, maximum = 9)]
+    pub priority: i16,
     /// When retention removes it.
     pub expires_at: Option<String>,
     /// Its resources.
     pub links: Links,
+}
+
+/// The priority of work that names none (the middle of 1–9).
+pub const DEFAULT_PRIORITY: i16 = 5;
+
+fn default_priority() -> i16 {
+    DEFAULT_PRIORITY
 }
 
 /// Progress as a worker reported it.

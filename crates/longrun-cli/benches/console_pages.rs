@@ -80,6 +80,8 @@ async fn made_through_the_store(store: &dyn Store) -> Id {
             uploads: Vec::new(),
             rerun_of: None,
             from_checkpoint: false,
+            not_before: None,
+            priority: longrun_store::PRIORITY_DEFAULT,
             now,
         });
     }

@@ -76,6 +76,8 @@ fn main() {
                         uploads: Vec::new(),
                         rerun_of: None,
                         from_checkpoint: false,
+                        not_before: None,
+                        priority: longrun_store::PRIORITY_DEFAULT,
                         now,
                     })
                     .await

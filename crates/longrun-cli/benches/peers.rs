@@ -32,7 +32,10 @@
 //!   `sqlite3` for SQLite), alternating between the two stores.
 //!   Each size is measured `LONGRUN_PEER_HISTORY_SAMPLES` (5) times, in
 //!   pairs (medians shown; the ratio is the median of the pairs' ratios);
-//!   idle pickup takes 300 samples there, 100 in the rounds.
+//!   idle pickup takes 300 samples there, 100 in the rounds. The same
+//!   again with `LONGRUN_PEER_HISTORY` queued operations of the measured
+//!   tenant and kind that start a day later (`*-scheduled`): a claim must
+//!   not read them.
 //!
 //! Before each measurement the databases of the earlier ones are dropped,
 //! PostgreSQL checkpoints and the file systems are synced (`settle`; in the
@@ -47,7 +50,7 @@
 //!
 //! `LONGRUN_PEER_ONLY` (comma-separated groups: `graphile`, `pgbench`,
 //! `axum`, `pg`, `sqlite`, or one of `pg-in-process`, `pg-remote`,
-//! `pg-python`, `pg-submits`, `pg-reads`, `pg-pickup`, `pg-history` and the same for `sqlite`) runs
+//! `pg-python`, `pg-submits`, `pg-reads`, `pg-pickup`, `pg-history`, `pg-scheduled` and the same for `sqlite`) runs
 //! only those, for a quick look while working.
 
 use std::collections::BTreeMap;
@@ -682,9 +685,72 @@ fn history_sql(rows: usize, now_ms: i64, postgres: bool) -> String {
     )
 }
 
+/// What the history groups add to a store: ended operations (`history`)
+/// or queued ones of the measured kind and tenant that start a day later
+/// (`scheduled`: claims must not read them).
+#[derive(Clone, Copy, PartialEq)]
+enum Fill {
+    Ended,
+    Scheduled,
+}
+
+impl Fill {
+    fn group(self) -> &'static str {
+        match self {
+            Fill::Ended => "history",
+            Fill::Scheduled => "scheduled",
+        }
+    }
+
+    fn what(self) -> &'static str {
+        match self {
+            Fill::Ended => "ended",
+            Fill::Scheduled => "future-scheduled",
+        }
+    }
+
+    fn sql(self, rows: usize, now_ms: i64, postgres: bool) -> String {
+        match self {
+            Fill::Ended => history_sql(rows, now_ms, postgres),
+            Fill::Scheduled => scheduled_sql(rows, now_ms, postgres),
+        }
+    }
+}
+
+/// `rows` queued `noop` operations of the bench tenant that may start a
+/// day from now, each with its ready task (available then) and idempotency
+/// record, written straight into the tables as `history_sql` does.
+fn scheduled_sql(rows: usize, now_ms: i64, postgres: bool) -> String {
+    let (series, id, fingerprint) = if postgres {
+        (
+            format!("SELECT i FROM generate_series(1, {rows}) AS g(i)"),
+            "'op_s' || lpad(i::text, 25, '0')",
+            "decode(md5(i::text) || md5(i::text), 'hex')",
+        )
+    } else {
+        (
+            format!("WITH RECURSIVE g(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM g WHERE i < {rows}) SELECT i FROM g"),
+            "'op_s' || printf('%025d', i)",
+            "randomblob(32)",
+        )
+    };
+    let at = format!("({now_ms} - ({rows} - i))");
+    let start = now_ms + 86_400_000;
+    format!(
+        "INSERT INTO operations (id, tenant, kind, state, version, attempt, labels, idempotency_key,
+                                 created_at, updated_at, not_before, priority)
+         SELECT {id}, 'bench', 'noop', 'queued', 1, 0, '{{}}', 's-' || i, {at}, {at}, {start}, 5 FROM ({series}) s;
+         INSERT INTO idempotency_keys (tenant, kind, key, fingerprint, operation_id, created_at)
+         SELECT 'bench', 'noop', 's-' || i, {fingerprint}, {id}, {at} FROM ({series}) s;
+         INSERT INTO tasks (operation_id, seq, tenant, kind, status, available_at, priority)
+         SELECT id, seq, tenant, kind, 'ready', {start}, 5 FROM operations WHERE id LIKE 'op_s%';
+         ANALYZE;"
+    )
+}
+
 impl Longrun {
-    /// Adds `rows` ended operations to the store (see `history_sql`).
-    async fn add_history(&self, rows: usize) {
+    /// Adds `rows` operations to the store as `fill` says.
+    async fn add_history(&self, rows: usize, fill: Fill) {
         let now_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
@@ -696,7 +762,7 @@ impl Longrun {
             // bulk load instead, the p99s were those of autovacuum and of a
             // checkpoint of the whole load running beside them.
             "--database" => {
-                sql(&self.store[1], &history_sql(rows, now_ms, true)).await;
+                sql(&self.store[1], &fill.sql(rows, now_ms, true)).await;
                 sql(&self.store[1], "VACUUM ANALYZE").await;
                 sql(&self.store[1], "CHECKPOINT").await;
             }
@@ -711,7 +777,7 @@ impl Longrun {
                 use std::io::Write;
                 let script = format!(
                     "BEGIN;\n{}\nCOMMIT;\nPRAGMA wal_checkpoint(TRUNCATE);\n",
-                    history_sql(rows, now_ms, false)
+                    fill.sql(rows, now_ms, false)
                 );
                 sqlite.stdin.take().unwrap().write_all(script.as_bytes()).unwrap();
                 assert!(sqlite.wait().unwrap().success(), "sqlite3 failed on {}", db.display());
@@ -859,8 +925,11 @@ fn main() {
         let history = env_number("LONGRUN_PEER_HISTORY", 1_000_000);
         let samples = env_number("LONGRUN_PEER_HISTORY_SAMPLES", 5);
         let dir = tempfile::tempdir().unwrap();
-        for (store, group) in [("PG", "pg"), ("SQLite", "sqlite")] {
-            if !wanted(&format!("{group}-history")) {
+        let stores_and_fills = [("PG", "pg"), ("SQLite", "sqlite")]
+            .into_iter()
+            .flat_map(|(store, group)| [(store, group, Fill::Ended), (store, group, Fill::Scheduled)]);
+        for (store, group, fill) in stores_and_fills {
+            if !wanted(&format!("{group}-{}", fill.group())) {
                 continue;
             }
             settle(&cluster).await;
@@ -868,18 +937,19 @@ fn main() {
                 "PG" => Longrun::new(vec!["--database".into(), cluster.database().await]),
                 _ => Longrun::new(vec!["--data-dir".into(), dir.path().join(name).display().to_string()]),
             };
-            let (empty, full) = (open("empty").await, open("history").await);
+            let (empty, full) = (open("empty").await, open(fill.group()).await);
             let started = Instant::now();
-            full.add_history(history).await;
+            full.add_history(history, fill).await;
             synced().await;
             eprintln!(
-                "{history} ended operations added to {store} in {:.0?}",
+                "{history} {} operations added to {store} in {:.0?}",
+                fill.what(),
                 started.elapsed()
             );
             // `samples` of each size: the table shows their median. A p99
             // of one sample on two busy cores spreads by a third from one
             // sample to the next, so this takes more than the rounds' 3.
-            let stored = format!("{history} stored");
+            let stored = format!("{history} {} stored", fill.what());
             // Each sample starts checkpointed and synced, as every other
             // figure does (`settle`): without it the write-back of the
             // samples before builds up under the next ones (SQLite's accept
@@ -894,7 +964,7 @@ fn main() {
             }
             for path in ["accept", "GET", "pickup"] {
                 history_ratios.push((
-                    format!("longrun {path} p99 ms {store}, {history} stored"),
+                    format!("longrun {path} p99 ms {store}, {stored}"),
                     format!("longrun {path} p99 ms {store}, empty"),
                 ));
             }

@@ -52,6 +52,8 @@ async fn enqueue(store: &Arc<dyn Store>, kind: &str, input: Value, n: usize) {
                         uploads: Vec::new(),
                         rerun_of: None,
                         from_checkpoint: false,
+                        not_before: None,
+                        priority: longrun_store::PRIORITY_DEFAULT,
                         now: SystemClock.now(),
                     })
                     .await

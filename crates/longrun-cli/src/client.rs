@@ -63,7 +63,7 @@ pub enum ClientCommand {
         /// (`{"kind", "input", "labels", "deadline_seconds", "callback",
         /// "budget", "idempotency_key"}`; a missing key is made up). Sent
         /// 1,000 per request; prints one line per submission, in order.
-        #[arg(long, conflicts_with_all = ["input", "idempotency_key", "wait", "labels", "deadline_seconds", "callback"])]
+        #[arg(long, conflicts_with_all = ["input", "idempotency_key", "wait", "labels", "deadline_seconds", "callback", "not_before", "start_after_seconds", "priority"])]
         batch: Option<std::path::PathBuf>,
         /// The input: JSON, or @file.json.
         #[arg(long)]
@@ -82,6 +82,15 @@ pub enum ClientCommand {
         /// A webhook URL for its state transitions.
         #[arg(long)]
         callback: Option<String>,
+        /// Start no earlier than this RFC 3339 time (e.g. 2026-12-06T02:00:00Z).
+        #[arg(long, conflicts_with = "start_after_seconds")]
+        not_before: Option<String>,
+        /// Start no earlier than this many seconds from now.
+        #[arg(long)]
+        start_after_seconds: Option<u64>,
+        /// 1–9, higher claimed first within the tenant (default 5).
+        #[arg(long)]
+        priority: Option<u64>,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -407,6 +416,9 @@ async fn execute(client: &Client, output: Output, command: ClientCommand) -> Res
             labels,
             deadline_seconds,
             callback,
+            not_before,
+            start_after_seconds,
+            priority,
             ..
         } => {
             let input = match input.as_deref().map(read_input).transpose() {
@@ -432,6 +444,9 @@ async fn execute(client: &Client, output: Output, command: ClientCommand) -> Res
                 budget: None,
                 labels: (!parsed_labels.is_empty()).then_some(parsed_labels),
                 idempotency_key,
+                not_before,
+                start_after_seconds,
+                priority,
             };
             let submitted = client.submit(&submission).await?;
             if output == Output::Text {

@@ -46,6 +46,13 @@ impl Timestamp {
         t.format(&fmt).unwrap_or_default()
     }
 
+    /// An RFC 3339 date-time with an offset (`2026-12-06T02:00:00Z`,
+    /// `…+01:00`), to the millisecond; `None` for anything else.
+    pub fn parse_rfc3339(text: &str) -> Option<Self> {
+        let t = OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339).ok()?;
+        i64::try_from(t.unix_timestamp_nanos() / 1_000_000).ok().map(Self)
+    }
+
     /// The HTTP-date form (RFC 9110 IMF-fixdate), for headers such as `Idempotency-Expires`.
     pub fn to_http_date(self) -> String {
         let t = OffsetDateTime::from_unix_timestamp(self.0.div_euclid(1000)).unwrap_or(OffsetDateTime::UNIX_EPOCH);

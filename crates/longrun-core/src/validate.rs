@@ -142,6 +142,56 @@ pub fn max_cost_units(units: f64) -> Result<(), Invalid> {
     Ok(())
 }
 
+/// The latest a submission may ask to start: a year ahead.
+pub const MAX_START_DELAY_SECONDS: u64 = 365 * 24 * 3600;
+
+/// The start of work that starts later, from `not_before` (RFC 3339) or
+/// `start_after_seconds` (at most one of them), checked against `now`: at
+/// most [`MAX_START_DELAY_SECONDS`] ahead; a time already past starts at once.
+pub fn not_before(
+    not_before: Option<&str>,
+    start_after_seconds: Option<u64>,
+    now: crate::Timestamp,
+) -> Result<Option<crate::Timestamp>, Invalid> {
+    let at = match (not_before, start_after_seconds) {
+        (Some(_), Some(_)) => {
+            return Err(invalid(
+                "not_before",
+                "give not_before or start_after_seconds, not both",
+            ));
+        }
+        (None, None) => return Ok(None),
+        (Some(text), None) => crate::Timestamp::parse_rfc3339(text).ok_or_else(|| {
+            invalid(
+                "not_before",
+                format!("must be an RFC 3339 date-time with an offset, e.g. 2026-12-06T02:00:00Z; got {text:?}"),
+            )
+        })?,
+        (None, Some(seconds)) => {
+            if seconds > MAX_START_DELAY_SECONDS {
+                return Err(invalid(
+                    "start_after_seconds",
+                    format!("must be at most {MAX_START_DELAY_SECONDS} (a year)"),
+                ));
+            }
+            now.plus(std::time::Duration::from_secs(seconds))
+        }
+    };
+    if at > now.plus(std::time::Duration::from_secs(MAX_START_DELAY_SECONDS)) {
+        return Err(invalid("not_before", "must be at most a year ahead"));
+    }
+    Ok(Some(at))
+}
+
+/// The priorities a submission may ask for: 1–9, higher first.
+pub fn priority(priority: Option<u64>, default: i16) -> Result<i16, Invalid> {
+    match priority {
+        None => Ok(default),
+        Some(p @ 1..=9) => Ok(p as i16),
+        Some(p) => Err(invalid("priority", format!("must be between 1 and 9; got {p}"))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -183,5 +233,25 @@ mod tests {
         assert!(max_cost_units(0.0).is_err());
         assert!(max_cost_units(0.5).is_ok());
         assert!(input_size(&Value::String("x".repeat(MAX_INPUT_BYTES))).is_err());
+    }
+
+    #[test]
+    fn starts_and_priorities() {
+        let now = crate::Timestamp(1_800_000_000_000);
+        assert_eq!(not_before(None, None, now), Ok(None));
+        assert_eq!(
+            not_before(None, Some(60), now),
+            Ok(Some(now.plus(std::time::Duration::from_secs(60))))
+        );
+        let parsed = not_before(Some("2027-01-15T08:00:00+01:00"), None, now)
+            .unwrap()
+            .unwrap();
+        assert_eq!(parsed.to_rfc3339(), "2027-01-15T07:00:00.000Z");
+        assert!(not_before(Some("2027-01-15T08:00:00"), None, now).is_err());
+        assert!(not_before(Some("2027-01-15T08:00:00Z"), Some(1), now).is_err());
+        assert!(not_before(None, Some(MAX_START_DELAY_SECONDS + 1), now).is_err());
+        assert_eq!(priority(None, 5), Ok(5));
+        assert_eq!(priority(Some(9), 5), Ok(9));
+        assert!(priority(Some(0), 5).is_err() && priority(Some(10), 5).is_err());
     }
 }

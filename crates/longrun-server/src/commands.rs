@@ -83,9 +83,9 @@ pub(crate) async fn update(
     request: UpdateRequest,
 ) -> Result<(Operation, StatusCode), ApiError> {
     if let Some(desired) = request.desired_state {
-        if request.deadline_seconds.is_some() || request.labels.is_some() {
+        if request.deadline_seconds.is_some() || request.labels.is_some() || request.not_before.is_some() {
             return Err(ApiError::InvalidRequest(
-                "desired_state is changed on its own, not with deadline_seconds or labels".into(),
+                "desired_state is changed on its own, not with deadline_seconds, labels or not_before".into(),
             ));
         }
         return set_intent(app, tenant, id, desired, if_match).await;
@@ -107,13 +107,22 @@ pub(crate) async fn update(
             Some(Some(current.created_at.plus(Duration::from_secs(seconds))))
         }
     };
+    let now = app.clock.now();
+    let not_before = match request.not_before {
+        None => None,
+        Some(None) => Some(None),
+        Some(Some(text)) => {
+            Some(validate::not_before(Some(&text), None, now).map_err(|e| ApiError::InvalidRequest(e.to_string()))?)
+        }
+    };
     let params = UpdateParams {
         tenant: tenant.to_owned(),
         id: id.clone(),
         if_match,
         deadline_at,
         labels: request.labels,
-        now: app.clock.now(),
+        not_before,
+        now,
     };
     let op = app.store.operation_update(params).await.map_err(|e| match e {
         StoreError::PreconditionFailed { current_version } => ApiError::PreconditionFailed {

@@ -531,6 +531,7 @@ async fn edit(
         deadline_seconds: Some(deadline_seconds),
         labels: Some(parse_labels(&form.labels).or_page(&viewer)?),
         desired_state: None,
+        not_before: None,
     };
     match commands::update(&app, &tenant, id.clone(), form.version, request).await {
         Ok(_) => Ok(to_operation(&id)),
@@ -576,6 +577,7 @@ async fn intent(
         deadline_seconds: None,
         labels: None,
         desired_state: Some(desired),
+        not_before: None,
     };
     match commands::update(&app, &tenant, id.clone(), form.version, request).await {
         Ok(_) => Ok(to_operation(&id)),

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use longrun_core::validate::{self, MAX_DEADLINE_SECONDS};
 use longrun_core::{Id, IdKind, IdempotencyKey, Timestamp};
-use longrun_store::{AcceptOutcome, AcceptParams, Operation, StoreError};
+use longrun_store::{AcceptOutcome, AcceptParams, Operation, PRIORITY_DEFAULT, StoreError};
 use serde_json::{Value, json};
 
 use crate::AppState;
@@ -53,6 +53,9 @@ pub(crate) async fn prepare_rerun(
             .budget_max_cost
             .map(|units| BudgetRequest { max_cost_units: units })),
         labels: request.labels.or_else(|| Some(original.labels.clone())),
+        not_before: request.not_before,
+        start_after_seconds: request.start_after_seconds,
+        priority: request.priority.or(u64::try_from(original.priority).ok()),
     };
     let rerun = Rerun {
         of: id.clone(),
@@ -107,6 +110,19 @@ pub(crate) async fn prepare_submission(
     if let Some(seconds) = deadline_seconds {
         validate::deadline_seconds(seconds, max_deadline).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
     }
+    // Work that starts later: its deadline still counts from creation, so
+    // one that would pass before the start is refused.
+    let not_before = validate::not_before(request.not_before.as_deref(), request.start_after_seconds, now)
+        .map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
+    if let (Some(start), Some(seconds)) = (not_before, deadline_seconds)
+        && now.plus(Duration::from_secs(seconds)) <= start
+    {
+        return Err(ApiError::InvalidRequest(
+            "deadline_seconds counts from creation and passes before not_before".into(),
+        ));
+    }
+    let priority =
+        validate::priority(request.priority, PRIORITY_DEFAULT).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
     let callback_url = match request.callback {
         Some(callback) => Some(crate::callback::check_url(&callback.url, &app.config.callback_policy)?),
         None => None,
@@ -124,6 +140,18 @@ pub(crate) async fn prepare_submission(
         "budget": budget.map(|units| json!({"max_cost_units": units})),
         "labels": labels,
     });
+    // The start as asked (a relative one as its seconds: a retry asks the
+    // same) and a priority other than the default; absent, they leave the
+    // fingerprint of a request without them as it was.
+    if let Some(start) = not_before.filter(|_| request.not_before.is_some()) {
+        semantic["not_before"] = json!(start.to_rfc3339());
+    }
+    if let Some(seconds) = request.start_after_seconds {
+        semantic["start_after_seconds"] = json!(seconds);
+    }
+    if priority != PRIORITY_DEFAULT {
+        semantic["priority"] = json!(priority);
+    }
     // A re-run is another request than a submission of the same input: the
     // same key on both conflicts instead of replaying the other.
     if let Some(rerun) = &rerun {
@@ -146,6 +174,8 @@ pub(crate) async fn prepare_submission(
         uploads,
         rerun_of: rerun.map(|r| r.of),
         from_checkpoint,
+        not_before,
+        priority,
         now,
     })
 }

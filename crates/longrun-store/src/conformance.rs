@@ -30,6 +30,7 @@ mod deadlines;
 mod jobs;
 mod model;
 mod retention;
+mod scheduling;
 mod webhooks;
 
 pub use accept::*;
@@ -41,6 +42,7 @@ pub use deadlines::*;
 pub use jobs::*;
 pub use model::*;
 pub use retention::*;
+pub use scheduling::*;
 pub use webhooks::*;
 
 /// A store under test and whatever keeps it alive (a temp dir, a database).
@@ -122,6 +124,8 @@ macro_rules! store_conformance {
             the_console_reads_are_bounded_by_live_work_and_keys,
             a_read_after_each_kind_of_write_sees_it,
             reads_racing_writes_never_go_back_a_version,
+            work_that_starts_later_is_claimed_from_its_start_on,
+            higher_priority_goes_first_within_a_tenant_but_not_past_other_tenants,
         );
     };
     (@cases $factory:path; $($case:ident),* $(,)?) => {
@@ -166,6 +170,8 @@ pub fn accept_params(tenant: &str, kind: &str, key: Option<&str>, input: Value) 
         uploads: Vec::new(),
         rerun_of: None,
         from_checkpoint: false,
+        not_before: None,
+        priority: crate::PRIORITY_DEFAULT,
         now: T0,
     }
 }

@@ -55,6 +55,13 @@ pub enum StoreError {
         /// The current version.
         current_version: i64,
     },
+    /// A change only work still queued may take (moving its start) asked of
+    /// work that started.
+    #[error("the operation has started (version {current_version}); only a queued one's start can move")]
+    Started {
+        /// The current version.
+        current_version: i64,
+    },
     /// Running work whose kind cannot pause.
     #[error("the running operation cannot pause (version {current_version})")]
     NotPausable {

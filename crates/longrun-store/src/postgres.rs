@@ -135,6 +135,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (11, include_str!("postgres/0011_history_vacuum.sql")),
     (12, include_str!("postgres/0012_keys_by_tombstone.sql")),
     (13, include_str!("postgres/0013_upload_appends.sql")),
+    (14, include_str!("postgres/0014_not_before_priority.sql")),
 ];
 
 /// How to reach and use a PostgreSQL database.
@@ -334,10 +335,10 @@ async fn migrate_pool(pool: &PgPool) -> Result<usize> {
 const OP_COLUMNS: &str = "id, tenant, kind, state, version, attempt, input, callback_url, deadline_at, \
     budget_max_cost, cost_units, labels, progress, result, error_code, error_message, error_retryable, \
     cancel_requested_at, cancel_requested_by, cancel_reason, cancellable, idempotency_key, created_at, \
-    started_at, completed_at, updated_at, expires_at, artifact, rerun_of, pause_requested_at";
+    started_at, completed_at, updated_at, expires_at, artifact, rerun_of, pause_requested_at, not_before, priority";
 
 /// How many columns `OP_COLUMNS` names: what a query selects after them starts here.
-const OP_COLUMN_COUNT: usize = 30;
+const OP_COLUMN_COUNT: usize = 32;
 
 /// `FOR UPDATE NOWAIT` found the row locked.
 const LOCK_NOT_AVAILABLE: &str = "55P03";

@@ -299,6 +299,8 @@ mod tests {
             rerun_of: None,
             reruns: None,
             pause_requested_at: None,
+            not_before: None,
+            priority: crate::PRIORITY_DEFAULT,
         }
     }
 

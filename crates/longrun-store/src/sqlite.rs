@@ -89,6 +89,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (14, include_str!("sqlite/migrations/0014_cheaper_checks.sql")),
     (15, include_str!("sqlite/migrations/0015_keys_by_tombstone.sql")),
     (16, include_str!("sqlite/migrations/0016_upload_appends.sql")),
+    (17, include_str!("sqlite/migrations/0017_not_before_priority.sql")),
 ];
 
 /// How to open the embedded database.
@@ -970,6 +971,52 @@ mod tests {
         }
         let store = SqliteStore::open(SqliteConfig::new(path)).unwrap();
         crate::conformance::bury_and_reuse_old_key(&store).await;
+    }
+
+    /// Migration 0017 adds `not_before` and `priority` and re-makes the
+    /// ready index with them: work queued before it is claimed after it as
+    /// it would have been (at once, at the default priority, oldest first).
+    #[tokio::test]
+    async fn work_queued_before_migration_17_is_claimed_after_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("longrun.db");
+        {
+            let mut conn = open_connection(&path, false).unwrap();
+            migrate_connection_to(&mut conn, 16).unwrap();
+            for (n, id) in ["op_before_1", "op_before_2"].iter().enumerate() {
+                conn.execute(
+                    "INSERT INTO operations (id, tenant, kind, state, version, attempt, labels, created_at, updated_at)
+                     VALUES (?1, 't1', 'old', 'queued', 1, 0, '{}', ?2, ?2)",
+                    rusqlite::params![id, 1_800_000_000_000_i64 + n as i64],
+                )
+                .unwrap();
+                conn.execute(
+                    "INSERT INTO tasks (operation_id, seq, tenant, kind, status, available_at)
+                     SELECT id, seq, tenant, kind, 'ready', created_at FROM operations WHERE id = ?1",
+                    rusqlite::params![id],
+                )
+                .unwrap();
+            }
+        }
+        let store = SqliteStore::open(SqliteConfig::new(path)).unwrap();
+        let before = store
+            .operation_get("t1", &Id::from_trusted("op_before_1".into()))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!((before.priority, before.not_before), (crate::PRIORITY_DEFAULT, None));
+        let tasks = store
+            .task_claim(ClaimParams {
+                kinds: vec!["old".into()],
+                max_tasks: 10,
+                lease: Duration::from_secs(30),
+                worker_id: "w".into(),
+                now: Timestamp(1_800_000_001_000),
+            })
+            .await
+            .unwrap();
+        let ids: Vec<&str> = tasks.iter().map(|t| t.operation_id.as_str()).collect();
+        assert_eq!(ids, ["op_before_1", "op_before_2"]);
     }
 
     /// The log's length in pages, as a PASSIVE checkpoint reports it.

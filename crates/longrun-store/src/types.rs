@@ -72,7 +72,18 @@ pub struct Operation {
     /// not answered yet (`desired_state` is then `paused` while `state` is
     /// still `running`).
     pub pause_requested_at: Option<Timestamp>,
+    /// When it may start (`None`: as soon as a worker is free).
+    pub not_before: Option<Timestamp>,
+    /// Higher is claimed first within its tenant ([`PRIORITY_DEFAULT`] when not given).
+    pub priority: i16,
 }
+
+/// The lowest priority a submission may ask for.
+pub const PRIORITY_MIN: i16 = 1;
+/// The highest priority a submission may ask for.
+pub const PRIORITY_MAX: i16 = 9;
+/// The priority of a submission that names none: the middle of the range.
+pub const PRIORITY_DEFAULT: i16 = 5;
 
 impl Operation {
     /// Past its `expires_at`: gone to every reader from that instant on,
@@ -275,6 +286,10 @@ pub struct AcceptParams {
     /// Start from `rerun_of`'s last checkpoint (copied in the same
     /// transaction), if it saved one.
     pub from_checkpoint: bool,
+    /// When it may start (`None`: at once).
+    pub not_before: Option<Timestamp>,
+    /// Its priority ([`PRIORITY_MIN`]..=[`PRIORITY_MAX`]).
+    pub priority: i16,
     /// The instant of the call (callers pass time in; the store reads no clock).
     pub now: Timestamp,
 }
@@ -285,7 +300,15 @@ impl AcceptParams {
     /// start would queue a webhook), uploads or a re-run source (a
     /// checkpoint to copy), which a claim handles.
     pub fn may_be_handed_off(&self) -> bool {
-        self.callback_url.is_none() && self.rerun_of.is_none() && self.uploads.is_empty()
+        self.callback_url.is_none()
+            && self.rerun_of.is_none()
+            && self.uploads.is_empty()
+            && self.not_before.is_none_or(|at| at <= self.now)
+    }
+
+    /// When its task becomes claimable: now, or at its `not_before`.
+    pub fn available_at(&self) -> Timestamp {
+        self.not_before.map_or(self.now, |at| at.max(self.now))
     }
 }
 
@@ -627,6 +650,9 @@ pub struct UpdateParams {
     pub deadline_at: Option<Option<Timestamp>>,
     /// New labels, replacing the old ones whole.
     pub labels: Option<BTreeMap<String, String>>,
+    /// A new start time, only while the operation is queued or paused;
+    /// `Some(None)` lets it start at once.
+    pub not_before: Option<Option<Timestamp>>,
     /// The instant of the call (callers pass time in; the store reads no clock).
     pub now: Timestamp,
 }

@@ -572,10 +572,14 @@ async fn a_tombstone_from_before_schema_12_still_frees_its_key() {
     let url = cluster.database().await;
     longrun_store::postgres::migrate(&url).await.unwrap();
     let mut c = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await.unwrap();
-    // Back to schema 11 (undoing 13 and 12), with what retention left of an
-    // operation then: its idempotency record and its tombstone.
+    // Back to schema 11 (undoing 14, 13 and 12), with what retention left of
+    // an operation then: its idempotency record and its tombstone.
     sqlx::raw_sql(
         "DELETE FROM schema_migrations WHERE version >= 12;
+         DROP INDEX tasks_ready_by_tenant;
+         CREATE INDEX tasks_ready_by_tenant ON tasks (tenant, kind, seq) WHERE status = 'ready';
+         ALTER TABLE operations DROP COLUMN not_before, DROP COLUMN priority;
+         ALTER TABLE tasks DROP COLUMN priority;
          ALTER TABLE uploads DROP COLUMN appending_token, DROP COLUMN appending_until;
          ALTER TABLE tombstones DROP COLUMN kind, DROP COLUMN idempotency_key;
          CREATE INDEX idempotency_by_operation ON idempotency_keys (operation_id);
@@ -588,7 +592,72 @@ async fn a_tombstone_from_before_schema_12_still_frees_its_key() {
     .await
     .unwrap();
 
-    assert_eq!(longrun_store::postgres::migrate(&url).await.unwrap(), 2);
+    assert_eq!(longrun_store::postgres::migrate(&url).await.unwrap(), 3);
     let store = PostgresStore::open(PostgresConfig::new(url.clone())).await.unwrap();
     longrun_store::conformance::bury_and_reuse_old_key(&store).await;
+}
+
+/// Schema 14 added `not_before` and `priority` and re-made the ready index
+/// with them. Work queued before it is claimed after it as it would have
+/// been: at once, at the default priority, oldest first.
+#[tokio::test]
+async fn work_queued_before_schema_14_is_claimed_after_it() {
+    let Some(cluster) = longrun_store::pgtest::cluster() else {
+        return;
+    };
+    let url = cluster.database().await;
+    longrun_store::postgres::migrate(&url).await.unwrap();
+    let mut c = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await.unwrap();
+    sqlx::raw_sql(
+        "DELETE FROM schema_migrations WHERE version >= 14;
+         DROP INDEX tasks_ready_by_tenant;
+         CREATE INDEX tasks_ready_by_tenant ON tasks (tenant, kind, seq) WHERE status = 'ready';
+         ALTER TABLE operations DROP COLUMN not_before, DROP COLUMN priority;
+         ALTER TABLE tasks DROP COLUMN priority;",
+    )
+    .execute(&mut c)
+    .await
+    .unwrap();
+    // Two operations queued the way schema 13 queued them.
+    for (n, id) in ["op_before_1", "op_before_2"].iter().enumerate() {
+        let at = 1_800_000_000_000_i64 + n as i64;
+        sqlx::query(
+            "INSERT INTO operations (id, tenant, kind, state, version, attempt, labels, created_at, updated_at)
+             VALUES ($1, 't1', 'old', 'queued', 1, 0, '{}', $2, $2);
+             ",
+        )
+        .bind(id)
+        .bind(at)
+        .execute(&mut c)
+        .await
+        .unwrap();
+        sqlx::query(
+            "INSERT INTO tasks (operation_id, seq, tenant, kind, status, available_at)
+             SELECT id, seq, tenant, kind, 'ready', created_at FROM operations WHERE id = $1",
+        )
+        .bind(id)
+        .execute(&mut c)
+        .await
+        .unwrap();
+    }
+    assert_eq!(longrun_store::postgres::migrate(&url).await.unwrap(), 1);
+    let store = PostgresStore::open(PostgresConfig::new(url.clone())).await.unwrap();
+    let before = store
+        .operation_get("t1", &longrun_core::Id::from_trusted("op_before_1".into()))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((before.priority, before.not_before), (5, None));
+    let tasks = store
+        .task_claim(longrun_store::ClaimParams {
+            kinds: vec!["old".into()],
+            max_tasks: 10,
+            lease: std::time::Duration::from_secs(30),
+            worker_id: "w".into(),
+            now: longrun_core::Timestamp(1_800_000_001_000),
+        })
+        .await
+        .unwrap();
+    let ids: Vec<&str> = tasks.iter().map(|t| t.operation_id.as_str()).collect();
+    assert_eq!(ids, ["op_before_1", "op_before_2"]);
 }

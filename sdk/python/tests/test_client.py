@@ -173,3 +173,12 @@ def test_upload_bytes_and_a_file(client: longrun.Client, tmp_path) -> None:  # t
         {"upload": again.id, "format": "csv", "schema": {"fields": {"name": {"type": "string"}}}},
     )
     assert client.wait(imported.id).state == "succeeded"
+
+
+def test_work_that_starts_later_and_priority(client: longrun.Client) -> None:
+    op = client.submit("py.idle", {}, start_after_seconds=3600, priority=8)
+    assert op.priority == 8 and op.not_before is not None and op.state == "queued"
+    later = client.update(op.id, {"not_before": None})
+    assert later.not_before is None
+    with pytest.raises(errors.InvalidRequest):
+        client.submit("py.idle", {}, priority=12)

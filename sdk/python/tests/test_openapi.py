@@ -63,6 +63,9 @@ def test_request_bodies_match(schemas: Dict[str, Any]) -> None:
         "deadline_seconds": 60,
         "budget": {"max_cost_units": 5},
         "labels": {"a": "b"},
+        "not_before": "2026-12-06T02:00:00Z",
+        "start_after_seconds": 60,
+        "priority": 7,
     }
     submit = first_request(p.submit("k", {"x": 1}, None, every, None, retry))
     assert set(submit.json) == props(schemas, "SubmitRequest")

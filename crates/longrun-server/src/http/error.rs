@@ -137,6 +137,12 @@ pub enum ApiError {
         /// The current version.
         current: i64,
     },
+    /// `409 intent_conflict`: the start of work that started cannot move.
+    #[error("the operation has started (version {current}): `not_before` moves only while it is queued")]
+    Started {
+        /// The current version.
+        current: i64,
+    },
     /// `409 not_pausable`: running work of a kind that cannot pause.
     #[error("the operation is running and its kind cannot pause")]
     NotPausable {
@@ -185,7 +191,7 @@ impl ApiError {
             ApiError::RateLimited { .. } => "rate_limited",
             ApiError::TemporarilyUnavailable { .. } => "temporarily_unavailable",
             ApiError::InputNotKept { .. } => "input_not_kept",
-            ApiError::IntentConflict { .. } => "intent_conflict",
+            ApiError::IntentConflict { .. } | ApiError::Started { .. } => "intent_conflict",
             ApiError::NotPausable { .. } => "not_pausable",
             ApiError::DigestMismatch(_) => "digest_mismatch",
             ApiError::UploadOffsetMismatch { .. } => "upload_offset_mismatch",
@@ -209,6 +215,7 @@ impl ApiError {
             | ApiError::UploadOffsetMismatch { .. }
             | ApiError::InputNotKept { .. }
             | ApiError::IntentConflict { .. }
+            | ApiError::Started { .. }
             | ApiError::NotPausable { .. } => StatusCode::CONFLICT,
             ApiError::Gone | ApiError::ResultExpired { .. } => StatusCode::GONE,
             ApiError::PreconditionFailed { .. } | ApiError::TerminalIntentWins { .. } => {
@@ -250,7 +257,7 @@ impl ApiError {
             ApiError::RateLimited { .. } => "Rate limited",
             ApiError::TemporarilyUnavailable { .. } => "Temporarily unavailable",
             ApiError::InputNotKept { .. } => "Input not kept",
-            ApiError::IntentConflict { .. } => "Intent conflict",
+            ApiError::IntentConflict { .. } | ApiError::Started { .. } => "Intent conflict",
             ApiError::NotPausable { .. } => "Not pausable",
             ApiError::DigestMismatch(_) => "Digest mismatch",
             ApiError::UploadOffsetMismatch { .. } => "Upload offset mismatch",
@@ -376,6 +383,9 @@ impl ApiError {
                 ApiError::UploadOffsetMismatch { offset, complete }
             }
             StoreError::IntentConflict { current_version } => ApiError::IntentConflict {
+                current: current_version,
+            },
+            StoreError::Started { current_version } => ApiError::Started {
                 current: current_version,
             },
             StoreError::NotPausable { current_version } => ApiError::NotPausable {

@@ -120,9 +120,16 @@ fn not_modified(headers: &HeaderMap, version: i64) -> Result<bool, ApiError> {
 /// How long a client should wait before polling `op` again.
 /// See `longrun_core::retry_after`: from the operation's age and its kind's
 /// typical duration. (If the duration cannot be read, age alone decides.)
+/// Work that starts later is asked after at its start, not in a poll loop.
 async fn poll_hint(app: &AppState, op: &Operation) -> Duration {
+    let now = app.clock.now();
+    if op.state == longrun_core::State::Queued
+        && let Some(start) = op.not_before.filter(|start| *start > now)
+    {
+        return start.since(now);
+    }
     let typical = app.typical_duration(&op.kind).await.ok().flatten();
-    retry_after::retry_after(app.clock.now().since(op.created_at), typical)
+    retry_after::retry_after(now.since(op.created_at), typical)
 }
 
 /// ETag always; `Retry-After` while the operation is not terminal.

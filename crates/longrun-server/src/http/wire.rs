@@ -67,6 +67,8 @@ pub fn operation(op: &Operation) -> OperationBody {
             retryable: e.retryable,
         }),
         labels: op.labels.clone(),
+        not_before: rfc3339(op.not_before),
+        priority: op.priority,
         expires_at: rfc3339(op.expires_at),
         links: Links {
             cancel: format!("{base}/cancellation"),

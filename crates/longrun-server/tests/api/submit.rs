@@ -232,6 +232,8 @@ async fn an_operation_with_an_id_of_the_older_shape_is_still_served() {
     app.store
         .operation_accept(longrun_store::AcceptParams {
             id,
+            not_before: None,
+            priority: longrun_store::PRIORITY_DEFAULT,
             now: longrun_core::Clock::now(&longrun_core::SystemClock),
             ..longrun_store::conformance::accept_params("acme", "sleep", None, json!({"duration_ms": 0}))
         })

@@ -320,6 +320,8 @@ async fn with_30_percent_of_acks_dropped_every_event_is_applied_exactly_once() {
             let AcceptOutcome::Created(op) = store
                 .operation_accept(AcceptParams {
                     callback_url: Some(url),
+                    not_before: None,
+                    priority: longrun_store::PRIORITY_DEFAULT,
                     now,
                     ..longrun_store::conformance::accept_params("acme", "sleep", None, json!({"duration_ms": 1}))
                 })

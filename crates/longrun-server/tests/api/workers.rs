@@ -661,6 +661,8 @@ async fn a_big_backlog_does_not_starve_a_small_tenant() {
         pending.push(tokio::spawn(async move {
             store
                 .operation_accept(AcceptParams {
+                    not_before: None,
+                    priority: longrun_store::PRIORITY_DEFAULT,
                     now: longrun_core::Timestamp(1),
                     ..longrun_store::conformance::accept_params("big", "fair", None, json!({"i": i}))
                 })

@@ -178,6 +178,7 @@ pub async fn a_read_after_each_kind_of_write_sees_it(store: &dyn Store) {
             if_match: current.version,
             deadline_at: None,
             labels: Some(labels.clone()),
+            not_before: None,
             now: at(2),
         })
         .await
@@ -243,6 +244,7 @@ pub async fn reads_racing_writes_never_go_back_a_version(store: &dyn Store) {
                     if_match: version,
                     deadline_at: None,
                     labels: Some(BTreeMap::from([("n".to_owned(), n.to_string())])),
+                    not_before: None,
                     now: at(1),
                 })
                 .await

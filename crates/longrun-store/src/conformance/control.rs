@@ -101,6 +101,7 @@ pub async fn intent_changes_need_the_current_version_and_terminal_intent_wins(st
             if_match,
             deadline_at: deadline,
             labels,
+            not_before: None,
             now: at(5),
         };
     let stale = store.operation_update(update(9, Some(Some(at(100))), None)).await;

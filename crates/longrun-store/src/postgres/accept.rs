@@ -109,14 +109,15 @@ pub(super) const SUBMIT_LEASED: &str = "WITH q AS (
          ON CONFLICT DO NOTHING RETURNING operation_id
      ), o AS (
          INSERT INTO operations (id, tenant, kind, state, version, attempt, input, deadline_at, budget_max_cost,
-                                 labels, idempotency_key, created_at, updated_at, started_at)
-         SELECT $1, $2, $3, 'running', 2, 1, $4, $5, $6, $7, $8, $10, $10, $10 FROM q
+                                 labels, idempotency_key, created_at, updated_at, started_at, priority, not_before)
+         SELECT $1, $2, $3, 'running', 2, 1, $4, $5, $6, $7, $8, $10, $10, $10, $21, $22 FROM q
           WHERE open AND ($8::TEXT IS NULL OR EXISTS (SELECT 1 FROM k))
          RETURNING id, seq
      ), t AS (
          INSERT INTO tasks (operation_id, seq, tenant, kind, status, available_at, lease_token, lease_expires_at,
-                            worker_id, lease_ms)
-         SELECT o.id, o.seq, $2, $3, 'leased', $10, replace(gen_random_uuid()::TEXT, '-', ''), $11, $12, $13 FROM o
+                            worker_id, lease_ms, priority)
+         SELECT o.id, o.seq, $2, $3, 'leased', $10, replace(gen_random_uuid()::TEXT, '-', ''), $11, $12, $13, $21
+           FROM o
          RETURNING lease_token
      ), e AS (
          INSERT INTO operation_events (operation_id, version, type, state, at, data, snapshot)
@@ -171,6 +172,8 @@ pub(super) async fn operation_accept_leased(
         .bind(payload)
         .bind(EventType::Created.as_str())
         .bind(EventType::Started.as_str())
+        .bind(p.priority)
+        .bind(p.not_before.map(|t| t.0))
         .fetch_optional(&mut *c)
         .await
         .map_err(db);
@@ -205,17 +208,19 @@ pub(super) enum Inserted {
 /// The submission statement's CTEs: what it writes (see
 /// `insert_submissions`). Item `ord` of the arrays is one submission; `$13`
 /// says the caller checked the quota; `$17` is each item's notification
-/// (announcing only); `$18` the type of the event each records.
+/// (announcing only); `$18` the type of the event each records; `$19`–`$21`
+/// each item's `not_before`, priority and when its task becomes claimable.
 macro_rules! submit_ctes {
     () => {
         "WITH q AS (
              SELECT i.*, NOT $13 AND EXISTS (SELECT 1 FROM tenants WHERE name = i.tenant AND max_active IS NOT NULL) AS capped
                FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], $5::TEXT[], $6::BIGINT[],
                            $7::FLOAT8[], $8::TEXT[], $9::TEXT[], $10::BYTEA[], $11::BIGINT[], $12::TEXT[],
-                           $14::TEXT[], $15::TEXT[], $16::TEXT[], $17::TEXT[])
+                           $14::TEXT[], $15::TEXT[], $16::TEXT[], $17::TEXT[], $19::BIGINT[], $20::SMALLINT[],
+                           $21::BIGINT[])
                     WITH ORDINALITY AS i(id, tenant, kind, input, callback_url, deadline_at, budget_max_cost,
                                          labels, key, fingerprint, now, snapshot, uploads, rerun_of,
-                                         checkpoint_from, change, ord)
+                                         checkpoint_from, change, not_before, priority, available_at, ord)
          ), k AS (
              INSERT INTO idempotency_keys (tenant, kind, key, fingerprint, operation_id, created_at)
              SELECT tenant, kind, key, fingerprint, id, now FROM q WHERE key IS NOT NULL AND NOT capped ORDER BY ord
@@ -223,16 +228,16 @@ macro_rules! submit_ctes {
          ), o AS (
              INSERT INTO operations (id, tenant, kind, state, version, attempt, input, callback_url, deadline_at,
                                      budget_max_cost, labels, idempotency_key, created_at, updated_at, rerun_of,
-                                     checkpoint)
+                                     not_before, priority, checkpoint)
              SELECT id, tenant, kind, 'queued', 1, 0, input, callback_url, deadline_at, budget_max_cost, labels,
-                    key, now, now, rerun_of,
+                    key, now, now, rerun_of, not_before, priority,
                     (SELECT r.checkpoint FROM operations r WHERE r.id = q.checkpoint_from) FROM q
               WHERE NOT capped AND (key IS NULL OR id IN (SELECT operation_id FROM k))
               ORDER BY ord
              RETURNING id, seq
          ), t AS (
-             INSERT INTO tasks (operation_id, seq, tenant, kind, status, available_at)
-             SELECT o.id, o.seq, q.tenant, q.kind, 'ready', q.now FROM o JOIN q USING (id)
+             INSERT INTO tasks (operation_id, seq, tenant, kind, status, available_at, priority)
+             SELECT o.id, o.seq, q.tenant, q.kind, 'ready', q.available_at, q.priority FROM o JOIN q USING (id)
          ), e AS (
              INSERT INTO operation_events (operation_id, version, type, state, at, data, snapshot)
              SELECT o.id, 1, $18, 'queued', q.now, '{}', q.snapshot FROM o JOIN q USING (id)
@@ -254,13 +259,13 @@ pub(super) const SUBMIT_IN_TX: &str = concat!(
     " SELECT q.capped, o.id IS NOT NULL FROM q LEFT JOIN o USING (id) ORDER BY q.ord"
 );
 
-/// The submission statement on its own: it also NOTIFYs (`$19`) what it
+/// The submission statement on its own: it also NOTIFYs (`$22`) what it
 /// created, [`CHANGES_PER_PAYLOAD`] items per payload, and commits as it
 /// ends.
 pub(super) const SUBMIT_ANNOUNCING: &str = concat!(
     submit_ctes!(),
     ", n AS (
-         SELECT pg_notify($19, '[' || string_agg(q.change, ',' ORDER BY q.ord) || ']')
+         SELECT pg_notify($22, '[' || string_agg(q.change, ',' ORDER BY q.ord) || ']')
            FROM o JOIN q USING (id) GROUP BY (q.ord - 1) / ",
     changes_per_payload!(),
     "
@@ -344,7 +349,10 @@ pub(super) async fn insert_submissions(
             p.rerun_of.as_ref().filter(|_| p.from_checkpoint).map(Id::as_str)
         }))
         .bind(change)
-        .bind(EventType::Created.as_str());
+        .bind(EventType::Created.as_str())
+        .bind(batch.iter().map(|p| p.not_before.map(|t| t.0)).collect::<Vec<_>>())
+        .bind(batch.iter().map(|p| p.priority).collect::<Vec<_>>())
+        .bind(batch.iter().map(|p| p.available_at().0).collect::<Vec<_>>());
     let query = if announcing { query.bind(CHANNEL) } else { query };
     let rows = query.fetch_all(&mut *c).await.map_err(db)?;
     if rows.len() != batch.len() {

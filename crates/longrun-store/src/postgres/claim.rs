@@ -4,10 +4,12 @@
 use super::*;
 
 /// Up to `$3` of one tenant's (`TENANT`'s) ready tasks of the claimed kinds
-/// (`$1`) available at `$2`, oldest first, locked. Each kind is read from
-/// the head of its own index range (a claim reads about as many rows as it
-/// takes, however many are queued), then the oldest across kinds are
-/// taken. Rows other claimers hold are skipped, not waited for; the few
+/// (`$1`) available at `$2`, highest priority first, then earliest
+/// available, locked. Each kind and priority is read from the head of its
+/// own index range up to `$2` (a claim reads about as many rows as it
+/// takes, however many are queued, and never the tasks waiting for a later
+/// start), then the first across them are taken. The nine priorities are
+/// nine index probes per kind; a priority with no ready task costs one. Rows other claimers hold are skipped, not waited for; the few
 /// extra rows locked are released at commit. The row's `ctid` is what
 /// `lease_tasks` updates it by: stable while the row is locked, and a plan
 /// that cannot turn into a scan of the table (keyed by `operation_id =
@@ -18,16 +20,18 @@ use super::*;
 macro_rules! pick_ready_sql {
     ($tenant:literal) => {
         concat!(
-            "SELECT p.operation_id, p.seq, p.ctid::TEXT AS ctid, o.deadline_at, o.state = 'queued' AS was_queued
-               FROM (SELECT t.operation_id, t.seq, t.ctid
+            "SELECT p.operation_id, p.ctid::TEXT AS ctid, o.deadline_at, o.state = 'queued' AS was_queued,
+                    p.priority, p.available_at, p.seq
+               FROM (SELECT t.operation_id, t.seq, t.ctid, t.priority, t.available_at
                        FROM unnest($1::TEXT[]) AS k(kind)
+                      CROSS JOIN generate_series(9, 1, -1) AS l(priority)
                       CROSS JOIN LATERAL (
-                            SELECT operation_id, seq, ctid FROM tasks
+                            SELECT operation_id, seq, ctid, priority, available_at FROM tasks
                              WHERE status = 'ready' AND tenant = ",
             $tenant,
-            " AND kind = k.kind AND available_at <= $2
-                             ORDER BY seq LIMIT $3 FOR UPDATE SKIP LOCKED) t
-                      ORDER BY t.seq LIMIT $3) p
+            " AND kind = k.kind AND priority = l.priority AND available_at <= $2
+                             ORDER BY available_at, seq LIMIT $3 FOR UPDATE SKIP LOCKED) t
+                      ORDER BY t.priority DESC, t.available_at, t.seq LIMIT $3) p
               CROSS JOIN LATERAL (SELECT deadline_at, state FROM operations WHERE id = p.operation_id LIMIT 1) o"
         )
     };
@@ -58,7 +62,7 @@ pub(super) async fn tenants_with_ready_work(c: &mut PgConnection, p: &ClaimParam
            LEFT JOIN LATERAL (",
         pick_ready_sql!("s.tenant"),
         ") picked ON s.max_running IS NULL
-          ORDER BY s.last_claimed, s.tenant, picked.seq"
+          ORDER BY s.last_claimed, s.tenant, picked.priority DESC, picked.available_at, picked.seq"
     ))
     .bind(&p.kinds)
     .bind(p.now.0)
@@ -103,7 +107,7 @@ pub(super) async fn pick_ready(
     let rows = sqlx::query(concat!(
         "SELECT operation_id, ctid, deadline_at, was_queued FROM (",
         pick_ready_sql!("$4"),
-        ") picked ORDER BY seq"
+        ") picked ORDER BY priority DESC, available_at, seq"
     ))
     .bind(&p.kinds)
     .bind(p.now.0)

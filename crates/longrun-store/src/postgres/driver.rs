@@ -292,8 +292,9 @@ impl Driver for PgDriver<'_> {
         );
         let resumed = self.update(sqlx::query(&sql).bind(id).bind(now.0)).await?;
         sqlx::query(
-            "INSERT INTO tasks (operation_id, seq, tenant, kind, status, available_at)
-             SELECT id, seq, tenant, kind, 'ready', $2 FROM operations WHERE id = $1",
+            "INSERT INTO tasks (operation_id, seq, tenant, kind, status, available_at, priority)
+             SELECT id, seq, tenant, kind, 'ready', GREATEST($2, COALESCE(not_before, $2)), priority
+               FROM operations WHERE id = $1",
         )
         .bind(id)
         .bind(now.0)
@@ -315,15 +316,25 @@ impl Driver for PgDriver<'_> {
     async fn deadline_and_labels_set(&mut self, id: &str, change: &UpdateChange, now: Timestamp) -> Result<Operation> {
         let labels = serde_json::to_string(&change.labels).map_err(|e| StoreError::Corrupt(e.to_string()))?;
         let sql = format!(
-            "UPDATE operations SET deadline_at = $2, labels = $3, version = version + 1, updated_at = $4
+            "UPDATE operations SET deadline_at = $2, labels = $3, not_before = $5, version = version + 1, updated_at = $4
               WHERE id = $1 AND state IN ('queued', 'running') RETURNING {OP_COLUMNS}"
         );
         let query = sqlx::query(&sql)
             .bind(id)
             .bind(change.deadline_at.map(|t| t.0))
             .bind(labels)
-            .bind(now.0);
-        self.update(query).await
+            .bind(now.0)
+            .bind(change.not_before.map(|t| t.0));
+        let updated = self.update(query).await?;
+        if let Some(at) = change.available_at {
+            sqlx::query("UPDATE tasks SET available_at = $2 WHERE operation_id = $1 AND status = 'ready'")
+                .bind(id)
+                .bind(at.0)
+                .execute(&mut *self.c)
+                .await
+                .map_err(db)?;
+        }
+        Ok(updated)
     }
 
     async fn lease_renew(&mut self, id: &str, until: Timestamp) -> Result<()> {

@@ -97,6 +97,8 @@ pub(super) fn operation_from_row(r: &PgRow) -> Result<Operation> {
         rerun_of: r.try_get::<Option<String>, _>(28).map_err(get)?.map(Id::from_trusted),
         reruns: None,
         pause_requested_at: ts(r.try_get(29).map_err(get)?),
+        not_before: ts(r.try_get(30).map_err(get)?),
+        priority: r.try_get(31).map_err(get)?,
     })
     .and_then(|mut op| {
         (op.artifact, op.artifacts) = artifacts_from_json(json_text(r.try_get(27).map_err(get)?)?.as_ref());

@@ -162,6 +162,10 @@ pub(crate) fn snapshot_text(op: &Operation) -> String {
         rerun_of: Option<&'a str>,
         #[serde(skip_serializing_if = "Option::is_none")]
         pause_requested_at: Option<i64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        not_before: Option<i64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        priority: Option<i16>,
     }
     #[derive(serde::Serialize)]
     struct ErrorJson<'a> {
@@ -209,6 +213,8 @@ pub(crate) fn snapshot_text(op: &Operation) -> String {
         artifact: artifacts_to_json(op.artifact.as_ref(), &op.artifacts),
         rerun_of: op.rerun_of.as_ref().map(Id::as_str),
         pause_requested_at: op.pause_requested_at.map(|t| t.0),
+        not_before: op.not_before.map(|t| t.0),
+        priority: (op.priority != crate::PRIORITY_DEFAULT).then_some(op.priority),
     };
     serde_json::to_string(&snapshot).expect("a snapshot is always serializable")
 }
@@ -286,6 +292,12 @@ pub(crate) fn snapshot_from_json(v: &Value) -> Option<Operation> {
         rerun_of: text("rerun_of").map(Id::from_trusted),
         reruns: None,
         pause_requested_at: time("pause_requested_at"),
+        not_before: time("not_before"),
+        priority: v
+            .get("priority")
+            .and_then(Value::as_i64)
+            .and_then(|p| i16::try_from(p).ok())
+            .unwrap_or(crate::PRIORITY_DEFAULT),
     })
     .map(|mut op| {
         (op.artifact, op.artifacts) = artifacts_from_json(v.get("artifact"));

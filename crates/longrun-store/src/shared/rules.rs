@@ -573,6 +573,9 @@ pub(crate) fn cancel_checks(op: Operation, p: &CancelParams) -> Result<ControlFl
 pub(crate) struct UpdateChange {
     pub deadline_at: Option<Timestamp>,
     pub labels: BTreeMap<String, String>,
+    pub not_before: Option<Timestamp>,
+    /// When its ready task becomes claimable, if the start moved.
+    pub available_at: Option<Timestamp>,
     /// The `updated` event's data.
     pub data: Value,
 }
@@ -593,13 +596,27 @@ pub(crate) fn decide_update(op: &Operation, p: &UpdateParams) -> Result<Option<U
     }
     let deadline_at = p.deadline_at.unwrap_or(op.deadline_at);
     let labels = p.labels.as_ref().unwrap_or(&op.labels);
-    if deadline_at == op.deadline_at && labels == &op.labels {
+    let not_before = p.not_before.unwrap_or(op.not_before);
+    let moves_start = not_before != op.not_before;
+    if moves_start && op.state != State::Queued {
+        // Work that started (or is paused, holding its place) keeps its start.
+        return Err(StoreError::Started {
+            current_version: op.version,
+        });
+    }
+    if deadline_at == op.deadline_at && labels == &op.labels && !moves_start {
         return Ok(None);
+    }
+    let mut data = json!({"deadline_at": deadline_at.map(|t| t.to_rfc3339()), "labels": labels});
+    if moves_start {
+        data["not_before"] = json!(not_before.map(|t| t.to_rfc3339()));
     }
     Ok(Some(UpdateChange {
         deadline_at,
         labels: labels.clone(),
-        data: json!({"deadline_at": deadline_at.map(|t| t.to_rfc3339()), "labels": labels}),
+        not_before,
+        available_at: moves_start.then(|| not_before.map_or(p.now, |at| at.max(p.now))),
+        data,
     }))
 }
 
@@ -663,6 +680,8 @@ pub(crate) fn created_operation(p: &AcceptParams) -> Operation {
         rerun_of: p.rerun_of.clone(),
         reruns: None,
         pause_requested_at: None,
+        not_before: p.not_before,
+        priority: p.priority,
     }
 }
 
@@ -751,6 +770,8 @@ mod tests {
             rerun_of: Some(Id::from_trusted("op_original".to_owned())),
             reruns: None,
             pause_requested_at: Some(Timestamp(5_500)),
+            not_before: Some(Timestamp(1_500)),
+            priority: 8,
         };
         let text = snapshot_text(&op);
         let read = snapshot_from_json(&serde_json::from_str(&text).unwrap()).unwrap();
@@ -940,6 +961,8 @@ mod tests {
             uploads: Vec::new(),
             rerun_of: None,
             from_checkpoint: false,
+            not_before: None,
+            priority: crate::PRIORITY_DEFAULT,
             now: Timestamp(0),
         });
         op.state = state;

@@ -71,8 +71,9 @@ pub(super) fn operation_accept(c: &Connection, p: &AcceptParams) -> Result<Accep
     let idempotency_key = p.idempotency.as_ref().map(|(k, _)| k.as_str());
     c.prepare_cached(
         "INSERT INTO operations (id, tenant, kind, state, version, attempt, input, callback_url, deadline_at,
-                                 budget_max_cost, labels, idempotency_key, created_at, updated_at, rerun_of)
-         VALUES (?1, ?2, ?3, 'queued', 1, 0, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?11)",
+                                 budget_max_cost, labels, idempotency_key, created_at, updated_at, rerun_of,
+                                 not_before, priority)
+         VALUES (?1, ?2, ?3, 'queued', 1, 0, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?11, ?12, ?13)",
     )?
     .execute(params![
         p.id.as_str(),
@@ -86,6 +87,8 @@ pub(super) fn operation_accept(c: &Connection, p: &AcceptParams) -> Result<Accep
         idempotency_key,
         p.now.0,
         p.rerun_of.as_ref().map(Id::as_str),
+        p.not_before.map(|t| t.0),
+        p.priority,
     ])?;
     let seq = c.last_insert_rowid();
     if p.from_checkpoint
@@ -103,9 +106,17 @@ pub(super) fn operation_accept(c: &Connection, p: &AcceptParams) -> Result<Accep
         .execute(params![p.id.as_str(), original.as_str()])?;
     }
     c.prepare_cached(
-        "INSERT INTO tasks (operation_id, seq, tenant, kind, status, available_at) VALUES (?1, ?2, ?3, ?4, 'ready', ?5)",
+        "INSERT INTO tasks (operation_id, seq, tenant, kind, status, available_at, priority)
+         VALUES (?1, ?2, ?3, ?4, 'ready', ?5, ?6)",
     )?
-    .execute(params![p.id.as_str(), seq, p.tenant, p.kind, p.now.0])?;
+    .execute(params![
+        p.id.as_str(),
+        seq,
+        p.tenant,
+        p.kind,
+        p.available_at().0,
+        p.priority
+    ])?;
     for upload in &p.uploads {
         c.prepare_cached("INSERT OR IGNORE INTO operation_uploads (operation_id, upload_id) VALUES (?1, ?2)")?
             .execute(params![p.id.as_str(), upload.as_str()])?;

@@ -48,18 +48,22 @@ pub(super) fn task_claim(c: &Connection, policy: WritePolicy, p: &ClaimParams) -
         if allowance <= 0 {
             continue;
         }
-        let mut heads: Vec<(i64, String)> = Vec::new();
+        // Highest priority first, then earliest available, across kinds.
+        let allowance = usize::try_from(allowance).unwrap_or(0);
+        let mut heads: Vec<(std::cmp::Reverse<i16>, i64, i64, String)> = Vec::new();
         for kind in &p.kinds {
-            let mut stmt = c.prepare_cached(READY_HEADS)?;
-            let rows = stmt.query_map(params![tenant, kind, p.now.0], |r| Ok((r.get(0)?, r.get(1)?)))?;
-            for row in rows.take(usize::try_from(allowance).unwrap_or(0)) {
+            let mut stmt = c.prepare_cached(&READY_HEADS)?;
+            let rows = stmt.query_map(params![tenant, kind, p.now.0, allowance as i64], |r| {
+                Ok((std::cmp::Reverse(r.get(0)?), r.get(1)?, r.get(2)?, r.get(3)?))
+            })?;
+            for row in rows {
                 heads.push(row?);
             }
         }
         heads.sort();
-        heads.truncate(allowance as usize);
+        heads.truncate(allowance);
         if !heads.is_empty() {
-            queues.push((tenant, heads.into_iter().map(|(_, id)| id).collect()));
+            queues.push((tenant, heads.into_iter().map(|(.., id)| id).collect()));
         }
     }
 
@@ -170,10 +174,24 @@ pub(super) fn lease_task(
     }))
 }
 
-/// A tenant's oldest ready tasks of one kind. The index gives seq order, so
-/// rows stream and the caller reads only as many as it may take. (SQLite
-/// re-prepares it once per claim: an ORDER BY next to columns held equal to
-/// parameters is planned for their values; the per-task statements are not.)
-pub(super) const READY_HEADS: &str = "SELECT seq, operation_id FROM tasks
-  WHERE status = 'ready' AND tenant = ?1 AND kind = ?2 AND available_at <= ?3
-  ORDER BY seq";
+/// Up to `?4` of a tenant's ready tasks of one kind (`?2`) available at
+/// `?3`, highest priority first, then earliest available. Each priority is
+/// its own range of `tasks_ready_by_tenant` read from its head up to `?3`,
+/// so tasks waiting for a later start are never read, however many; a
+/// priority with no ready task costs one seek. One statement, so SQLite
+/// re-prepares it once per claim (an ORDER BY next to columns held equal to
+/// parameters is planned for their values; the per-task statements are not).
+pub(super) static READY_HEADS: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let arm = |priority: i16| {
+        format!(
+            "SELECT * FROM (SELECT priority, available_at, seq, operation_id FROM tasks
+              WHERE status = 'ready' AND tenant = ?1 AND kind = ?2 AND priority = {priority} AND available_at <= ?3
+              ORDER BY available_at, seq LIMIT ?4)"
+        )
+    };
+    let arms: Vec<String> = (PRIORITY_MIN..=PRIORITY_MAX).rev().map(arm).collect();
+    format!(
+        "SELECT * FROM ({}) ORDER BY priority DESC, available_at, seq LIMIT ?4",
+        arms.join(" UNION ALL ")
+    )
+});

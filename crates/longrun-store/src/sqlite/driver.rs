@@ -304,8 +304,9 @@ impl Driver for SqliteDriver<'_> {
         )?;
         self.c
             .prepare_cached(
-                "INSERT INTO tasks (operation_id, seq, tenant, kind, status, available_at)
-                 SELECT id, seq, tenant, kind, 'ready', ?2 FROM operations WHERE id = ?1",
+                "INSERT INTO tasks (operation_id, seq, tenant, kind, status, available_at, priority)
+                 SELECT id, seq, tenant, kind, 'ready', MAX(?2, COALESCE(not_before, ?2)), priority
+                   FROM operations WHERE id = ?1",
             )?
             .execute(params![id, now.0])?;
         Ok(resumed)
@@ -324,10 +325,24 @@ impl Driver for SqliteDriver<'_> {
         let labels = serde_json::to_string(&change.labels).map_err(|e| StoreError::Corrupt(e.to_string()))?;
         self.update(
             id,
-            "UPDATE OR FAIL operations SET deadline_at = ?2, labels = ?3, version = version + 1, updated_at = ?4
+            "UPDATE OR FAIL operations SET deadline_at = ?2, labels = ?3, not_before = ?5, version = version + 1,
+                                           updated_at = ?4
               WHERE id = ?1 AND state IN ('queued', 'running')",
-            params![change.deadline_at.map(|t| t.0), labels, now.0],
+            params![
+                change.deadline_at.map(|t| t.0),
+                labels,
+                now.0,
+                change.not_before.map(|t| t.0)
+            ],
         )
+        .and_then(|updated| {
+            if let Some(at) = change.available_at {
+                self.c
+                    .prepare_cached("UPDATE tasks SET available_at = ?2 WHERE operation_id = ?1 AND status = 'ready'")?
+                    .execute(params![id, at.0])?;
+            }
+            Ok(updated)
+        })
     }
 
     async fn lease_renew(&mut self, id: &str, until: Timestamp) -> Result<()> {

@@ -7,9 +7,9 @@ use super::*;
 pub(super) const OP_COLUMNS: &str = "id, tenant, kind, state, version, attempt, input, callback_url, deadline_at, \
     budget_max_cost, cost_units, labels, progress, result, error_code, error_message, error_retryable, \
     cancel_requested_at, cancel_requested_by, cancel_reason, cancellable, idempotency_key, created_at, \
-    started_at, completed_at, updated_at, expires_at, artifact, rerun_of, pause_requested_at";
+    started_at, completed_at, updated_at, expires_at, artifact, rerun_of, pause_requested_at, not_before, priority";
 
-pub(super) const OP_COLUMN_COUNT: usize = 30;
+pub(super) const OP_COLUMN_COUNT: usize = 32;
 
 pub(super) fn conversion_error(idx: usize, e: impl std::error::Error + Send + Sync + 'static) -> rusqlite::Error {
     rusqlite::Error::FromSqlConversionFailure(idx, Type::Text, Box::new(e))
@@ -80,6 +80,8 @@ pub(super) fn operation_from_row(r: &Row) -> rusqlite::Result<Operation> {
         rerun_of: r.get::<_, Option<String>>(28)?.map(Id::from_trusted),
         reruns: None,
         pause_requested_at: ts(r.get(29)?),
+        not_before: ts(r.get(30)?),
+        priority: r.get(31)?,
     })
     .and_then(|mut op| {
         (op.artifact, op.artifacts) = artifacts_from_json(json_column(r, 27)?.as_ref());

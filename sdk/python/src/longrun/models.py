@@ -109,6 +109,10 @@ class Operation:
     links: Dict[str, Optional[str]] = field(default_factory=dict)
     rerun_of: Optional[str] = None
     reruns: List[str] = field(default_factory=list)
+    #: When it may start (RFC 3339); ``None``: as soon as a worker is free.
+    not_before: Optional[str] = None
+    #: 1–9, higher claimed first within its tenant.
+    priority: int = 5
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -151,6 +155,8 @@ class Operation:
             links=dict(body.get("links") or {}),
             rerun_of=_str(body.get("rerun_of")),
             reruns=list(body.get("reruns") or []),
+            not_before=_str(body.get("not_before")),
+            priority=int(body.get("priority", 5)),
             raw=dict(body),
         )
 
