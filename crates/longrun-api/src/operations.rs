@@ -38,7 +38,7 @@ pub struct SubmitRequest {
     #[schema(schema_with = labels_schema)]
     pub labels: Option<BTreeMap<String, String>>,
     /// When the work may start (RFC 3339); not claimed before. Its
-    /// deadline still counts from creation.
+    /// deadline still counts from creation. Not with `start_after_seconds`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(format = DateTime, example = "2026-12-06T02:00:00Z")]
     pub not_before: Option<String>,
@@ -116,9 +116,9 @@ pub struct BatchSubmitItem {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub labels: Option<BTreeMap<String, String>>,
     /// When the work may start (RFC 3339); not claimed before. Its
-    /// deadline still counts from creation.
+    /// deadline still counts from creation. Not with `start_after_seconds`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(format = DateTime, example = "2026-12-06T02:00:00Z")]
+    #[schema(example = "2026-12-06T02:00:00Z")]
     pub not_before: Option<String>,
     /// The same as `not_before`, in seconds from now (not with `not_before`).
     #[serde(default, deserialize_with = "whole_number", skip_serializing_if = "Option::is_none")]

@@ -142,45 +142,35 @@ pub fn max_cost_units(units: f64) -> Result<(), Invalid> {
     Ok(())
 }
 
-/// The latest a submission may ask to start: a year ahead.
+/// The longest `start_after_seconds` a submission may ask for: a year.
 pub const MAX_START_DELAY_SECONDS: u64 = 365 * 24 * 3600;
 
-/// The start of work that starts later, from `not_before` (RFC 3339) or
-/// `start_after_seconds` (at most one of them), checked against `now`: at
-/// most [`MAX_START_DELAY_SECONDS`] ahead; a time already past starts at once.
+/// The start of work that starts later, from `not_before` (RFC 3339, any
+/// instant: one already past starts at once) or `start_after_seconds` (at
+/// most [`MAX_START_DELAY_SECONDS`]), at most one of them.
 pub fn not_before(
     not_before: Option<&str>,
     start_after_seconds: Option<u64>,
     now: crate::Timestamp,
 ) -> Result<Option<crate::Timestamp>, Invalid> {
-    let at = match (not_before, start_after_seconds) {
-        (Some(_), Some(_)) => {
-            return Err(invalid(
-                "not_before",
-                "give not_before or start_after_seconds, not both",
-            ));
-        }
-        (None, None) => return Ok(None),
-        (Some(text), None) => crate::Timestamp::parse_rfc3339(text).ok_or_else(|| {
+    match (not_before, start_after_seconds) {
+        (Some(_), Some(_)) => Err(invalid(
+            "not_before",
+            "give not_before or start_after_seconds, not both",
+        )),
+        (None, None) => Ok(None),
+        (Some(text), None) => crate::Timestamp::parse_rfc3339(text).map(Some).ok_or_else(|| {
             invalid(
                 "not_before",
                 format!("must be an RFC 3339 date-time with an offset, e.g. 2026-12-06T02:00:00Z; got {text:?}"),
             )
-        })?,
-        (None, Some(seconds)) => {
-            if seconds > MAX_START_DELAY_SECONDS {
-                return Err(invalid(
-                    "start_after_seconds",
-                    format!("must be at most {MAX_START_DELAY_SECONDS} (a year)"),
-                ));
-            }
-            now.plus(std::time::Duration::from_secs(seconds))
-        }
-    };
-    if at > now.plus(std::time::Duration::from_secs(MAX_START_DELAY_SECONDS)) {
-        return Err(invalid("not_before", "must be at most a year ahead"));
+        }),
+        (None, Some(seconds)) if seconds > MAX_START_DELAY_SECONDS => Err(invalid(
+            "start_after_seconds",
+            format!("must be at most {MAX_START_DELAY_SECONDS} (a year)"),
+        )),
+        (None, Some(seconds)) => Ok(Some(now.plus(std::time::Duration::from_secs(seconds)))),
     }
-    Ok(Some(at))
 }
 
 /// The priorities a submission may ask for: 1–9, higher first.
@@ -250,6 +240,15 @@ mod tests {
         assert!(not_before(Some("2027-01-15T08:00:00"), None, now).is_err());
         assert!(not_before(Some("2027-01-15T08:00:00Z"), Some(1), now).is_err());
         assert!(not_before(None, Some(MAX_START_DELAY_SECONDS + 1), now).is_err());
+        // Every RFC 3339 date-time JSON Schema's `date-time` admits.
+        for text in [
+            "0001-01-01T00:00:00Z",
+            "9999-12-31T23:59:59.999999999+14:00",
+            "2026-12-06t02:00:00z",
+            "2026-12-06T02:00:00.5-00:00",
+        ] {
+            assert!(not_before(Some(text), None, now).unwrap().is_some(), "{text}");
+        }
         assert_eq!(priority(None, 5), Ok(5));
         assert_eq!(priority(Some(9), 5), Ok(9));
         assert!(priority(Some(0), 5).is_err() && priority(Some(10), 5).is_err());

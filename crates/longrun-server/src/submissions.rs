@@ -110,17 +110,10 @@ pub(crate) async fn prepare_submission(
     if let Some(seconds) = deadline_seconds {
         validate::deadline_seconds(seconds, max_deadline).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
     }
-    // Work that starts later: its deadline still counts from creation, so
-    // one that would pass before the start is refused.
+    // Work that starts later: its deadline still counts from creation (one
+    // that passes before the start ends it `deadline_exceeded` unstarted).
     let not_before = validate::not_before(request.not_before.as_deref(), request.start_after_seconds, now)
         .map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
-    if let (Some(start), Some(seconds)) = (not_before, deadline_seconds)
-        && now.plus(Duration::from_secs(seconds)) <= start
-    {
-        return Err(ApiError::InvalidRequest(
-            "deadline_seconds counts from creation and passes before not_before".into(),
-        ));
-    }
     let priority =
         validate::priority(request.priority, PRIORITY_DEFAULT).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
     let callback_url = match request.callback {

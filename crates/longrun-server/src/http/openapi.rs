@@ -59,6 +59,7 @@ pub fn document() -> &'static serde_json::Value {
         link_operations(&mut doc);
         describe_event_stream(&mut doc);
         desired_state_stands_alone(&mut doc);
+        one_start_at_most(&mut doc);
         headers_are_never_null(&mut doc);
         doc
     })
@@ -101,7 +102,23 @@ fn desired_state_stands_alone(doc: &mut serde_json::Value) {
         schema["not"] = serde_json::json!({"anyOf": [
             {"required": ["desired_state", "deadline_seconds"], "properties": {"desired_state": given}},
             {"required": ["desired_state", "labels"], "properties": {"desired_state": given, "labels": {"type": "object"}}},
+            {"required": ["desired_state", "not_before"], "properties": {"desired_state": given}},
         ]});
+    }
+}
+
+/// A submission (or re-run) names its start once: `not_before` or
+/// `start_after_seconds`, not both (`400`); a `null` is absent. (Batch
+/// items are checked item by item, so their schema leaves it out.)
+fn one_start_at_most(doc: &mut serde_json::Value) {
+    for name in ["SubmitRequest", "RerunRequest"] {
+        let schema = &mut doc["components"]["schemas"][name];
+        if schema.is_object() {
+            schema["not"] = serde_json::json!({
+                "required": ["not_before", "start_after_seconds"],
+                "properties": {"not_before": {"type": "string"}, "start_after_seconds": {"type": "number"}},
+            });
+        }
     }
 }
 

@@ -104,10 +104,9 @@ async fn bad_starts_and_priorities_are_refused_and_create_nothing() {
     for (n, body) in [
         json!({"kind": "later", "not_before": "tomorrow"}),
         json!({"kind": "later", "not_before": "2026-12-06T02:00:00"}),
-        json!({"kind": "later", "not_before": rfc3339(&clock, Duration::from_secs(400 * 86_400))}),
         json!({"kind": "later", "start_after_seconds": 40_000_000}),
+        json!({"kind": "later", "not_before": "2026-13-01T00:00:00Z"}),
         json!({"kind": "later", "not_before": rfc3339(&clock, Duration::from_secs(5)), "start_after_seconds": 5}),
-        json!({"kind": "later", "start_after_seconds": 600, "deadline_seconds": 300}),
         json!({"kind": "later", "priority": 0}),
         json!({"kind": "later", "priority": 10}),
         json!({"kind": "later", "priority": -1}),
@@ -121,6 +120,21 @@ async fn bad_starts_and_priorities_are_refused_and_create_nothing() {
         problem(response, StatusCode::BAD_REQUEST, "invalid_request").await;
     }
     assert_eq!(app.operation_count("default").await, 0);
+    // A deadline counts from creation: one that passes before the start
+    // ends the work unstarted, as any queued work past its deadline.
+    let late = app
+        .submit_ok(
+            "late",
+            &json!({"kind": "later", "start_after_seconds": 600, "deadline_seconds": 300}),
+        )
+        .await;
+    clock.advance(Duration::from_secs(600));
+    assert!(app.claim("later", 10).await.is_empty());
+    let ended = app.get_operation(late["id"].as_str().unwrap()).await;
+    assert_eq!(
+        (ended["state"].clone(), ended["error"]["code"].clone()),
+        (json!("failed"), json!("deadline_exceeded"))
+    );
     // In a batch, a bad item refuses only itself.
     let response = app
         .request(Method::POST, "/v1/operations/batch", &app.client_key)
