@@ -205,7 +205,11 @@ pub(super) async fn run_model_case(store: &dyn Store, kind: &str, commands: &[Co
                             "{context}: {result:?}"
                         )
                     }
-                    (State::Running | State::Paused, false, false) => {
+                    // Past a commit point the work must be finished, in
+                    // whatever state it waits: queued again after a pause
+                    // too (the model had expected a cancel there, which
+                    // the store has always refused; 0.5 % of runs met it).
+                    (State::Queued | State::Running | State::Paused, false, false) => {
                         assert!(
                             matches!(result, Err(StoreError::NotCancellable)),
                             "{context}: {result:?}"
