@@ -15,12 +15,16 @@
 //!   noop_worker.py`) on the same queue, beside the Rust remote drain;
 //! - batch submissions (100 per request, 4 clients; each client's first
 //!   request opens the connections and is not timed) and single submissions
-//!   (32 clients, p99) beside pgbench's single-row INSERT (32 clients) and a
-//!   bare axum POST (in a process of its own, as `longrun serve` is) as the
-//!   ceilings;
-//! - `GET /v1/operations/{id}` (32 clients), plain (200) and revalidated
-//!   with its ETag (304), beside a bare axum GET (one operation that does
-//!   not change: the store's read cache answers after the first read);
+//!   (p99) beside pgbench's single-row INSERT (32 clients) and a bare axum
+//!   POST (in a process of its own, as `longrun serve` is) as the ceilings;
+//! - `GET /v1/operations/{id}`, plain (200) and revalidated with its ETag
+//!   (304), and `/healthz`, beside a bare axum GET (one operation that does
+//!   not change: the store's read cache answers after the first read).
+//!   Every HTTP load figure (single submits, GETs, the bare axum ceilings)
+//!   is `wrk -t2 -c32` in a process of its own (Debian's `wrk`, installed
+//!   with apt-get when missing and root; without it those rows are skipped
+//!   and say so): a load generator inside the bench shared the server's two
+//!   cores and was the ceiling of both sides;
 //! - pickup latency: an idle remote worker waiting in a claim, one
 //!   submission at a time, from the request's send to the handler's start.
 //!
@@ -82,10 +86,32 @@ fn env_number(name: &str, default: usize) -> usize {
 /// Whether `group` (e.g. `pg-remote`) is measured in this run: every group
 /// unless `LONGRUN_PEER_ONLY` names it or its prefix (`pg`).
 fn wanted(group: &str) -> bool {
-    std::env::var("LONGRUN_PEER_ONLY").map_or(true, |only| {
+    let asked = std::env::var("LONGRUN_PEER_ONLY").map_or(true, |only| {
         only.split(',')
             .map(str::trim)
             .any(|g| group == g || group.strip_prefix(g).is_some_and(|rest| rest.starts_with('-')))
+    });
+    asked && (!measured_over_http(group) || wrk_here())
+}
+
+/// The groups whose figures are HTTP load, which only `wrk` measures.
+fn measured_over_http(group: &str) -> bool {
+    group == "axum"
+        || ["-submits", "-reads", "-history", "-scheduled"]
+            .iter()
+            .any(|s| group.ends_with(s))
+}
+
+/// Whether `wrk` is here (see `wrk_installed`), asked once; says loudly
+/// what is skipped without it.
+fn wrk_here() -> bool {
+    static HERE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HERE.get_or_init(|| {
+        let here = wrk_installed();
+        if !here {
+            println!("wrk is not installed (Debian's wrk package): the HTTP load rows are SKIPPED");
+        }
+        here
     })
 }
 
@@ -308,6 +334,9 @@ impl Longrun {
     }
 
     /// Waits until nothing is queued or running.
+    /// Until nothing that may run now is queued or running. Work that
+    /// starts later (the `scheduled` fill, created before anything measured)
+    /// does not count: the newest queued operation is then one of it.
     async fn drained(&self, base: &str) {
         loop {
             let mut busy = false;
@@ -322,7 +351,13 @@ impl Longrun {
                     .json()
                     .await
                     .unwrap();
-                busy |= !page["operations"].as_array().unwrap().is_empty();
+                // Both in the server's one RFC 3339 form: as text, in time order.
+                let now = longrun_core::Clock::now(&longrun_core::SystemClock).to_rfc3339();
+                busy |= page["operations"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|op| op["not_before"].as_str().is_none_or(|at| at <= now.as_str()));
             }
             if !busy {
                 return;
@@ -419,22 +454,18 @@ impl Longrun {
         let port = free_port();
         let base = format!("http://127.0.0.1:{port}");
         let server = serve_store(&self.store, port, false).await;
-        let (http, token) = (self.http.clone(), self.client.clone());
-        let prefix = longrun_core::id::random_base32::<8>();
-        let submit = move |c: usize, i: usize| {
-            http.post(format!("{base}/v1/operations"))
-                .bearer_auth(&token)
-                .header("Idempotency-Key", format!("{prefix}-{c}-{i}"))
-                .json(&json!({"kind": "noop"}))
-        };
-        let measured = closed_loop(seconds, submit, 202).await;
+        let load = Load::post(json!({"kind": "noop"}))
+            .header("Authorization", format!("Bearer {}", self.client))
+            .unique_keys();
+        let measured = wrk(&format!("{base}/v1/operations"), load, seconds).await;
         stopped(server).await;
         measured
     }
 
-    /// 32 clients reading one operation for `seconds`, plainly (200) and
-    /// revalidating its ETag (304): ((reads/s, p99 ms), (reads/s, p99 ms)).
-    async fn gets(&self, seconds: u64) -> ((f64, f64), (f64, f64)) {
+    /// 32 connections reading one operation for `seconds`, plainly (200)
+    /// and revalidating its ETag (304), then `/healthz` (no store, no key):
+    /// (reads/s, p99 ms) of each.
+    async fn gets(&self, seconds: u64) -> ((f64, f64), (f64, f64), (f64, f64)) {
         let port = free_port();
         let base = format!("http://127.0.0.1:{port}");
         let server = serve_store(&self.store, port, false).await;
@@ -453,15 +484,15 @@ impl Longrun {
             .unwrap()
             .to_owned();
         let url = format!("{base}/v1/operations/{id}");
-        let (http, token) = (self.http.clone(), self.client.clone());
-        let plain = {
-            let (http, token, url) = (http.clone(), token.clone(), url.clone());
-            closed_loop(seconds, move |_, _| http.get(&url).bearer_auth(&token), 200).await
-        };
-        let revalidate = move |_, _| http.get(&url).bearer_auth(&token).header("If-None-Match", &etag);
-        let measured = (plain, closed_loop(seconds, revalidate, 304).await);
+        let bearer = format!("Bearer {}", self.client);
+        let plain = wrk(&url, Load::get().header("Authorization", bearer.clone()), seconds).await;
+        let revalidate = Load::get()
+            .header("Authorization", bearer)
+            .header("If-None-Match", etag);
+        let revalidated = wrk(&url, revalidate, seconds).await;
+        let health = wrk(&format!("{base}/healthz"), Load::get(), seconds).await;
         stopped(server).await;
-        measured
+        (plain, revalidated, health)
     }
 
     /// An idle remote worker waiting in a claim; one submission at a time:
@@ -520,37 +551,148 @@ fn percentile(values: &mut [f64], p: usize) -> f64 {
     values[(values.len() * p / 100).min(values.len() - 1)]
 }
 
-/// 32 clients, each sending `request(client, i)` one at a time for
-/// `seconds` and expecting `status`: (requests/s, p99 ms).
-async fn closed_loop<F>(seconds: u64, request: F, status: u16) -> (f64, f64)
-where
-    F: Fn(usize, usize) -> reqwest::RequestBuilder + Send + Sync + 'static,
-{
-    let request = Arc::new(request);
-    let started = Instant::now();
-    let mut clients = Vec::new();
-    for c in 0..32 {
-        let request = request.clone();
-        clients.push(tokio::spawn(async move {
-            let mut latencies = Vec::new();
-            let mut i = 0;
-            while started.elapsed() < Duration::from_secs(seconds) {
-                let t = Instant::now();
-                let answer = request(c, i).send().await.expect("a request");
-                let got = answer.status().as_u16();
-                assert_eq!(got, status, "{}", answer.text().await.unwrap_or_default());
-                latencies.push(t.elapsed().as_secs_f64() * 1000.0);
-                i += 1;
-            }
-            latencies
-        }));
+/// What one `wrk` run sends: a method, headers, a body, and whether each
+/// request carries an `Idempotency-Key` of its own.
+struct Load<'a> {
+    method: &'a str,
+    headers: Vec<(&'a str, String)>,
+    body: Option<String>,
+    unique_keys: bool,
+}
+
+impl<'a> Load<'a> {
+    fn get() -> Self {
+        Self {
+            method: "GET",
+            headers: Vec::new(),
+            body: None,
+            unique_keys: false,
+        }
     }
-    let mut latencies = Vec::new();
-    for c in clients {
-        latencies.extend(c.await.unwrap());
+
+    fn post(body: Value) -> Self {
+        Self {
+            method: "POST",
+            headers: vec![("Content-Type", "application/json".into())],
+            body: Some(body.to_string()),
+            unique_keys: false,
+        }
     }
-    let rate = latencies.len() as f64 / started.elapsed().as_secs_f64();
-    (rate, percentile(&mut latencies, 99))
+
+    fn header(mut self, name: &'a str, value: impl Into<String>) -> Self {
+        self.headers.push((name, value.into()));
+        self
+    }
+
+    fn unique_keys(mut self) -> Self {
+        self.unique_keys = true;
+        self
+    }
+
+    /// The Lua script `wrk -s` runs: the request, and a fresh key per
+    /// request (thread number and count, after a prefix of this run) when
+    /// asked.
+    fn script(&self) -> String {
+        let quote = |s: &str| format!("{s:?}");
+        let mut lua = format!("wrk.method = {}\n", quote(self.method));
+        for (name, value) in &self.headers {
+            lua.push_str(&format!("wrk.headers[{}] = {}\n", quote(name), quote(value)));
+        }
+        if let Some(body) = &self.body {
+            lua.push_str(&format!("wrk.body = {}\n", quote(body)));
+        }
+        if self.unique_keys {
+            let prefix = longrun_core::id::random_base32::<8>();
+            lua.push_str(&format!(
+                "local threads = 0\n\
+                 function setup(thread) threads = threads + 1; thread:set(\"tid\", threads) end\n\
+                 local n = 0\n\
+                 function request()\n\
+                   n = n + 1\n\
+                   wrk.headers[\"Idempotency-Key\"] = \"{prefix}-\" .. tid .. \"-\" .. n\n\
+                   return wrk.format()\n\
+                 end\n"
+            ));
+        }
+        lua
+    }
+}
+
+/// `wrk -t2 -c32` for `seconds` against `url`, in a process of its own (a
+/// load generator inside the bench shares its cores with the server's and
+/// was the ceiling of both sides): (requests/s, p99 ms). Panics if any
+/// answer was not 2xx or 3xx.
+async fn wrk(url: &str, load: Load<'_>, seconds: u64) -> (f64, f64) {
+    let script = std::env::temp_dir().join(format!(
+        "longrun-wrk-{}-{}.lua",
+        std::process::id(),
+        longrun_core::id::random_base32::<6>()
+    ));
+    std::fs::write(&script, load.script()).unwrap();
+    let out = tokio::process::Command::new("wrk")
+        .args(["-t2", "-c32", "--latency", "-d"])
+        .arg(format!("{seconds}s"))
+        .arg("-s")
+        .arg(&script)
+        .arg(url)
+        .output()
+        .await
+        .expect("wrk (Debian's wrk package; see wrk_installed)");
+    let _ = std::fs::remove_file(&script);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "wrk failed: {text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !text.contains("Non-2xx or 3xx responses"),
+        "{url}: answers other than 2xx/3xx:\n{text}"
+    );
+    let rate = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Requests/sec:"))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no Requests/sec in wrk's output:\n{text}"));
+    let p99 = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("99%"))
+        .map(|v| wrk_ms(v.trim()))
+        .unwrap_or_else(|| panic!("no 99% latency in wrk's output:\n{text}"));
+    (rate, p99)
+}
+
+/// A wrk latency (`812.00us`, `5.12ms`, `1.02s`) in milliseconds.
+fn wrk_ms(text: &str) -> f64 {
+    let (number, unit) = text.split_at(text.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(text.len()));
+    let n: f64 = number.parse().unwrap_or(f64::NAN);
+    match unit {
+        "us" => n / 1000.0,
+        "ms" => n,
+        "s" => n * 1000.0,
+        "m" => n * 60_000.0,
+        _ => f64::NAN,
+    }
+}
+
+/// Whether `wrk` is here; installed with apt-get when missing and this
+/// machine may (root), as `scripts/test` installs Chromium.
+fn wrk_installed() -> bool {
+    let here = || std::process::Command::new("wrk").arg("--version").output().is_ok();
+    if here() {
+        return true;
+    }
+    let root = std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+    if root {
+        let _ = std::process::Command::new("apt-get")
+            .args(["install", "-y", "-q", "wrk"])
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .output();
+    }
+    here()
 }
 
 /// Set to a port, the bench binary is the bare axum server of
@@ -586,13 +728,8 @@ async fn bare_axum(seconds: u64) -> ((f64, f64), (f64, f64)) {
     command.env(BARE_AXUM_PORT, port.to_string());
     let mut server = listening(command, "bare axum listening").await;
     let base = format!("http://127.0.0.1:{port}");
-    let http = reqwest::Client::builder().pool_max_idle_per_host(64).build().unwrap();
-    let posts = {
-        let (http, base) = (http.clone(), base.clone());
-        let post = move |_, _| http.post(format!("{base}/post")).json(&json!({"kind": "noop"}));
-        closed_loop(seconds, post, 202).await
-    };
-    let gets = closed_loop(seconds, move |_, _| http.get(format!("{base}/get")), 200).await;
+    let posts = wrk(&format!("{base}/post"), Load::post(json!({"kind": "noop"})), seconds).await;
+    let gets = wrk(&format!("{base}/get"), Load::get(), seconds).await;
     let _ = server.kill().await;
     (posts, gets)
 }
@@ -889,7 +1026,10 @@ fn main() {
                 }
                 if wanted(&format!("{group}-reads")) {
                     settle(&cluster).await;
-                    let ((rate, p99), (rate304, p99_304)) = fresh("reads").await.gets(seconds).await;
+                    let ((rate, p99), (rate304, p99_304), (health, health_p99)) =
+                        fresh("reads").await.gets(seconds).await;
+                    note(&mut figures, format!("longrun /healthz {store}"), health);
+                    note(&mut figures, format!("longrun /healthz p99 ms {store}"), health_p99);
                     note(&mut figures, format!("longrun GET 200 {store}"), rate);
                     note(&mut figures, format!("longrun GET 200 p99 ms {store}"), p99);
                     note(&mut figures, format!("longrun GET 304 {store}"), rate304);
@@ -1011,6 +1151,8 @@ fn main() {
             ("longrun GET 304 PG", "bare axum GET ceiling"),
             ("longrun GET 200 SQLite", "bare axum GET ceiling"),
             ("longrun GET 304 SQLite", "bare axum GET ceiling"),
+            ("longrun /healthz PG", "bare axum GET ceiling"),
+            ("longrun /healthz SQLite", "bare axum GET ceiling"),
         ] {
             record.line(format!("| {a} / {b} | {} |", ratio(a, b)));
         }
