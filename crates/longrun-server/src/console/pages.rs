@@ -501,6 +501,8 @@ async fn render_operation(
             table.facts {
                 tr { th { "attempts" } td { (op.attempt) @if let Some(s) = &spec { " of at most " (s.max_attempts) } } }
                 tr { th { "created" } td { (when(op.created_at)) } }
+                @if let Some(at) = op.not_before { tr { th { "starts no earlier than" } td id="not-before" { (when(at)) } } }
+                tr { th { "priority" } td id="priority" { (op.priority) " of 1–9" } }
                 tr { th { "started" } td { (op.started_at.map(when).unwrap_or_default()) } }
                 tr { th { "ended" } td { (op.completed_at.map(when).unwrap_or_default()) } }
                 tr { th { "updated" } td { (when(op.updated_at)) } }

@@ -208,3 +208,37 @@ async fn a_high_priority_submission_overtakes_a_backlog_of_its_tenant() {
         "the first claim after it takes it"
     );
 }
+
+/// The console's operation page says when work that starts later may
+/// start and what its priority is (plain HTTP with a session; no browser
+/// needed to read a fact).
+#[tokio::test]
+async fn the_console_shows_the_start_and_the_priority() {
+    let (app, clock) = app_with_clock().await;
+    let start = rfc3339(&clock, Duration::from_secs(7200));
+    let op = app
+        .submit_ok("page", &json!({"kind": "later", "not_before": start, "priority": 8}))
+        .await;
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let signed_in = http
+        .post(app.url("/ui/sign-in"))
+        .form(&[("key", app.client_key.as_str()), ("next", "/ui/")])
+        .send()
+        .await
+        .unwrap();
+    let cookie = signed_in.headers()["set-cookie"].to_str().unwrap();
+    let session = cookie.split(';').next().unwrap().to_owned();
+    let page = http
+        .get(app.url(&format!("/ui/operations/{}", op["id"].as_str().unwrap())))
+        .header("cookie", session)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), StatusCode::OK);
+    let html = page.text().await.unwrap();
+    assert!(html.contains(r#"id="not-before""#), "{html}");
+    assert!(html.contains(r#"<td id="priority">8 of 1–9</td>"#), "{html}");
+}
