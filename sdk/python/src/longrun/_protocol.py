@@ -10,15 +10,19 @@ retried, with which key, what a 304 or a 412 means) live only here.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import random
 import secrets
 from dataclasses import dataclass, field
 from typing import (
+    IO,
     Any,
     Callable,
     Dict,
     Generator,
+    Iterator,
     List,
     Mapping,
     Optional,
@@ -29,7 +33,7 @@ from typing import (
 from urllib.parse import quote
 
 from . import errors
-from .models import HistoryEvent, Operation, Page, ResultResource, Submitted, Upload
+from .models import Artifact, Downloaded, HistoryEvent, Operation, Page, ResultResource, Submitted, Upload
 
 T = TypeVar("T")
 
@@ -402,3 +406,136 @@ def sha256_digest_header(digest: bytes) -> str:
     import base64
 
     return f"sha-256=:{base64.b64encode(digest).decode()}:"
+
+
+class Download:
+    """A resumable, SHA-256-checked download's bookkeeping, shared by both
+    clients (which only move the bytes): what to ask next, what a chunk
+    adds, whether a broken stream may be resumed, and the verdict."""
+
+    def __init__(self, retry: RetryPolicy, on_bytes: Optional[Callable[[int, int], None]]) -> None:
+        self._retry = retry
+        self._on_bytes = on_bytes
+        self._hasher = hashlib.sha256()
+        self._expected: Optional[str] = None
+        self._total = 0
+        self.written = 0
+        self.resumed = 0
+
+    def headers_for(self, artifact: Artifact) -> Optional[Dict[str, str]]:
+        """The headers of the next request for ``artifact`` (freshly read,
+        with a fresh link), or ``None`` when every byte has arrived."""
+        if self._expected is not None and self._expected != artifact.sha256:
+            raise errors.UnexpectedResponse("the result changed during the download")
+        self._expected, self._total = artifact.sha256, artifact.size_bytes
+        if self.written >= self._total:
+            return None
+        return {"Range": f"bytes={self.written}-"} if self.written else {}
+
+    def accepts(self, status: int) -> bool:
+        """Whether an answer of ``status`` carries the bytes asked for."""
+        return (status == 200 and self.written == 0) or status == 206
+
+    def chunk(self, data: bytes, out: IO[bytes]) -> None:
+        self._hasher.update(data)
+        out.write(data)
+        self.written += len(data)
+        if self._on_bytes is not None:
+            self._on_bytes(self.written, self._total)
+
+    def broke(self) -> Optional[float]:
+        """After an attempt: ``None`` if it is complete, else how long to
+        wait before resuming (raises once the attempts run out)."""
+        if self.written >= self._total:
+            return None
+        self.resumed += 1
+        if self.resumed >= self._retry.max_attempts:
+            raise errors.TransportError(f"the download broke {self.resumed} times")
+        return self._retry.delay(self.resumed)
+
+    def result(self) -> Downloaded:
+        actual = self._hasher.hexdigest()
+        if actual != self._expected:
+            raise errors.IntegrityError(f"the download's SHA-256 is {actual}, the result's {self._expected}")
+        return Downloaded(self.written, actual, self.resumed)
+
+
+Source = Union[str, "os.PathLike[str]", bytes]
+
+#: Bytes read or sent at a time by downloads and uploads.
+CHUNK = 256 * 1024
+
+
+def file_digest(source: Source) -> Tuple[bytes, int]:
+    """The SHA-256 and size of a path's or of bytes' contents."""
+    if isinstance(source, bytes):
+        return hashlib.sha256(source).digest(), len(source)
+    hasher = hashlib.sha256()
+    size = 0
+    with open(source, "rb") as f:
+        while chunk := f.read(CHUNK):
+            hasher.update(chunk)
+            size += len(chunk)
+    return hasher.digest(), size
+
+
+class Uploading:
+    """A resumable upload's bookkeeping, shared by both clients: the
+    headers and bytes of each `PATCH` from the offset the server kept, and
+    what an answer means (done, refused, or resume)."""
+
+    def __init__(
+        self,
+        source: Source,
+        total: int,
+        retry: RetryPolicy,
+        on_bytes: Optional[Callable[[int, int], None]],
+    ) -> None:
+        self._source = source
+        self._total = total
+        self._retry = retry
+        self._on_bytes = on_bytes
+        self.offset = 0
+        self.resumed = 0
+
+    def headers(self) -> Dict[str, str]:
+        return {
+            "Upload-Offset": str(self.offset),
+            "Upload-Complete": "?1",
+            "Content-Type": "application/partial-upload",
+            "Content-Length": str(self._total - self.offset),
+        }
+
+    def chunks(self) -> Iterator[bytes]:
+        """The bytes from the current offset on, reporting progress."""
+        sent = start = self.offset
+        if isinstance(self._source, bytes):
+            source = self._source
+            pieces: Iterator[bytes] = (source[i : i + CHUNK] for i in range(start, self._total, CHUNK))
+        else:
+            pieces = _read_from(self._source, start)
+        for piece in pieces:
+            sent += len(piece)
+            if self._on_bytes is not None:
+                self._on_bytes(sent, self._total)
+            yield piece
+
+    def answered(self, answer: Answer) -> Optional[float]:
+        """``None`` when ``answer`` completed the upload; else how long to
+        wait before asking the server where its copy ends (a refusal that a
+        resume cannot mend raises)."""
+        if 200 <= answer.status < 300:
+            return None
+        if answer.status and answer.status not in (409, 429) and answer.status < 500:
+            raise answer.problem()
+        self.resumed += 1
+        if self.resumed >= self._retry.max_attempts:
+            raise errors.TransportError(f"the upload broke {self.resumed} times")
+        return self._retry.delay(self.resumed)
+
+
+def _read_from(path: Union[str, os.PathLike[str]], start: int) -> Iterator[bytes]:
+    with open(path, "rb") as f:
+        f.seek(start)
+        while chunk := f.read(CHUNK):
+            yield chunk

@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import os
 import time
@@ -15,7 +14,7 @@ import httpx
 
 from . import _protocol as p
 from . import errors
-from .client import CHUNK, DEFAULT_TIMEOUT, _answer, _file_digest, _read_from
+from .client import DEFAULT_TIMEOUT, _answer
 from .models import Downloaded, HistoryEvent, Operation, Page, ResultResource, Submitted, Upload
 
 T = TypeVar("T")
@@ -232,43 +231,29 @@ class AsyncClient:
         if isinstance(out, (str, os.PathLike)):
             with open(out, "wb") as f:
                 return await self.download(operation_id, f, artifact=artifact, on_bytes=on_bytes)
-        hasher = hashlib.sha256()
-        written = resumed = 0
-        expected: Optional[str] = None
+        download = p.Download(self.retry, on_bytes)
         while True:
+            # A fresh link each time: links are short-lived.
             resource = (await self.result(operation_id)).named(artifact)
-            if expected is not None and expected != resource.sha256:
-                raise errors.UnexpectedResponse("the result changed during the download")
-            expected = resource.sha256
-            if written >= resource.size_bytes:
+            headers = download.headers_for(resource)
+            if headers is None:
                 break
-            headers = dict(self._auth)
-            if written:
-                headers["Range"] = f"bytes={written}-"
             try:
                 self.requests_sent += 1
-                async with self._http.stream("GET", self._url(resource.download_url), headers=headers) as response:
-                    if not ((response.status_code == 200 and written == 0) or response.status_code == 206):
+                url = self._url(resource.download_url)
+                async with self._http.stream("GET", url, headers={**self._auth, **headers}) as response:
+                    if not download.accepts(response.status_code):
                         await response.aread()
                         raise _answer(response).problem()
-                    async for chunk in response.aiter_bytes(CHUNK):
-                        hasher.update(chunk)
-                        out.write(chunk)
-                        written += len(chunk)
-                        if on_bytes is not None:
-                            on_bytes(written, resource.size_bytes)
+                    async for chunk in response.aiter_bytes(p.CHUNK):
+                        download.chunk(chunk, out)
             except httpx.TransportError:
                 pass
-            if written >= resource.size_bytes:
+            pause = download.broke()
+            if pause is None:
                 break
-            resumed += 1
-            if resumed >= self.retry.max_attempts:
-                raise errors.TransportError(f"the download broke {resumed} times")
-            await asyncio.sleep(self.retry.delay(resumed))
-        actual = hasher.hexdigest()
-        if actual != expected:
-            raise errors.IntegrityError(f"the download's SHA-256 is {actual}, the result's {expected}")
-        return Downloaded(written, actual, resumed)
+            await asyncio.sleep(pause)
+        return download.result()
 
     async def upload(
         self,
@@ -277,47 +262,29 @@ class AsyncClient:
         content_type: str = "application/octet-stream",
         on_bytes: Optional[Callable[[int, int], None]] = None,
     ) -> Upload:
-        digest, total = _file_digest(source)
+        digest, total = p.file_digest(source)
         created = await self._drive(p.create_upload(content_type, p.sha256_digest_header(digest), self.retry))
         url = self._url(f"/v1/uploads/{created.id}")
-        offset = resumed = 0
+        uploading = p.Uploading(source, total, self.retry, on_bytes)
         while True:
-            headers = {
-                **self._auth,
-                "Upload-Offset": str(offset),
-                "Upload-Complete": "?1",
-                "Content-Type": "application/partial-upload",
-                "Content-Length": str(total - offset),
-            }
 
-            async def body(start: int = offset) -> AsyncIterator[bytes]:
-                sent = start
-                chunks = (
-                    (source[i : i + CHUNK] for i in range(start, total, CHUNK))
-                    if isinstance(source, bytes)
-                    else _read_from(source, start)
-                )
-                for chunk in chunks:
-                    sent += len(chunk)
-                    if on_bytes is not None:
-                        on_bytes(sent, total)
+            async def body() -> AsyncIterator[bytes]:
+                for chunk in uploading.chunks():
                     yield chunk
 
             try:
                 self.requests_sent += 1
-                response = await self._http.request("PATCH", url, headers=headers, content=body(), timeout=None)
+                response = await self._http.request(
+                    "PATCH", url, headers={**self._auth, **uploading.headers()}, content=body(), timeout=None
+                )
                 answer = _answer(response)
             except httpx.TransportError as e:
                 answer = p.Answer(0, {}, b"", e)
-            if 200 <= answer.status < 300:
+            pause = uploading.answered(answer)
+            if pause is None:
                 return Upload.from_json(answer.json())
-            if answer.status and answer.status not in (409, 429) and answer.status < 500:
-                raise answer.problem()
-            resumed += 1
-            if resumed >= self.retry.max_attempts:
-                raise errors.TransportError(f"the upload broke {resumed} times")
-            await asyncio.sleep(self.retry.delay(resumed))
-            offset, complete = await self._drive(p.upload_offset(created.id, self.retry))
+            await asyncio.sleep(pause)
+            uploading.offset, complete = await self._drive(p.upload_offset(created.id, self.retry))
             if complete:
                 return await self.get_upload(created.id)
 

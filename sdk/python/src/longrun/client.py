@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
 from typing import (
     IO,
     Any,
-    BinaryIO,
     Callable,
     Dict,
     Iterator,
@@ -38,7 +36,6 @@ T = TypeVar("T")
 
 #: Connect, write and pool timeouts; reads get more where a call long-polls.
 DEFAULT_TIMEOUT = 30.0
-CHUNK = 256 * 1024
 
 
 def _answer(response: httpx.Response) -> p.Answer:
@@ -47,18 +44,6 @@ def _answer(response: httpx.Response) -> p.Answer:
         {k.lower(): v for k, v in response.headers.items()},
         response.content,
     )
-
-
-def _file_digest(source: Union[str, os.PathLike[str], bytes]) -> tuple[bytes, int]:
-    if isinstance(source, bytes):
-        return hashlib.sha256(source).digest(), len(source)
-    hasher = hashlib.sha256()
-    size = 0
-    with open(source, "rb") as f:
-        while chunk := f.read(CHUNK):
-            hasher.update(chunk)
-            size += len(chunk)
-    return hasher.digest(), size
 
 
 class Client:
@@ -334,43 +319,29 @@ class Client:
         if isinstance(out, (str, os.PathLike)):
             with open(out, "wb") as f:
                 return self.download(operation_id, f, artifact=artifact, on_bytes=on_bytes)
-        hasher = hashlib.sha256()
-        written = resumed = 0
-        expected: Optional[str] = None
+        download = p.Download(self.retry, on_bytes)
         while True:
+            # A fresh link each time: links are short-lived.
             resource = self.result(operation_id).named(artifact)
-            if expected is not None and expected != resource.sha256:
-                raise errors.UnexpectedResponse("the result changed during the download")
-            expected = resource.sha256
-            if written >= resource.size_bytes:
+            headers = download.headers_for(resource)
+            if headers is None:
                 break
-            headers = dict(self._auth)
-            if written:
-                headers["Range"] = f"bytes={written}-"
             try:
                 self.requests_sent += 1
-                with self._http.stream("GET", self._url(resource.download_url), headers=headers) as response:
-                    if not ((response.status_code == 200 and written == 0) or response.status_code == 206):
+                url = self._url(resource.download_url)
+                with self._http.stream("GET", url, headers={**self._auth, **headers}) as response:
+                    if not download.accepts(response.status_code):
                         response.read()
                         raise _answer(response).problem()
-                    for chunk in response.iter_bytes(CHUNK):
-                        hasher.update(chunk)
-                        out.write(chunk)
-                        written += len(chunk)
-                        if on_bytes is not None:
-                            on_bytes(written, resource.size_bytes)
+                    for chunk in response.iter_bytes(p.CHUNK):
+                        download.chunk(chunk, out)
             except httpx.TransportError:
                 pass
-            if written >= resource.size_bytes:
+            pause = download.broke()
+            if pause is None:
                 break
-            resumed += 1
-            if resumed >= self.retry.max_attempts:
-                raise errors.TransportError(f"the download broke {resumed} times")
-            time.sleep(self.retry.delay(resumed))
-        actual = hasher.hexdigest()
-        if actual != expected:
-            raise errors.IntegrityError(f"the download's SHA-256 is {actual}, the result's {expected}")
-        return Downloaded(written, actual, resumed)
+            time.sleep(pause)
+        return download.result()
 
     # -- uploads --------------------------------------------------------
 
@@ -386,56 +357,30 @@ class Client:
         resumes from the offset the server kept (``HEAD``, then ``PATCH``
         from there). The SHA-256 goes along, so the server refuses a file
         that changed while it was sent."""
-        digest, total = _file_digest(source)
+        digest, total = p.file_digest(source)
         created = self._drive(p.create_upload(content_type, p.sha256_digest_header(digest), self.retry))
         url = self._url(f"/v1/uploads/{created.id}")
-        offset = resumed = 0
+        uploading = p.Uploading(source, total, self.retry, on_bytes)
         while True:
-            headers = {
-                **self._auth,
-                "Upload-Offset": str(offset),
-                "Upload-Complete": "?1",
-                "Content-Type": "application/partial-upload",
-                "Content-Length": str(total - offset),
-            }
-
-            def body(start: int = offset) -> Iterator[bytes]:
-                sent = start
-                if isinstance(source, bytes):
-                    chunks: Iterator[bytes] = (source[i : i + CHUNK] for i in range(start, total, CHUNK))
-                else:
-                    chunks = _read_from(source, start)
-                for chunk in chunks:
-                    sent += len(chunk)
-                    if on_bytes is not None:
-                        on_bytes(sent, total)
-                    yield chunk
-
             try:
                 self.requests_sent += 1
-                response = self._http.request("PATCH", url, headers=headers, content=body(), timeout=None)
+                response = self._http.request(
+                    "PATCH",
+                    url,
+                    headers={**self._auth, **uploading.headers()},
+                    content=uploading.chunks(),
+                    timeout=None,
+                )
                 answer = _answer(response)
             except httpx.TransportError as e:
                 answer = p.Answer(0, {}, b"", e)
-            if 200 <= answer.status < 300:
+            pause = uploading.answered(answer)
+            if pause is None:
                 return Upload.from_json(answer.json())
-            if answer.status and answer.status not in (409, 429) and answer.status < 500:
-                raise answer.problem()
-            resumed += 1
-            if resumed >= self.retry.max_attempts:
-                raise errors.TransportError(f"the upload broke {resumed} times")
-            time.sleep(self.retry.delay(resumed))
-            offset, complete = self._drive(p.upload_offset(created.id, self.retry))
+            time.sleep(pause)
+            uploading.offset, complete = self._drive(p.upload_offset(created.id, self.retry))
             if complete:
                 return self.get_upload(created.id)
 
     def get_upload(self, upload_id: str) -> Upload:
         return self._drive(p.get_upload(upload_id, self.retry))
-
-
-def _read_from(path: Union[str, os.PathLike[str]], start: int) -> Iterator[bytes]:
-    f: BinaryIO
-    with open(path, "rb") as f:
-        f.seek(start)
-        while chunk := f.read(CHUNK):
-            yield chunk
