@@ -78,6 +78,13 @@ pub struct Operation {
     pub priority: i16,
 }
 
+/// When the task of work that may start at `not_before` becomes claimable,
+/// queued at `now`: its start, or now if that has passed. The one rule for
+/// acceptance, a moved start and a resume.
+pub fn available_at(not_before: Option<Timestamp>, now: Timestamp) -> Timestamp {
+    not_before.map_or(now, |at| at.max(now))
+}
+
 /// The lowest priority a submission may ask for.
 pub const PRIORITY_MIN: i16 = 1;
 /// The highest priority a submission may ask for.
@@ -306,9 +313,9 @@ impl AcceptParams {
             && self.not_before.is_none_or(|at| at <= self.now)
     }
 
-    /// When its task becomes claimable: now, or at its `not_before`.
+    /// When its task becomes claimable (see [`available_at`]).
     pub fn available_at(&self) -> Timestamp {
-        self.not_before.map_or(self.now, |at| at.max(self.now))
+        available_at(self.not_before, self.now)
     }
 }
 

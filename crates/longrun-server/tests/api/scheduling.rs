@@ -92,6 +92,19 @@ async fn the_start_and_priority_are_part_of_the_request() {
         let response = app.submit("k-1", &changed).await;
         problem(response, StatusCode::CONFLICT, "idempotency_key_reused").await;
     }
+    // A retry of a relative start, sent again later (after a lost answer),
+    // is the same request: the seconds as asked are fingerprinted, not the
+    // instant they came to, and the start stays the first one's.
+    let relative = json!({"kind": "later", "start_after_seconds": 600});
+    let first_try = app.submit_ok("k-rel", &relative).await;
+    clock.advance(Duration::from_secs(5));
+    let retried = app.submit("k-rel", &relative).await;
+    assert_eq!(retried.headers()["idempotent-replayed"], "true");
+    let retried: Value = retried.json().await.unwrap();
+    assert_eq!(
+        (retried["id"].clone(), retried["not_before"].clone()),
+        (first_try["id"].clone(), first_try["not_before"].clone())
+    );
     // The default priority said aloud is the same request as none at all.
     let plain = app.submit_ok("k-2", &json!({"kind": "later"})).await;
     let explicit = app.submit("k-2", &json!({"kind": "later", "priority": 5})).await;

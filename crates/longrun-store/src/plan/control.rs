@@ -72,7 +72,10 @@ pub(crate) async fn operation_intent<D: Driver>(d: &mut D, p: &IntentParams) -> 
                 data: json!({}),
             }
         }
-        IntentChange::Resume => Effect::Resume { id },
+        IntentChange::Resume => Effect::Resume {
+            id,
+            available_at: crate::available_at(op.not_before, p.now),
+        },
     };
     apply(d, &[effect], p.now)
         .await?

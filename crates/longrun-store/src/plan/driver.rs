@@ -139,8 +139,9 @@ pub(crate) trait Driver {
         now: Timestamp,
     ) -> Result<Operation>;
 
-    /// Puts a paused operation back in the queue, one version on.
-    async fn resume(&mut self, id: &str, now: Timestamp) -> Result<Operation>;
+    /// Puts a paused operation back in the queue, one version on, its task
+    /// claimable from `available_at`.
+    async fn resume(&mut self, id: &str, available_at: Timestamp, now: Timestamp) -> Result<Operation>;
 
     /// Sets (or clears) a live operation's pause request, one version on.
     async fn pause_request_set(&mut self, id: &str, at: Option<Timestamp>, now: Timestamp) -> Result<Operation>;

@@ -48,7 +48,8 @@ pub(crate) enum Effect {
         data: Value,
     },
     /// Back in the queue (`resumed` event and webhook).
-    Resume { id: String },
+    /// Back to the queue, its task claimable from `available_at`.
+    Resume { id: String, available_at: Timestamp },
     /// Set or clear the pause request, recorded as `event`.
     SetPauseRequest {
         id: String,
@@ -168,8 +169,8 @@ async fn apply_one<D: Driver>(d: &mut D, effect: &Effect, now: Timestamp) -> Res
                 .await?;
             record(d, op, EventType::Paused, data.clone(), Some(WebhookType::Paused)).await?
         }
-        Effect::Resume { id } => {
-            let op = d.resume(id, now).await?;
+        Effect::Resume { id, available_at } => {
+            let op = d.resume(id, *available_at, now).await?;
             record(d, op, EventType::Resumed, json!({}), Some(WebhookType::Resumed)).await?
         }
         Effect::SetPauseRequest { id, at, event, data } => {

@@ -285,7 +285,7 @@ impl Driver for PgDriver<'_> {
         Ok(paused)
     }
 
-    async fn resume(&mut self, id: &str, now: Timestamp) -> Result<Operation> {
+    async fn resume(&mut self, id: &str, available_at: Timestamp, now: Timestamp) -> Result<Operation> {
         let sql = format!(
             "UPDATE operations SET state = 'queued', version = version + 1, updated_at = $2
               WHERE id = $1 AND state = 'paused' RETURNING {OP_COLUMNS}"
@@ -293,11 +293,10 @@ impl Driver for PgDriver<'_> {
         let resumed = self.update(sqlx::query(&sql).bind(id).bind(now.0)).await?;
         sqlx::query(
             "INSERT INTO tasks (operation_id, seq, tenant, kind, status, available_at, priority)
-             SELECT id, seq, tenant, kind, 'ready', GREATEST($2, COALESCE(not_before, $2)), priority
-               FROM operations WHERE id = $1",
+             SELECT id, seq, tenant, kind, 'ready', $2, priority FROM operations WHERE id = $1",
         )
         .bind(id)
-        .bind(now.0)
+        .bind(available_at.0)
         .execute(&mut *self.c)
         .await
         .map_err(db)?;

@@ -615,7 +615,7 @@ pub(crate) fn decide_update(op: &Operation, p: &UpdateParams) -> Result<Option<U
         deadline_at,
         labels: labels.clone(),
         not_before,
-        available_at: moves_start.then(|| not_before.map_or(p.now, |at| at.max(p.now))),
+        available_at: moves_start.then(|| crate::available_at(not_before, p.now)),
         data,
     }))
 }

@@ -295,7 +295,7 @@ impl Driver for SqliteDriver<'_> {
         Ok(paused)
     }
 
-    async fn resume(&mut self, id: &str, now: Timestamp) -> Result<Operation> {
+    async fn resume(&mut self, id: &str, available_at: Timestamp, now: Timestamp) -> Result<Operation> {
         let resumed = self.update(
             id,
             "UPDATE OR FAIL operations SET state = 'queued', version = version + 1, updated_at = ?2
@@ -305,10 +305,9 @@ impl Driver for SqliteDriver<'_> {
         self.c
             .prepare_cached(
                 "INSERT INTO tasks (operation_id, seq, tenant, kind, status, available_at, priority)
-                 SELECT id, seq, tenant, kind, 'ready', MAX(?2, COALESCE(not_before, ?2)), priority
-                   FROM operations WHERE id = ?1",
+                 SELECT id, seq, tenant, kind, 'ready', ?2, priority FROM operations WHERE id = ?1",
             )?
-            .execute(params![id, now.0])?;
+            .execute(params![id, available_at.0])?;
         Ok(resumed)
     }
 
