@@ -174,7 +174,7 @@ mod tests {
         }
         // Only READY_HEADS, once per claim (its ORDER BY on a column held
         // equal to a parameter makes SQLite plan for the value).
-        let ready_heads = READY_HEADS.as_str().split_whitespace().collect::<Vec<_>>().join(" ");
+        let ready_heads = READY_HEADS.split_whitespace().collect::<Vec<_>>().join(" ");
         assert_eq!(reprepared, vec![ready_heads]);
     }
 }
