@@ -45,6 +45,8 @@ pub enum IdKind {
     Request,
     /// `upl_`: an upload.
     Upload,
+    /// `sch_`: a schedule.
+    Schedule,
 }
 
 impl IdKind {
@@ -57,6 +59,7 @@ impl IdKind {
             IdKind::ApiKey => "key",
             IdKind::Request => "req",
             IdKind::Upload => "upl",
+            IdKind::Schedule => "sch",
         }
     }
 }

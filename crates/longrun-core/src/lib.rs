@@ -24,6 +24,8 @@
 //! - `webhook` and `links`: Standard Webhooks signing and the destination
 //!   policy; signed, expiring result links, never stored.
 //! - `duration`: human durations for flags.
+//! - `schedule`: when a schedule fires (5-field cron in a time zone, or
+//!   `@every`), and the idempotency key that makes each firing one operation.
 
 pub mod apikey;
 pub mod clock;
@@ -34,6 +36,7 @@ pub mod idempotency;
 pub mod lease;
 pub mod links;
 pub mod retry_after;
+pub mod schedule;
 pub mod state;
 pub mod validate;
 pub mod webhook;
