@@ -291,6 +291,47 @@ impl Overlap {
     }
 }
 
+/// What became of one firing time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FireDecision {
+    /// It started an operation.
+    Started,
+    /// `POST /v1/schedules/{id}/trigger` started an operation.
+    Triggered,
+    /// Held back (`buffer_one`) until the running firing ends.
+    Buffered,
+    /// Skipped: the previous firing's operation had not ended.
+    Skipped,
+    /// Due while no node was running, and older than the catch-up window.
+    Missed,
+}
+
+impl FireDecision {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FireDecision::Started => "started",
+            FireDecision::Triggered => "triggered",
+            FireDecision::Buffered => "buffered",
+            FireDecision::Skipped => "skipped",
+            FireDecision::Missed => "missed",
+        }
+    }
+
+    /// From the wire name.
+    pub fn parse(text: &str) -> Option<Self> {
+        [
+            FireDecision::Started,
+            FireDecision::Triggered,
+            FireDecision::Buffered,
+            FireDecision::Skipped,
+            FireDecision::Missed,
+        ]
+        .into_iter()
+        .find(|d| d.as_str() == text)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,7 +5,7 @@
 //! one `#[tokio::test]` per case, so a failure names the case. Extend the
 //! suite whenever the trait grows. The cases live one file a topic
 //! (`accept`, `jobs`, `control`, `deadlines`, `changes`, `webhooks`,
-//! `artifacts`, `retention`, `admin`, `model`); the helpers they share are
+//! `artifacts`, `retention`, `admin`, `model`, `scheduling`, `schedules`); the helpers they share are
 //! here.
 
 use std::any::Any;
@@ -30,6 +30,7 @@ mod deadlines;
 mod jobs;
 mod model;
 mod retention;
+mod schedules;
 mod scheduling;
 mod webhooks;
 
@@ -42,6 +43,7 @@ pub use deadlines::*;
 pub use jobs::*;
 pub use model::*;
 pub use retention::*;
+pub use schedules::*;
 pub use scheduling::*;
 pub use webhooks::*;
 
@@ -126,6 +128,9 @@ macro_rules! store_conformance {
             reads_racing_writes_never_go_back_a_version,
             work_that_starts_later_is_claimed_from_its_start_on,
             higher_priority_goes_first_within_a_tenant_but_not_past_other_tenants,
+            schedules_are_kept_per_tenant_and_changed_by_version,
+            due_schedules_are_the_unpaused_ones_whose_time_came,
+            firing_records_take_the_newest_word_and_forget_the_old,
         );
     };
     (@cases $factory:path; $($case:ident),* $(,)?) => {

@@ -389,4 +389,32 @@ pub trait Store: Send + Sync + 'static {
 
     /// Every tenant with its limits and current usage.
     async fn tenant_usage(&self) -> Result<Vec<TenantUsage>>;
+
+    /// Stores a new schedule (with a fresh id).
+    async fn schedule_insert(&self, schedule: ScheduleRecord) -> Result<()>;
+
+    /// Replaces the tenant's schedule if it is still at `expected_version`
+    /// (the record carries the next version); whether it was.
+    async fn schedule_update(&self, schedule: ScheduleRecord, expected_version: i64) -> Result<bool>;
+
+    /// The tenant's schedule.
+    async fn schedule_get(&self, tenant: &str, id: &Id) -> Result<Option<ScheduleRecord>>;
+
+    /// Up to `limit` of the tenant's schedules after `after`, in id
+    /// (creation) order.
+    async fn schedule_list(&self, tenant: &str, after: Option<Id>, limit: u32) -> Result<Vec<ScheduleRecord>>;
+
+    /// Deletes the tenant's schedule and its firing records; whether it was there.
+    async fn schedule_delete(&self, tenant: &str, id: &Id) -> Result<bool>;
+
+    /// Up to `limit` unpaused schedules with a firing due at `now` or one
+    /// held back, soonest first.
+    async fn schedule_due(&self, now: longrun_core::Timestamp, limit: u32) -> Result<Vec<ScheduleRecord>>;
+
+    /// Records what firing times became (a time recorded again takes the
+    /// newer record), and forgets each schedule's records from before `keep_after`.
+    async fn schedule_fires_record(&self, fires: Vec<ScheduleFire>, keep_after: longrun_core::Timestamp) -> Result<()>;
+
+    /// Up to `limit` of a schedule's firing records, newest first.
+    async fn schedule_fires(&self, id: &Id, limit: u32) -> Result<Vec<ScheduleFire>>;
 }

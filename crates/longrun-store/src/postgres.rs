@@ -54,6 +54,7 @@ mod notify;
 mod reads;
 mod retention;
 mod rows;
+mod schedules;
 mod store;
 mod uploads;
 
@@ -136,6 +137,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (12, include_str!("postgres/0012_keys_by_tombstone.sql")),
     (13, include_str!("postgres/0013_upload_appends.sql")),
     (14, include_str!("postgres/0014_not_before_priority.sql")),
+    (15, include_str!("postgres/0015_schedules.sql")),
 ];
 
 /// How to reach and use a PostgreSQL database.

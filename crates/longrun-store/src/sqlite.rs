@@ -22,7 +22,7 @@
 //! and its [`Store`] methods; the statements live one file a concern:
 //! `driver` (the plan layer's primitives), `accept`, `claim`, `finish`
 //! (heartbeats, outcomes, the reaper), `ending`, `control` (cancel, pause,
-//! resume), `reads`, `retention`, `uploads`, `webhooks`, `admin` (keys,
+//! resume), `reads`, `retention`, `schedules`, `uploads`, `webhooks`, `admin` (keys,
 //! kinds, tenants, sessions), `rows` (column codecs and shared statements),
 //! `changes` (the change feed) and `writer` (group commit).
 
@@ -36,6 +36,7 @@ mod finish;
 mod reads;
 mod retention;
 mod rows;
+mod schedules;
 mod uploads;
 mod webhooks;
 mod writer;
@@ -68,6 +69,7 @@ use finish::*;
 use reads::*;
 use retention::*;
 use rows::*;
+use schedules::*;
 use uploads::*;
 use webhooks::*;
 use writer::Writer;
@@ -90,6 +92,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (15, include_str!("sqlite/migrations/0015_keys_by_tombstone.sql")),
     (16, include_str!("sqlite/migrations/0016_upload_appends.sql")),
     (17, include_str!("sqlite/migrations/0017_not_before_priority.sql")),
+    (18, include_str!("sqlite/migrations/0018_schedules.sql")),
 ];
 
 /// How to open the embedded database.
@@ -801,6 +804,46 @@ impl Store for SqliteStore {
 
     async fn tenant_usage(&self) -> Result<Vec<TenantUsage>> {
         self.read(tenant_usage).await
+    }
+
+    async fn schedule_insert(&self, schedule: ScheduleRecord) -> Result<()> {
+        self.writer.write(move |c| schedule_insert(c, &schedule)).await
+    }
+
+    async fn schedule_update(&self, schedule: ScheduleRecord, expected_version: i64) -> Result<bool> {
+        self.writer
+            .write(move |c| schedule_update(c, &schedule, expected_version))
+            .await
+    }
+
+    async fn schedule_get(&self, tenant: &str, id: &Id) -> Result<Option<ScheduleRecord>> {
+        self.read_now(|c| schedule_get(c, tenant, id))
+    }
+
+    async fn schedule_list(&self, tenant: &str, after: Option<Id>, limit: u32) -> Result<Vec<ScheduleRecord>> {
+        let tenant = tenant.to_owned();
+        self.read(move |c| schedule_list(c, &tenant, after.as_ref(), limit))
+            .await
+    }
+
+    async fn schedule_delete(&self, tenant: &str, id: &Id) -> Result<bool> {
+        let (tenant, id) = (tenant.to_owned(), id.clone());
+        self.writer.write(move |c| schedule_delete(c, &tenant, &id)).await
+    }
+
+    async fn schedule_due(&self, now: Timestamp, limit: u32) -> Result<Vec<ScheduleRecord>> {
+        self.read(move |c| schedule_due(c, now, limit)).await
+    }
+
+    async fn schedule_fires_record(&self, fires: Vec<ScheduleFire>, keep_after: Timestamp) -> Result<()> {
+        self.writer
+            .write(move |c| schedule_fires_record(c, &fires, keep_after))
+            .await
+    }
+
+    async fn schedule_fires(&self, id: &Id, limit: u32) -> Result<Vec<ScheduleFire>> {
+        let id = id.clone();
+        self.read(move |c| schedule_fires(c, &id, limit)).await
     }
 
     async fn upload_create(&self, params: UploadCreateParams) -> Result<UploadRecord> {

@@ -1144,3 +1144,46 @@ pub struct IdempotencyRecord {
     /// Submissions answered with this operation after the first.
     pub replays: i64,
 }
+
+/// A schedule as stored: its definition as the API took it, and what the
+/// firing needs to find it when due and to fence its changes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScheduleRecord {
+    /// `sch_…`
+    pub id: Id,
+    /// The owning tenant.
+    pub tenant: String,
+    /// Moves by one with every change (a firing's too); the ETag.
+    pub version: i64,
+    /// A paused schedule does not fire.
+    pub paused: bool,
+    /// The definition (kind, input, cron, time zone, overlap, …), as JSON.
+    pub spec: Value,
+    /// The next firing time; `None` when there is none.
+    pub next_fire_at: Option<Timestamp>,
+    /// The operation of the latest firing that started one.
+    pub last_operation_id: Option<String>,
+    /// A firing held back by `buffer_one` until the running one ends.
+    pub buffered_fire_at: Option<Timestamp>,
+    /// When it was created.
+    pub created_at: Timestamp,
+    /// When it last changed.
+    pub updated_at: Timestamp,
+}
+
+/// What one firing time of a schedule became.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScheduleFire {
+    /// The schedule.
+    pub schedule_id: Id,
+    /// Its tenant.
+    pub tenant: String,
+    /// The firing time (a trigger's: when it was asked).
+    pub fire_time: Timestamp,
+    /// The operation it started, if it started one.
+    pub operation_id: Option<String>,
+    /// What happened to it.
+    pub decision: longrun_core::schedule::FireDecision,
+    /// When this was recorded.
+    pub recorded_at: Timestamp,
+}

@@ -572,10 +572,11 @@ async fn a_tombstone_from_before_schema_12_still_frees_its_key() {
     let url = cluster.database().await;
     longrun_store::postgres::migrate(&url).await.unwrap();
     let mut c = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await.unwrap();
-    // Back to schema 11 (undoing 14, 13 and 12), with what retention left of
-    // an operation then: its idempotency record and its tombstone.
+    // Back to schema 11 (undoing 15, 14, 13 and 12), with what retention
+    // left of an operation then: its idempotency record and its tombstone.
     sqlx::raw_sql(
         "DELETE FROM schema_migrations WHERE version >= 12;
+         DROP TABLE schedule_fires, schedules;
          DROP INDEX tasks_ready_by_tenant;
          CREATE INDEX tasks_ready_by_tenant ON tasks (tenant, kind, seq) WHERE status = 'ready';
          ALTER TABLE operations DROP COLUMN not_before, DROP COLUMN priority;
@@ -592,7 +593,7 @@ async fn a_tombstone_from_before_schema_12_still_frees_its_key() {
     .await
     .unwrap();
 
-    assert_eq!(longrun_store::postgres::migrate(&url).await.unwrap(), 3);
+    assert_eq!(longrun_store::postgres::migrate(&url).await.unwrap(), 4);
     let store = PostgresStore::open(PostgresConfig::new(url.clone())).await.unwrap();
     longrun_store::conformance::bury_and_reuse_old_key(&store).await;
 }
@@ -610,6 +611,7 @@ async fn work_queued_before_schema_14_is_claimed_after_it() {
     let mut c = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await.unwrap();
     sqlx::raw_sql(
         "DELETE FROM schema_migrations WHERE version >= 14;
+         DROP TABLE schedule_fires, schedules;
          DROP INDEX tasks_ready_by_tenant;
          CREATE INDEX tasks_ready_by_tenant ON tasks (tenant, kind, seq) WHERE status = 'ready';
          ALTER TABLE operations DROP COLUMN not_before, DROP COLUMN priority;
@@ -640,7 +642,7 @@ async fn work_queued_before_schema_14_is_claimed_after_it() {
         .await
         .unwrap();
     }
-    assert_eq!(longrun_store::postgres::migrate(&url).await.unwrap(), 1);
+    assert_eq!(longrun_store::postgres::migrate(&url).await.unwrap(), 2);
     let store = PostgresStore::open(PostgresConfig::new(url.clone())).await.unwrap();
     let before = store
         .operation_get("t1", &longrun_core::Id::from_trusted("op_before_1".into()))

@@ -14,7 +14,9 @@ use crate::{Result, RetentionCounts, RetentionParams, TenantDeleteCounts};
 /// are gone: each table, the column that names the tenant, and a
 /// condition that lets an index find the rows (tasks are gone with their
 /// operations already; this removes any a race left).
-const TENANT_ROWS: [(&str, &str, &str); 8] = [
+const TENANT_ROWS: [(&str, &str, &str); 10] = [
+    ("schedule_fires", "tenant", ""),
+    ("schedules", "tenant", ""),
     ("results", "tenant", ""),
     ("idempotency_keys", "tenant", ""),
     ("tombstones", "tenant", ""),
