@@ -20,6 +20,7 @@
 //!   artifact bodies of the worker protocol, each outcome fenced by its
 //!   lease token.
 //! - `results`: the result resource with its download links, and uploads.
+//! - `schedules`: the schedule resource, its patch and firing records.
 //! - `problem`: the problem+json body and every stable problem code.
 //! - `webhook`: the body of a webhook, as the store queues it and a
 //!   receiver reads it.
@@ -28,11 +29,13 @@ pub mod de;
 mod operations;
 mod problem;
 mod results;
+mod schedules;
 mod webhook;
 mod worker;
 
 pub use operations::*;
 pub use problem::{Problem, ProblemCode};
 pub use results::*;
+pub use schedules::*;
 pub use webhook::{WebhookData, WebhookEvent};
 pub use worker::*;

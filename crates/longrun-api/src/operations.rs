@@ -54,7 +54,7 @@ pub struct SubmitRequest {
 
 /// Labels as the server checks them: at most 32; keys of a-z, 0-9, `_ . - /`
 /// up to 63 characters; string values up to 256 characters.
-fn labels_schema() -> utoipa::openapi::schema::Object {
+pub(crate) fn labels_schema() -> utoipa::openapi::schema::Object {
     use utoipa::openapi::schema::{AdditionalProperties, ObjectBuilder, Type};
     ObjectBuilder::new()
         .schema_type(utoipa::openapi::schema::SchemaType::from_iter([
@@ -302,6 +302,9 @@ pub struct OperationBody {
     /// The operation this one re-runs.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rerun_of: Option<String>,
+    /// The schedule (`sch_…`) this operation is a firing of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule_id: Option<String>,
     /// Its re-runs, oldest first: present when it has any and one operation
     /// is read (`GET /v1/operations/{id}`). Creating a re-run leaves the
     /// original's version, and so its ETag, unchanged.

@@ -28,4 +28,7 @@ pub struct WebhookData {
     pub state: String,
     /// Its kind.
     pub kind: String,
+    /// The schedule it is a firing of, if it is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule_id: Option<String>,
 }

@@ -1,6 +1,11 @@
-//! The `Idempotency-Key` newtype: 1–255 visible ASCII characters (0x21–0x7E).
+//! The `Idempotency-Key` newtype: 1–255 visible ASCII characters (0x21–0x7E),
+//! not beginning `schedule:` (the keys of schedules' firings, which only
+//! the server makes).
 
 use std::fmt;
+
+/// The prefix of the keys of schedules' firings.
+const FIRING_PREFIX: &str = "schedule:";
 
 /// The longest key accepted, in characters.
 pub const MAX_KEY_LEN: usize = 255;
@@ -21,6 +26,9 @@ pub enum InvalidIdempotencyKey {
     /// A character outside 0x21–0x7E.
     #[error("the Idempotency-Key header may contain only visible ASCII characters")]
     NotVisibleAscii,
+    /// The prefix of the keys of schedules' firings.
+    #[error("an Idempotency-Key may not begin with \"schedule:\" (the server's keys for schedules' firings)")]
+    Reserved,
 }
 
 impl IdempotencyKey {
@@ -35,8 +43,18 @@ impl IdempotencyKey {
         if !raw.iter().all(|b| (0x21..=0x7e).contains(b)) {
             return Err(InvalidIdempotencyKey::NotVisibleAscii);
         }
+        if raw.starts_with(FIRING_PREFIX.as_bytes()) {
+            return Err(InvalidIdempotencyKey::Reserved);
+        }
         // Every byte is ASCII, so this cannot fail.
         Ok(Self(String::from_utf8_lossy(raw).into_owned()))
+    }
+
+    /// The key of a schedule's firing at `fire_time` (see
+    /// [`crate::schedule::firing_key`]): made by the server, never parsed
+    /// from a client.
+    pub fn for_firing(schedule_id: &str, fire_time: crate::Timestamp) -> Self {
+        Self(crate::schedule::firing_key(schedule_id, fire_time))
     }
 
     /// The key as text.
@@ -74,6 +92,11 @@ mod tests {
             IdempotencyKey::parse(b"tab\t"),
             Err(InvalidIdempotencyKey::NotVisibleAscii)
         );
+        assert_eq!(
+            IdempotencyKey::parse(b"schedule:sch_x:2026-12-06T02:00:00.000Z"),
+            Err(InvalidIdempotencyKey::Reserved)
+        );
+        assert!(IdempotencyKey::parse(b"schedules-nightly").is_ok());
     }
 }
 
@@ -87,7 +110,8 @@ mod fuzz {
         /// Any bytes: accepted exactly when 1–255 visible ASCII characters.
         #[test]
         fn any_bytes_are_a_key_exactly_when_visible_ascii(raw in prop::collection::vec(any::<u8>(), 0..300)) {
-            let visible = !raw.is_empty() && raw.len() <= MAX_KEY_LEN && raw.iter().all(|b| (0x21..=0x7e).contains(b));
+            let visible = !raw.is_empty() && raw.len() <= MAX_KEY_LEN && raw.iter().all(|b| (0x21..=0x7e).contains(b))
+                && !raw.starts_with(b"schedule:");
             match IdempotencyKey::parse(&raw) {
                 Ok(key) => {
                     prop_assert!(visible);

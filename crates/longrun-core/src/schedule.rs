@@ -291,6 +291,99 @@ impl Overlap {
     }
 }
 
+/// What the firing service knows of a schedule that is due.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Due {
+    /// Its next firing time (`None`: no further firing).
+    pub next_fire_at: Option<Timestamp>,
+    /// A firing held back by `buffer_one`.
+    pub buffered: Option<Timestamp>,
+    /// Whether its latest firing's operation has not ended yet.
+    pub previous_live: bool,
+}
+
+/// One firing time, as the plan decides it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Firing {
+    /// Start an operation for it.
+    Start(Timestamp),
+    /// Start none; record why.
+    Record(Timestamp, FireDecision),
+}
+
+/// What to do with a due schedule, and where it stands afterwards.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FiringPlan {
+    /// The firing times dealt with, in order.
+    pub firings: Vec<Firing>,
+    /// The next firing time after them.
+    pub next_fire_at: Option<Timestamp>,
+    /// The firing held back after them.
+    pub buffered: Option<Timestamp>,
+}
+
+/// Decides a due schedule's firings at `now`, at most `max` of them (the
+/// rest are due again next round):
+///
+/// - a firing held back by `buffer_one` starts once the previous ended;
+/// - firing times older than `catchup` before `now` (every node was down)
+///   are not started: the run of them is recorded as one `missed` at its
+///   first time, and the schedule moves on to the first time inside the
+///   window;
+/// - each time inside the window starts an operation unless the previous
+///   firing's operation is live (one started in this plan is): then `skip`
+///   records `skipped`, `buffer_one` holds back the first such time and
+///   skips the rest, and `allow` starts it anyway.
+pub fn plan_firings(
+    cadence: &Cadence,
+    overlap: Overlap,
+    catchup: Duration,
+    due: Due,
+    now: Timestamp,
+    max: usize,
+) -> FiringPlan {
+    let mut firings = Vec::new();
+    let mut live = due.previous_live;
+    let mut buffered = due.buffered;
+    if let Some(held) = buffered
+        && !live
+    {
+        firings.push(Firing::Start(held));
+        buffered = None;
+        live = true;
+    }
+    let mut next = due.next_fire_at;
+    let window_opens = now.minus(catchup);
+    if let Some(first) = next.filter(|t| *t < window_opens) {
+        firings.push(Firing::Record(first, FireDecision::Missed));
+        // The first time inside the window (or after it, if none is due).
+        next = cadence.next_after(Timestamp(window_opens.0 - 1));
+    }
+    while let Some(t) = next.filter(|t| *t <= now) {
+        if firings.len() >= max {
+            break;
+        }
+        let firing = match overlap {
+            _ if !live => Firing::Start(t),
+            Overlap::Allow => Firing::Start(t),
+            Overlap::Skip => Firing::Record(t, FireDecision::Skipped),
+            Overlap::BufferOne if buffered.is_none() => {
+                buffered = Some(t);
+                Firing::Record(t, FireDecision::Buffered)
+            }
+            Overlap::BufferOne => Firing::Record(t, FireDecision::Skipped),
+        };
+        live |= matches!(firing, Firing::Start(_));
+        firings.push(firing);
+        next = cadence.next_after(t);
+    }
+    FiringPlan {
+        firings,
+        next_fire_at: next,
+        buffered,
+    }
+}
+
 /// What became of one firing time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FireDecision {
@@ -304,6 +397,9 @@ pub enum FireDecision {
     Skipped,
     /// Due while no node was running, and older than the catch-up window.
     Missed,
+    /// The submission was refused for good (its kind is no longer
+    /// declared, its input no longer valid, …); the server logs why.
+    Refused,
 }
 
 impl FireDecision {
@@ -315,6 +411,7 @@ impl FireDecision {
             FireDecision::Buffered => "buffered",
             FireDecision::Skipped => "skipped",
             FireDecision::Missed => "missed",
+            FireDecision::Refused => "refused",
         }
     }
 
@@ -455,6 +552,148 @@ mod tests {
                 "2026-10-25T00:00:00.000Z",
                 "2026-10-25T02:00:00.000Z",
                 "2026-10-25T03:00:00.000Z"
+            ]
+        );
+    }
+
+    fn minute() -> Cadence {
+        Cadence::parse("* * * * *", None).unwrap()
+    }
+
+    fn due(next: &str, previous_live: bool) -> Due {
+        Due {
+            next_fire_at: Some(at(next)),
+            buffered: None,
+            previous_live,
+        }
+    }
+
+    #[test]
+    fn due_times_start_in_order_and_the_schedule_moves_on() {
+        let plan = plan_firings(
+            &minute(),
+            Overlap::Allow,
+            Duration::from_secs(3600),
+            due("2026-12-05T10:00:00Z", true),
+            at("2026-12-05T10:02:30Z"),
+            100,
+        );
+        assert_eq!(
+            plan.firings,
+            [
+                Firing::Start(at("2026-12-05T10:00:00Z")),
+                Firing::Start(at("2026-12-05T10:01:00Z")),
+                Firing::Start(at("2026-12-05T10:02:00Z"))
+            ]
+        );
+        assert_eq!(plan.next_fire_at, Some(at("2026-12-05T10:03:00Z")));
+        // At most `max`; the rest stay due.
+        let plan = plan_firings(
+            &minute(),
+            Overlap::Allow,
+            Duration::from_secs(3600),
+            due("2026-12-05T10:00:00Z", false),
+            at("2026-12-05T10:02:30Z"),
+            2,
+        );
+        assert_eq!(plan.firings.len(), 2);
+        assert_eq!(plan.next_fire_at, Some(at("2026-12-05T10:02:00Z")));
+    }
+
+    #[test]
+    fn overlap_policies_decide_what_a_live_firing_does_to_the_next() {
+        let now = at("2026-12-05T10:02:30Z");
+        let window = Duration::from_secs(3600);
+        let skip = plan_firings(
+            &minute(),
+            Overlap::Skip,
+            window,
+            due("2026-12-05T10:00:00Z", false),
+            now,
+            100,
+        );
+        assert_eq!(
+            skip.firings,
+            [
+                Firing::Start(at("2026-12-05T10:00:00Z")),
+                Firing::Record(at("2026-12-05T10:01:00Z"), FireDecision::Skipped),
+                Firing::Record(at("2026-12-05T10:02:00Z"), FireDecision::Skipped)
+            ]
+        );
+        let buffer = plan_firings(
+            &minute(),
+            Overlap::BufferOne,
+            window,
+            due("2026-12-05T10:00:00Z", true),
+            now,
+            100,
+        );
+        assert_eq!(
+            buffer.firings,
+            [
+                Firing::Record(at("2026-12-05T10:00:00Z"), FireDecision::Buffered),
+                Firing::Record(at("2026-12-05T10:01:00Z"), FireDecision::Skipped),
+                Firing::Record(at("2026-12-05T10:02:00Z"), FireDecision::Skipped)
+            ]
+        );
+        assert_eq!(buffer.buffered, Some(at("2026-12-05T10:00:00Z")));
+        // Once the running one ends, the held-back firing starts first.
+        let later = Due {
+            next_fire_at: buffer.next_fire_at,
+            buffered: buffer.buffered,
+            previous_live: false,
+        };
+        let resumed = plan_firings(
+            &minute(),
+            Overlap::BufferOne,
+            window,
+            later,
+            at("2026-12-05T10:03:10Z"),
+            100,
+        );
+        assert_eq!(
+            resumed.firings,
+            [
+                Firing::Start(at("2026-12-05T10:00:00Z")),
+                Firing::Record(at("2026-12-05T10:03:00Z"), FireDecision::Buffered)
+            ]
+        );
+        assert_eq!(resumed.buffered, Some(at("2026-12-05T10:03:00Z")));
+    }
+
+    #[test]
+    fn times_missed_past_the_catchup_window_are_recorded_once_and_skipped() {
+        // Down from 09:00 to 10:02:30; the window is 90 s.
+        let plan = plan_firings(
+            &minute(),
+            Overlap::Allow,
+            Duration::from_secs(90),
+            due("2026-12-05T09:00:00Z", false),
+            at("2026-12-05T10:02:30Z"),
+            100,
+        );
+        assert_eq!(
+            plan.firings,
+            [
+                Firing::Record(at("2026-12-05T09:00:00Z"), FireDecision::Missed),
+                Firing::Start(at("2026-12-05T10:01:00Z")),
+                Firing::Start(at("2026-12-05T10:02:00Z"))
+            ]
+        );
+        // A window of none: only what is due this instant.
+        let plan = plan_firings(
+            &minute(),
+            Overlap::Allow,
+            Duration::ZERO,
+            due("2026-12-05T09:00:00Z", false),
+            at("2026-12-05T10:02:00Z"),
+            100,
+        );
+        assert_eq!(
+            plan.firings,
+            [
+                Firing::Record(at("2026-12-05T09:00:00Z"), FireDecision::Missed),
+                Firing::Start(at("2026-12-05T10:02:00Z"))
             ]
         );
     }

@@ -10,6 +10,7 @@ pub mod health;
 pub mod openapi;
 pub mod operations;
 pub mod results;
+pub mod schedules;
 pub mod uploads;
 pub mod wire;
 pub mod workers;

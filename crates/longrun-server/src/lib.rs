@@ -41,6 +41,7 @@ mod keys;
 pub mod listen;
 mod metrics;
 mod ratelimit;
+pub mod schedules;
 mod server;
 pub mod source;
 mod submissions;
@@ -404,6 +405,7 @@ pub fn app(state: AppState) -> Router {
         .merge(http::events::router())
         .merge(http::results::router())
         .merge(http::uploads::router())
+        .merge(http::schedules::router())
         .merge(http::openapi::router())
         .merge(http::admin::router())
         .merge(http::health::router())

@@ -40,6 +40,8 @@ pub struct ServeOptions {
     pub reaper: reaper::Config,
     /// The deadline enforcer.
     pub enforcer: enforcer::Config,
+    /// The firing of schedules.
+    pub schedules: crate::schedules::Config,
     /// The webhook deliverer.
     pub webhooks: webhooks::Config,
     /// Retention.
@@ -78,6 +80,7 @@ impl ServeOptions {
             dispatcher: dispatcher::Config::default(),
             reaper: reaper::Config::default(),
             enforcer: enforcer::Config::default(),
+            schedules: crate::schedules::Config::default(),
             webhooks: webhooks::Config::default(),
             deliver_webhooks: true,
             postgres: None,
@@ -286,6 +289,11 @@ pub async fn start(options: ServeOptions) -> anyhow::Result<RunningServer> {
         options.retention.clone(),
     );
     services.push(tokio::spawn(retention.run(services_stop.clone())));
+    services.push(tokio::spawn(crate::schedules::run(
+        state.clone(),
+        options.schedules.clone(),
+        services_stop.clone(),
+    )));
     if options.deliver_webhooks {
         let deliverer = Arc::new(Deliverer::new(store.clone(), clock.clone(), webhook_config));
         services.push(tokio::spawn(deliverer.run(services_stop.clone())));

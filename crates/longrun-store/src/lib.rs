@@ -412,7 +412,8 @@ pub trait Store: Send + Sync + 'static {
     async fn schedule_due(&self, now: longrun_core::Timestamp, limit: u32) -> Result<Vec<ScheduleRecord>>;
 
     /// Records what firing times became (a time recorded again takes the
-    /// newer record), and forgets each schedule's records from before `keep_after`.
+    /// newer record, unless that would hide the operation the older one
+    /// names), and forgets each schedule's records from before `keep_after`.
     async fn schedule_fires_record(&self, fires: Vec<ScheduleFire>, keep_after: longrun_core::Timestamp) -> Result<()>;
 
     /// Up to `limit` of a schedule's firing records, newest first.

@@ -93,6 +93,14 @@ pub const PRIORITY_MAX: i16 = 9;
 pub const PRIORITY_DEFAULT: i16 = 5;
 
 impl Operation {
+    /// The schedule this operation is a firing of (its idempotency key
+    /// says so: `schedule:{id}:{fire_time}`, a key prefix clients may not use).
+    pub fn schedule_id(&self) -> Option<&str> {
+        self.idempotency_key
+            .as_deref()
+            .and_then(longrun_core::schedule::schedule_id_of_key)
+    }
+
     /// Past its `expires_at`: gone to every reader from that instant on,
     /// whether or not the retention sweep has removed the record yet.
     pub fn is_expired(&self, now: Timestamp) -> bool {

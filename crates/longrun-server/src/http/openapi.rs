@@ -9,7 +9,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use crate::AppState;
-use crate::http::{admin, events, health, operations, results, uploads, workers};
+use crate::http::{admin, events, health, operations, results, schedules, uploads, workers};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -25,6 +25,7 @@ use crate::http::{admin, events, health, operations, results, uploads, workers};
         results::join_pieces, results::read_upload,
         uploads::create, uploads::append, uploads::offset, uploads::show, workers::claim, workers::heartbeat, workers::complete,
         workers::fail, workers::cancelled, workers::paused, workers::outcomes, operations::submit_batch, health::healthz, health::readyz, admin::metrics,
+        schedules::create, schedules::list, schedules::read, schedules::update, schedules::remove, schedules::fires, schedules::trigger,
     ),
     components(schemas(longrun_api::Problem, longrun_api::ProblemCode, longrun_api::OperationBody, longrun_api::SubmitRequest, longrun_api::OutcomeItem)),
     modifiers(&BearerAuth),
@@ -32,6 +33,7 @@ use crate::http::{admin, events, health, operations, results, uploads, workers};
         (name = "operations", description = "Submit, observe and cancel operations (role client)"),
         (name = "results", description = "Result artifacts and their download links"),
         (name = "uploads", description = "Inputs streamed (and resumed) before a submission names them"),
+        (name = "schedules", description = "Work that recurs: each firing is an ordinary operation (role client)"),
         (name = "webhooks", description = "Webhook delivery logs"),
         (name = "workers", description = "The worker protocol (role worker)"),
         (name = "operating", description = "Health and readiness"),

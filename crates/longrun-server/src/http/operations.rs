@@ -101,7 +101,7 @@ fn entity_tags(headers: &HeaderMap, name: header::HeaderName) -> Result<Option<E
 }
 
 /// `Some(version)` when `If-Match` names one version; `None` when absent or `*`.
-fn if_match(headers: &HeaderMap) -> Result<Option<i64>, ApiError> {
+pub(crate) fn if_match(headers: &HeaderMap) -> Result<Option<i64>, ApiError> {
     match entity_tags(headers, header::IF_MATCH)? {
         None | Some(EntityTags::Any) => Ok(None),
         Some(EntityTags::Versions(v)) if v.len() == 1 => Ok(Some(v[0])),
@@ -143,7 +143,7 @@ async fn set_observation_headers(app: &AppState, op: &Operation, headers: &mut H
 
 /// The representation of `op` with its ETag and, while it is not terminal,
 /// a `Retry-After`.
-async fn operation_response(app: &AppState, op: &Operation, status: StatusCode) -> Response {
+pub(crate) async fn operation_response(app: &AppState, op: &Operation, status: StatusCode) -> Response {
     let mut response = (status, Json(wire::operation(op))).into_response();
     set_observation_headers(app, op, response.headers_mut()).await;
     response

@@ -26,6 +26,7 @@ pub fn operation(op: &Operation) -> OperationBody {
         id: op.id.to_string(),
         kind: op.kind.clone(),
         rerun_of: op.rerun_of.as_ref().map(Id::to_string),
+        schedule_id: op.schedule_id().map(str::to_owned),
         reruns: op
             .reruns
             .as_ref()

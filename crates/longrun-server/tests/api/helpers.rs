@@ -132,6 +132,7 @@ pub async fn spawn_app_with(options: Options) -> TestApp {
     // Maintenance runs often so that moving the manual clock takes effect fast.
     serve.reaper.interval = Duration::from_millis(20);
     serve.enforcer.interval = Duration::from_millis(20);
+    serve.schedules.interval = Duration::from_millis(20);
     if let Some(clock) = &options.clock {
         serve.clock = Arc::new(clock.clone());
     }

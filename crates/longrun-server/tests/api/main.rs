@@ -20,6 +20,7 @@ mod pausing;
 mod reruns;
 mod results;
 mod s3;
+mod schedules;
 mod scheduling;
 mod schema;
 mod submit;

@@ -138,6 +138,12 @@ pub async fn firing_records_take_the_newest_word_and_forget_the_old(store: &dyn 
         .schedule_fires_record(vec![fire(&s, at(20), FireDecision::Started, Some("op_a"))], at(0))
         .await
         .unwrap();
+    // A node that decided otherwise (it saw the previous firing still
+    // live) never hides an operation that was started.
+    store
+        .schedule_fires_record(vec![fire(&s, at(20), FireDecision::Skipped, None)], at(0))
+        .await
+        .unwrap();
     // The buffered firing starts later: its record says so.
     store
         .schedule_fires_record(vec![fire(&s, at(30), FireDecision::Started, Some("op_b"))], at(0))

@@ -138,7 +138,8 @@ impl PostgresStore {
             "INSERT INTO schedule_fires (schedule_id, fire_time, tenant, operation_id, decision, recorded_at)
              SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::bigint[])
              ON CONFLICT (schedule_id, fire_time) DO UPDATE SET operation_id = excluded.operation_id,
-                 decision = excluded.decision, recorded_at = excluded.recorded_at",
+                 decision = excluded.decision, recorded_at = excluded.recorded_at
+              WHERE schedule_fires.operation_id IS NULL OR excluded.operation_id IS NOT NULL",
         )
         .bind(
             fires

@@ -16,6 +16,7 @@ pub(crate) fn webhook_payload(op: &Operation, event_type: &str) -> String {
             version: op.version,
             state: op.state.as_str().to_owned(),
             kind: op.kind.clone(),
+            schedule_id: op.schedule_id().map(str::to_owned),
         },
     };
     serde_json::to_string(&event).expect("a webhook body serializes")

@@ -119,7 +119,8 @@ pub(super) fn schedule_fires_record(c: &Connection, fires: &[ScheduleFire], keep
             "INSERT INTO schedule_fires (schedule_id, fire_time, tenant, operation_id, decision, recorded_at)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6)
              ON CONFLICT (schedule_id, fire_time) DO UPDATE SET operation_id = excluded.operation_id,
-                 decision = excluded.decision, recorded_at = excluded.recorded_at",
+                 decision = excluded.decision, recorded_at = excluded.recorded_at
+              WHERE schedule_fires.operation_id IS NULL OR excluded.operation_id IS NOT NULL",
         )?
         .execute(params![
             f.schedule_id.as_str(),

@@ -1,0 +1,356 @@
+//! Schedules (docs/schedules.md): a definition checked as a submission of
+//! it would be, the schedule as clients read it, and the firing service.
+//!
+//! Every node runs the firing service; none leads. A round reads the
+//! schedules that are due, decides each one's firings with
+//! [`plan_firings`] (the previous firing's operation tells whether one is
+//! live), submits each firing as an ordinary operation under the key
+//! `schedule:{id}:{fire_time}`, then moves the schedule on by
+//! compare-and-set on its version. Two nodes firing the same time submit
+//! the same key, so one operation results; the one whose compare-and-set
+//! loses records only the firings it started. A node killed between the
+//! submission and the compare-and-set leaves the time due, and the next
+//! round (on any node) submits the same key again: the operation is
+//! found, not made twice.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use longrun_api::{OverlapBody, ScheduleBody, ScheduleFireBody, ScheduleRequest, SubmitRequest};
+use longrun_core::schedule::{Cadence, Due, FireDecision, Firing, Overlap, plan_firings};
+use longrun_core::{Id, IdempotencyKey, Timestamp};
+use longrun_store::{Operation, ScheduleFire, ScheduleRecord, StoreError};
+use tokio_util::sync::CancellationToken;
+
+use crate::AppState;
+use crate::http::error::ApiError;
+use crate::submissions::{accept, prepare_submission};
+
+/// The catch-up window when a definition leaves it out.
+pub(crate) const DEFAULT_CATCHUP_SECONDS: u64 = 3600;
+/// The longest catch-up window.
+const MAX_CATCHUP_SECONDS: u64 = 30 * 24 * 3600;
+/// How many firing times a schedule shows ahead.
+const NEXT_SHOWN: usize = 5;
+/// Firings one schedule deals with in one round (the rest stay due).
+const FIRINGS_PER_ROUND: usize = 100;
+/// Due schedules read at a time, and fired concurrently (so that the
+/// store's group commit batches their writes).
+const DUE_PAGE: u32 = 500;
+const CONCURRENCY: usize = 32;
+/// Pages of due schedules one round reads at most.
+const PAGES_PER_ROUND: usize = 20;
+
+/// How the firing service runs.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// How often it looks for due schedules.
+    pub interval: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(1),
+        }
+    }
+}
+
+/// A checked definition.
+pub(crate) struct Definition {
+    pub request: ScheduleRequest,
+    pub cadence: Cadence,
+}
+
+/// Checks a definition: its cadence, its catch-up window, and everything
+/// a submission of its operation is checked for (kind, input, labels,
+/// callback, deadline, budget, priority), so that firings are not refused
+/// for what could be said now.
+pub(crate) async fn check(
+    app: &AppState,
+    tenant: &str,
+    mut request: ScheduleRequest,
+    now: Timestamp,
+) -> Result<Definition, ApiError> {
+    let cadence = Cadence::parse(&request.cron, request.time_zone.as_deref())
+        .map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
+    if let Some(seconds) = request.catchup_window
+        && seconds > MAX_CATCHUP_SECONDS
+    {
+        return Err(ApiError::InvalidRequest(format!(
+            "catchup_window {seconds} is more than {MAX_CATCHUP_SECONDS} seconds (30 days)"
+        )));
+    }
+    if request.input.as_ref().is_some_and(serde_json::Value::is_null) {
+        request.input = None;
+    }
+    let probe = IdempotencyKey::for_firing("sch_check", now);
+    prepare_submission(app, tenant, Some(probe), submission(&request), now, None).await?;
+    // `paused` is the record's, not the definition's.
+    request.paused = None;
+    Ok(Definition { request, cadence })
+}
+
+/// The submission each firing makes.
+fn submission(r: &ScheduleRequest) -> SubmitRequest {
+    SubmitRequest {
+        kind: r.kind.clone(),
+        input: r.input.clone(),
+        callback: r.callback.clone(),
+        deadline_seconds: r.deadline_seconds,
+        budget: r.budget,
+        labels: r.labels.clone(),
+        not_before: None,
+        start_after_seconds: None,
+        priority: r.priority,
+    }
+}
+
+/// The definition a record keeps.
+pub(crate) fn definition_of(record: &ScheduleRecord) -> Result<Definition, ApiError> {
+    let request: ScheduleRequest = serde_json::from_value(record.spec.clone())
+        .map_err(|e| ApiError::Internal(format!("schedule {} keeps an unreadable definition: {e}", record.id)))?;
+    let cadence = Cadence::parse(&request.cron, request.time_zone.as_deref())
+        .map_err(|e| ApiError::Internal(format!("schedule {} keeps an unreadable cadence: {e}", record.id)))?;
+    Ok(Definition { request, cadence })
+}
+
+fn overlap_of(r: &ScheduleRequest) -> Overlap {
+    match r.overlap.unwrap_or_default() {
+        OverlapBody::Skip => Overlap::Skip,
+        OverlapBody::BufferOne => Overlap::BufferOne,
+        OverlapBody::Allow => Overlap::Allow,
+    }
+}
+
+fn catchup_of(r: &ScheduleRequest) -> Duration {
+    Duration::from_secs(r.catchup_window.unwrap_or(DEFAULT_CATCHUP_SECONDS))
+}
+
+/// The schedule as clients read it.
+pub(crate) fn body(record: &ScheduleRecord) -> Result<ScheduleBody, ApiError> {
+    let Definition { request, cadence } = definition_of(record)?;
+    let next_fire_times = match record.next_fire_at.filter(|_| !record.paused) {
+        Some(next) => std::iter::once(next)
+            .chain(cadence.next_n(next, NEXT_SHOWN - 1))
+            .map(Timestamp::to_rfc3339)
+            .collect(),
+        None => Vec::new(),
+    };
+    Ok(ScheduleBody {
+        id: record.id.to_string(),
+        version: record.version,
+        paused: record.paused,
+        overlap: request.overlap.unwrap_or_default(),
+        catchup_window: request.catchup_window.unwrap_or(DEFAULT_CATCHUP_SECONDS),
+        time_zone: request.time_zone.clone().unwrap_or_else(|| "UTC".to_owned()),
+        labels: request.labels.clone().unwrap_or_default(),
+        priority: request
+            .priority
+            .unwrap_or(u64::from(longrun_store::PRIORITY_DEFAULT.unsigned_abs())),
+        kind: request.kind,
+        input: request.input,
+        cron: request.cron,
+        callback: request.callback,
+        deadline_seconds: request.deadline_seconds,
+        budget: request.budget,
+        next_fire_times,
+        last_operation_id: record.last_operation_id.clone(),
+        created_at: record.created_at.to_rfc3339(),
+        updated_at: record.updated_at.to_rfc3339(),
+    })
+}
+
+/// A firing record as clients read it.
+pub(crate) fn fire_body(f: &ScheduleFire) -> ScheduleFireBody {
+    ScheduleFireBody {
+        fire_time: f.fire_time.to_rfc3339(),
+        operation_id: f.operation_id.clone(),
+        decision: f.decision.as_str().to_owned(),
+    }
+}
+
+/// How long firing records are kept: as long as the operations they name.
+fn fires_kept(app: &AppState, now: Timestamp) -> Timestamp {
+    now.minus(app.config.operation_retention)
+}
+
+/// Submits the firing of `record` at `fire_time`: the operation, new or
+/// found (the same key from another node, or a retry).
+async fn submit(
+    app: &AppState,
+    record: &ScheduleRecord,
+    d: &Definition,
+    fire_time: Timestamp,
+    now: Timestamp,
+) -> Result<Operation, ApiError> {
+    let key = IdempotencyKey::for_firing(record.id.as_str(), fire_time);
+    let params = prepare_submission(app, &record.tenant, Some(key), submission(&d.request), now, None).await?;
+    match accept(app, params).await {
+        Ok((op, _)) => Ok(op),
+        // The definition changed between two tries of this firing: the
+        // first try's operation is the firing.
+        Err(ApiError::IdempotencyKeyReused { operation_id }) => app
+            .store
+            .operation_get(&record.tenant, &operation_id)
+            .await?
+            .ok_or(ApiError::NotFound),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether a refusal may pass (quota, the database, acceptance paused):
+/// the firing is tried again next round instead of recorded `refused`.
+fn passes(e: &ApiError) -> bool {
+    let status = e.status();
+    status == axum::http::StatusCode::TOO_MANY_REQUESTS || status.is_server_error()
+}
+
+/// `POST /v1/schedules/{id}/trigger`: fires the schedule now, whatever its
+/// overlap policy says, and makes the operation its latest firing.
+pub(crate) async fn trigger(app: &AppState, tenant: &str, id: &Id) -> Result<Operation, ApiError> {
+    let now = app.clock.now();
+    let record = app.store.schedule_get(tenant, id).await?.ok_or(ApiError::NotFound)?;
+    let d = definition_of(&record)?;
+    let op = submit(app, &record, &d, now, now).await?;
+    let fire = ScheduleFire {
+        schedule_id: record.id.clone(),
+        tenant: record.tenant.clone(),
+        fire_time: now,
+        operation_id: Some(op.id.to_string()),
+        decision: FireDecision::Triggered,
+        recorded_at: now,
+    };
+    app.store
+        .schedule_fires_record(vec![fire], fires_kept(app, now))
+        .await?;
+    // The trigger's operation becomes the latest firing (retried on a race
+    // with a firing round or a PATCH: both leave it to be set again).
+    let mut current = record;
+    for _ in 0..5 {
+        let mut next = current.clone();
+        next.version += 1;
+        next.last_operation_id = Some(op.id.to_string());
+        next.updated_at = now;
+        if app.store.schedule_update(next, current.version).await? {
+            break;
+        }
+        match app.store.schedule_get(tenant, id).await? {
+            Some(again) => current = again,
+            None => break,
+        }
+    }
+    Ok(op)
+}
+
+/// Deals with one due schedule.
+async fn fire_due(app: &AppState, record: ScheduleRecord, now: Timestamp) -> Result<(), ApiError> {
+    let d = definition_of(&record)?;
+    let previous_live = match &record.last_operation_id {
+        Some(op) => app
+            .store
+            .operation_get(&record.tenant, &Id::from_trusted(op.clone()))
+            .await?
+            .is_some_and(|op| !op.state.is_terminal()),
+        None => false,
+    };
+    let due = Due {
+        next_fire_at: record.next_fire_at,
+        buffered: record.buffered_fire_at,
+        previous_live,
+    };
+    let plan = plan_firings(
+        &d.cadence,
+        overlap_of(&d.request),
+        catchup_of(&d.request),
+        due,
+        now,
+        FIRINGS_PER_ROUND,
+    );
+    let mut fires = Vec::with_capacity(plan.firings.len());
+    let mut last_operation_id = record.last_operation_id.clone();
+    let fire = |fire_time, operation_id: Option<String>, decision| ScheduleFire {
+        schedule_id: record.id.clone(),
+        tenant: record.tenant.clone(),
+        fire_time,
+        operation_id,
+        decision,
+        recorded_at: now,
+    };
+    let mut held_back = false;
+    for firing in &plan.firings {
+        match *firing {
+            Firing::Start(t) => match submit(app, &record, &d, t, now).await {
+                Ok(op) => {
+                    last_operation_id = Some(op.id.to_string());
+                    fires.push(fire(t, last_operation_id.clone(), FireDecision::Started));
+                }
+                Err(e) if passes(&e) => {
+                    // Tried again next round; nothing after it moves on.
+                    tracing::warn!(schedule.id = %record.id, code = e.code(), error = %e, "a firing is held back");
+                    held_back = true;
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(schedule.id = %record.id, code = e.code(), error = %e, "a firing was refused");
+                    fires.push(fire(t, None, FireDecision::Refused));
+                }
+            },
+            Firing::Record(t, decision) => fires.push(fire(t, None, decision)),
+        }
+    }
+    if held_back {
+        // Record what was started; the schedule stays where it was, so the
+        // rest is decided again (started times are found by their keys).
+        let started: Vec<_> = fires.into_iter().filter(|f| f.operation_id.is_some()).collect();
+        app.store.schedule_fires_record(started, fires_kept(app, now)).await?;
+        return Ok(());
+    }
+    let mut next = record.clone();
+    next.version += 1;
+    next.next_fire_at = plan.next_fire_at;
+    next.buffered_fire_at = plan.buffered;
+    next.last_operation_id = last_operation_id;
+    next.updated_at = now;
+    let won = app.store.schedule_update(next, record.version).await?;
+    if !won {
+        // Another node (or a PATCH) moved it first: keep only the truth
+        // this node made, the operations it started.
+        fires.retain(|f| f.operation_id.is_some());
+    }
+    app.store.schedule_fires_record(fires, fires_kept(app, now)).await?;
+    Ok(())
+}
+
+/// One round: every schedule due now, a page at a time.
+pub(crate) async fn round(app: &AppState) -> Result<u64, StoreError> {
+    let now = app.clock.now();
+    let mut dealt = 0u64;
+    for _ in 0..PAGES_PER_ROUND {
+        let due = app.store.schedule_due(now, DUE_PAGE).await?;
+        let full = due.len() as u32 == DUE_PAGE;
+        let outcomes: Vec<_> = futures_util::stream::iter(due)
+            .map(|record| fire_due(app, record, now))
+            .buffer_unordered(CONCURRENCY)
+            .collect()
+            .await;
+        for outcome in outcomes {
+            match outcome {
+                Ok(()) => dealt += 1,
+                Err(e) => tracing::warn!(code = e.code(), error = %e, "a schedule could not be fired"),
+            }
+        }
+        if !full {
+            break;
+        }
+    }
+    if dealt > 0 {
+        metrics::counter!("longrun_schedules_fired_total").increment(dealt);
+    }
+    Ok(dealt)
+}
+
+/// Fires due schedules every `config.interval` until `shutdown`.
+pub(crate) async fn run(app: AppState, config: Config, shutdown: CancellationToken) {
+    longrun_engine::service::run_every("firing schedules", config.interval, shutdown, || round(&app)).await;
+}
