@@ -52,6 +52,231 @@ pub enum Output {
     Json,
 }
 
+/// `longrun schedules …`.
+#[derive(Subcommand)]
+pub enum ScheduleCommand {
+    /// Create a schedule; prints its id and next firing times.
+    Create {
+        /// The kind each firing submits.
+        kind: String,
+        /// 5-field cron, a shorthand (@daily) or `@every 15m`.
+        #[arg(long)]
+        cron: String,
+        /// Each firing's input (JSON).
+        #[arg(long)]
+        input: Option<String>,
+        /// The IANA time zone the cron is read in (default UTC).
+        #[arg(long)]
+        time_zone: Option<String>,
+        /// skip (default), buffer_one or allow.
+        #[arg(long)]
+        overlap: Option<String>,
+        /// Seconds a missed firing may be late and still start (default 3600).
+        #[arg(long)]
+        catchup_window: Option<u64>,
+        /// Each firing's priority, 1–9.
+        #[arg(long)]
+        priority: Option<u64>,
+        /// Each firing's labels, key=value (repeatable).
+        #[arg(long = "label")]
+        labels: Vec<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// List the tenant's schedules.
+    List {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Show a schedule and its recent firings.
+    Get {
+        id: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Pause a schedule (no firing until resumed).
+    Pause {
+        id: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Resume a schedule; its next firing counts from now.
+    Resume {
+        id: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Delete a schedule (its operations stay).
+    Delete {
+        id: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Fire a schedule now; prints the firing's operation id.
+    Trigger {
+        id: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+impl ScheduleCommand {
+    fn args(&self) -> &ClientArgs {
+        match self {
+            ScheduleCommand::Create { client, .. }
+            | ScheduleCommand::List { client }
+            | ScheduleCommand::Get { client, .. }
+            | ScheduleCommand::Pause { client, .. }
+            | ScheduleCommand::Resume { client, .. }
+            | ScheduleCommand::Delete { client, .. }
+            | ScheduleCommand::Trigger { client, .. } => client,
+        }
+    }
+}
+
+fn print_schedule(schedule: &longrun_client::Schedule, output: Output) {
+    match output {
+        Output::Json => println!("{}", serde_json::to_string(schedule).unwrap_or_default()),
+        Output::Text => {
+            println!("id         {}", schedule.id);
+            println!("kind       {}", schedule.kind);
+            println!("cron       {} ({})", schedule.cron, schedule.time_zone);
+            println!(
+                "version    {}{}",
+                schedule.version,
+                if schedule.paused { "  paused" } else { "" }
+            );
+            for (n, at) in schedule.next_fire_times.iter().enumerate() {
+                println!("{}{at}", if n == 0 { "next       " } else { "           " });
+            }
+            if let Some(op) = &schedule.last_operation_id {
+                println!("last       {op}");
+            }
+        }
+    }
+}
+
+async fn schedules(client: &Client, output: Output, command: ScheduleCommand) -> Result<i32, Error> {
+    match command {
+        ScheduleCommand::Create {
+            kind,
+            cron,
+            input,
+            time_zone,
+            overlap,
+            catchup_window,
+            priority,
+            labels,
+            ..
+        } => {
+            let input = match input.as_deref().map(serde_json::from_str::<Value>).transpose() {
+                Ok(input) => input,
+                Err(e) => {
+                    eprintln!("error: --input is not JSON: {e}");
+                    return Ok(EXIT_USAGE);
+                }
+            };
+            let overlap = match overlap.as_deref() {
+                None => None,
+                Some(text) => match serde_json::from_value(Value::String(text.to_owned())) {
+                    Ok(overlap) => Some(overlap),
+                    Err(_) => {
+                        eprintln!("error: --overlap is skip, buffer_one or allow");
+                        return Ok(EXIT_USAGE);
+                    }
+                },
+            };
+            let mut parsed = BTreeMap::new();
+            for label in labels {
+                let Some((k, v)) = label.split_once('=') else {
+                    eprintln!("error: --label takes key=value, not {label:?}");
+                    return Ok(EXIT_USAGE);
+                };
+                parsed.insert(k.to_owned(), v.to_owned());
+            }
+            let request = longrun_client::ScheduleRequest {
+                kind,
+                input,
+                cron,
+                time_zone,
+                overlap,
+                catchup_window,
+                labels: (!parsed.is_empty()).then_some(parsed),
+                priority,
+                ..Default::default()
+            };
+            let schedule = client.create_schedule(&request).await?;
+            match output {
+                Output::Json => print_schedule(&schedule, output),
+                Output::Text => println!("{}", schedule.id),
+            }
+        }
+        ScheduleCommand::List { .. } => {
+            let mut token: Option<String> = None;
+            loop {
+                let page = client.list_schedules(token.as_deref()).await?;
+                for schedule in &page.schedules {
+                    match output {
+                        Output::Json => print_schedule(schedule, output),
+                        Output::Text => println!(
+                            "{}  {:<20} {:<16} {}{}",
+                            schedule.id,
+                            schedule.kind,
+                            schedule.cron,
+                            schedule.next_fire_times.first().map_or("-", String::as_str),
+                            if schedule.paused { "  paused" } else { "" }
+                        ),
+                    }
+                }
+                match page.next_page_token {
+                    Some(next) => token = Some(next),
+                    None => break,
+                }
+            }
+        }
+        ScheduleCommand::Get { id, .. } => {
+            let schedule = client.get_schedule(&id).await?;
+            print_schedule(&schedule, output);
+            if output == Output::Text {
+                for fire in client.schedule_fires(&id).await?.fires.iter().take(10) {
+                    println!(
+                        "fired      {}  {}{}",
+                        fire.fire_time,
+                        fire.decision,
+                        fire.operation_id
+                            .as_deref()
+                            .map(|op| format!("  {op}"))
+                            .unwrap_or_default()
+                    );
+                }
+            }
+        }
+        ScheduleCommand::Pause { id, .. } => {
+            let patch = longrun_client::SchedulePatch {
+                paused: Some(true),
+                ..Default::default()
+            };
+            print_schedule(&client.patch_schedule(&id, &patch).await?, output);
+        }
+        ScheduleCommand::Resume { id, .. } => {
+            let patch = longrun_client::SchedulePatch {
+                paused: Some(false),
+                ..Default::default()
+            };
+            print_schedule(&client.patch_schedule(&id, &patch).await?, output);
+        }
+        ScheduleCommand::Delete { id, .. } => client.delete_schedule(&id).await?,
+        ScheduleCommand::Trigger { id, .. } => {
+            let operation = client.trigger_schedule(&id).await?;
+            match output {
+                Output::Json => print_operation(&operation, output),
+                Output::Text => println!("{}", operation.id),
+            }
+        }
+    }
+    Ok(EXIT_OK)
+}
+
 #[derive(Subcommand)]
 pub enum ClientCommand {
     /// Submit an operation; prints its id (and the idempotency key to retry with).
@@ -176,6 +401,11 @@ pub enum ClientCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Schedules: work submitted on a cadence (docs/schedules.md).
+    Schedules {
+        #[command(subcommand)]
+        command: ScheduleCommand,
+    },
     /// Upload a file as an input (resumable: a broken connection resumes
     /// where the server stopped); prints the upload id to name in a submission.
     Upload {
@@ -201,6 +431,7 @@ impl ClientCommand {
             | ClientCommand::Pause { client, .. }
             | ClientCommand::Resume { client, .. }
             | ClientCommand::Upload { client, .. } => client,
+            ClientCommand::Schedules { command } => command.args(),
         }
     }
 }
@@ -467,6 +698,7 @@ async fn execute(client: &Client, output: Output, command: ClientCommand) -> Res
             print_operation(&client.get(&id).await?, output);
             Ok(EXIT_OK)
         }
+        ClientCommand::Schedules { command } => schedules(client, output, command).await,
         ClientCommand::Pause { id, .. } => {
             print_operation(&client.pause(&id).await?, output);
             Ok(EXIT_OK)

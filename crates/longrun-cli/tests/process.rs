@@ -892,3 +892,106 @@ fn serve_refuses_a_trusted_proxy_that_is_no_address_or_network() {
     assert!(stderr.contains("proxy.internal"), "{stderr}");
     assert!(!dir.path().join("longrun.db").exists(), "nothing was started");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedules_are_created_fired_paused_triggered_and_deleted_from_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_server(dir.path(), &[]).await;
+    let token = server.bootstrap_client_key.clone().unwrap();
+    let base = server.base.clone();
+    let (code, out) = client(
+        &base,
+        &token,
+        &[
+            "schedules",
+            "create",
+            "sleep",
+            "--cron",
+            "@every 1s",
+            "--overlap",
+            "allow",
+            "--input",
+            r#"{"duration_ms": 1}"#,
+            "--label",
+            "from=cli",
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "{out}");
+    let id = out.trim().to_owned();
+    assert!(id.starts_with("sch_"), "{out}");
+    let (code, out) = client(&base, &token, &["schedules", "list"]).await;
+    assert_eq!(code, 0);
+    assert!(out.contains(&id) && out.contains("@every 1s"), "{out}");
+
+    // The server fires it on its own, on the wall clock: wait (bounded) for
+    // a firing whose operation ran.
+    let http = reqwest::Client::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let op = loop {
+        let fires: Value = http
+            .get(format!("{base}/v1/schedules/{id}/fires"))
+            .bearer_auth(&token)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if let Some(op) = fires["fires"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find_map(|f| f["operation_id"].as_str())
+        {
+            break op.to_owned();
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no firing: {fires}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let ended = wait_until(&base, &token, &[op], |op| op["state"] == "succeeded").await;
+    assert_eq!(ended[0]["schedule_id"], json!(id));
+    assert_eq!(ended[0]["labels"], json!({"from": "cli"}));
+
+    let (code, out) = client(&base, &token, &["schedules", "pause", &id, "--output", "json"]).await;
+    assert_eq!(code, 0, "{out}");
+    let paused: Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(
+        (paused["paused"].clone(), paused["next_fire_times"].clone()),
+        (json!(true), json!([]))
+    );
+    let (code, out) = client(&base, &token, &["schedules", "trigger", &id]).await;
+    assert_eq!(code, 0, "{out}");
+    let triggered = out.trim().to_owned();
+    assert!(triggered.starts_with("op_"), "{out}");
+    let (code, out) = client(&base, &token, &["schedules", "get", &id]).await;
+    assert_eq!(code, 0);
+    assert!(out.contains("triggered") && out.contains(&triggered), "{out}");
+    let (code, out) = client(&base, &token, &["schedules", "resume", &id, "--output", "json"]).await;
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        serde_json::from_str::<Value>(out.trim()).unwrap()["paused"],
+        json!(false)
+    );
+
+    let (code, _) = client(&base, &token, &["schedules", "delete", &id]).await;
+    assert_eq!(code, 0);
+    let (code, out) = client(&base, &token, &["schedules", "get", &id, "--output", "json"]).await;
+    assert_eq!(code, 4, "{out}");
+    assert!(out.contains("not_found"), "{out}");
+    let (code, _) = client(
+        &base,
+        &token,
+        &[
+            "schedules",
+            "create",
+            "sleep",
+            "--cron",
+            "@every 1s",
+            "--overlap",
+            "often",
+        ],
+    )
+    .await;
+    assert_eq!(code, 2, "a bad flag is a usage error");
+}

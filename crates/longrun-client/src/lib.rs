@@ -28,7 +28,8 @@ pub mod webhooks;
 pub use longrun_api as api;
 pub use longrun_api::{
     BatchSubmitItem as Submission, BudgetRequest, CallbackRequest, ErrorBody as OperationError,
-    OperationBody as Operation, Problem, ProgressBody as Progress, RerunRequest, UploadBody as Upload,
+    OperationBody as Operation, Problem, ProgressBody as Progress, RerunRequest, ScheduleBody as Schedule,
+    ScheduleFires, ScheduleList, SchedulePatch, ScheduleRequest, UploadBody as Upload,
 };
 
 use std::sync::Arc;
@@ -475,6 +476,81 @@ impl Client {
                 other => return other,
             }
         }
+    }
+
+    /// Creates a schedule. Sent once: a retry of a creation whose answer
+    /// was lost would make a second schedule (list them to check).
+    pub async fn create_schedule(&self, request: &ScheduleRequest) -> Result<Schedule> {
+        let response = self.request(Method::POST, "/v1/schedules").json(request).send().await?;
+        ok_json(response).await
+    }
+
+    /// Reads a schedule.
+    pub async fn get_schedule(&self, id: &str) -> Result<Schedule> {
+        let response = self.request(Method::GET, &format!("/v1/schedules/{id}")).send().await?;
+        ok_json(response).await
+    }
+
+    /// One page of the tenant's schedules, oldest first.
+    pub async fn list_schedules(&self, page_token: Option<&str>) -> Result<ScheduleList> {
+        let path = match page_token {
+            Some(token) => format!("/v1/schedules?page_token={token}"),
+            None => "/v1/schedules".to_owned(),
+        };
+        ok_json(self.request(Method::GET, &path).send().await?).await
+    }
+
+    /// Changes a schedule under `If-Match`, read first; a firing that moves
+    /// its version in between is read again (up to the retry policy's attempts).
+    pub async fn patch_schedule(&self, id: &str, patch: &SchedulePatch) -> Result<Schedule> {
+        let mut attempt = 0;
+        loop {
+            let current = self.get_schedule(id).await?;
+            let response = self
+                .request(Method::PATCH, &format!("/v1/schedules/{id}"))
+                .header("If-Match", format!("\"{}\"", current.version))
+                .json(patch)
+                .send()
+                .await?;
+            match ok_json(response).await {
+                Err(e) if e.code() == Some("precondition_failed") && attempt + 1 < self.retry.max_attempts => {
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Deletes a schedule (its operations stay).
+    pub async fn delete_schedule(&self, id: &str) -> Result<()> {
+        let response = self
+            .request(Method::DELETE, &format!("/v1/schedules/{id}"))
+            .send()
+            .await?;
+        if response.status().is_success() {
+            Ok(())
+        } else {
+            Err(problem(response).await)
+        }
+    }
+
+    /// Fires a schedule now; the firing's operation.
+    pub async fn trigger_schedule(&self, id: &str) -> Result<Operation> {
+        let response = self
+            .request(Method::POST, &format!("/v1/schedules/{id}/trigger"))
+            .send()
+            .await?;
+        ok_json(response).await
+    }
+
+    /// A schedule's recent firing records, newest first.
+    pub async fn schedule_fires(&self, id: &str) -> Result<ScheduleFires> {
+        ok_json(
+            self.request(Method::GET, &format!("/v1/schedules/{id}/fires"))
+                .send()
+                .await?,
+        )
+        .await
     }
 
     /// Pages through the tenant's operations, newest first.

@@ -72,8 +72,10 @@ pub(crate) async fn check(
     mut request: ScheduleRequest,
     now: Timestamp,
 ) -> Result<Definition, ApiError> {
+    // What the schema cannot state (cron syntax, zone names) is 422, as a
+    // kind's own check of an input is.
     let cadence = Cadence::parse(&request.cron, request.time_zone.as_deref())
-        .map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
+        .map_err(|e| ApiError::InvalidInput(e.to_string()))?;
     if let Some(seconds) = request.catchup_window
         && seconds > MAX_CATCHUP_SECONDS
     {

@@ -129,12 +129,21 @@ async fn list(
         }
         Some(n) => n,
     };
-    let after = match query.page_token.as_deref() {
-        None | Some("") => None,
-        Some(token) => Some(
-            Id::parse(IdKind::Schedule, token)
-                .ok_or_else(|| ApiError::InvalidRequest("page_token is not one this server gave".into()))?,
-        ),
+    // A page token is the last id of the previous page: any string of the
+    // documented pattern is a position (past the end: an empty page).
+    let after = match query.page_token {
+        None => None,
+        Some(token) => {
+            let shaped = token.strip_prefix("sch_").is_some_and(|rest| {
+                (1..=40).contains(&rest.len()) && rest.bytes().all(|b| b.is_ascii_digit() || b.is_ascii_lowercase())
+            });
+            if !shaped {
+                return Err(ApiError::InvalidRequest(
+                    "page_token is not one this server gave".into(),
+                ));
+            }
+            Some(Id::from_trusted(token))
+        }
     };
     let records = app.store.schedule_list(&caller.tenant, after, page_size).await?;
     let next_page_token = (records.len() as u32 == page_size)
@@ -163,8 +172,8 @@ async fn update(
     JsonBody(patch): JsonBody<SchedulePatch>,
 ) -> Result<Response, ApiError> {
     caller.require_client()?;
-    let id = parse_schedule_id(&id)?;
     let given = if_match(&headers)?.ok_or(ApiError::PreconditionRequired)?;
+    let id = parse_schedule_id(&id)?;
     let now = app.clock.now();
     let current = app
         .store

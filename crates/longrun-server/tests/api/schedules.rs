@@ -210,8 +210,8 @@ async fn a_schedule_is_created_read_listed_changed_and_deleted() {
     // A change is checked as a creation is.
     problem(
         patch(&app, &id, Some(3), &json!({"cron": "61 * * * *"})).await,
-        StatusCode::BAD_REQUEST,
-        "invalid_request",
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "invalid_input",
     )
     .await;
 
@@ -247,26 +247,26 @@ async fn bad_definitions_are_refused_with_a_stable_code() {
     for (body, status, code, says) in [
         (
             json!({"kind": "report", "cron": "* * *"}),
-            StatusCode::BAD_REQUEST,
-            "invalid_request",
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_input",
             "3 fields",
         ),
         (
             json!({"kind": "report", "cron": "0 25 * * *"}),
-            StatusCode::BAD_REQUEST,
-            "invalid_request",
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_input",
             "hour",
         ),
         (
             json!({"kind": "report", "cron": "@every 0s"}),
-            StatusCode::BAD_REQUEST,
-            "invalid_request",
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_input",
             "1s",
         ),
         (
             json!({"kind": "report", "cron": "@daily", "time_zone": "Mars/Base"}),
-            StatusCode::BAD_REQUEST,
-            "invalid_request",
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_input",
             "time_zone",
         ),
         (
