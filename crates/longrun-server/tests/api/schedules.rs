@@ -588,3 +588,53 @@ async fn a_trigger_fires_now_whatever_the_overlap_policy_says() {
         .unwrap();
     problem(unknown, StatusCode::NOT_FOUND, "not_found").await;
 }
+
+/// A node that submitted a firing and died before moving the schedule on
+/// leaves the time due; the next round finds that operation by the
+/// firing's key instead of making a second one.
+#[tokio::test]
+async fn a_firing_submitted_by_a_node_that_died_is_found_not_repeated() {
+    use longrun_core::fingerprint::Fingerprinter;
+    use longrun_core::{Id, IdKind, IdempotencyKey};
+
+    let (app, clock) = app_at_start().await;
+    let schedule = create_ok(&app, &json!({"kind": "report", "cron": "@every 1m"})).await;
+    let id = schedule["id"].as_str().unwrap();
+    let fire_time = Timestamp::parse_rfc3339("2027-01-04T10:01:00Z").unwrap();
+    // What the dead node wrote: the firing's operation, nothing else. (Its
+    // fingerprint is not the server's, as if the definition changed since.)
+    let orphan = app
+        .store
+        .operation_accept(longrun_store::AcceptParams {
+            id: Id::generate(IdKind::Operation),
+            tenant: "acme".into(),
+            kind: "report".into(),
+            input: Value::Null,
+            callback_url: None,
+            deadline_at: None,
+            budget_max_cost: None,
+            labels: Default::default(),
+            idempotency: Some((
+                IdempotencyKey::for_firing(id, fire_time),
+                Fingerprinter::new(b"another node").fingerprint(&json!({"kind": "report"})),
+            )),
+            uploads: Vec::new(),
+            rerun_of: None,
+            from_checkpoint: false,
+            not_before: None,
+            priority: 5,
+            now: fire_time,
+        })
+        .await
+        .unwrap();
+    let longrun_store::AcceptOutcome::Created(orphan) = orphan else {
+        panic!("the orphan is created")
+    };
+    clock.advance(Duration::from_secs(30));
+    let fires = wait_for_fires(&app, id, 1).await;
+    assert_eq!(decisions(&fires), [pair("2027-01-04T10:01:00.000Z", "started")]);
+    assert_eq!(fires[0]["operation_id"], json!(orphan.id.as_str()));
+    assert_eq!(app.operation_count("acme").await, 1, "no second operation");
+    let op = app.get_operation(orphan.id.as_str()).await;
+    assert_eq!(op["schedule_id"], json!(id));
+}
