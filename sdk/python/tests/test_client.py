@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import time
 import uuid
 
 import pytest
@@ -182,3 +183,38 @@ def test_work_that_starts_later_and_priority(client: longrun.Client) -> None:
     assert later.not_before is None
     with pytest.raises(errors.InvalidRequest):
         client.submit("py.idle", {}, priority=12)
+
+
+def test_schedules_are_created_fired_changed_and_deleted(client: longrun.Client) -> None:
+    labels = tag()
+    schedule = client.create_schedule(
+        "sleep", "@every 1s", input={"duration_ms": 1}, overlap="allow", labels=labels, time_zone="Europe/Berlin"
+    )
+    assert schedule.id.startswith("sch_") and schedule.version == 1 and not schedule.paused
+    assert len(schedule.next_fire_times) == 5 and schedule.time_zone == "Europe/Berlin"
+    assert schedule.id in [s.id for s in client.list_schedules()]
+    # The server fires it on the wall clock: its first firing's operation runs.
+    deadline = time.monotonic() + 30
+    while not any(f.operation_id for f in client.schedule_fires(schedule.id)):
+        assert time.monotonic() < deadline, "no firing"
+        time.sleep(0.05)
+    fire = next(f for f in client.schedule_fires(schedule.id) if f.operation_id)
+    assert fire.decision == "started"
+    assert fire.operation_id is not None
+    done = client.wait(fire.operation_id, timeout=30)
+    assert done.state == "succeeded" and done.schedule_id == schedule.id and done.labels == labels
+
+    paused = client.pause_schedule(schedule.id)
+    assert paused.paused and paused.next_fire_times == []
+    triggered = client.trigger_schedule(schedule.id)
+    assert triggered.schedule_id == schedule.id
+    assert client.get_schedule(schedule.id).last_operation_id == triggered.id
+    changed = client.update_schedule(schedule.id, {"paused": False, "cron": "0 2 * * *"})
+    assert not changed.paused and changed.cron == "0 2 * * *"
+    with pytest.raises(errors.PreconditionFailed):
+        client.update_schedule(schedule.id, {"paused": True}, if_match=schedule.etag)
+    with pytest.raises(errors.InvalidInput):
+        client.create_schedule("sleep", "61 * * * *")
+    client.delete_schedule(schedule.id)
+    with pytest.raises(errors.NotFound):
+        client.get_schedule(schedule.id)

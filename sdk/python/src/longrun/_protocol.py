@@ -33,7 +33,18 @@ from typing import (
 from urllib.parse import quote
 
 from . import errors
-from .models import Artifact, Downloaded, HistoryEvent, Operation, Page, ResultResource, Submitted, Upload
+from .models import (
+    Artifact,
+    Downloaded,
+    HistoryEvent,
+    Operation,
+    Page,
+    ResultResource,
+    Schedule,
+    ScheduleFire,
+    Submitted,
+    Upload,
+)
 
 T = TypeVar("T")
 
@@ -320,6 +331,78 @@ def list_page(
         [Operation.from_json(o) for o in body.get("operations", [])],
         body.get("next_page_token"),
     )
+
+
+# -- schedules ----------------------------------------------------------
+
+#: A creation or trigger is sent once: a repeat after a lost answer would
+#: make a second schedule (or firing). Reads and ``If-Match`` changes retry.
+ONCE = RetryPolicy(max_attempts=1)
+
+
+def _schedule_path(schedule_id: str, tail: str = "") -> str:
+    return f"/v1/schedules/{quote(schedule_id, safe='')}{tail}"
+
+
+def create_schedule(body: Dict[str, Any]) -> Flow[Schedule]:
+    answer = yield from send(Request("POST", "/v1/schedules", json=body), ONCE)
+    return Schedule.from_json(answer.json())
+
+
+def get_schedule(schedule_id: str, retry: RetryPolicy) -> Flow[Schedule]:
+    answer = yield from send(Request("GET", _schedule_path(schedule_id)), retry)
+    return Schedule.from_json(answer.json())
+
+
+def list_schedules(retry: RetryPolicy) -> Flow[List[Schedule]]:
+    """Every schedule of the tenant, oldest first, page by page."""
+    schedules: List[Schedule] = []
+    token: Optional[str] = None
+    while True:
+        path = "/v1/schedules" + (f"?page_token={quote(token, safe='')}" if token else "")
+        answer = yield from send(Request("GET", path), retry)
+        body = answer.json()
+        schedules.extend(Schedule.from_json(s) for s in body.get("schedules", []))
+        token = body.get("next_page_token")
+        if not token:
+            return schedules
+
+
+def update_schedule(
+    schedule_id: str, changes: Dict[str, Any], if_match: Optional[str], retry: RetryPolicy
+) -> Flow[Schedule]:
+    """``PATCH`` under ``If-Match``, as :func:`update` does for operations
+    (a firing moves the version too, so a lost race is read and retried)."""
+    for attempt in range(retry.max_attempts):
+        if if_match is not None:
+            etag = if_match if if_match.startswith('"') else f'"{if_match}"'
+        else:
+            current = yield from get_schedule(schedule_id, retry)
+            etag = current.etag
+        request = Request("PATCH", _schedule_path(schedule_id), {"If-Match": etag}, changes)
+        try:
+            answer = yield from send(request, retry)
+        except errors.PreconditionFailed:
+            if if_match is not None or attempt + 1 >= retry.max_attempts:
+                raise
+            continue
+        return Schedule.from_json(answer.json())
+    raise AssertionError("unreachable")
+
+
+def delete_schedule(schedule_id: str, retry: RetryPolicy) -> Flow[None]:
+    yield from send(Request("DELETE", _schedule_path(schedule_id)), retry)
+    return None
+
+
+def trigger_schedule(schedule_id: str) -> Flow[Operation]:
+    answer = yield from send(Request("POST", _schedule_path(schedule_id, "/trigger")), ONCE)
+    return Operation.from_json(answer.json())
+
+
+def schedule_fires(schedule_id: str, retry: RetryPolicy) -> Flow[List[ScheduleFire]]:
+    answer = yield from send(Request("GET", _schedule_path(schedule_id, "/fires")), retry)
+    return [ScheduleFire.from_json(f) for f in answer.json().get("fires", [])]
 
 
 def history(operation_id: str, retry: RetryPolicy) -> Flow[List[HistoryEvent]]:

@@ -15,7 +15,17 @@ import httpx
 from . import _protocol as p
 from . import errors
 from .client import DEFAULT_TIMEOUT, _answer
-from .models import Downloaded, HistoryEvent, Operation, Page, ResultResource, Submitted, Upload
+from .models import (
+    Downloaded,
+    HistoryEvent,
+    Operation,
+    Page,
+    ResultResource,
+    Schedule,
+    ScheduleFire,
+    Submitted,
+    Upload,
+)
 
 T = TypeVar("T")
 
@@ -216,6 +226,38 @@ class AsyncClient:
 
     async def update(self, operation_id: str, changes: Dict[str, Any], *, if_match: Optional[str] = None) -> Operation:
         return await self._drive(p.update(operation_id, changes, if_match, self.retry))
+
+    async def create_schedule(self, kind: str, cron: str, *, input: Any = None, **fields: Any) -> Schedule:
+        body: Dict[str, Any] = {"kind": kind, "cron": cron, **fields}
+        if input is not None:
+            body["input"] = input
+        return await self._drive(p.create_schedule(body))
+
+    async def get_schedule(self, schedule_id: str) -> Schedule:
+        return await self._drive(p.get_schedule(schedule_id, self.retry))
+
+    async def list_schedules(self) -> List[Schedule]:
+        return await self._drive(p.list_schedules(self.retry))
+
+    async def update_schedule(
+        self, schedule_id: str, changes: Dict[str, Any], *, if_match: Optional[str] = None
+    ) -> Schedule:
+        return await self._drive(p.update_schedule(schedule_id, changes, if_match, self.retry))
+
+    async def pause_schedule(self, schedule_id: str) -> Schedule:
+        return await self.update_schedule(schedule_id, {"paused": True})
+
+    async def resume_schedule(self, schedule_id: str) -> Schedule:
+        return await self.update_schedule(schedule_id, {"paused": False})
+
+    async def delete_schedule(self, schedule_id: str) -> None:
+        await self._drive(p.delete_schedule(schedule_id, self.retry))
+
+    async def trigger_schedule(self, schedule_id: str) -> Operation:
+        return await self._drive(p.trigger_schedule(schedule_id))
+
+    async def schedule_fires(self, schedule_id: str) -> List[ScheduleFire]:
+        return await self._drive(p.schedule_fires(schedule_id, self.retry))
 
     async def result(self, operation_id: str) -> ResultResource:
         return await self._drive(p.result(operation_id, self.retry))

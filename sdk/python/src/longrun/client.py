@@ -28,6 +28,8 @@ from .models import (
     Operation,
     Page,
     ResultResource,
+    Schedule,
+    ScheduleFire,
     Submitted,
     Upload,
 )
@@ -297,6 +299,50 @@ class Client:
         (or ETag) the change is based on; without it the current one is read
         and a lost race is read and retried."""
         return self._drive(p.update(operation_id, changes, if_match, self.retry))
+
+    # -- schedules ------------------------------------------------------
+
+    def create_schedule(self, kind: str, cron: str, *, input: Any = None, **fields: Any) -> Schedule:
+        """Creates a schedule (``time_zone``, ``overlap``, ``catchup_window``,
+        ``labels``, ``callback``, ``deadline_seconds``, ``budget``,
+        ``priority``, ``paused`` as keyword arguments). Sent once: a repeat
+        after a lost answer would make a second schedule."""
+        body: Dict[str, Any] = {"kind": kind, "cron": cron, **fields}
+        if input is not None:
+            body["input"] = input
+        return self._drive(p.create_schedule(body))
+
+    def get_schedule(self, schedule_id: str) -> Schedule:
+        """The schedule, with its next five firing times."""
+        return self._drive(p.get_schedule(schedule_id, self.retry))
+
+    def list_schedules(self) -> List[Schedule]:
+        """Every schedule of the tenant, oldest first."""
+        return self._drive(p.list_schedules(self.retry))
+
+    def update_schedule(self, schedule_id: str, changes: Dict[str, Any], *, if_match: Optional[str] = None) -> Schedule:
+        """``PATCH`` the schedule under ``If-Match`` (read first when not given)."""
+        return self._drive(p.update_schedule(schedule_id, changes, if_match, self.retry))
+
+    def pause_schedule(self, schedule_id: str) -> Schedule:
+        """No firing until resumed."""
+        return self.update_schedule(schedule_id, {"paused": True})
+
+    def resume_schedule(self, schedule_id: str) -> Schedule:
+        """Fires again, counting the next time from now."""
+        return self.update_schedule(schedule_id, {"paused": False})
+
+    def delete_schedule(self, schedule_id: str) -> None:
+        """No further firing; its operations stay."""
+        self._drive(p.delete_schedule(schedule_id, self.retry))
+
+    def trigger_schedule(self, schedule_id: str) -> Operation:
+        """Fires the schedule now; the firing's operation (sent once)."""
+        return self._drive(p.trigger_schedule(schedule_id))
+
+    def schedule_fires(self, schedule_id: str) -> List[ScheduleFire]:
+        """Recent firing times and what each became, newest first."""
+        return self._drive(p.schedule_fires(schedule_id, self.retry))
 
     # -- results --------------------------------------------------------
 

@@ -113,6 +113,8 @@ class Operation:
     not_before: Optional[str] = None
     #: 1–9, higher claimed first within its tenant.
     priority: int = 5
+    #: The schedule (``sch_…``) this operation is a firing of.
+    schedule_id: Optional[str] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -157,7 +159,71 @@ class Operation:
             reruns=list(body.get("reruns") or []),
             not_before=_str(body.get("not_before")),
             priority=int(body.get("priority", 5)),
+            schedule_id=_str(body.get("schedule_id")),
             raw=dict(body),
+        )
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A schedule (``GET /v1/schedules/{id}``): work submitted on a cadence."""
+
+    id: str
+    version: int
+    paused: bool
+    kind: str
+    cron: str
+    time_zone: str
+    overlap: str
+    catchup_window: int
+    priority: int
+    #: The next five firing times (RFC 3339); empty while paused.
+    next_fire_times: List[str] = field(default_factory=list)
+    input: Any = None
+    labels: Dict[str, str] = field(default_factory=dict)
+    last_operation_id: Optional[str] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def etag(self) -> str:
+        """The ETag of this version (for ``If-Match``)."""
+        return f'"{self.version}"'
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> Schedule:
+        return cls(
+            id=str(body["id"]),
+            version=int(body["version"]),
+            paused=bool(body["paused"]),
+            kind=str(body["kind"]),
+            cron=str(body["cron"]),
+            time_zone=str(body.get("time_zone", "UTC")),
+            overlap=str(body.get("overlap", "skip")),
+            catchup_window=int(body.get("catchup_window", 3600)),
+            priority=int(body.get("priority", 5)),
+            next_fire_times=list(body.get("next_fire_times") or []),
+            input=body.get("input"),
+            labels=dict(body.get("labels") or {}),
+            last_operation_id=_str(body.get("last_operation_id")),
+            raw=dict(body),
+        )
+
+
+@dataclass(frozen=True)
+class ScheduleFire:
+    """What one firing time became: ``started``, ``triggered``, ``buffered``,
+    ``skipped``, ``missed`` or ``refused``."""
+
+    fire_time: str
+    decision: str
+    operation_id: Optional[str] = None
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> ScheduleFire:
+        return cls(
+            fire_time=str(body["fire_time"]),
+            decision=str(body["decision"]),
+            operation_id=_str(body.get("operation_id")),
         )
 
 
