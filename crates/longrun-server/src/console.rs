@@ -25,6 +25,7 @@
 #![allow(clippy::result_large_err)]
 
 mod pages;
+mod schedules;
 pub(crate) mod stats;
 
 use std::collections::BTreeMap;
@@ -78,6 +79,9 @@ pub fn router() -> Router<AppState> {
         .route("/ui/operations/{id}/rerun", post(rerun))
         .route("/ui/operations/{id}/artifacts/{name}", get(download))
         .route("/ui/workers", get(pages::workers))
+        .route("/ui/schedules", get(schedules::list))
+        .route("/ui/schedules/{id}", get(schedules::show))
+        .route("/ui/schedules/{id}/paused", post(schedules::set_paused))
         .route("/ui/tenants", get(pages::tenants))
         .route("/ui/tenants/{name}/keys", post(create_key))
         .route("/ui/tenants/{name}/webhook-secret", post(rotate_secret))

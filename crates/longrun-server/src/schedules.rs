@@ -16,7 +16,7 @@
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use longrun_api::{OverlapBody, ScheduleBody, ScheduleFireBody, ScheduleRequest, SubmitRequest};
+use longrun_api::{OverlapBody, ScheduleBody, ScheduleFireBody, SchedulePatch, ScheduleRequest, SubmitRequest};
 use longrun_core::schedule::{Cadence, Due, FireDecision, Firing, Overlap, plan_firings};
 use longrun_core::{Id, IdempotencyKey, Timestamp};
 use longrun_store::{Operation, ScheduleFire, ScheduleRecord, StoreError};
@@ -161,6 +161,75 @@ pub(crate) fn body(record: &ScheduleRecord) -> Result<ScheduleBody, ApiError> {
         created_at: record.created_at.to_rfc3339(),
         updated_at: record.updated_at.to_rfc3339(),
     })
+}
+
+/// `PATCH` under `If-Match` (`given`): the definition merged with `patch`
+/// and checked as at creation; the schedule as changed.
+pub(crate) async fn update(
+    app: &AppState,
+    tenant: &str,
+    id: &Id,
+    given: i64,
+    patch: SchedulePatch,
+) -> Result<ScheduleRecord, ApiError> {
+    let now = app.clock.now();
+    let current = app.store.schedule_get(tenant, id).await?.ok_or(ApiError::NotFound)?;
+    if current.version != given {
+        return Err(ApiError::PreconditionFailed {
+            given,
+            current: current.version,
+        });
+    }
+    let Definition { request: mut r, .. } = definition_of(&current)?;
+    let recount = patch.cron.is_some() || patch.time_zone.is_some() || (current.paused && patch.paused == Some(false));
+    if let Some(cron) = patch.cron {
+        r.cron = cron;
+    }
+    if let Some(zone) = patch.time_zone {
+        r.time_zone = zone;
+    }
+    if let Some(overlap) = patch.overlap {
+        r.overlap = Some(overlap);
+    }
+    if let Some(window) = patch.catchup_window {
+        r.catchup_window = Some(window);
+    }
+    if let Some(input) = patch.input {
+        r.input = Some(input);
+    }
+    if let Some(labels) = patch.labels {
+        r.labels = Some(labels);
+    }
+    if let Some(callback) = patch.callback {
+        r.callback = callback;
+    }
+    if let Some(deadline) = patch.deadline_seconds {
+        r.deadline_seconds = deadline;
+    }
+    if let Some(budget) = patch.budget {
+        r.budget = budget;
+    }
+    if let Some(priority) = patch.priority {
+        r.priority = Some(priority);
+    }
+    let Definition { request, cadence } = check(app, tenant, r, now).await?;
+    let mut next = current.clone();
+    next.version += 1;
+    next.paused = patch.paused.unwrap_or(current.paused);
+    next.spec = serde_json::to_value(&request).map_err(|e| ApiError::Internal(e.to_string()))?;
+    if recount {
+        next.next_fire_at = cadence.next_after(now);
+    }
+    next.updated_at = now;
+    if !app.store.schedule_update(next.clone(), current.version).await? {
+        // A firing (or another change) moved it since it was read.
+        let latest = app.store.schedule_get(tenant, id).await?.ok_or(ApiError::NotFound)?;
+        return Err(ApiError::PreconditionFailed {
+            given,
+            current: latest.version,
+        });
+    }
+    Ok(next)
 }
 
 /// A firing record as clients read it.

@@ -41,6 +41,7 @@ pub(crate) fn layout(title: &str, viewer: Option<&Viewer>, body: Markup) -> Mark
                         nav {
                             a href="/ui/" { "Overview" }
                             a href="/ui/operations" { "Operations" }
+                            a href="/ui/schedules" { "Schedules" }
                             a href="/ui/workers" { "Workers" }
                             @if v.is_admin() { a href="/ui/tenants" { "Tenants" } }
                         }

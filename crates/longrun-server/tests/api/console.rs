@@ -1048,3 +1048,98 @@ async fn malformed_oversized_and_unknown_form_posts_are_refused_and_change_nothi
     );
     app.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedules_are_listed_their_firings_linked_and_paused_from_the_page() {
+    let app = spawn_app().await;
+    let Some(browser) = browser().await else { return };
+    let created = app
+        .request(Method::POST, "/v1/schedules", &app.client_key)
+        .json(&json!({"kind": "sleep", "input": {"duration_ms": 1}, "cron": "0 2 * * *", "time_zone": "Europe/Berlin"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), StatusCode::CREATED);
+    let schedule: Value = created.json().await.unwrap();
+    let id = schedule["id"].as_str().unwrap().to_owned();
+    let fired: Value = app
+        .request(Method::POST, &format!("/v1/schedules/{id}/trigger"), &app.client_key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let op = fired["id"].as_str().unwrap().to_owned();
+    // Another tenant's schedule never shows.
+    let theirs: Value = app
+        .request(Method::POST, "/v1/schedules", &app.other_tenant_key)
+        .json(&json!({"kind": "sleep", "input": {"duration_ms": 1}, "cron": "@hourly"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+
+    browser.sign_in(&app, &app.client_key).await;
+    browser.goto(&app, "/ui/schedules").await;
+    let table = browser.text("#schedules").await;
+    assert!(table.contains(&id) && table.contains("0 2 * * *"), "{table}");
+    assert!(!browser.source().await.contains(theirs["id"].as_str().expect("their schedule")), "{theirs}");
+    browser.click(&format!("tr[data-id='{id}'] a")).await;
+    assert_eq!(browser.path().await, format!("/ui/schedules/{id}"));
+    assert_eq!(browser.text("[data-field=paused]").await, "active");
+    assert_eq!(
+        browser.text("#next li").await,
+        schedule["next_fire_times"][0].as_str().unwrap()
+    );
+    // The trigger's firing, linked to its operation.
+    assert_eq!(browser.text("#fires [data-field=decision]").await, "triggered");
+    assert!(
+        browser
+            .source()
+            .await
+            .contains(&format!("href=\"/ui/operations/{op}\""))
+    );
+    browser.screenshot("schedule").await;
+
+    // Pause from the page: the API says so too.
+    browser.submit("#toggle", &[]).await;
+    assert_eq!(browser.text("[data-field=paused]").await, "paused");
+    let read = app.get_json(&format!("/v1/schedules/{id}")).await;
+    assert_eq!(
+        (read["paused"].clone(), read["version"].as_i64()),
+        (json!(true), Some(3))
+    );
+
+    // Resumed elsewhere, the page's stale form is refused and shown as such.
+    let resumed = app
+        .request(Method::PATCH, &format!("/v1/schedules/{id}"), &app.client_key)
+        .header("If-Match", "\"3\"")
+        .json(&json!({"paused": false}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resumed.status(), StatusCode::OK);
+    browser.submit("#toggle", &[]).await;
+    let conflict = browser.text("#conflict").await;
+    assert!(
+        conflict.contains("Not applied") && conflict.contains("precondition_failed"),
+        "{conflict}"
+    );
+    assert_eq!(
+        app.get_json(&format!("/v1/schedules/{id}")).await["paused"],
+        json!(false),
+        "nothing changed"
+    );
+
+    // Another tenant's schedule is not found from this session.
+    browser
+        .goto(&app, &format!("/ui/schedules/{}", theirs["id"].as_str().unwrap()))
+        .await;
+    assert!(browser.source().await.contains("not_found") || browser.source().await.contains("Not found"));
+
+    browser.close().await;
+    app.shutdown().await;
+}
