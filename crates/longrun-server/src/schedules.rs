@@ -314,8 +314,17 @@ pub(crate) async fn trigger(app: &AppState, tenant: &str, id: &Id) -> Result<Ope
     Ok(op)
 }
 
-/// Deals with one due schedule.
-async fn fire_due(app: &AppState, record: ScheduleRecord, now: Timestamp) -> Result<(), ApiError> {
+/// What one due schedule's firing left to write: the schedule moved on
+/// (`None` when a firing is held back and it stays where it was) and the
+/// firing records.
+struct Fired {
+    advance: Option<(ScheduleRecord, i64)>,
+    fires: Vec<ScheduleFire>,
+}
+
+/// Decides and submits one due schedule's firings; the writes that record
+/// them are left to the round, which makes them for a page at once.
+async fn fire_due(app: &AppState, record: ScheduleRecord, now: Timestamp) -> Result<Fired, ApiError> {
     let d = definition_of(&record)?;
     let previous_live = match &record.last_operation_id {
         Some(op) => app
@@ -348,7 +357,6 @@ async fn fire_due(app: &AppState, record: ScheduleRecord, now: Timestamp) -> Res
         decision,
         recorded_at: now,
     };
-    let mut held_back = false;
     for firing in &plan.firings {
         match *firing {
             Firing::Start(t) => match submit(app, &record, &d, t, now).await {
@@ -357,10 +365,12 @@ async fn fire_due(app: &AppState, record: ScheduleRecord, now: Timestamp) -> Res
                     fires.push(fire(t, last_operation_id.clone(), FireDecision::Started));
                 }
                 Err(e) if passes(&e) => {
-                    // Tried again next round; nothing after it moves on.
+                    // Tried again next round: the schedule stays where it
+                    // was, so the rest is decided again (times already
+                    // started are found by their keys).
                     tracing::warn!(schedule.id = %record.id, code = e.code(), error = %e, "a firing is held back");
-                    held_back = true;
-                    break;
+                    fires.retain(|f| f.operation_id.is_some());
+                    return Ok(Fired { advance: None, fires });
                 }
                 Err(e) => {
                     tracing::warn!(schedule.id = %record.id, code = e.code(), error = %e, "a firing was refused");
@@ -370,30 +380,22 @@ async fn fire_due(app: &AppState, record: ScheduleRecord, now: Timestamp) -> Res
             Firing::Record(t, decision) => fires.push(fire(t, None, decision)),
         }
     }
-    if held_back {
-        // Record what was started; the schedule stays where it was, so the
-        // rest is decided again (started times are found by their keys).
-        let started: Vec<_> = fires.into_iter().filter(|f| f.operation_id.is_some()).collect();
-        app.store.schedule_fires_record(started, fires_kept(app, now)).await?;
-        return Ok(());
-    }
     let mut next = record.clone();
     next.version += 1;
     next.next_fire_at = plan.next_fire_at;
     next.buffered_fire_at = plan.buffered;
     next.last_operation_id = last_operation_id;
     next.updated_at = now;
-    let won = app.store.schedule_update(next, record.version).await?;
-    if !won {
-        // Another node (or a PATCH) moved it first: keep only the truth
-        // this node made, the operations it started.
-        fires.retain(|f| f.operation_id.is_some());
-    }
-    app.store.schedule_fires_record(fires, fires_kept(app, now)).await?;
-    Ok(())
+    Ok(Fired {
+        advance: Some((next, record.version)),
+        fires,
+    })
 }
 
-/// One round: every schedule due now, a page at a time.
+/// One round: every schedule due now, a page at a time. A page's
+/// schedules are fired concurrently (their submissions share the store's
+/// group commit), then moved on in one transaction and their firings
+/// recorded in another.
 pub(crate) async fn round(app: &AppState) -> Result<u64, StoreError> {
     let now = app.clock.now();
     let mut dealt = 0u64;
@@ -405,12 +407,27 @@ pub(crate) async fn round(app: &AppState) -> Result<u64, StoreError> {
             .buffer_unordered(CONCURRENCY)
             .collect()
             .await;
+        let mut fired = Vec::with_capacity(outcomes.len());
         for outcome in outcomes {
             match outcome {
-                Ok(()) => dealt += 1,
+                Ok(f) => fired.push(f),
                 Err(e) => tracing::warn!(code = e.code(), error = %e, "a schedule could not be fired"),
             }
         }
+        let advances: Vec<_> = fired.iter().filter_map(|f| f.advance.clone()).collect();
+        let mut won = app.store.schedule_update_many(advances).await?.into_iter();
+        let mut fires = Vec::new();
+        for mut f in fired {
+            if f.advance.is_some() && !won.next().unwrap_or(false) {
+                // Another node (or a PATCH) moved it first: keep only the
+                // truth this node made, the operations it started.
+                f.fires.retain(|fire| fire.operation_id.is_some());
+            } else if f.advance.is_some() {
+                dealt += 1;
+            }
+            fires.extend(f.fires);
+        }
+        app.store.schedule_fires_record(fires, fires_kept(app, now)).await?;
         if !full {
             break;
         }

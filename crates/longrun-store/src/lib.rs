@@ -397,6 +397,10 @@ pub trait Store: Send + Sync + 'static {
     /// (the record carries the next version); whether it was.
     async fn schedule_update(&self, schedule: ScheduleRecord, expected_version: i64) -> Result<bool>;
 
+    /// Many `schedule_update`s in one transaction (a firing round's page):
+    /// whether each applied, in order.
+    async fn schedule_update_many(&self, updates: Vec<(ScheduleRecord, i64)>) -> Result<Vec<bool>>;
+
     /// The tenant's schedule.
     async fn schedule_get(&self, tenant: &str, id: &Id) -> Result<Option<ScheduleRecord>>;
 

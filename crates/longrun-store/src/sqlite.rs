@@ -816,6 +816,17 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn schedule_update_many(&self, updates: Vec<(ScheduleRecord, i64)>) -> Result<Vec<bool>> {
+        self.writer
+            .write(move |c| {
+                updates
+                    .iter()
+                    .map(|(schedule, expected)| schedule_update(c, schedule, *expected))
+                    .collect()
+            })
+            .await
+    }
+
     async fn schedule_get(&self, tenant: &str, id: &Id) -> Result<Option<ScheduleRecord>> {
         self.read_now(|c| schedule_get(c, tenant, id))
     }

@@ -1086,7 +1086,13 @@ async fn schedules_are_listed_their_firings_linked_and_paused_from_the_page() {
     browser.goto(&app, "/ui/schedules").await;
     let table = browser.text("#schedules").await;
     assert!(table.contains(&id) && table.contains("0 2 * * *"), "{table}");
-    assert!(!browser.source().await.contains(theirs["id"].as_str().expect("their schedule")), "{theirs}");
+    assert!(
+        !browser
+            .source()
+            .await
+            .contains(theirs["id"].as_str().expect("their schedule")),
+        "{theirs}"
+    );
     browser.click(&format!("tr[data-id='{id}'] a")).await;
     assert_eq!(browser.path().await, format!("/ui/schedules/{id}"));
     assert_eq!(browser.text("[data-field=paused]").await, "active");

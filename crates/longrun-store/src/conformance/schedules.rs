@@ -87,6 +87,19 @@ pub async fn schedules_are_kept_per_tenant_and_changed_by_version(store: &dyn St
     assert!(!store.schedule_update(foreign, 2).await.unwrap());
     assert!(!store.schedule_delete("t2", &changed.id).await.unwrap());
 
+    // A round's page in one call: each compare-and-set on its own.
+    let mut second = mine[1].clone();
+    second.version = 2;
+    let mut stale_third = mine[2].clone();
+    stale_third.version = 5;
+    let applied = store
+        .schedule_update_many(vec![(second.clone(), 1), (stale_third, 4)])
+        .await
+        .unwrap();
+    assert_eq!(applied, [true, false]);
+    assert_eq!(store.schedule_get("t1", &second.id).await.unwrap().unwrap().version, 2);
+    assert_eq!(store.schedule_get("t1", &mine[2].id).await.unwrap().unwrap().version, 1);
+
     assert!(store.schedule_delete("t1", &changed.id).await.unwrap());
     assert_eq!(store.schedule_get("t1", &changed.id).await.unwrap(), None);
     assert!(!store.schedule_delete("t1", &changed.id).await.unwrap());

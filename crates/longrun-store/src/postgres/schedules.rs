@@ -24,6 +24,30 @@ fn schedule_from_row(r: &PgRow) -> Result<ScheduleRecord> {
     })
 }
 
+/// A compare-and-set of one schedule on `c`: whether it was still at
+/// `expected_version` (and so changed).
+async fn update_row(c: &mut PgConnection, s: &ScheduleRecord, expected_version: i64) -> Result<bool> {
+    let changed = sqlx::query(
+        "UPDATE schedules SET version = $3, paused = $4, spec = $5, next_fire_at = $6, last_operation_id = $7,
+                buffered_fire_at = $8, updated_at = $9
+          WHERE id = $1 AND tenant = $2 AND version = $10",
+    )
+    .bind(s.id.as_str())
+    .bind(&s.tenant)
+    .bind(s.version)
+    .bind(s.paused)
+    .bind(s.spec.to_string())
+    .bind(s.next_fire_at.map(|t| t.0))
+    .bind(&s.last_operation_id)
+    .bind(s.buffered_fire_at.map(|t| t.0))
+    .bind(s.updated_at.0)
+    .bind(expected_version)
+    .execute(&mut *c)
+    .await
+    .map_err(db)?;
+    Ok(changed.rows_affected() == 1)
+}
+
 impl PostgresStore {
     pub(super) async fn schedule_insert_row(&self, s: &ScheduleRecord) -> Result<()> {
         sqlx::query(&format!(
@@ -46,25 +70,66 @@ impl PostgresStore {
     }
 
     pub(super) async fn schedule_update_row(&self, s: &ScheduleRecord, expected_version: i64) -> Result<bool> {
-        let changed = sqlx::query(
-            "UPDATE schedules SET version = $3, paused = $4, spec = $5, next_fire_at = $6, last_operation_id = $7,
-                    buffered_fire_at = $8, updated_at = $9
-              WHERE id = $1 AND tenant = $2 AND version = $10",
+        let mut c = self.pool.acquire().await.map_err(db)?;
+        update_row(&mut c, s, expected_version).await
+    }
+
+    /// Every update in one statement (a round's page): one round trip and
+    /// one commit, whatever its size. A page names each schedule once.
+    pub(super) async fn schedule_update_rows(&self, updates: &[(ScheduleRecord, i64)]) -> Result<Vec<bool>> {
+        if updates.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows = sqlx::query(
+            "UPDATE schedules s SET version = u.version, paused = u.paused, spec = u.spec,
+                    next_fire_at = u.next_fire_at, last_operation_id = u.last_operation_id,
+                    buffered_fire_at = u.buffered_fire_at, updated_at = u.updated_at
+               FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bool[], $5::text[], $6::bigint[],
+                           $7::text[], $8::bigint[], $9::bigint[], $10::bigint[])
+                    AS u(id, tenant, version, paused, spec, next_fire_at, last_operation_id, buffered_fire_at,
+                         updated_at, expected)
+              WHERE s.id = u.id AND s.tenant = u.tenant AND s.version = u.expected
+             RETURNING s.id",
         )
-        .bind(s.id.as_str())
-        .bind(&s.tenant)
-        .bind(s.version)
-        .bind(s.paused)
-        .bind(s.spec.to_string())
-        .bind(s.next_fire_at.map(|t| t.0))
-        .bind(&s.last_operation_id)
-        .bind(s.buffered_fire_at.map(|t| t.0))
-        .bind(s.updated_at.0)
-        .bind(expected_version)
-        .execute(&self.pool)
+        .bind(
+            updates
+                .iter()
+                .map(|(s, _)| s.id.as_str().to_owned())
+                .collect::<Vec<_>>(),
+        )
+        .bind(updates.iter().map(|(s, _)| s.tenant.clone()).collect::<Vec<_>>())
+        .bind(updates.iter().map(|(s, _)| s.version).collect::<Vec<_>>())
+        .bind(updates.iter().map(|(s, _)| s.paused).collect::<Vec<_>>())
+        .bind(updates.iter().map(|(s, _)| s.spec.to_string()).collect::<Vec<_>>())
+        .bind(
+            updates
+                .iter()
+                .map(|(s, _)| s.next_fire_at.map(|t| t.0))
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            updates
+                .iter()
+                .map(|(s, _)| s.last_operation_id.clone())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            updates
+                .iter()
+                .map(|(s, _)| s.buffered_fire_at.map(|t| t.0))
+                .collect::<Vec<_>>(),
+        )
+        .bind(updates.iter().map(|(s, _)| s.updated_at.0).collect::<Vec<_>>())
+        .bind(updates.iter().map(|(_, expected)| *expected).collect::<Vec<_>>())
+        .fetch_all(&self.pool)
         .await
         .map_err(db)?;
-        Ok(changed.rows_affected() == 1)
+        let changed: std::collections::HashSet<String> = rows
+            .iter()
+            .map(|r| r.try_get::<String, _>(0))
+            .collect::<Result<_, _>>()
+            .map_err(db)?;
+        Ok(updates.iter().map(|(s, _)| changed.contains(s.id.as_str())).collect())
     }
 
     pub(super) async fn schedule_get_row(&self, tenant: &str, id: &Id) -> Result<Option<ScheduleRecord>> {

@@ -914,6 +914,10 @@ impl Store for PostgresStore {
         self.schedule_update_row(&schedule, expected_version).await
     }
 
+    async fn schedule_update_many(&self, updates: Vec<(ScheduleRecord, i64)>) -> Result<Vec<bool>> {
+        self.schedule_update_rows(&updates).await
+    }
+
     async fn schedule_get(&self, tenant: &str, id: &Id) -> Result<Option<ScheduleRecord>> {
         self.schedule_get_row(tenant, id).await
     }
