@@ -185,6 +185,19 @@ pub struct ScheduleList {
     pub next_page_token: Option<String>,
 }
 
+/// `POST /v1/schedules/{id}/backfill`: fire every time of the cadence in
+/// `[start, end]` (RFC 3339; at most 1,000 times, none in the future).
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BackfillRequest {
+    /// The first instant of the range.
+    #[schema(format = DateTime, example = "2026-12-01T00:00:00Z")]
+    pub start: String,
+    /// The last instant of the range (not after now).
+    #[schema(format = DateTime, example = "2026-12-05T00:00:00Z")]
+    pub end: String,
+}
+
 /// What one firing time became.
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ScheduleFireBody {
@@ -193,7 +206,7 @@ pub struct ScheduleFireBody {
     /// The operation it started.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub operation_id: Option<String>,
-    /// `started`, `triggered`, `buffered`, `skipped`, `missed` or `refused`.
+    /// `started`, `triggered`, `backfilled`, `buffered`, `skipped`, `missed` or `refused`.
     pub decision: String,
 }
 

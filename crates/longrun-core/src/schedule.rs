@@ -391,6 +391,9 @@ pub enum FireDecision {
     Started,
     /// `POST /v1/schedules/{id}/trigger` started an operation.
     Triggered,
+    /// `POST /v1/schedules/{id}/backfill` started an operation for a time
+    /// that had none.
+    Backfilled,
     /// Held back (`buffer_one`) until the running firing ends.
     Buffered,
     /// Skipped: the previous firing's operation had not ended.
@@ -408,6 +411,7 @@ impl FireDecision {
         match self {
             FireDecision::Started => "started",
             FireDecision::Triggered => "triggered",
+            FireDecision::Backfilled => "backfilled",
             FireDecision::Buffered => "buffered",
             FireDecision::Skipped => "skipped",
             FireDecision::Missed => "missed",
@@ -420,6 +424,7 @@ impl FireDecision {
         [
             FireDecision::Started,
             FireDecision::Triggered,
+            FireDecision::Backfilled,
             FireDecision::Buffered,
             FireDecision::Skipped,
             FireDecision::Missed,

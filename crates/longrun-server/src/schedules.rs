@@ -255,19 +255,100 @@ async fn submit(
     fire_time: Timestamp,
     now: Timestamp,
 ) -> Result<Operation, ApiError> {
+    submit_found(app, record, d, fire_time, now).await.map(|(op, _)| op)
+}
+
+/// As [`submit`], and whether the firing's operation existed already.
+async fn submit_found(
+    app: &AppState,
+    record: &ScheduleRecord,
+    d: &Definition,
+    fire_time: Timestamp,
+    now: Timestamp,
+) -> Result<(Operation, bool), ApiError> {
     let key = IdempotencyKey::for_firing(record.id.as_str(), fire_time);
     let params = prepare_submission(app, &record.tenant, Some(key), submission(&d.request), now, None).await?;
     match accept(app, params).await {
-        Ok((op, _)) => Ok(op),
+        Ok(answer) => Ok(answer),
         // The definition changed between two tries of this firing: the
         // first try's operation is the firing.
         Err(ApiError::IdempotencyKeyReused { operation_id }) => app
             .store
             .operation_get(&record.tenant, &operation_id)
             .await?
+            .map(|op| (op, true))
             .ok_or(ApiError::NotFound),
         Err(e) => Err(e),
     }
+}
+
+/// Firing times one backfill may cover.
+pub(crate) const MAX_BACKFILL: usize = 1000;
+
+/// `POST /v1/schedules/{id}/backfill`: fires every time of the cadence in
+/// `[start, end]` (at most [`MAX_BACKFILL`], none after now), whatever the
+/// overlap policy, each under its own firing key: a time that fired already
+/// keeps its operation, a missed one gets one. The schedule itself does not
+/// move. The firing records of the times that got a new operation.
+pub(crate) async fn backfill(
+    app: &AppState,
+    tenant: &str,
+    id: &Id,
+    start: Timestamp,
+    end: Timestamp,
+) -> Result<Vec<ScheduleFire>, ApiError> {
+    let now = app.clock.now();
+    if end < start {
+        return Err(ApiError::InvalidRequest("end is before start".into()));
+    }
+    if end > now {
+        return Err(ApiError::InvalidRequest(
+            "end is in the future: a backfill fires times that have passed".into(),
+        ));
+    }
+    let record = app.store.schedule_get(tenant, id).await?.ok_or(ApiError::NotFound)?;
+    let d = definition_of(&record)?;
+    let mut times = Vec::new();
+    let mut at = Timestamp(start.0 - 1);
+    while let Some(t) = d.cadence.next_after(at).filter(|t| *t <= end) {
+        if times.len() == MAX_BACKFILL {
+            return Err(ApiError::InvalidRequest(format!(
+                "the range holds more than {MAX_BACKFILL} firing times; backfill it in parts"
+            )));
+        }
+        times.push(t);
+        at = t;
+    }
+    let started: Vec<Result<(Timestamp, Operation, bool), ApiError>> = futures_util::stream::iter(times)
+        .map(|t| {
+            let (record, d) = (&record, &d);
+            async move {
+                submit_found(app, record, d, t, now)
+                    .await
+                    .map(|(op, found)| (t, op, found))
+            }
+        })
+        .buffered(CONCURRENCY)
+        .collect()
+        .await;
+    let mut fires = Vec::new();
+    for outcome in started {
+        let (t, op, found) = outcome?;
+        if !found {
+            fires.push(ScheduleFire {
+                schedule_id: record.id.clone(),
+                tenant: record.tenant.clone(),
+                fire_time: t,
+                operation_id: Some(op.id.to_string()),
+                decision: FireDecision::Backfilled,
+                recorded_at: now,
+            });
+        }
+    }
+    app.store
+        .schedule_fires_record(fires.clone(), fires_kept(app, now))
+        .await?;
+    Ok(fires)
 }
 
 /// Whether a refusal may pass (quota, the database, acceptance paused):

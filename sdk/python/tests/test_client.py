@@ -209,6 +209,9 @@ def test_schedules_are_created_fired_changed_and_deleted(client: longrun.Client)
     triggered = client.trigger_schedule(schedule.id)
     assert triggered.schedule_id == schedule.id
     assert client.get_schedule(schedule.id).last_operation_id == triggered.id
+    # A backfill of the seconds already fired starts nothing new.
+    first_time = client.schedule_fires(schedule.id)[-1].fire_time
+    assert client.backfill_schedule(schedule.id, first_time, first_time) == []
     changed = client.update_schedule(schedule.id, {"paused": False, "cron": "0 2 * * *"})
     assert not changed.paused and changed.cron == "0 2 * * *"
     with pytest.raises(errors.PreconditionFailed):

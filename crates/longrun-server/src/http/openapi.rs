@@ -25,7 +25,7 @@ use crate::http::{admin, events, health, operations, results, schedules, uploads
         results::join_pieces, results::read_upload,
         uploads::create, uploads::append, uploads::offset, uploads::show, workers::claim, workers::heartbeat, workers::complete,
         workers::fail, workers::cancelled, workers::paused, workers::outcomes, operations::submit_batch, health::healthz, health::readyz, admin::metrics,
-        schedules::create, schedules::list, schedules::read, schedules::update, schedules::remove, schedules::fires, schedules::trigger,
+        schedules::create, schedules::list, schedules::read, schedules::update, schedules::remove, schedules::fires, schedules::trigger, schedules::backfill,
     ),
     components(schemas(longrun_api::Problem, longrun_api::ProblemCode, longrun_api::OperationBody, longrun_api::SubmitRequest, longrun_api::OutcomeItem)),
     modifiers(&BearerAuth),

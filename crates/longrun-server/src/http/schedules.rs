@@ -16,7 +16,7 @@ use crate::http::error::{ApiError, Problem};
 use crate::http::extract::{JsonBody, QueryParams};
 use crate::http::operations::{etag, if_match, operation_response};
 use crate::schedules::{self, Definition};
-use longrun_api::{ScheduleBody, ScheduleFires, ScheduleList, SchedulePatch, ScheduleRequest};
+use longrun_api::{BackfillRequest, ScheduleBody, ScheduleFires, ScheduleList, SchedulePatch, ScheduleRequest};
 
 const DEFAULT_PAGE_SIZE: u32 = 50;
 const MAX_PAGE_SIZE: u32 = 100;
@@ -28,6 +28,7 @@ pub fn router() -> Router<AppState> {
         .route("/v1/schedules/{id}", get(read).patch(update).delete(remove))
         .route("/v1/schedules/{id}/fires", get(fires))
         .route("/v1/schedules/{id}/trigger", post(trigger))
+        .route("/v1/schedules/{id}/backfill", post(backfill))
 }
 
 fn parse_schedule_id(raw: &str) -> Result<Id, ApiError> {
@@ -255,4 +256,36 @@ async fn trigger(State(app): State<AppState>, caller: Caller, Path(id): Path<Str
         HeaderValue::from_str(&location).expect("ids are header-safe"),
     );
     Ok(response)
+}
+
+/// `POST /v1/schedules/{id}/backfill`: fires the times of `[start, end]`
+/// that have no operation yet; `202` with their firing records.
+#[utoipa::path(post, path = "/v1/schedules/{id}/backfill", tag = "schedules", security(("bearer" = [])),
+    params(("id" = String, Path, description = "The schedule id (sch_…)")),
+    request_body = BackfillRequest,
+    responses(
+        (status = 202, description = "The firings it started (times that had an operation keep it and are left out)", body = ScheduleFires),
+        (status = "default", description = "A problem (RFC 9457) with a stable `code`", body = Problem, content_type = "application/problem+json"),
+    ))]
+async fn backfill(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    JsonBody(request): JsonBody<BackfillRequest>,
+) -> Result<Response, ApiError> {
+    caller.require_client()?;
+    let instant = |name: &str, text: &str| {
+        longrun_core::Timestamp::parse_rfc3339(text)
+            .ok_or_else(|| ApiError::InvalidRequest(format!("{name} is not an RFC 3339 date-time")))
+    };
+    let (start, end) = (instant("start", &request.start)?, instant("end", &request.end)?);
+    let id = parse_schedule_id(&id)?;
+    let fires = schedules::backfill(&app, &caller.tenant, &id, start, end).await?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(ScheduleFires {
+            fires: fires.iter().map(schedules::fire_body).collect(),
+        }),
+    )
+        .into_response())
 }

@@ -638,3 +638,126 @@ async fn a_firing_submitted_by_a_node_that_died_is_found_not_repeated() {
     let op = app.get_operation(orphan.id.as_str()).await;
     assert_eq!(op["schedule_id"], json!(id));
 }
+
+async fn backfill(app: &TestApp, id: &str, start: &str, end: &str) -> reqwest::Response {
+    app.request(Method::POST, &format!("/v1/schedules/{id}/backfill"), &app.client_key)
+        .json(&json!({"start": start, "end": end}))
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_backfill_fires_the_past_times_that_have_no_operation_once() {
+    let (app, clock) = app_at_start().await;
+    let schedule = create_ok(
+        &app,
+        &json!({"kind": "report", "cron": "@every 1m", "overlap": "allow", "catchup_window": 120}),
+    )
+    .await;
+    let id = schedule["id"].as_str().unwrap();
+    clock.advance(Duration::from_secs(3600));
+    wait_for_fires(&app, id, 3).await;
+
+    // 10:01 was missed; 10:59 fired. 10:01–10:05 get an operation each, 10:59 keeps its own.
+    let response = backfill(&app, id, "2027-01-04T10:01:00Z", "2027-01-04T10:05:30Z").await;
+    assert_eq!(response.status(), StatusCode::ACCEPTED);
+    let body: Value = response.json().await.unwrap();
+    let times: Vec<&str> = body["fires"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["fire_time"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        times,
+        [
+            "2027-01-04T10:01:00.000Z",
+            "2027-01-04T10:02:00.000Z",
+            "2027-01-04T10:03:00.000Z",
+            "2027-01-04T10:04:00.000Z",
+            "2027-01-04T10:05:00.000Z"
+        ]
+    );
+    assert!(
+        body["fires"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|f| f["decision"] == "backfilled")
+    );
+    let op = body["fires"][0]["operation_id"].as_str().unwrap();
+    assert_eq!(app.get_operation(op).await["schedule_id"], json!(id));
+    // Again, and over a time that fired on its own: nothing new.
+    let again: Value = backfill(&app, id, "2027-01-04T10:01:00Z", "2027-01-04T10:59:00Z")
+        .await
+        .json()
+        .await
+        .unwrap();
+    let new: Vec<&str> = again["fires"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["fire_time"].as_str().unwrap())
+        .collect();
+    assert_eq!(new.len(), 53, "10:06 to 10:58: {new:?}");
+    assert_eq!(app.operation_count("acme").await, 2 + 5 + 53);
+    let fires = fires(&app, id).await;
+    let first = fires
+        .iter()
+        .find(|f| f["fire_time"] == "2027-01-04T10:01:00.000Z")
+        .unwrap();
+    assert_eq!(
+        first["decision"], "backfilled",
+        "the missed record now names its operation"
+    );
+
+    // Refusals.
+    problem(
+        backfill(&app, id, "2027-01-04T11:00:00Z", "2027-01-04T12:00:00Z").await,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+    )
+    .await;
+    problem(
+        backfill(&app, id, "2027-01-04T10:05:00Z", "2027-01-04T10:01:00Z").await,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+    )
+    .await;
+    problem(
+        backfill(&app, id, "2026-01-01T00:00:00Z", "2027-01-04T10:00:00Z").await,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+    )
+    .await;
+    problem(
+        backfill(&app, id, "yesterday", "2027-01-04T10:00:00Z").await,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+    )
+    .await;
+    problem(
+        backfill(
+            &app,
+            "sch_00000000000000000000000000",
+            "2027-01-04T10:01:00Z",
+            "2027-01-04T10:02:00Z",
+        )
+        .await,
+        StatusCode::NOT_FOUND,
+        "not_found",
+    )
+    .await;
+    let theirs = app
+        .request(
+            Method::POST,
+            &format!("/v1/schedules/{id}/backfill"),
+            &app.other_tenant_key,
+        )
+        .json(&json!({"start": "2027-01-04T10:01:00Z", "end": "2027-01-04T10:02:00Z"}))
+        .send()
+        .await
+        .unwrap();
+    problem(theirs, StatusCode::NOT_FOUND, "not_found").await;
+}

@@ -400,6 +400,13 @@ def trigger_schedule(schedule_id: str) -> Flow[Operation]:
     return Operation.from_json(answer.json())
 
 
+def backfill_schedule(schedule_id: str, start: str, end: str, retry: RetryPolicy) -> Flow[List[ScheduleFire]]:
+    """Safe to repeat: each time's firing key finds the operation it made."""
+    body = {"start": start, "end": end}
+    answer = yield from send(Request("POST", _schedule_path(schedule_id, "/backfill"), json=body), retry)
+    return [ScheduleFire.from_json(f) for f in answer.json().get("fires", [])]
+
+
 def schedule_fires(schedule_id: str, retry: RetryPolicy) -> Flow[List[ScheduleFire]]:
     answer = yield from send(Request("GET", _schedule_path(schedule_id, "/fires")), retry)
     return [ScheduleFire.from_json(f) for f in answer.json().get("fires", [])]

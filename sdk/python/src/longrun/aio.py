@@ -256,6 +256,9 @@ class AsyncClient:
     async def trigger_schedule(self, schedule_id: str) -> Operation:
         return await self._drive(p.trigger_schedule(schedule_id))
 
+    async def backfill_schedule(self, schedule_id: str, start: str, end: str) -> List[ScheduleFire]:
+        return await self._drive(p.backfill_schedule(schedule_id, start, end, self.retry))
+
     async def schedule_fires(self, schedule_id: str) -> List[ScheduleFire]:
         return await self._drive(p.schedule_fires(schedule_id, self.retry))
 

@@ -340,6 +340,11 @@ class Client:
         """Fires the schedule now; the firing's operation (sent once)."""
         return self._drive(p.trigger_schedule(schedule_id))
 
+    def backfill_schedule(self, schedule_id: str, start: str, end: str) -> List[ScheduleFire]:
+        """Fires the past times of ``[start, end]`` (RFC 3339) that have no
+        operation yet; the firings it started."""
+        return self._drive(p.backfill_schedule(schedule_id, start, end, self.retry))
+
     def schedule_fires(self, schedule_id: str) -> List[ScheduleFire]:
         """Recent firing times and what each became, newest first."""
         return self._drive(p.schedule_fires(schedule_id, self.retry))

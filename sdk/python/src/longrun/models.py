@@ -211,8 +211,8 @@ class Schedule:
 
 @dataclass(frozen=True)
 class ScheduleFire:
-    """What one firing time became: ``started``, ``triggered``, ``buffered``,
-    ``skipped``, ``missed`` or ``refused``."""
+    """What one firing time became: ``started``, ``triggered``,
+    ``backfilled``, ``buffered``, ``skipped``, ``missed`` or ``refused``."""
 
     fire_time: str
     decision: str

@@ -26,7 +26,7 @@ CREATE TABLE schedule_fires (
     fire_time     INTEGER NOT NULL,
     tenant        TEXT NOT NULL,
     operation_id  TEXT,
-    decision      TEXT NOT NULL CHECK (decision IN ('started', 'triggered', 'buffered', 'skipped', 'missed', 'refused')),
+    decision      TEXT NOT NULL CHECK (decision IN ('started', 'triggered', 'backfilled', 'buffered', 'skipped', 'missed', 'refused')),
     recorded_at   INTEGER NOT NULL,
     PRIMARY KEY (schedule_id, fire_time)
 );
