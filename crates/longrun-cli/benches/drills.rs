@@ -6,6 +6,8 @@
 //! answers, and the recovery time. The goal is 0 of each. The test suite
 //! runs a short version (`tests/drills.rs`). `LONGRUN_DRILL_ONLY=a,b` runs
 //! only the named scenarios (the names are printed with each row).
+//! `schedules` runs once: `LONGRUN_SCHEDULE_DRILL_COUNT` (1,000) schedules
+//! for `LONGRUN_SCHEDULE_DRILL_SECONDS` (300) with random node kills.
 
 mod drill;
 mod processes;
@@ -36,6 +38,10 @@ async fn run(drills: u64, drill: impl AsyncFn(u64) -> Report) -> Tally {
 fn report(rows: &mut Vec<String>, row: String) {
     println!("{row}");
     rows.push(row);
+}
+
+fn env_number(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
 fn peers_required() -> bool {
@@ -152,6 +158,37 @@ async fn main() {
             Err(why) => skipped.push(format!("the PostgreSQL drills: {why}")),
         }
     }
+    let mut schedules_line = None;
+    if wanted("schedules") {
+        match longrun_store::pgtest::start_durable() {
+            Ok(cluster) => {
+                let count = env_number("LONGRUN_SCHEDULE_DRILL_COUNT", 1000);
+                let seconds = env_number("LONGRUN_SCHEDULE_DRILL_SECONDS", 300);
+                let found = drill::schedules_through_kills(
+                    1,
+                    cluster.database().await,
+                    count,
+                    Duration::from_secs(seconds as u64),
+                )
+                .await;
+                let line = format!(
+                    "`schedules`: {} schedules `@every 1s` on three PostgreSQL nodes for {seconds} s, \
+                     {} node kills: {} firing times due, {} operations, {} lost, {} duplicated, {} off the cadence",
+                    found.schedules,
+                    found.kills,
+                    found.due,
+                    found.operations,
+                    found.lost,
+                    found.duplicated,
+                    found.off_cadence
+                );
+                println!("{line}");
+                clean &= found.clean();
+                schedules_line = Some(line);
+            }
+            Err(why) => skipped.push(format!("the schedule drill: {why}")),
+        }
+    }
     for (name, submitter, faults, label) in [
         (
             "proxy-http",
@@ -223,7 +260,7 @@ async fn main() {
             record.line(row.clone());
         }
     }
-    if let Some(line) = trees {
+    for line in trees.into_iter().chain(schedules_line) {
         record.line("");
         record.line(line);
     }

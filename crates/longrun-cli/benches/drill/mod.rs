@@ -1323,3 +1323,133 @@ pub async fn fill_the_disk(seed: u64, plan: &Plan, fs: &SmallFilesystem) -> Repo
     }
     report
 }
+
+/// What the schedule drill found.
+#[derive(Debug, Default)]
+#[allow(dead_code)]
+pub struct ScheduleDrill {
+    pub schedules: usize,
+    pub kills: u64,
+    /// Firing times the schedules had moved past (each should have one operation).
+    pub due: u64,
+    /// Operations of firings, in all (those a node submitted before its
+    /// compare-and-set was cut short included).
+    pub operations: u64,
+    /// Due firing times with no operation.
+    pub lost: u64,
+    /// Firing times with more than one operation.
+    pub duplicated: u64,
+    /// Operations whose firing time is not one of the cadence's.
+    pub off_cadence: u64,
+}
+
+#[allow(dead_code)]
+impl ScheduleDrill {
+    pub fn clean(&self) -> bool {
+        self.lost + self.duplicated + self.off_cadence == 0 && self.due > 0
+    }
+}
+
+/// `schedules` schedules `@every 1s` on three PostgreSQL nodes for
+/// `run_for`, a random node `kill -9`ed every 5–15 s and restarted 1–3 s
+/// later. Then every node is killed and the database is read: every firing
+/// time each schedule moved past has exactly one operation, named by its
+/// key `schedule:{id}:{fire_time}`.
+#[allow(dead_code)]
+pub async fn schedules_through_kills(
+    seed: u64,
+    database: String,
+    schedules: usize,
+    run_for: Duration,
+) -> ScheduleDrill {
+    use sqlx::Connection as _;
+    let store = vec!["--database".to_owned(), database.clone()];
+    let (token, _) = processes::prepare(&store);
+    let mut args = store.clone();
+    args.push("--builtin-workers=false".into());
+    let mut nodes = Vec::new();
+    for _ in 0..3 {
+        let port = processes::free_port();
+        nodes.push(Node {
+            port,
+            child: processes::serve(port, &args).await,
+        });
+    }
+    let http = reqwest::Client::new();
+    for i in 0..schedules {
+        let response = http
+            .post(format!("{}/v1/schedules", nodes[i % 3].base()))
+            .bearer_auth(&token)
+            .json(&json!({"kind": "noop", "cron": "@every 1s", "overlap": "allow", "catchup_window": 60}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), reqwest::StatusCode::CREATED);
+    }
+    let mut rng = rng(seed);
+    let mut kills = 0;
+    let started = Instant::now();
+    while started.elapsed() < run_for {
+        tokio::time::sleep(Duration::from_millis(5_000 + rng.below(10_000))).await;
+        let victim = rng.below(3) as usize;
+        let _ = nodes[victim].child.start_kill();
+        let _ = nodes[victim].child.wait().await;
+        kills += 1;
+        tokio::time::sleep(Duration::from_millis(1_000 + rng.below(2_000))).await;
+        nodes[victim].child = processes::serve(nodes[victim].port, &args).await;
+    }
+    for node in &mut nodes {
+        let _ = node.child.start_kill();
+        let _ = node.child.wait().await;
+    }
+
+    let mut c = sqlx::PgConnection::connect(&database).await.unwrap();
+    let rows: Vec<(String, i64, Option<i64>)> = sqlx::query_as("SELECT id, created_at, next_fire_at FROM schedules")
+        .fetch_all(&mut c)
+        .await
+        .unwrap();
+    let keys: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT idempotency_key, COUNT(*) FROM operations WHERE idempotency_key LIKE 'schedule:%' GROUP BY 1",
+    )
+    .fetch_all(&mut c)
+    .await
+    .unwrap();
+    let mut drill = ScheduleDrill {
+        schedules: rows.len(),
+        kills,
+        ..ScheduleDrill::default()
+    };
+    let mut fired: HashMap<String, HashSet<i64>> = HashMap::new();
+    for (key, count) in keys {
+        drill.operations += count as u64;
+        if count > 1 {
+            drill.duplicated += 1;
+        }
+        let mut parts = key.splitn(3, ':');
+        let (_, id, time) = (
+            parts.next(),
+            parts.next().unwrap_or_default(),
+            parts.next().unwrap_or_default(),
+        );
+        match longrun_core::Timestamp::parse_rfc3339(time) {
+            Some(t) if t.0 % 1000 == 0 => {
+                fired.entry(id.to_owned()).or_default().insert(t.0);
+            }
+            _ => drill.off_cadence += 1,
+        }
+    }
+    for (id, created_at, next_fire_at) in rows {
+        let Some(next) = next_fire_at else { continue };
+        let times = fired.remove(&id).unwrap_or_default();
+        // Every second after creation up to the one the schedule moved on to.
+        let mut t = (created_at / 1000 + 1) * 1000;
+        while t < next {
+            drill.due += 1;
+            if !times.contains(&t) {
+                drill.lost += 1;
+            }
+            t += 1000;
+        }
+    }
+    drill
+}
