@@ -479,26 +479,27 @@ async fn an_upload_cut_on_one_node_resumes_through_another() {
     drop(servers);
 }
 
+/// `GET url` with `token`: the JSON body.
+async fn get_json(http: &reqwest::Client, url: &str, token: &str) -> Value {
+    http.get(url)
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 /// Reads a schedule's firing records and the operations it made (by label).
 async fn firings(http: &reqwest::Client, node: &str, token: &str, id: &str) -> (Vec<Value>, HashSet<String>) {
-    let fires: Value = http
-        .get(format!("{node}/v1/schedules/{id}/fires?limit=100"))
-        .bearer_auth(token)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let listed: Value = http
-        .get(format!("{node}/v1/operations?label=from:{id}&page_size=100"))
-        .bearer_auth(token)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let fires = get_json(http, &format!("{node}/v1/schedules/{id}/fires?limit=100"), token).await;
+    let listed = get_json(
+        http,
+        &format!("{node}/v1/operations?label=from:{id}&page_size=100"),
+        token,
+    )
+    .await;
     let ops = listed["operations"]
         .as_array()
         .unwrap()
@@ -570,15 +571,7 @@ async fn three_nodes_fire_each_second_once_through_a_kill() {
         assert!(tokio::time::Instant::now() < deadline, "too few firings: {fires:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let current: Value = http
-        .get(format!("{}/v1/schedules/{id}", nodes[0]))
-        .bearer_auth(&client)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let current = get_json(&http, &format!("{}/v1/schedules/{id}", nodes[0]), &client).await;
     // Pause it (retrying if a firing moves the version first).
     let mut version = current["version"].as_i64().unwrap();
     loop {
@@ -594,15 +587,7 @@ async fn three_nodes_fire_each_second_once_through_a_kill() {
             break;
         }
         assert_eq!(paused.status(), StatusCode::PRECONDITION_FAILED);
-        let again: Value = http
-            .get(format!("{}/v1/schedules/{id}", nodes[0]))
-            .bearer_auth(&client)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let again = get_json(&http, &format!("{}/v1/schedules/{id}", nodes[0]), &client).await;
         version = again["version"].as_i64().unwrap();
     }
     // Rounds that began before the pause settle: wait until records and
