@@ -175,7 +175,7 @@ pub struct ScheduleBody {
     pub updated_at: String,
 }
 
-/// `GET /v1/schedules`: a keyset page, oldest first.
+/// `GET /v1/schedules`: a keyset page in id order (creation order to the millisecond).
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ScheduleList {
     /// The page.

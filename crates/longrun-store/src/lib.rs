@@ -404,8 +404,8 @@ pub trait Store: Send + Sync + 'static {
     /// The tenant's schedule.
     async fn schedule_get(&self, tenant: &str, id: &Id) -> Result<Option<ScheduleRecord>>;
 
-    /// Up to `limit` of the tenant's schedules after `after`, in id
-    /// (creation) order.
+    /// Up to `limit` of the tenant's schedules after `after`, in id order
+    /// (creation order to the millisecond).
     async fn schedule_list(&self, tenant: &str, after: Option<Id>, limit: u32) -> Result<Vec<ScheduleRecord>>;
 
     /// Deletes the tenant's schedule and its firing records; whether it was there.

@@ -105,7 +105,7 @@ struct ListQuery {
     page_token: Option<String>,
 }
 
-/// `GET /v1/schedules`: the tenant's schedules, oldest first, in keyset pages.
+/// `GET /v1/schedules`: the tenant's schedules in id order (creation order to the millisecond), in keyset pages.
 #[utoipa::path(get, path = "/v1/schedules", tag = "schedules", security(("bearer" = [])),
     params(
         ("page_size" = Option<u32>, Query, description = "1–100 (0 or absent: 50)", maximum = 100),

@@ -140,9 +140,15 @@ async fn a_schedule_is_created_read_listed_changed_and_deleted() {
         problem(response, StatusCode::NOT_FOUND, "not_found").await;
     }
 
-    // Keyset pages, oldest first.
+    // Keyset pages in id order (creation order to the millisecond).
     let second = create_ok(&app, &json!({"kind": "report", "cron": "@hourly"})).await;
     let third = create_ok(&app, &json!({"kind": "report", "cron": "@every 15m"})).await;
+    let mut all = vec![
+        id.clone(),
+        second["id"].as_str().unwrap().to_owned(),
+        third["id"].as_str().unwrap().to_owned(),
+    ];
+    all.sort();
     let page = app.get_json("/v1/schedules?page_size=2").await;
     let ids: Vec<&str> = page["schedules"]
         .as_array()
@@ -150,12 +156,12 @@ async fn a_schedule_is_created_read_listed_changed_and_deleted() {
         .iter()
         .map(|s| s["id"].as_str().unwrap())
         .collect();
-    assert_eq!(ids, [id.as_str(), second["id"].as_str().unwrap()]);
+    assert_eq!(ids, [all[0].as_str(), all[1].as_str()]);
     let token = page["next_page_token"].as_str().unwrap();
     let rest = app
         .get_json(&format!("/v1/schedules?page_size=2&page_token={token}"))
         .await;
-    assert_eq!(rest["schedules"][0]["id"], third["id"]);
+    assert_eq!(rest["schedules"][0]["id"], json!(all[2]));
     assert!(rest.get("next_page_token").is_none());
     let theirs = app
         .request(Method::GET, "/v1/schedules", &app.other_tenant_key)
