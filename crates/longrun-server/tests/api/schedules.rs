@@ -143,7 +143,7 @@ async fn a_schedule_is_created_read_listed_changed_and_deleted() {
     // Keyset pages in id order (creation order to the millisecond).
     let second = create_ok(&app, &json!({"kind": "report", "cron": "@hourly"})).await;
     let third = create_ok(&app, &json!({"kind": "report", "cron": "@every 15m"})).await;
-    let mut all = vec![
+    let mut all = [
         id.clone(),
         second["id"].as_str().unwrap().to_owned(),
         third["id"].as_str().unwrap().to_owned(),
