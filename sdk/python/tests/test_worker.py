@@ -134,17 +134,22 @@ def test_cancel_and_pause_reach_the_handler(server: Server, client: longrun.Clie
 
 def test_a_commit_point_makes_cancel_refused(server: Server, client: longrun.Client) -> None:
     release = threading.Event()
+    committed = threading.Event()
 
     def committing(ctx: longrun.TaskContext) -> Any:
-        ctx.commit_point()
+        ctx.commit_point()  # returns once the server has it
+        committed.set()
         release.wait(30)
         return {"charged": True}
 
     running = Running(worker(server, kinds={"py.commit": committing}))
     try:
         op = client.submit("py.commit", {})
-        eventually(lambda: client.get(op.id).state == "running")
-        eventually(lambda: _cancel_refused(client, op.id))
+        # A cancel sent before the commit point reaches the server is a
+        # cancel request like any other (and its repeats answer it): ask
+        # only after the worker's commit point has been acknowledged.
+        assert committed.wait(30), "the handler never passed its commit point"
+        assert _cancel_refused(client, op.id)
         release.set()
         assert client.wait(op.id, timeout=30).value == {"charged": True}
     finally:
