@@ -15,6 +15,8 @@ use crate::*;
 
 mod codec;
 mod rules;
+mod schedules;
 
 pub(crate) use codec::*;
 pub(crate) use rules::*;
+pub(crate) use schedules::*;

@@ -1,77 +1,41 @@
-//! Schedules and their firing records (docs/schedules.md): rows the
-//! firing service reads when due and changes by compare-and-set.
-
-use longrun_core::schedule::FireDecision;
+//! Schedules and their firing records (docs/schedules.md): the shared
+//! statements of `shared::schedules` in `$N` form, bound and run; a
+//! round's page moves on in one `UPDATE … FROM unnest` and records its
+//! firings in one insert.
 
 use super::*;
 
-const SCHEDULE_COLUMNS: &str =
-    "id, tenant, version, paused, spec, next_fire_at, last_operation_id, buffered_fire_at, created_at, updated_at";
+type Query<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
 
-fn schedule_from_row(r: &PgRow) -> Result<ScheduleRecord> {
-    let spec: String = r.try_get(4).map_err(db)?;
-    Ok(ScheduleRecord {
-        id: Id::from_trusted(r.try_get::<String, _>(0).map_err(db)?),
-        tenant: r.try_get(1).map_err(db)?,
-        version: r.try_get(2).map_err(db)?,
-        paused: r.try_get(3).map_err(db)?,
-        spec: serde_json::from_str(&spec).map_err(|e| StoreError::Corrupt(format!("schedule spec: {e}")))?,
-        next_fire_at: r.try_get::<Option<i64>, _>(5).map_err(db)?.map(Timestamp),
-        last_operation_id: r.try_get(6).map_err(db)?,
-        buffered_fire_at: r.try_get::<Option<i64>, _>(7).map_err(db)?.map(Timestamp),
-        created_at: Timestamp(r.try_get(8).map_err(db)?),
-        updated_at: Timestamp(r.try_get(9).map_err(db)?),
-    })
-}
-
-/// A compare-and-set of one schedule on `c`: whether it was still at
-/// `expected_version` (and so changed).
-async fn update_row(c: &mut PgConnection, s: &ScheduleRecord, expected_version: i64) -> Result<bool> {
-    let changed = sqlx::query(
-        "UPDATE schedules SET version = $3, paused = $4, spec = $5, next_fire_at = $6, last_operation_id = $7,
-                buffered_fire_at = $8, updated_at = $9
-          WHERE id = $1 AND tenant = $2 AND version = $10",
-    )
-    .bind(s.id.as_str())
-    .bind(&s.tenant)
-    .bind(s.version)
-    .bind(s.paused)
-    .bind(s.spec.to_string())
-    .bind(s.next_fire_at.map(|t| t.0))
-    .bind(&s.last_operation_id)
-    .bind(s.buffered_fire_at.map(|t| t.0))
-    .bind(s.updated_at.0)
-    .bind(expected_version)
-    .execute(&mut *c)
-    .await
-    .map_err(db)?;
-    Ok(changed.rows_affected() == 1)
+fn bind(q: Query<'_>, v: ScheduleValues) -> Query<'_> {
+    q.bind(v.0)
+        .bind(v.1)
+        .bind(v.2)
+        .bind(v.3)
+        .bind(v.4)
+        .bind(v.5)
+        .bind(v.6)
+        .bind(v.7)
+        .bind(v.8)
+        .bind(v.9)
 }
 
 impl PostgresStore {
     pub(super) async fn schedule_insert_row(&self, s: &ScheduleRecord) -> Result<()> {
-        sqlx::query(&format!(
-            "INSERT INTO schedules ({SCHEDULE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
-        ))
-        .bind(s.id.as_str())
-        .bind(&s.tenant)
-        .bind(s.version)
-        .bind(s.paused)
-        .bind(s.spec.to_string())
-        .bind(s.next_fire_at.map(|t| t.0))
-        .bind(&s.last_operation_id)
-        .bind(s.buffered_fire_at.map(|t| t.0))
-        .bind(s.created_at.0)
-        .bind(s.updated_at.0)
-        .execute(&self.pool)
-        .await
-        .map_err(db)?;
+        bind(sqlx::query(&pg(SCHEDULE_INSERT)), schedule_values(s))
+            .execute(&self.pool)
+            .await
+            .map_err(db)?;
         Ok(())
     }
 
     pub(super) async fn schedule_update_row(&self, s: &ScheduleRecord, expected_version: i64) -> Result<bool> {
-        let mut c = self.pool.acquire().await.map_err(db)?;
-        update_row(&mut c, s, expected_version).await
+        let changed = bind(sqlx::query(&pg(SCHEDULE_UPDATE)), schedule_values(s))
+            .bind(expected_version)
+            .execute(&self.pool)
+            .await
+            .map_err(db)?;
+        Ok(changed.rows_affected() == 1)
     }
 
     /// Every update in one statement (a round's page): one round trip and
@@ -80,6 +44,8 @@ impl PostgresStore {
         if updates.is_empty() {
             return Ok(Vec::new());
         }
+        let values: Vec<ScheduleValues> = updates.iter().map(|(s, _)| schedule_values(s)).collect();
+        let column = |f: fn(&ScheduleValues) -> String| values.iter().map(f).collect::<Vec<_>>();
         let rows = sqlx::query(
             "UPDATE schedules s SET version = u.version, paused = u.paused, spec = u.spec,
                     next_fire_at = u.next_fire_at, last_operation_id = u.last_operation_id,
@@ -91,35 +57,15 @@ impl PostgresStore {
               WHERE s.id = u.id AND s.tenant = u.tenant AND s.version = u.expected
              RETURNING s.id",
         )
-        .bind(
-            updates
-                .iter()
-                .map(|(s, _)| s.id.as_str().to_owned())
-                .collect::<Vec<_>>(),
-        )
-        .bind(updates.iter().map(|(s, _)| s.tenant.clone()).collect::<Vec<_>>())
-        .bind(updates.iter().map(|(s, _)| s.version).collect::<Vec<_>>())
-        .bind(updates.iter().map(|(s, _)| s.paused).collect::<Vec<_>>())
-        .bind(updates.iter().map(|(s, _)| s.spec.to_string()).collect::<Vec<_>>())
-        .bind(
-            updates
-                .iter()
-                .map(|(s, _)| s.next_fire_at.map(|t| t.0))
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            updates
-                .iter()
-                .map(|(s, _)| s.last_operation_id.clone())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            updates
-                .iter()
-                .map(|(s, _)| s.buffered_fire_at.map(|t| t.0))
-                .collect::<Vec<_>>(),
-        )
-        .bind(updates.iter().map(|(s, _)| s.updated_at.0).collect::<Vec<_>>())
+        .bind(column(|v| v.0.clone()))
+        .bind(column(|v| v.1.clone()))
+        .bind(values.iter().map(|v| v.2).collect::<Vec<_>>())
+        .bind(values.iter().map(|v| v.3).collect::<Vec<_>>())
+        .bind(column(|v| v.4.clone()))
+        .bind(values.iter().map(|v| v.5).collect::<Vec<_>>())
+        .bind(values.iter().map(|v| v.6.clone()).collect::<Vec<_>>())
+        .bind(values.iter().map(|v| v.7).collect::<Vec<_>>())
+        .bind(values.iter().map(|v| v.9).collect::<Vec<_>>())
         .bind(updates.iter().map(|(_, expected)| *expected).collect::<Vec<_>>())
         .fetch_all(&self.pool)
         .await
@@ -129,19 +75,17 @@ impl PostgresStore {
             .map(|r| r.try_get::<String, _>(0))
             .collect::<Result<_, _>>()
             .map_err(db)?;
-        Ok(updates.iter().map(|(s, _)| changed.contains(s.id.as_str())).collect())
+        Ok(values.iter().map(|v| changed.contains(&v.0)).collect())
     }
 
     pub(super) async fn schedule_get_row(&self, tenant: &str, id: &Id) -> Result<Option<ScheduleRecord>> {
-        let row = sqlx::query(&format!(
-            "SELECT {SCHEDULE_COLUMNS} FROM schedules WHERE id = $1 AND tenant = $2"
-        ))
-        .bind(id.as_str())
-        .bind(tenant)
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(db)?;
-        row.as_ref().map(schedule_from_row).transpose()
+        let row: Option<ScheduleValues> = sqlx::query_as(&pg(SCHEDULE_GET))
+            .bind(id.as_str())
+            .bind(tenant)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(db)?;
+        row.map(schedule_from_values).transpose()
     }
 
     pub(super) async fn schedule_list_rows(
@@ -150,27 +94,25 @@ impl PostgresStore {
         after: Option<&Id>,
         limit: u32,
     ) -> Result<Vec<ScheduleRecord>> {
-        let rows = sqlx::query(&format!(
-            "SELECT {SCHEDULE_COLUMNS} FROM schedules WHERE tenant = $1 AND id > $2 ORDER BY id LIMIT $3"
-        ))
-        .bind(tenant)
-        .bind(after.map_or("", |a| a.as_str()))
-        .bind(i64::from(limit))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(db)?;
-        rows.iter().map(schedule_from_row).collect()
+        let rows: Vec<ScheduleValues> = sqlx::query_as(&pg(SCHEDULE_LIST))
+            .bind(tenant)
+            .bind(after.map_or("", |a| a.as_str()))
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db)?;
+        rows.into_iter().map(schedule_from_values).collect()
     }
 
     pub(super) async fn schedule_delete_row(&self, tenant: &str, id: &Id) -> Result<bool> {
         let mut tx = self.pool.begin().await.map_err(db)?;
-        let gone = sqlx::query("DELETE FROM schedules WHERE id = $1 AND tenant = $2")
+        let gone = sqlx::query(&pg(SCHEDULE_DELETE))
             .bind(id.as_str())
             .bind(tenant)
             .execute(&mut *tx)
             .await
             .map_err(db)?;
-        sqlx::query("DELETE FROM schedule_fires WHERE schedule_id = $1 AND tenant = $2")
+        sqlx::query(&pg(SCHEDULE_FIRES_DELETE))
             .bind(id.as_str())
             .bind(tenant)
             .execute(&mut *tx)
@@ -181,17 +123,13 @@ impl PostgresStore {
     }
 
     pub(super) async fn schedule_due_rows(&self, now: Timestamp, limit: u32) -> Result<Vec<ScheduleRecord>> {
-        let rows = sqlx::query(&format!(
-            "SELECT {SCHEDULE_COLUMNS} FROM schedules
-              WHERE NOT paused AND (next_fire_at <= $1 OR buffered_fire_at IS NOT NULL)
-              ORDER BY next_fire_at LIMIT $2"
-        ))
-        .bind(now.0)
-        .bind(i64::from(limit))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(db)?;
-        rows.iter().map(schedule_from_row).collect()
+        let rows: Vec<ScheduleValues> = sqlx::query_as(&pg(SCHEDULE_DUE))
+            .bind(now.0)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db)?;
+        rows.into_iter().map(schedule_from_values).collect()
     }
 
     pub(super) async fn schedule_fires_record_rows(&self, fires: &[ScheduleFire], keep_after: Timestamp) -> Result<()> {
@@ -199,13 +137,11 @@ impl PostgresStore {
             return Ok(());
         }
         let mut tx = self.pool.begin().await.map_err(db)?;
-        sqlx::query(
-            "INSERT INTO schedule_fires (schedule_id, fire_time, tenant, operation_id, decision, recorded_at)
+        sqlx::query(&format!(
+            "INSERT INTO schedule_fires ({FIRE_COLUMNS})
              SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::bigint[])
-             ON CONFLICT (schedule_id, fire_time) DO UPDATE SET operation_id = excluded.operation_id,
-                 decision = excluded.decision, recorded_at = excluded.recorded_at
-              WHERE schedule_fires.operation_id IS NULL OR excluded.operation_id IS NOT NULL",
-        )
+             {FIRE_MERGE}"
+        ))
         .bind(
             fires
                 .iter()
@@ -233,28 +169,12 @@ impl PostgresStore {
     }
 
     pub(super) async fn schedule_fires_rows(&self, id: &Id, limit: u32) -> Result<Vec<ScheduleFire>> {
-        let rows = sqlx::query(
-            "SELECT schedule_id, tenant, fire_time, operation_id, decision, recorded_at FROM schedule_fires
-              WHERE schedule_id = $1 ORDER BY fire_time DESC LIMIT $2",
-        )
-        .bind(id.as_str())
-        .bind(i64::from(limit))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(db)?;
-        rows.iter()
-            .map(|r| {
-                let decision: String = r.try_get(4).map_err(db)?;
-                Ok(ScheduleFire {
-                    schedule_id: Id::from_trusted(r.try_get::<String, _>(0).map_err(db)?),
-                    tenant: r.try_get(1).map_err(db)?,
-                    fire_time: Timestamp(r.try_get(2).map_err(db)?),
-                    operation_id: r.try_get(3).map_err(db)?,
-                    decision: FireDecision::parse(&decision)
-                        .ok_or_else(|| StoreError::Corrupt(format!("schedule decision {decision:?}")))?,
-                    recorded_at: Timestamp(r.try_get(5).map_err(db)?),
-                })
-            })
-            .collect()
+        let rows: Vec<FireValues> = sqlx::query_as(&pg(SCHEDULE_FIRES))
+            .bind(id.as_str())
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db)?;
+        rows.into_iter().map(fire_from_values).collect()
     }
 }

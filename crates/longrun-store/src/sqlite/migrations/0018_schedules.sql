@@ -19,7 +19,7 @@ CREATE TABLE schedules (
     updated_at         INTEGER NOT NULL
 );
 CREATE INDEX schedules_by_tenant ON schedules (tenant, id);
-CREATE INDEX schedules_due ON schedules (next_fire_at) WHERE paused = 0;
+CREATE INDEX schedules_due ON schedules (next_fire_at) WHERE NOT paused;
 CREATE INDEX schedules_buffered ON schedules (buffered_fire_at) WHERE buffered_fire_at IS NOT NULL;
 CREATE TABLE schedule_fires (
     schedule_id   TEXT NOT NULL,
