@@ -169,10 +169,10 @@ async fn schedules(client: &Client, output: Output, command: ScheduleCommand) ->
             labels,
             ..
         } => {
-            let input = match input.as_deref().map(serde_json::from_str::<Value>).transpose() {
-                Ok(input) => input,
-                Err(e) => {
-                    eprintln!("error: --input is not JSON: {e}");
+            let (input, labels) = match (input.as_deref().map(read_input).transpose(), parse_labels(&labels)) {
+                (Ok(input), Ok(labels)) => (input, labels),
+                (Err(message), _) | (_, Err(message)) => {
+                    eprintln!("error: {message}");
                     return Ok(EXIT_USAGE);
                 }
             };
@@ -186,14 +186,6 @@ async fn schedules(client: &Client, output: Output, command: ScheduleCommand) ->
                     }
                 },
             };
-            let mut parsed = BTreeMap::new();
-            for label in labels {
-                let Some((k, v)) = label.split_once('=') else {
-                    eprintln!("error: --label takes key=value, not {label:?}");
-                    return Ok(EXIT_USAGE);
-                };
-                parsed.insert(k.to_owned(), v.to_owned());
-            }
             let request = longrun_client::ScheduleRequest {
                 kind,
                 input,
@@ -201,7 +193,7 @@ async fn schedules(client: &Client, output: Output, command: ScheduleCommand) ->
                 time_zone,
                 overlap,
                 catchup_window,
-                labels: (!parsed.is_empty()).then_some(parsed),
+                labels: (!labels.is_empty()).then_some(labels),
                 priority,
                 ..Default::default()
             };
@@ -499,6 +491,17 @@ fn report(e: &Error, output: Output) -> i32 {
 }
 
 /// An input given as JSON or `@file`.
+/// `--label key=value` flags as a map.
+fn parse_labels(labels: &[String]) -> Result<BTreeMap<String, String>, String> {
+    labels
+        .iter()
+        .map(|label| match label.split_once('=') {
+            Some((k, v)) => Ok((k.to_owned(), v.to_owned())),
+            None => Err(format!("--label takes key=value, not {label:?}")),
+        })
+        .collect()
+}
+
 fn read_input(input: &str) -> Result<Value, String> {
     let text = match input.strip_prefix('@') {
         Some(path) => std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))?,
@@ -659,14 +662,13 @@ async fn execute(client: &Client, output: Output, command: ClientCommand) -> Res
                     return Ok(EXIT_USAGE);
                 }
             };
-            let mut parsed_labels = BTreeMap::new();
-            for label in labels {
-                let Some((k, v)) = label.split_once('=') else {
-                    eprintln!("error: --label takes key=value");
+            let parsed_labels = match parse_labels(&labels) {
+                Ok(labels) => labels,
+                Err(message) => {
+                    eprintln!("error: {message}");
                     return Ok(EXIT_USAGE);
-                };
-                parsed_labels.insert(k.to_owned(), v.to_owned());
-            }
+                }
+            };
             let submission = Submission {
                 kind: kind.unwrap_or_default(),
                 input,

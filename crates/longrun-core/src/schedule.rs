@@ -273,24 +273,6 @@ pub enum Overlap {
     Allow,
 }
 
-impl Overlap {
-    /// The wire name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Overlap::Skip => "skip",
-            Overlap::BufferOne => "buffer_one",
-            Overlap::Allow => "allow",
-        }
-    }
-
-    /// From the wire name.
-    pub fn parse(text: &str) -> Option<Self> {
-        [Overlap::Skip, Overlap::BufferOne, Overlap::Allow]
-            .into_iter()
-            .find(|o| o.as_str() == text)
-    }
-}
-
 /// What the firing service knows of a schedule that is due.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Due {

@@ -407,27 +407,23 @@ struct Fired {
 /// them are left to the round, which makes them for a page at once.
 async fn fire_due(app: &AppState, record: ScheduleRecord, now: Timestamp) -> Result<Fired, ApiError> {
     let d = definition_of(&record)?;
+    let overlap = overlap_of(&d.request);
+    // Only `skip` and `buffer_one` (and a firing held back) look at the
+    // previous firing: `allow` starts every time without reading it.
     let previous_live = match &record.last_operation_id {
-        Some(op) => app
+        Some(op) if overlap != Overlap::Allow || record.buffered_fire_at.is_some() => app
             .store
             .operation_get(&record.tenant, &Id::from_trusted(op.clone()))
             .await?
             .is_some_and(|op| !op.state.is_terminal()),
-        None => false,
+        _ => false,
     };
     let due = Due {
         next_fire_at: record.next_fire_at,
         buffered: record.buffered_fire_at,
         previous_live,
     };
-    let plan = plan_firings(
-        &d.cadence,
-        overlap_of(&d.request),
-        catchup_of(&d.request),
-        due,
-        now,
-        FIRINGS_PER_ROUND,
-    );
+    let plan = plan_firings(&d.cadence, overlap, catchup_of(&d.request), due, now, FIRINGS_PER_ROUND);
     let mut fires = Vec::with_capacity(plan.firings.len());
     let mut last_operation_id = record.last_operation_id.clone();
     let fire = |fire_time, operation_id: Option<String>, decision| ScheduleFire {
@@ -482,7 +478,7 @@ pub(crate) async fn round(app: &AppState) -> Result<u64, StoreError> {
     let mut dealt = 0u64;
     for _ in 0..PAGES_PER_ROUND {
         let due = app.store.schedule_due(now, DUE_PAGE).await?;
-        let full = due.len() as u32 == DUE_PAGE;
+        let full = due.len() as u32 >= DUE_PAGE;
         let outcomes: Vec<_> = futures_util::stream::iter(due)
             .map(|record| fire_due(app, record, now))
             .buffer_unordered(CONCURRENCY)

@@ -499,6 +499,18 @@ struct ListQuery {
     page_token: Option<String>,
 }
 
+/// A list's `page_size`: 0 or absent is [`DEFAULT_PAGE_SIZE`], more than
+/// [`MAX_PAGE_SIZE`] is refused.
+pub(crate) fn page_size(asked: Option<u32>) -> Result<u32, ApiError> {
+    match asked {
+        None | Some(0) => Ok(DEFAULT_PAGE_SIZE),
+        Some(n) if n <= MAX_PAGE_SIZE => Ok(n),
+        Some(n) => Err(ApiError::InvalidRequest(format!(
+            "page_size {n} is more than {MAX_PAGE_SIZE}"
+        ))),
+    }
+}
+
 /// Page tokens are the keyset position in base 36: opaque to clients, and
 /// every string of the documented pattern is one (a position past the end
 /// gives an empty page).
@@ -544,15 +556,7 @@ async fn list(
     QueryParams(query): QueryParams<ListQuery>,
 ) -> Result<Json<OperationList>, ApiError> {
     caller.require_client()?;
-    let page_size = match query.page_size {
-        None | Some(0) => DEFAULT_PAGE_SIZE,
-        Some(n) if n <= MAX_PAGE_SIZE => n,
-        Some(n) => {
-            return Err(ApiError::InvalidRequest(format!(
-                "page_size {n} is more than {MAX_PAGE_SIZE}"
-            )));
-        }
-    };
+    let page_size = page_size(query.page_size)?;
     let state = query
         .state
         .map(|s| {

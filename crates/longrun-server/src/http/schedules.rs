@@ -14,12 +14,10 @@ use crate::AppState;
 use crate::http::auth::Caller;
 use crate::http::error::{ApiError, Problem};
 use crate::http::extract::{JsonBody, QueryParams};
-use crate::http::operations::{etag, if_match, operation_response};
+use crate::http::operations::{etag, if_match, operation_response, page_size};
 use crate::schedules::{self, Definition};
 use longrun_api::{BackfillRequest, ScheduleBody, ScheduleFires, ScheduleList, SchedulePatch, ScheduleRequest};
 
-const DEFAULT_PAGE_SIZE: u32 = 50;
-const MAX_PAGE_SIZE: u32 = 100;
 const MAX_FIRES: u32 = 100;
 
 pub fn router() -> Router<AppState> {
@@ -121,15 +119,7 @@ async fn list(
     QueryParams(query): QueryParams<ListQuery>,
 ) -> Result<Json<ScheduleList>, ApiError> {
     caller.require_client()?;
-    let page_size = match query.page_size {
-        None | Some(0) => DEFAULT_PAGE_SIZE,
-        Some(n) if n > MAX_PAGE_SIZE => {
-            return Err(ApiError::InvalidRequest(format!(
-                "page_size {n} is more than {MAX_PAGE_SIZE}"
-            )));
-        }
-        Some(n) => n,
-    };
+    let page_size = page_size(query.page_size)?;
     // A page token is the last id of the previous page: any string of the
     // documented pattern is a position (past the end: an empty page).
     let after = match query.page_token {
