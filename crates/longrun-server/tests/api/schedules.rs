@@ -11,7 +11,7 @@ use longrun_core::Timestamp;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::helpers::{Options, TestApp, manual_clock, problem, spawn_app_with};
+use crate::helpers::{Options, Receiver, TestApp, manual_clock, problem, spawn_app_with};
 
 /// A Monday, 10:00:30 UTC.
 const START: &str = "2027-01-04T10:00:30Z";
@@ -766,4 +766,92 @@ async fn a_backfill_fires_the_past_times_that_have_no_operation_once() {
         .await
         .unwrap();
     problem(theirs, StatusCode::NOT_FOUND, "not_found").await;
+}
+
+/// The contract's promise that a firing's webhooks name its schedule:
+/// a real receiver on loopback reads `data.schedule_id`.
+#[tokio::test]
+async fn a_firings_webhooks_carry_its_schedule_id() {
+    let clock = manual_clock();
+    clock.set(Timestamp::parse_rfc3339(START).unwrap());
+    let app = spawn_app_with(Options {
+        clock: Some(clock.clone()),
+        webhooks_to_loopback: true,
+        ..Options::default()
+    })
+    .await;
+    app.declare_kind("report", true, 3).await;
+    let receiver = Receiver::start(vec![]).await;
+    let schedule = create_ok(
+        &app,
+        &json!({"kind": "report", "cron": "@yearly", "callback": {"url": receiver.url}}),
+    )
+    .await;
+    let id = schedule["id"].as_str().unwrap();
+    let fired: Value = app
+        .request(Method::POST, &format!("/v1/schedules/{id}/trigger"), &app.client_key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let op = fired["id"].as_str().unwrap();
+    let cancelled = app
+        .request(
+            Method::PUT,
+            &format!("/v1/operations/{op}/cancellation"),
+            &app.client_key,
+        )
+        .send()
+        .await
+        .unwrap();
+    assert!(cancelled.status().is_success());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let body = loop {
+        let got = receiver.received();
+        if let Some(r) = got.iter().find(|r| r.body.contains("operation.cancelled")) {
+            break serde_json::from_str::<Value>(&r.body).unwrap();
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no webhook: {got:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_eq!(body["data"]["operation_id"], json!(op));
+    assert_eq!(body["data"]["schedule_id"], json!(id));
+
+    // An operation submitted by hand names no schedule, in its webhooks either.
+    let own = app
+        .submit_ok("by-hand", &json!({"kind": "report", "callback": {"url": receiver.url}}))
+        .await;
+    assert!(own.get("schedule_id").is_none(), "{own}");
+}
+
+/// A client may not use a firing's key anywhere a key is taken: the batch
+/// refuses the item (and creates nothing), the single submit refuses it.
+#[tokio::test]
+async fn a_firings_key_is_refused_from_clients_in_a_batch_too() {
+    let (app, _clock) = app_at_start().await;
+    let key = "schedule:sch_00000000000000000000000000:2027-01-04T10:01:00.000Z";
+    let batch: Value = app
+        .request(Method::POST, "/v1/operations/batch", &app.client_key)
+        .json(&json!({"operations": [
+            {"idempotency_key": key, "kind": "report"},
+            {"idempotency_key": "plain-1", "kind": "report"}
+        ]}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(batch["results"][0]["status"], 400, "{batch}");
+    assert_eq!(batch["results"][0]["problem"]["code"], "invalid_request");
+    assert_eq!(batch["results"][1]["status"], 202);
+    assert_eq!(app.operation_count("acme").await, 1);
+    problem(
+        app.submit(key, &json!({"kind": "report"})).await,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+    )
+    .await;
 }
