@@ -3,17 +3,15 @@
 //!
 //! ```sh
 //! longrun kinds set thumbnail --rerun-safe
-//! LONGRUN_TOKEN=lr_…(worker key) cargo run -p longrun-client --example remote_worker
+//! LONGRUN_TOKEN=lr_…(worker key) cargo run -p longrun-worker --example remote_worker
 //! ```
 
 use std::sync::Arc;
 
-use async_trait::async_trait;
-use longrun_core::validate::Invalid;
-use longrun_engine::remote::{RemoteConfig, RemoteWorker};
-use longrun_engine::worker::{Handler, KindInfo, TaskContext, TaskError};
-use longrun_engine::{CancellationToken, Registry};
-use longrun_store::ProgressUpdate;
+use longrun_worker::{
+    CancellationToken, Handler, Invalid, KindInfo, ProgressUpdate, Registry, RemoteConfig, RemoteWorker, TaskContext,
+    TaskError, async_trait,
+};
 use serde_json::{Value, json};
 
 struct Thumbnail;

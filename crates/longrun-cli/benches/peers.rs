@@ -65,9 +65,9 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use longrun_core::validate::Invalid;
-use longrun_engine::kinds::Registry;
-use longrun_engine::remote::{RemoteConfig, RemoteWorker};
-use longrun_engine::worker::{Handler, KindInfo, TaskContext, TaskError};
+use longrun_worker::Registry;
+use longrun_worker::remote::{RemoteConfig, RemoteWorker};
+use longrun_worker::task::{Handler, KindInfo, TaskContext, TaskError};
 use serde_json::{Value, json};
 use tokio::process::{Child, Command};
 use tokio_util::sync::CancellationToken;

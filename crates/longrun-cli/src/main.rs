@@ -21,13 +21,13 @@ use longrun_core::apikey::{NewApiKey, Role};
 use longrun_core::duration::parse_duration;
 use longrun_core::webhook::WebhookSecret;
 use longrun_core::{Clock, Id, IdKind, SystemClock};
-use longrun_engine::artifacts::{ArtifactStore, FileArtifacts};
-use longrun_engine::exec::ExecHandler;
-use longrun_engine::remote::{RemoteConfig, RemoteWorker};
+use longrun_engine::bytes::artifacts::{ArtifactStore, FileArtifacts};
 use longrun_engine::{CancellationToken, Registry};
 use longrun_server::{CallbackPolicy, Config, ServeOptions};
 use longrun_store::postgres::{PostgresConfig, PostgresStore};
 use longrun_store::{ApiKeyCreateParams, KindSpec, SqliteConfig, SqliteStore, Store, TenantLimits};
+use longrun_worker::exec::ExecHandler;
+use longrun_worker::remote::{RemoteConfig, RemoteWorker};
 
 mod client;
 mod supervise;
@@ -550,7 +550,7 @@ async fn serve(global: &Global, args: ServeArgs) -> anyhow::Result<()> {
     options.retention.tombstone_retention = args.tombstone_retention;
     options.retention.orphan_grace = args.orphan_grace;
     if let Some(url) = &global.artifact_store {
-        options.artifact_store = Some(longrun_engine::artifacts::from_url(url)?);
+        options.artifact_store = Some(longrun_engine::bytes::artifacts::from_url(url)?);
     }
     options.retention.delivery_retention = args.delivery_retention;
     options.dispatcher.max_artifact_bytes = args.max_artifact_bytes;
@@ -753,10 +753,11 @@ async fn tenants(global: &Global, command: TenantsCommand) -> anyhow::Result<()>
             }
             let counts = store.tenant_delete(&tenant, SystemClock.now()).await?;
             let artifacts: std::sync::Arc<dyn ArtifactStore> = match &global.artifact_store {
-                Some(url) => longrun_engine::artifacts::from_url(url)?,
+                Some(url) => longrun_engine::bytes::artifacts::from_url(url)?,
                 None => std::sync::Arc::new(FileArtifacts::new(global.data_dir.join("artifacts"))),
             };
-            let objects = longrun_engine::retention::collect_garbage(store.as_ref(), artifacts.as_ref(), 500).await?;
+            let objects =
+                longrun_engine::services::retention::collect_garbage(store.as_ref(), artifacts.as_ref(), 500).await?;
             println!(
                 "deleted tenant {tenant}: {} operations, {} results ({objects} objects), {} keys, {} webhook deliveries",
                 counts.operations, counts.results, counts.keys, counts.deliveries

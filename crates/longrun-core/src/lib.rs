@@ -26,6 +26,8 @@
 //! - `duration`: human durations for flags.
 //! - `schedule`: when a schedule fires (5-field cron in a time zone, or
 //!   `@every`), and the idempotency key that makes each firing one operation.
+//! - `task`: what a worker reports (progress, the outcome) and what a
+//!   heartbeat answers, the same in process and over HTTP.
 
 pub mod apikey;
 pub mod clock;
@@ -38,6 +40,7 @@ pub mod links;
 pub mod retry_after;
 pub mod schedule;
 pub mod state;
+pub mod task;
 pub mod validate;
 pub mod webhook;
 

@@ -12,10 +12,10 @@ use longrun_store::conformance::accept_params;
 use longrun_store::{AcceptOutcome, SqliteConfig, SqliteStore, Store};
 use serde_json::Value;
 
-use crate::artifacts::FileArtifacts;
-use crate::dispatcher::{self, Dispatcher};
-use crate::worker::{Handler, KindInfo, TaskContext, TaskError};
+use crate::bytes::artifacts::FileArtifacts;
+use crate::in_process::dispatcher::{self, Dispatcher};
 use crate::{Registry, Signals};
+use longrun_worker::task::{Handler, KindInfo, TaskContext, TaskError};
 
 /// What a test kind `name` declares: safe to re-run, three attempts, not pausable.
 pub fn kind(name: &str) -> KindInfo {
@@ -90,7 +90,7 @@ impl Handler for Counting {
 pub async fn sqlite_store(dir: &std::path::Path, registry: &Registry) -> Arc<dyn Store> {
     let store: Arc<dyn Store> =
         Arc::new(SqliteStore::open(SqliteConfig::new(dir.join("longrun.db"))).expect("a SQLite store"));
-    for spec in registry.specs() {
+    for spec in crate::kinds::specs(registry) {
         store.kind_upsert(spec).await.expect("the kinds are stored");
     }
     store

@@ -8,11 +8,11 @@ use std::sync::Arc;
 
 use longrun_core::validate::Invalid;
 use longrun_core::{Clock, Id, State, SystemClock};
-use longrun_engine::dispatcher;
+use longrun_engine::in_process::dispatcher;
 use longrun_engine::testing::{Counting, kind, new_dispatcher, queue, sqlite_store, until_state};
-use longrun_engine::worker::{Handler, KindInfo, TaskContext, TaskError};
 use longrun_engine::{CancellationToken, Registry, Signals};
 use longrun_store::{CancelOutcome, CancelParams};
+use longrun_worker::task::{Handler, KindInfo, TaskContext, TaskError};
 use serde_json::{Value, json};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,9 +7,9 @@
 use std::time::Duration;
 
 use longrun_core::{State, SystemClock};
-use longrun_engine::dispatcher;
+use longrun_engine::in_process::dispatcher;
 use longrun_engine::testing::{new_dispatcher, queue, sqlite_store};
-use longrun_engine::{CancellationToken, Registry, Signals};
+use longrun_engine::{CancellationToken, Signals};
 use longrun_store::ClaimParams;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use serde_json::json;
@@ -35,7 +35,7 @@ async fn an_idle_dispatcher_makes_one_cycle_a_poll_and_new_work_starts_on_its_wa
     recorder.install().expect("the only recorder of this test binary");
 
     let dir = tempfile::tempdir().unwrap();
-    let registry = Registry::builtin();
+    let registry = longrun_engine::kinds::builtin();
     let store = sqlite_store(dir.path(), &registry).await;
     let signals = Signals::default();
     let config = dispatcher::Config {

@@ -14,14 +14,16 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use longrun_core::{Clock, Id, ManualClock, State, Timestamp};
-use longrun_engine::artifacts::{ArtifactStore, ByteReader, FileArtifacts};
+use longrun_engine::bytes::artifacts::{ArtifactStore, ByteReader, FileArtifacts};
+use longrun_engine::bytes::results::{TaskArtifact, join_artifact_pieces, store_artifact_piece};
+use longrun_engine::in_process::dispatcher::{bytes_error, worker_error};
 use longrun_engine::kinds::export::{CSV_HEADER, Export, Format, render};
-use longrun_engine::results::{TaskArtifact, join_artifact_pieces, store_artifact_piece};
-use longrun_engine::worker::{StopFlags, TaskContext, TaskLink, UploadedArtifact, run_task};
 use longrun_store::{
     AcceptOutcome, ClaimParams, DEFAULT_ARTIFACT, DesiredState, FinishParams, HeartbeatAck, HeartbeatParams,
-    IntentParams, KindSpec, Outcome, ProgressUpdate, ReapParams, SqliteConfig, SqliteStore, Store, StoreError, Task,
+    IntentParams, KindSpec, Outcome, ProgressUpdate, ReapParams, SqliteConfig, SqliteStore, Store, Task,
 };
+use longrun_worker::WorkerError;
+use longrun_worker::task::{StopFlags, TaskContext, TaskLink, UploadedArtifact, run_task};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncReadExt;
@@ -83,7 +85,7 @@ impl TaskLink for Link {
         cost_units: Option<f64>,
         cancellable: Option<bool>,
         checkpoint: Option<Value>,
-    ) -> Result<HeartbeatAck, StoreError> {
+    ) -> Result<HeartbeatAck, WorkerError> {
         if progress.is_some() {
             let n = self.reports.fetch_add(1, Ordering::SeqCst) + 1;
             match self.at {
@@ -92,7 +94,8 @@ impl TaskLink for Link {
                         .f
                         .store
                         .operation_get("t1", &self.task.operation_id)
-                        .await?
+                        .await
+                        .map_err(worker_error)?
                         .unwrap();
                     self.f
                         .store
@@ -103,7 +106,8 @@ impl TaskLink for Link {
                             if_match: Some(op.version),
                             now: self.f.clock.now(),
                         })
-                        .await?;
+                        .await
+                        .map_err(worker_error)?;
                 }
                 At::Vanish(k) if k == n => {
                     self.vanish.notify_one();
@@ -124,9 +128,10 @@ impl TaskLink for Link {
                 now: self.f.clock.now(),
             })
             .await
+            .map_err(worker_error)
     }
 
-    async fn finish(&self, outcome: Outcome, progress: Option<ProgressUpdate>) -> Result<(), StoreError> {
+    async fn finish(&self, outcome: Outcome, progress: Option<ProgressUpdate>) -> Result<(), WorkerError> {
         self.f
             .store
             .task_finish(FinishParams {
@@ -138,17 +143,18 @@ impl TaskLink for Link {
             })
             .await
             .map(|_| ())
+            .map_err(worker_error)
     }
 
-    async fn upload(&self, _: &str, _: &str, _: ByteReader) -> Result<UploadedArtifact, StoreError> {
+    async fn upload(&self, _: &str, _: &str, _: ByteReader) -> Result<UploadedArtifact, WorkerError> {
         panic!("the export stores pieces")
     }
 
-    async fn open_upload(&self, _: &Id) -> Result<ByteReader, StoreError> {
-        Err(StoreError::NotFound)
+    async fn open_upload(&self, _: &Id) -> Result<ByteReader, WorkerError> {
+        Err(WorkerError::NotFound)
     }
 
-    async fn upload_piece(&self, name: &str, offset: u64, body: ByteReader) -> Result<u64, StoreError> {
+    async fn upload_piece(&self, name: &str, offset: u64, body: ByteReader) -> Result<u64, WorkerError> {
         let end = store_artifact_piece(
             self.f.store.as_ref(),
             self.f.artifacts.as_ref(),
@@ -158,7 +164,8 @@ impl TaskLink for Link {
             u64::MAX,
             self.f.clock.now(),
         )
-        .await?;
+        .await
+        .map_err(bytes_error)?;
         self.stored.fetch_add(end - offset, Ordering::SeqCst);
         Ok(end)
     }
@@ -168,7 +175,7 @@ impl TaskLink for Link {
         name: &str,
         content_type: &str,
         size_bytes: u64,
-    ) -> Result<UploadedArtifact, StoreError> {
+    ) -> Result<UploadedArtifact, WorkerError> {
         join_artifact_pieces(
             self.f.store.as_ref(),
             self.f.artifacts.as_ref(),
@@ -177,6 +184,7 @@ impl TaskLink for Link {
             self.f.clock.now(),
         )
         .await
+        .map_err(bytes_error)
     }
 }
 

@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use longrun_core::{Clock, Id, IdKind, ManualClock, State, Timestamp};
 use longrun_engine::Signals;
-use longrun_engine::artifacts::{ArtifactStore, FileArtifacts};
-use longrun_engine::enforcer::{self, Enforcer};
-use longrun_engine::reaper::{self, Reaper};
-use longrun_engine::retention::{self, Retention};
-use longrun_engine::webhooks::{self, Deliverer, DeliveryCounts, DeliveryPolicy};
+use longrun_engine::bytes::artifacts::{ArtifactStore, FileArtifacts};
+use longrun_engine::services::enforcer::{self, Enforcer};
+use longrun_engine::services::reaper::{self, Reaper};
+use longrun_engine::services::retention::{self, Retention};
+use longrun_engine::services::webhooks::{self, Deliverer, DeliveryCounts, DeliveryPolicy};
 use longrun_store::conformance::accept_params;
 use longrun_store::{
     AcceptOutcome, ClaimParams, FinishParams, KindSpec, Operation, Outcome, ResultUploadParams, SqliteConfig,
@@ -272,16 +272,16 @@ async fn retention_deletes_orphaned_objects_past_their_grace_and_nothing_named()
     let artifacts = Arc::new(FileArtifacts::new(&root));
     f.submit("k", |_| {}).await;
     let task = f.claim("k").await;
-    let body = |bytes: &'static [u8]| -> longrun_engine::artifacts::ByteReader { Box::pin(bytes) };
+    let body = |bytes: &'static [u8]| -> longrun_engine::bytes::artifacts::ByteReader { Box::pin(bytes) };
 
     // Named: a result stored and recorded, and an upload piece appended.
-    let target = longrun_engine::results::TaskArtifact {
+    let target = longrun_engine::bytes::results::TaskArtifact {
         operation_id: &task.operation_id,
         lease_token: &task.lease_token,
         name: longrun_store::DEFAULT_ARTIFACT,
         content_type: "text/csv",
     };
-    let result = longrun_engine::results::store_upload(
+    let result = longrun_engine::bytes::results::store_upload(
         f.store.as_ref(),
         artifacts.as_ref(),
         target,
@@ -303,7 +303,7 @@ async fn retention_deletes_orphaned_objects_past_their_grace_and_nothing_named()
         })
         .await
         .unwrap();
-    let kept = longrun_engine::uploads::store_piece(artifacts.as_ref(), &upload, 0, body(b"1,2\n"), 1 << 20)
+    let kept = longrun_engine::bytes::uploads::store_piece(artifacts.as_ref(), &upload, 0, body(b"1,2\n"), 1 << 20)
         .await
         .unwrap();
     f.store
@@ -328,7 +328,7 @@ async fn retention_deletes_orphaned_objects_past_their_grace_and_nothing_named()
         )
         .await
         .unwrap();
-    longrun_engine::uploads::store_piece(artifacts.as_ref(), &upload, 4, body(b"lost"), 1 << 20)
+    longrun_engine::bytes::uploads::store_piece(artifacts.as_ref(), &upload, 4, body(b"lost"), 1 << 20)
         .await
         .unwrap();
     std::fs::create_dir_all(root.join(".tmp")).unwrap();

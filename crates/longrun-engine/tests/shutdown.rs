@@ -5,15 +5,15 @@
 use std::time::Duration;
 
 use longrun_core::State;
-use longrun_engine::dispatcher;
+use longrun_engine::in_process::dispatcher;
 use longrun_engine::testing::{new_dispatcher, queue, sqlite_store, until_state};
-use longrun_engine::{CancellationToken, Registry, Signals};
+use longrun_engine::{CancellationToken, Signals};
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shutdown_mid_drain_stores_every_outcome_of_what_it_claimed() {
     let dir = tempfile::tempdir().unwrap();
-    let registry = Registry::builtin();
+    let registry = longrun_engine::kinds::builtin();
     let store = sqlite_store(dir.path(), &registry).await;
     let ids = queue(store.as_ref(), "sleep", json!({"duration_ms": 0, "steps": 1}), 400).await;
     let grace = Duration::from_secs(20);

@@ -53,7 +53,7 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use longrun_core::fingerprint::Fingerprinter;
 use longrun_core::{Clock, Id};
-use longrun_engine::artifacts::ArtifactStore;
+use longrun_engine::bytes::artifacts::ArtifactStore;
 use longrun_engine::{Registry, Signals};
 use longrun_store::{ApiKeyRecord, KindSpec, Operation, Store, StoreError, TenantLimits};
 use tower_http::catch_panic::CatchPanicLayer;

@@ -517,5 +517,5 @@ pub(crate) async fn round(app: &AppState) -> Result<u64, StoreError> {
 
 /// Fires due schedules every `config.interval` until `shutdown`.
 pub(crate) async fn run(app: AppState, config: Config, shutdown: CancellationToken) {
-    longrun_engine::service::run_every("firing schedules", config.interval, shutdown, || round(&app)).await;
+    longrun_engine::services::run::run_every("firing schedules", config.interval, shutdown, || round(&app)).await;
 }

@@ -11,13 +11,13 @@ use longrun_core::apikey::{NewApiKey, Role};
 use longrun_core::fingerprint::Fingerprinter;
 use longrun_core::id::random_bytes;
 use longrun_core::{Clock, SystemClock};
-use longrun_engine::artifacts::{ArtifactStore, FileArtifacts};
-use longrun_engine::dispatcher::{self, Dispatcher};
-use longrun_engine::enforcer::{self, Enforcer};
-use longrun_engine::reaper::{self, Reaper};
-use longrun_engine::retention::{self, Retention};
-use longrun_engine::webhooks::{self, Deliverer, DeliveryPolicy};
-use longrun_engine::{CancellationToken, Registry, Signals};
+use longrun_engine::bytes::artifacts::{ArtifactStore, FileArtifacts};
+use longrun_engine::in_process::dispatcher::{self, Dispatcher};
+use longrun_engine::services::enforcer::{self, Enforcer};
+use longrun_engine::services::reaper::{self, Reaper};
+use longrun_engine::services::retention::{self, Retention};
+use longrun_engine::services::webhooks::{self, Deliverer, DeliveryPolicy};
+use longrun_engine::{CancellationToken, Signals};
 use longrun_store::postgres::{PostgresConfig, PostgresStore};
 use longrun_store::{ApiKeyCreateParams, SqliteConfig, SqliteStore, Store};
 use tokio::task::JoinHandle;
@@ -190,8 +190,8 @@ pub async fn start(options: ServeOptions) -> anyhow::Result<RunningServer> {
     };
     let clock = options.clock.clone();
 
-    let registry = Registry::builtin();
-    for spec in registry.specs() {
+    let registry = longrun_engine::kinds::builtin();
+    for spec in longrun_engine::kinds::specs(&registry) {
         store
             .kind_upsert(spec)
             .await

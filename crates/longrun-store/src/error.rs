@@ -99,13 +99,6 @@ pub enum StoreError {
     /// transaction task): the process is shutting down or broken.
     #[error("{0} stopped")]
     Stopped(&'static str),
-    /// A worker's link to the server failed: no answer, or an answer it
-    /// cannot use (remote workers speak the store's errors).
-    #[error("the server: {0}")]
-    Remote(String),
-    /// The artifact store failed.
-    #[error("artifact storage: {0}")]
-    Artifacts(String),
 }
 
 /// `RAISE(ABORT, …)` of the schema's guard triggers.

@@ -44,6 +44,9 @@ pub mod sqlite;
 mod types;
 
 pub use error::StoreError;
+pub use longrun_core::task::{
+    DEFAULT_ARTIFACT, HeartbeatAck, MAX_CHECKPOINT_BYTES, OperationError, Outcome, ProgressUpdate,
+};
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteConfig, SqliteStore};
 pub use types::*;

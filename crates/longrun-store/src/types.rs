@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use longrun_core::apikey::Role;
 use longrun_core::fingerprint::Fingerprint;
+use longrun_core::task::{OperationError, Outcome, ProgressUpdate};
 use longrun_core::{Id, IdempotencyKey, State, Timestamp};
 use serde_json::Value;
 
@@ -129,17 +130,6 @@ pub struct Progress {
     pub details: Option<Value>,
     /// When it last changed.
     pub updated_at: Option<Timestamp>,
-}
-
-/// Why an operation failed.
-#[derive(Debug, Clone, PartialEq)]
-pub struct OperationError {
-    /// A stable code (`deadline_exceeded`, `outcome_unknown`, or the worker's own).
-    pub code: String,
-    /// For people.
-    pub message: String,
-    /// Whether another attempt (or a re-run) may succeed.
-    pub retryable: bool,
 }
 
 /// A cancel request: who asked, when, why.
@@ -456,24 +446,6 @@ pub struct Task {
     pub checkpoint: Option<Value>,
 }
 
-/// Largest checkpoint a worker may save, as JSON text.
-pub const MAX_CHECKPOINT_BYTES: usize = 64 * 1024;
-
-/// A progress report: each field set replaces the stored one.
-#[derive(Debug, Clone, Default)]
-pub struct ProgressUpdate {
-    /// Units done.
-    pub completed_units: Option<f64>,
-    /// Units in all, when known.
-    pub total_units: Option<f64>,
-    /// What a unit is (`rows`, `bytes`).
-    pub unit: Option<String>,
-    /// The step the work is in.
-    pub phase: Option<String>,
-    /// Kind-specific JSON.
-    pub details: Option<Value>,
-}
-
 /// A heartbeat (`task_heartbeat`): renews the lease.
 #[derive(Debug, Clone)]
 pub struct HeartbeatParams {
@@ -492,44 +464,6 @@ pub struct HeartbeatParams {
     pub checkpoint: Option<Value>,
     /// The instant of the call (callers pass time in; the store reads no clock).
     pub now: Timestamp,
-}
-
-/// What a heartbeat answers: the lease, and whether to stop.
-#[derive(Debug, Clone, PartialEq)]
-pub struct HeartbeatAck {
-    /// The renewed lease's end.
-    pub lease_expires_at: Timestamp,
-    /// A client (or the enforcer) asked to cancel: stop and report `cancelled`.
-    pub cancel_requested: bool,
-    /// The reason given.
-    pub cancel_reason: Option<String>,
-    /// A client asked to pause: save a checkpoint and report `paused`.
-    pub pause_requested: bool,
-    /// The operation's version after the heartbeat.
-    pub version: i64,
-}
-
-/// How a worker ends its attempt.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Outcome {
-    /// The work succeeded.
-    Succeeded {
-        /// The inline result.
-        result: Option<Value>,
-    },
-    /// The work failed.
-    Failed {
-        /// Why it failed; `retryable` asks for another attempt.
-        error: OperationError,
-    },
-    /// The worker acknowledged a cancellation.
-    Cancelled,
-    /// The worker stopped as a pause asked, leaving where to resume from
-    /// (or keeping the last checkpoint it saved when `None`).
-    Paused {
-        /// Where to resume from.
-        checkpoint: Option<Value>,
-    },
 }
 
 /// An outcome (`task_finish`), fenced by the lease token.
@@ -810,9 +744,6 @@ pub struct IntentParams {
     /// The instant of the call (callers pass time in; the store reads no clock).
     pub now: Timestamp,
 }
-
-/// The name of an operation's default artifact (`result.artifact`).
-pub const DEFAULT_ARTIFACT: &str = "default";
 
 /// A stored result artifact.
 #[derive(Debug, Clone, PartialEq)]

@@ -792,9 +792,9 @@ pub const SDK_WORKER: &str = "LONGRUN_DRILL_SDK_WORKER";
 struct Noop;
 
 #[async_trait::async_trait]
-impl longrun_engine::worker::Handler for Noop {
-    fn info(&self) -> longrun_engine::worker::KindInfo {
-        longrun_engine::worker::KindInfo {
+impl longrun_worker::task::Handler for Noop {
+    fn info(&self) -> longrun_worker::task::KindInfo {
+        longrun_worker::task::KindInfo {
             name: "noop".into(),
             rerun_safe: true,
             max_attempts: 3,
@@ -808,8 +808,8 @@ impl longrun_engine::worker::Handler for Noop {
 
     async fn run(
         &self,
-        ctx: longrun_engine::worker::TaskContext,
-    ) -> Result<Option<Value>, longrun_engine::worker::TaskError> {
+        ctx: longrun_worker::task::TaskContext,
+    ) -> Result<Option<Value>, longrun_worker::task::TaskError> {
         // Long enough that a kill finds tasks in flight.
         tokio::time::sleep(Duration::from_millis(100)).await;
         ctx.add_cost(1.0).await?;
@@ -826,11 +826,11 @@ pub async fn sdk_worker_process() -> bool {
     let (server, token) = spec.split_once(' ').expect("SERVER TOKEN");
     let mut registry = longrun_engine::Registry::default();
     registry.register(Arc::new(Noop));
-    let mut config = longrun_engine::remote::RemoteConfig::new(server, token);
+    let mut config = longrun_worker::remote::RemoteConfig::new(server, token);
     config.concurrency = 4;
     config.lease = Duration::from_secs(5);
     config.claim_wait = Duration::from_secs(1);
-    longrun_engine::remote::RemoteWorker::new(config, registry)
+    longrun_worker::remote::RemoteWorker::new(config, registry)
         .run(CancellationToken::new())
         .await;
     true
@@ -854,7 +854,7 @@ fn sdk_worker(base: &str, token: &str) -> Child {
 pub enum WorkerProcess {
     /// `longrun worker --exec`.
     Exec,
-    /// A handler written against the worker SDK (`longrun_engine::remote`).
+    /// A handler written against the worker SDK (`longrun_worker::remote`).
     Sdk,
 }
 

@@ -20,7 +20,7 @@ use longrun_store::{DEFAULT_ARTIFACT, ProgressUpdate};
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
 
-use crate::worker::{Handler, KindInfo, TaskContext, TaskError};
+use longrun_worker::task::{Handler, KindInfo, TaskContext, TaskError};
 
 /// The most rows one export may ask for.
 pub const MAX_ROWS: u64 = 100_000_000;

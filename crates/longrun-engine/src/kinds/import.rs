@@ -29,8 +29,8 @@ use longrun_store::ProgressUpdate;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use crate::artifacts::ByteReader;
-use crate::worker::{Handler, KindInfo, TaskContext, TaskError};
+use crate::bytes::artifacts::ByteReader;
+use longrun_worker::task::{Handler, KindInfo, TaskContext, TaskError};
 
 /// The `import` kind: an uploaded CSV or JSON Lines file validated row by row.
 pub struct Import;

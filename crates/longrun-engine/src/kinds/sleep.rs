@@ -12,7 +12,7 @@ use longrun_core::validate::Invalid;
 use longrun_store::ProgressUpdate;
 use serde_json::{Value, json};
 
-use crate::worker::{Handler, KindInfo, TaskContext, TaskError};
+use longrun_worker::task::{Handler, KindInfo, TaskContext, TaskError};
 
 /// The longest `duration_ms` accepted: a day.
 pub const MAX_DURATION_MS: u64 = 24 * 3600 * 1000;
@@ -153,10 +153,11 @@ mod tests {
     use std::sync::{Arc, Mutex};
 
     use longrun_core::Id;
-    use longrun_store::{HeartbeatAck, Outcome, StoreError};
+    use longrun_store::{HeartbeatAck, Outcome};
+    use longrun_worker::WorkerError;
 
-    use crate::artifacts::ByteReader;
-    use crate::worker::{StopFlags, TaskLink, UploadedArtifact, run_task};
+    use crate::bytes::artifacts::ByteReader;
+    use longrun_worker::task::{StopFlags, TaskLink, UploadedArtifact, run_task};
 
     /// Records the steps a run reports and how it ends (what is tested is
     /// where the handler starts and stops, not where reports go).
@@ -174,7 +175,7 @@ mod tests {
             _: Option<f64>,
             _: Option<bool>,
             _: Option<Value>,
-        ) -> Result<HeartbeatAck, StoreError> {
+        ) -> Result<HeartbeatAck, WorkerError> {
             self.reported
                 .lock()
                 .unwrap()
@@ -188,7 +189,7 @@ mod tests {
             })
         }
 
-        async fn finish(&self, outcome: Outcome, progress: Option<ProgressUpdate>) -> Result<(), StoreError> {
+        async fn finish(&self, outcome: Outcome, progress: Option<ProgressUpdate>) -> Result<(), WorkerError> {
             self.reported
                 .lock()
                 .unwrap()
@@ -197,20 +198,20 @@ mod tests {
             Ok(())
         }
 
-        async fn upload(&self, _: &str, _: &str, _: ByteReader) -> Result<UploadedArtifact, StoreError> {
-            Err(StoreError::LeaseLost)
+        async fn upload(&self, _: &str, _: &str, _: ByteReader) -> Result<UploadedArtifact, WorkerError> {
+            Err(WorkerError::LeaseLost)
         }
 
-        async fn open_upload(&self, _: &Id) -> Result<ByteReader, StoreError> {
-            Err(StoreError::NotFound)
+        async fn open_upload(&self, _: &Id) -> Result<ByteReader, WorkerError> {
+            Err(WorkerError::NotFound)
         }
 
-        async fn upload_piece(&self, _: &str, _: u64, _: ByteReader) -> Result<u64, StoreError> {
-            Err(StoreError::LeaseLost)
+        async fn upload_piece(&self, _: &str, _: u64, _: ByteReader) -> Result<u64, WorkerError> {
+            Err(WorkerError::LeaseLost)
         }
 
-        async fn join_pieces(&self, _: &str, _: &str, _: u64) -> Result<UploadedArtifact, StoreError> {
-            Err(StoreError::LeaseLost)
+        async fn join_pieces(&self, _: &str, _: &str, _: u64) -> Result<UploadedArtifact, WorkerError> {
+            Err(WorkerError::LeaseLost)
         }
     }
 

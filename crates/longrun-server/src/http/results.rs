@@ -23,8 +23,9 @@ use axum::routing::{get, post, put};
 use futures_util::TryStreamExt;
 use longrun_api::{ArtifactBody, ArtifactUploadBody, Download, JoinRequest, PieceStoredBody, ResultBody};
 use longrun_core::{Id, IdKind, links};
-use longrun_engine::artifacts::ArtifactError;
-use longrun_engine::results::{TaskArtifact, store_upload};
+use longrun_engine::bytes::BytesError;
+use longrun_engine::bytes::artifacts::ArtifactError;
+use longrun_engine::bytes::results::{TaskArtifact, store_upload};
 use longrun_store::{DEFAULT_ARTIFACT, ResultRecord, StoreError};
 use serde::Deserialize;
 
@@ -120,7 +121,7 @@ async fn upload_piece(
         .map_err(|_| ApiError::InvalidRequest("the offset must be a whole number of bytes".into()))?;
     let stream = request.into_body().into_data_stream().map_err(std::io::Error::other);
     let body = Box::pin(tokio_util::io::StreamReader::new(stream));
-    let end = longrun_engine::results::store_artifact_piece(
+    let end = longrun_engine::bytes::results::store_artifact_piece(
         app.store.as_ref(),
         app.artifacts.as_ref(),
         TaskArtifact {
@@ -164,7 +165,7 @@ async fn join_pieces(
             "content_type must be 1–255 visible ASCII characters".into(),
         ));
     }
-    let joined = longrun_engine::results::join_artifact_pieces(
+    let joined = longrun_engine::bytes::results::join_artifact_pieces(
         app.store.as_ref(),
         app.artifacts.as_ref(),
         TaskArtifact {
@@ -189,13 +190,16 @@ async fn join_pieces(
 
 /// What a refused worker artifact call answers: a stale lease, an
 /// artifact past its bound, or the store's own refusal.
-fn task_error(id: &Id) -> impl FnOnce(StoreError) -> ApiError + '_ {
+fn task_error(id: &Id) -> impl FnOnce(BytesError) -> ApiError + '_ {
     move |e| match e {
-        StoreError::LeaseLost => ApiError::LeaseLost {
+        BytesError::Store(StoreError::LeaseLost) => ApiError::LeaseLost {
             operation_id: id.clone(),
         },
-        StoreError::TooLarge { max_bytes } => too_large(max_bytes),
-        other => other.into(),
+        BytesError::Store(StoreError::TooLarge { max_bytes })
+        | BytesError::Objects(ArtifactError::TooLarge { max_bytes }) => too_large(max_bytes),
+        BytesError::Store(other) => other.into(),
+        BytesError::Objects(ArtifactError::NotFound) => ApiError::NotFound,
+        BytesError::Objects(other) => ApiError::Internal(other.to_string()),
     }
 }
 
@@ -278,7 +282,7 @@ async fn read_upload(
 ) -> Result<Response, ApiError> {
     let (id, lease_token) = worker_task(&caller, &id, &headers)?;
     let upload_id = Id::parse(IdKind::Upload, &upload_id).ok_or(ApiError::NotFound)?;
-    let reader = longrun_engine::uploads::open_for_task(
+    let reader = longrun_engine::bytes::uploads::open_for_task(
         app.store.as_ref(),
         app.artifacts.as_ref(),
         &id,

@@ -39,8 +39,8 @@ use futures_util::TryStreamExt;
 use longrun_api::UploadBody;
 use longrun_core::validate::MAX_NAMED_UPLOADS;
 use longrun_core::{Id, IdKind, Timestamp};
-use longrun_engine::artifacts::ArtifactError;
-use longrun_engine::uploads::{self, Piece};
+use longrun_engine::bytes::artifacts::ArtifactError;
+use longrun_engine::bytes::uploads::{self, Piece};
 use longrun_store::{
     AppendLease, AppendLeaseParams, StoreError, UploadAppendParams, UploadCompleteParams, UploadCreateParams,
     UploadRecord,
@@ -272,7 +272,7 @@ fn check_length(app: &AppState, headers: &HeaderMap, offset: i64) -> Result<u64,
     Ok(room)
 }
 
-fn body_reader(request: Request) -> longrun_engine::artifacts::ByteReader {
+fn body_reader(request: Request) -> longrun_engine::bytes::artifacts::ByteReader {
     let stream = request.into_body().into_data_stream().map_err(std::io::Error::other);
     Box::pin(tokio_util::io::StreamReader::new(stream))
 }

@@ -18,8 +18,8 @@ use longrun_api::{
 };
 use longrun_core::lease::{MAX_LEASE, MIN_LEASE};
 use longrun_core::{Id, IdKind, validate};
-use longrun_engine::reports::{self, ReportError};
 use longrun_store::{ClaimParams, FinishParams, HeartbeatParams, Outcome, ProgressUpdate, StoreError, Task};
+use longrun_worker::reports::{self, ReportError};
 use serde_json::Value;
 
 use crate::AppState;

@@ -40,7 +40,7 @@ pub struct Options {
     pub webhook_reuse_connections: bool,
     pub deliver_webhooks: bool,
     pub max_artifact_bytes: u64,
-    pub artifact_store: Option<Arc<dyn longrun_engine::artifacts::ArtifactStore>>,
+    pub artifact_store: Option<Arc<dyn longrun_engine::bytes::artifacts::ArtifactStore>>,
     /// How often the retention sweep runs (wall clock); 20 ms by default.
     pub retention_interval: Duration,
     /// The edge's connection, timeout and in-flight bounds.
@@ -375,17 +375,17 @@ impl TestApp {
     /// (the protocol's whole seconds make that 0: they do not long-poll).
     pub fn remote_worker(
         &self,
-        handler: Arc<dyn longrun_engine::worker::Handler>,
+        handler: Arc<dyn longrun_worker::task::Handler>,
         concurrency: usize,
     ) -> RemoteWorkerRun {
-        let mut registry = longrun_engine::kinds::Registry::default();
+        let mut registry = longrun_worker::Registry::default();
         registry.register(handler);
-        let mut config = longrun_engine::remote::RemoteConfig::new(self.base.clone(), self.worker_key.clone());
+        let mut config = longrun_worker::remote::RemoteConfig::new(self.base.clone(), self.worker_key.clone());
         config.concurrency = concurrency;
         config.claim_wait = Duration::from_millis(200);
         config.shutdown_grace = Duration::from_millis(100);
         let shutdown = tokio_util::sync::CancellationToken::new();
-        let handle = tokio::spawn(longrun_engine::remote::RemoteWorker::new(config, registry).run(shutdown.clone()));
+        let handle = tokio::spawn(longrun_worker::remote::RemoteWorker::new(config, registry).run(shutdown.clone()));
         RemoteWorkerRun { shutdown, handle }
     }
 }

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use longrun_engine::artifacts::{ArtifactStore, FileArtifacts};
+use longrun_engine::bytes::artifacts::{ArtifactStore, FileArtifacts};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};

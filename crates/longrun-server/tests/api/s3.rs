@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use longrun_engine::artifacts::{ArtifactStore, S3Artifacts, S3Settings};
+use longrun_engine::bytes::artifacts::{ArtifactStore, S3Artifacts, S3Settings};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use longrun_core::webhook::WebhookSecret;
 use longrun_core::{Clock, SystemClock};
-use longrun_engine::webhooks::{Config, Deliverer, DeliveryPolicy, HostLookup};
+use longrun_engine::services::webhooks::{Config, Deliverer, DeliveryPolicy, HostLookup};
 use longrun_store::{AcceptOutcome, AcceptParams, CancelParams};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};

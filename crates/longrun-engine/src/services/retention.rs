@@ -20,7 +20,7 @@ use longrun_core::Clock;
 use longrun_store::{RetentionCounts, RetentionParams, Store, StoreError};
 use tokio_util::sync::CancellationToken;
 
-use crate::artifacts::ArtifactStore;
+use crate::bytes::artifacts::ArtifactStore;
 
 /// How retention runs.
 #[derive(Debug, Clone)]
@@ -192,7 +192,7 @@ impl Retention {
 
     /// Passes every `interval` until `shutdown`.
     pub async fn run(self, shutdown: CancellationToken) {
-        crate::service::run_every("the retention pass", self.config.interval, shutdown, || self.run_once()).await;
+        crate::services::run::run_every("the retention pass", self.config.interval, shutdown, || self.run_once()).await;
     }
 }
 

@@ -9,7 +9,7 @@ use longrun_core::Clock;
 use longrun_store::{ReapCounts, ReapParams, Store, StoreError};
 use tokio_util::sync::CancellationToken;
 
-use crate::signals::Signals;
+use crate::in_process::signals::Signals;
 
 /// How the reaper runs.
 #[derive(Debug, Clone)]
@@ -79,6 +79,6 @@ impl Reaper {
 
     /// Rounds every `interval` until `shutdown`.
     pub async fn run(self, shutdown: CancellationToken) {
-        crate::service::run_every("reaping leases", self.config.interval, shutdown, || self.run_once()).await;
+        crate::services::run::run_every("reaping leases", self.config.interval, shutdown, || self.run_once()).await;
     }
 }

@@ -22,13 +22,13 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use longrun_core::task::ProgressUpdate;
 use longrun_core::validate::Invalid;
-use longrun_store::ProgressUpdate;
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::Command;
 
-use crate::worker::{Handler, KindInfo, TaskContext, TaskError};
+use crate::task::{Handler, KindInfo, TaskContext, TaskError};
 
 /// How much of stderr a failure message keeps (the end of it).
 const STDERR_TAIL: usize = 2048;

@@ -1,4 +1,4 @@
-//! Remote workers: the same [`Handler`]s, driven over the HTTP worker
+//! Remote workers: the same [`Handler`](crate::Handler)s, driven over the HTTP worker
 //! protocol (docs/api.md §4) instead of straight through the store.
 //!
 //! [`RemoteWorker`] long-polls for batches, runs each task with an
@@ -16,16 +16,16 @@ use longrun_api::{
     ArtifactUploadBody, ClaimRequest, ClaimResponse, HeartbeatRequest, HeartbeatResponse, JoinRequest, OutcomeItem,
     OutcomeKind, OutcomesBody, OutcomesResponse, PieceStoredBody, Problem, TaskBody,
 };
+use longrun_core::task::{DEFAULT_ARTIFACT, HeartbeatAck, OperationError, Outcome, ProgressUpdate};
 use longrun_core::{Id, IdKind, Timestamp};
-use longrun_store::{HeartbeatAck, Outcome, ProgressUpdate, StoreError};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::artifacts::ByteReader;
-use crate::kinds::Registry;
+use crate::error::WorkerError;
+use crate::registry::Registry;
 use crate::reports;
-use crate::worker::{StopFlags, TaskContext, TaskLink, UploadedArtifact, send_and_log};
+use crate::task::{ByteReader, StopFlags, TaskContext, TaskLink, UploadedArtifact, send_and_log};
 
 /// How a remote worker connects and runs.
 #[derive(Debug, Clone)]
@@ -60,7 +60,7 @@ impl RemoteConfig {
             lease: Duration::from_secs(30),
             claim_wait: Duration::from_secs(20),
             shutdown_grace: Duration::from_secs(30),
-            progress_interval: crate::worker::DEFAULT_PROGRESS_INTERVAL,
+            progress_interval: crate::task::DEFAULT_PROGRESS_INTERVAL,
         }
     }
 }
@@ -80,7 +80,7 @@ const OUTCOME_BATCH: usize = 100;
 /// How long an outcome waits for others to share its request.
 const OUTCOME_LINGER: Duration = Duration::from_millis(2);
 
-type OutcomeJob = (OutcomeItem, tokio::sync::oneshot::Sender<Result<(), StoreError>>);
+type OutcomeJob = (OutcomeItem, tokio::sync::oneshot::Sender<Result<(), WorkerError>>);
 
 /// Coalesces the outcomes of a worker's tasks: whatever finishes within a
 /// couple of milliseconds (up to 100) goes to the server in one
@@ -114,15 +114,15 @@ impl OutcomeBatcher {
         Self { queue }
     }
 
-    async fn send(&self, item: OutcomeItem) -> Result<(), StoreError> {
+    async fn send(&self, item: OutcomeItem) -> Result<(), WorkerError> {
         let (reply, answer) = tokio::sync::oneshot::channel();
         self.queue
             .send((item, reply))
             .await
-            .map_err(|_| StoreError::Remote("the outcome sender has stopped".into()))?;
+            .map_err(|_| WorkerError::Transport("the outcome sender has stopped".into()))?;
         answer
             .await
-            .map_err(|_| StoreError::Remote("the outcome sender dropped an outcome".into()))?
+            .map_err(|_| WorkerError::Transport("the outcome sender dropped an outcome".into()))?
     }
 }
 
@@ -131,9 +131,9 @@ async fn post_outcomes(
     base: &str,
     token: &str,
     items: Vec<OutcomeItem>,
-) -> Vec<Result<(), StoreError>> {
+) -> Vec<Result<(), WorkerError>> {
     let count = items.len();
-    let all_failed = |why: String| (0..count).map(|_| Err(StoreError::Remote(why.clone()))).collect();
+    let all_failed = |why: String| (0..count).map(|_| Err(WorkerError::Transport(why.clone()))).collect();
     let response = match http
         .post(format!("{base}/v1/worker/outcomes"))
         .bearer_auth(token)
@@ -154,10 +154,9 @@ async fn post_outcomes(
             .into_iter()
             .map(|r| match (r.status, r.problem) {
                 (200, _) => Ok(()),
-                (_, Some(p)) if p.code == "lease_lost" => Err(StoreError::LeaseLost),
-                (status, p) => Err(StoreError::Remote(format!(
-                    "outcome answered {status} {}",
-                    p.map(|p| p.code).unwrap_or_default()
+                (status, Some(p)) => Err(refused(status, p.code.into_owned(), p.detail, None)),
+                (status, None) => Err(WorkerError::Transport(format!(
+                    "outcome answered {status} without a problem"
                 ))),
             })
             .collect(),
@@ -166,27 +165,38 @@ async fn post_outcomes(
     }
 }
 
-/// What a refused worker request means to the task: `lease_lost` fences it
-/// out; anything else is a failure to report (logged by the caller).
-async fn refusal(what: &str, response: reqwest::Response) -> StoreError {
-    let status = response.status();
-    let code = response
-        .json::<Problem>()
-        .await
-        .map(|p| p.code.into_owned())
-        .unwrap_or_default();
-    match code.as_str() {
-        "lease_lost" => StoreError::LeaseLost,
-        _ => StoreError::Remote(format!("{what} answered {status} {code}")),
+/// What a refused worker request means to the task: `lease_lost` fences
+/// it out; `503` and `429` say when to come back; any other problem is a
+/// refusal with its code.
+async fn refusal(what: &str, response: reqwest::Response) -> WorkerError {
+    let status = response.status().as_u16();
+    let retry_after = response
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok())
+        .map(Duration::from_secs);
+    match response.json::<Problem>().await {
+        Ok(p) => refused(status, p.code.into_owned(), p.detail, retry_after),
+        Err(_) => WorkerError::Transport(format!("{what} answered {status} without a problem")),
+    }
+}
+
+/// The [`WorkerError`] a problem answer means.
+fn refused(status: u16, code: String, message: String, retry_after: Option<Duration>) -> WorkerError {
+    match (status, code.as_str()) {
+        (_, "lease_lost") => WorkerError::LeaseLost,
+        (404, _) => WorkerError::NotFound,
+        (429 | 503, _) => WorkerError::Unavailable { retry_after, message },
+        _ => WorkerError::Refused { code, message },
     }
 }
 
 /// The artifact an upload or a join answered with.
-async fn uploaded_artifact(response: reqwest::Response) -> Result<UploadedArtifact, StoreError> {
+async fn uploaded_artifact(response: reqwest::Response) -> Result<UploadedArtifact, WorkerError> {
     let uploaded: ArtifactUploadBody = response
         .json()
         .await
-        .map_err(|e| StoreError::Remote(format!("bad upload answer: {e}")))?;
+        .map_err(|e| WorkerError::Transport(format!("bad upload answer: {e}")))?;
     Ok(UploadedArtifact {
         id: uploaded.id,
         size_bytes: uploaded.size_bytes,
@@ -202,7 +212,7 @@ impl HttpLink {
         content_type: Option<&str>,
         body: ByteReader,
         what: &str,
-    ) -> Result<reqwest::Response, StoreError> {
+    ) -> Result<reqwest::Response, WorkerError> {
         let stream = tokio_util::io::ReaderStream::with_capacity(body, 256 * 1024);
         let mut request = self
             .http
@@ -216,10 +226,10 @@ impl HttpLink {
             .body(reqwest::Body::wrap_stream(stream))
             .send()
             .await
-            .map_err(|e| StoreError::Remote(format!("{what} failed: {e}")))
+            .map_err(|e| WorkerError::Transport(format!("{what} failed: {e}")))
     }
 
-    async fn post(&self, action: &str, body: &impl serde::Serialize) -> Result<reqwest::Response, StoreError> {
+    async fn post(&self, action: &str, body: &impl serde::Serialize) -> Result<reqwest::Response, WorkerError> {
         let url = format!("{}/v1/worker/tasks/{}/{action}", self.base, self.operation_id);
         let response = self
             .http
@@ -228,7 +238,7 @@ impl HttpLink {
             .json(body)
             .send()
             .await
-            .map_err(|e| StoreError::Remote(format!("{action} request failed: {e}")))?;
+            .map_err(|e| WorkerError::Transport(format!("{action} request failed: {e}")))?;
         if response.status().is_success() {
             return Ok(response);
         }
@@ -244,7 +254,7 @@ impl TaskLink for HttpLink {
         cost_units: Option<f64>,
         cancellable: Option<bool>,
         checkpoint: Option<Value>,
-    ) -> Result<HeartbeatAck, StoreError> {
+    ) -> Result<HeartbeatAck, WorkerError> {
         let body = HeartbeatRequest {
             lease_token: self.lease_token.clone(),
             progress: progress.map(reports::progress_to_wire),
@@ -257,7 +267,7 @@ impl TaskLink for HttpLink {
             .await?
             .json()
             .await
-            .map_err(|e| StoreError::Remote(format!("bad heartbeat response: {e}")))?;
+            .map_err(|e| WorkerError::Transport(format!("bad heartbeat response: {e}")))?;
         Ok(HeartbeatAck {
             // The server's clock decides when the lease ends; a worker only
             // needs to know whether to stop.
@@ -269,8 +279,8 @@ impl TaskLink for HttpLink {
         })
     }
 
-    async fn upload(&self, name: &str, content_type: &str, body: ByteReader) -> Result<UploadedArtifact, StoreError> {
-        let url = if name == longrun_store::DEFAULT_ARTIFACT {
+    async fn upload(&self, name: &str, content_type: &str, body: ByteReader) -> Result<UploadedArtifact, WorkerError> {
+        let url = if name == DEFAULT_ARTIFACT {
             format!("{}/v1/worker/tasks/{}/artifact", self.base, self.operation_id)
         } else {
             format!("{}/v1/worker/tasks/{}/artifacts/{name}", self.base, self.operation_id)
@@ -282,7 +292,7 @@ impl TaskLink for HttpLink {
         uploaded_artifact(response).await
     }
 
-    async fn upload_piece(&self, name: &str, offset: u64, body: ByteReader) -> Result<u64, StoreError> {
+    async fn upload_piece(&self, name: &str, offset: u64, body: ByteReader) -> Result<u64, WorkerError> {
         let url = format!(
             "{}/v1/worker/tasks/{}/artifacts/{name}/pieces/{offset}",
             self.base, self.operation_id
@@ -292,12 +302,9 @@ impl TaskLink for HttpLink {
         let offset = response
             .headers()
             .get("upload-offset")
-            .and_then(|v| v.to_str().ok()?.parse::<i64>().ok());
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
         if let (reqwest::StatusCode::CONFLICT, Some(offset)) = (response.status(), offset) {
-            return Err(StoreError::UploadOffsetMismatch {
-                offset,
-                complete: false,
-            });
+            return Err(WorkerError::OffsetMismatch { offset });
         }
         if !response.status().is_success() {
             return Err(refusal("piece upload", response).await);
@@ -305,7 +312,7 @@ impl TaskLink for HttpLink {
         let stored: PieceStoredBody = response
             .json()
             .await
-            .map_err(|e| StoreError::Remote(format!("bad piece answer: {e}")))?;
+            .map_err(|e| WorkerError::Transport(format!("bad piece answer: {e}")))?;
         Ok(stored.upload_offset)
     }
 
@@ -314,7 +321,7 @@ impl TaskLink for HttpLink {
         name: &str,
         content_type: &str,
         size_bytes: u64,
-    ) -> Result<UploadedArtifact, StoreError> {
+    ) -> Result<UploadedArtifact, WorkerError> {
         let url = format!(
             "{}/v1/worker/tasks/{}/artifacts/{name}/join",
             self.base, self.operation_id
@@ -331,14 +338,14 @@ impl TaskLink for HttpLink {
             .json(&body)
             .send()
             .await
-            .map_err(|e| StoreError::Remote(format!("joining the pieces failed: {e}")))?;
+            .map_err(|e| WorkerError::Transport(format!("joining the pieces failed: {e}")))?;
         if !response.status().is_success() {
             return Err(refusal("join", response).await);
         }
         uploaded_artifact(response).await
     }
 
-    async fn open_upload(&self, upload_id: &Id) -> Result<ByteReader, StoreError> {
+    async fn open_upload(&self, upload_id: &Id) -> Result<ByteReader, WorkerError> {
         use futures_util::TryStreamExt;
         let url = format!(
             "{}/v1/worker/tasks/{}/uploads/{upload_id}",
@@ -351,10 +358,7 @@ impl TaskLink for HttpLink {
             .header("lease-token", &self.lease_token)
             .send()
             .await
-            .map_err(|e| StoreError::Remote(format!("reading the upload failed: {e}")))?;
-        if response.status() == reqwest::StatusCode::NOT_FOUND {
-            return Err(StoreError::NotFound);
-        }
+            .map_err(|e| WorkerError::Transport(format!("reading the upload failed: {e}")))?;
         if !response.status().is_success() {
             return Err(refusal("upload read", response).await);
         }
@@ -362,7 +366,7 @@ impl TaskLink for HttpLink {
         Ok(Box::pin(tokio_util::io::StreamReader::new(stream)))
     }
 
-    async fn finish(&self, outcome: Outcome, progress: Option<ProgressUpdate>) -> Result<(), StoreError> {
+    async fn finish(&self, outcome: Outcome, progress: Option<ProgressUpdate>) -> Result<(), WorkerError> {
         let item = |kind| OutcomeItem::new(self.operation_id.as_str(), self.lease_token.clone(), kind);
         let mut item = match outcome {
             Outcome::Succeeded { result } => OutcomeItem {
@@ -536,7 +540,7 @@ impl RemoteWorker {
 
 /// Hands a task back: a retryable failure, so it runs again if attempts are left.
 async fn give_back(link: &HttpLink, why: &str) {
-    let error = longrun_store::OperationError {
+    let error = OperationError {
         code: "worker_shutdown".into(),
         message: why.into(),
         retryable: true,

@@ -9,16 +9,16 @@
 //! next claim would take; while the work is slow nothing is claimed ahead,
 //! and it stays queued for a worker with a free slot. A task claimed ahead
 //! waits for its slot in claim order, keeping its lease
-//! ([`crate::worker::wait_for_slot`]).
+//! (`task::wait_for_slot`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use longrun_store::StoreError;
+use crate::error::WorkerError;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
-use crate::worker::{Handler, Report, TaskContext, Waited, run_handler, wait_for_slot};
+use crate::task::{Handler, Report, TaskContext, Waited, run_handler, wait_for_slot};
 
 /// A handler that ran for less than this is quick, and each quick one that
 /// ended within the last such window lets a claim take one task beyond the
@@ -48,7 +48,7 @@ pub const IN_FLIGHT_PER_SLOT: usize = 2 * (1 + AHEAD_PER_SLOT);
 
 /// A worker's slots. Cheap to clone.
 #[derive(Clone)]
-pub(crate) struct Slots(Arc<Shared>);
+pub struct Slots(Arc<Shared>);
 
 struct Shared {
     concurrency: usize,
@@ -64,7 +64,8 @@ struct Shared {
 }
 
 impl Slots {
-    pub(crate) fn new(concurrency: usize) -> Self {
+    /// Slots for `concurrency` handlers running at once (at least one).
+    pub fn new(concurrency: usize) -> Self {
         let concurrency = concurrency.max(1);
         Self(Arc::new(Shared {
             concurrency,
@@ -77,7 +78,7 @@ impl Slots {
     }
 
     /// Tasks running, waiting for a slot or reporting now.
-    pub(crate) fn busy(&self) -> bool {
+    pub fn busy(&self) -> bool {
         self.0.in_flight.available_permits() < self.0.concurrency * IN_FLIGHT_PER_SLOT
     }
 
@@ -85,7 +86,7 @@ impl Slots {
     /// and as many beyond them as quick handlers just ended (see the module
     /// docs). Taken at once: a claim made beside this one cannot take them
     /// too; what a claim does not fill goes back when dropped.
-    pub(crate) fn reserve(&self, max: usize) -> Vec<Reserved> {
+    pub fn reserve(&self, max: usize) -> Vec<Reserved> {
         let shared = &self.0;
         let ahead = shared.quick_ends.recent().min(AHEAD_PER_SLOT * shared.concurrency);
         let limit = shared.concurrency + ahead;
@@ -115,7 +116,7 @@ impl Slots {
     }
 
     /// Waits until [`Slots::reserve`] has something, and returns it.
-    pub(crate) async fn reserve_some(&self, max: usize) -> Vec<Reserved> {
+    pub async fn reserve_some(&self, max: usize) -> Vec<Reserved> {
         loop {
             let freed = self.0.freed.notified();
             tokio::pin!(freed);
@@ -130,17 +131,17 @@ impl Slots {
     }
 
     #[cfg(test)]
-    pub(crate) fn claimed(&self) -> usize {
+    fn claimed(&self) -> usize {
         self.0.claimed.load(Ordering::Acquire)
     }
 
     #[cfg(test)]
-    pub(crate) fn record(&self, ran: Duration) {
+    fn record(&self, ran: Duration) {
         self.0.quick_ends.record(ran);
     }
 
     #[cfg(test)]
-    pub(crate) fn in_flight(&self) -> &Arc<Semaphore> {
+    fn in_flight(&self) -> &Arc<Semaphore> {
         &self.0.in_flight
     }
 }
@@ -160,7 +161,7 @@ impl Drop for ClaimedCount {
 /// What one claimed task holds: its claimed count until its handler
 /// returns, a slot while the handler runs, and its in-flight place until
 /// it is dropped (once the outcome is stored or sent).
-pub(crate) struct Reserved {
+pub struct Reserved {
     slots: Slots,
     count: Option<ClaimedCount>,
     in_flight: Option<OwnedSemaphorePermit>,
@@ -171,12 +172,12 @@ impl Reserved {
     /// or ends the task without running it: a cancel or pause request's
     /// report, or its lease lost. Then its slot takes the next task and, if
     /// the handler was quick, the next claim may take one more ahead.
-    pub(crate) async fn run(
+    pub async fn run(
         &mut self,
         handler: Arc<dyn Handler>,
         ctx: TaskContext,
         heartbeat_every: Duration,
-    ) -> Result<Report, StoreError> {
+    ) -> Result<Report, WorkerError> {
         let report = match wait_for_slot(&self.slots.0.running, &ctx, heartbeat_every).await {
             Waited::Slot(slot) => {
                 let began = tokio::time::Instant::now();
@@ -186,7 +187,7 @@ impl Reserved {
                 return report;
             }
             Waited::Stopped(report) => Ok(report),
-            Waited::LeaseLost => Err(StoreError::LeaseLost),
+            Waited::LeaseLost => Err(WorkerError::LeaseLost),
         };
         self.ended(None);
         report

@@ -11,17 +11,18 @@ use longrun_store::{
     ClaimParams, FinishParams, HeartbeatAck, HeartbeatParams, Outcome, ProgressUpdate, Store, StoreError, Task,
 };
 
-use crate::artifacts::{ArtifactStore, ByteReader};
-use crate::results::{TaskArtifact, join_artifact_pieces, store_artifact_piece, store_upload};
-use crate::worker::UploadedArtifact;
+use crate::bytes::BytesError;
+use crate::bytes::artifacts::{ArtifactError, ArtifactStore, ByteReader};
+use crate::bytes::results::{TaskArtifact, join_artifact_pieces, store_artifact_piece, store_upload};
+use longrun_worker::slots::{Reserved, Slots};
+use longrun_worker::task::send_and_log;
+use longrun_worker::{TaskContext, TaskLink, UploadedArtifact, WorkerError};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::kinds::Registry;
-use crate::signals::Signals;
-use crate::slots::{Reserved, Slots};
-use crate::worker::{TaskContext, TaskLink, send_and_log};
+use crate::in_process::signals::Signals;
+use longrun_worker::Registry;
 
 /// How long a busy dispatcher lets freed slots gather before it claims.
 const CLAIM_GATHER: Duration = Duration::from_millis(1);
@@ -56,7 +57,7 @@ impl Default for Config {
             shutdown_grace: Duration::from_secs(10),
             worker_id: "in-process".into(),
             max_artifact_bytes: 64 * 1024 * 1024 * 1024,
-            progress_interval: crate::worker::DEFAULT_PROGRESS_INTERVAL,
+            progress_interval: longrun_worker::task::DEFAULT_PROGRESS_INTERVAL,
         }
     }
 }
@@ -358,7 +359,7 @@ impl TaskLink for StoreLink {
         cost_units: Option<f64>,
         cancellable: Option<bool>,
         checkpoint: Option<serde_json::Value>,
-    ) -> Result<HeartbeatAck, StoreError> {
+    ) -> Result<HeartbeatAck, WorkerError> {
         self.store
             .task_heartbeat(HeartbeatParams {
                 operation_id: self.operation_id.clone(),
@@ -370,9 +371,10 @@ impl TaskLink for StoreLink {
                 now: self.clock.now(),
             })
             .await
+            .map_err(worker_error)
     }
 
-    async fn finish(&self, outcome: Outcome, progress: Option<ProgressUpdate>) -> Result<(), StoreError> {
+    async fn finish(&self, outcome: Outcome, progress: Option<ProgressUpdate>) -> Result<(), WorkerError> {
         self.outcomes
             .send(FinishParams {
                 operation_id: self.operation_id.clone(),
@@ -382,9 +384,10 @@ impl TaskLink for StoreLink {
                 now: self.clock.now(),
             })
             .await
+            .map_err(worker_error)
     }
 
-    async fn upload(&self, name: &str, content_type: &str, body: ByteReader) -> Result<UploadedArtifact, StoreError> {
+    async fn upload(&self, name: &str, content_type: &str, body: ByteReader) -> Result<UploadedArtifact, WorkerError> {
         store_upload(
             self.store.as_ref(),
             self.artifacts.as_ref(),
@@ -394,9 +397,10 @@ impl TaskLink for StoreLink {
             self.clock.now(),
         )
         .await
+        .map_err(bytes_error)
     }
 
-    async fn upload_piece(&self, name: &str, offset: u64, body: ByteReader) -> Result<u64, StoreError> {
+    async fn upload_piece(&self, name: &str, offset: u64, body: ByteReader) -> Result<u64, WorkerError> {
         store_artifact_piece(
             self.store.as_ref(),
             self.artifacts.as_ref(),
@@ -407,6 +411,7 @@ impl TaskLink for StoreLink {
             self.clock.now(),
         )
         .await
+        .map_err(bytes_error)
     }
 
     async fn join_pieces(
@@ -414,7 +419,7 @@ impl TaskLink for StoreLink {
         name: &str,
         content_type: &str,
         size_bytes: u64,
-    ) -> Result<UploadedArtifact, StoreError> {
+    ) -> Result<UploadedArtifact, WorkerError> {
         join_artifact_pieces(
             self.store.as_ref(),
             self.artifacts.as_ref(),
@@ -423,10 +428,11 @@ impl TaskLink for StoreLink {
             self.clock.now(),
         )
         .await
+        .map_err(bytes_error)
     }
 
-    async fn open_upload(&self, upload_id: &Id) -> Result<ByteReader, StoreError> {
-        crate::uploads::open_for_task(
+    async fn open_upload(&self, upload_id: &Id) -> Result<ByteReader, WorkerError> {
+        crate::bytes::uploads::open_for_task(
             self.store.as_ref(),
             self.artifacts.as_ref(),
             &self.operation_id,
@@ -434,5 +440,44 @@ impl TaskLink for StoreLink {
             upload_id,
         )
         .await
+        .map_err(bytes_error)
+    }
+}
+
+/// What a store's answer means to a task in process: the [`WorkerError`] a
+/// remote worker hears for the same answer over HTTP.
+pub fn worker_error(e: StoreError) -> WorkerError {
+    match e {
+        StoreError::LeaseLost => WorkerError::LeaseLost,
+        StoreError::NotFound => WorkerError::NotFound,
+        StoreError::TooLarge { max_bytes } => WorkerError::TooLarge { max_bytes },
+        StoreError::UploadOffsetMismatch { offset, .. } => WorkerError::OffsetMismatch {
+            offset: u64::try_from(offset).unwrap_or(0),
+        },
+        StoreError::Unavailable(message) => WorkerError::Unavailable {
+            retry_after: None,
+            message,
+        },
+        StoreError::Stopped(what) => WorkerError::Unavailable {
+            retry_after: None,
+            message: format!("{what} stopped"),
+        },
+        other => WorkerError::Refused {
+            code: "internal".into(),
+            message: other.to_string(),
+        },
+    }
+}
+
+/// [`worker_error`], for calls that also store or read bytes.
+pub fn bytes_error(e: BytesError) -> WorkerError {
+    match e {
+        BytesError::Store(e) => worker_error(e),
+        BytesError::Objects(ArtifactError::TooLarge { max_bytes }) => WorkerError::TooLarge { max_bytes },
+        BytesError::Objects(ArtifactError::NotFound) => WorkerError::NotFound,
+        BytesError::Objects(e @ ArtifactError::Io(_)) => WorkerError::Unavailable {
+            retry_after: None,
+            message: e.to_string(),
+        },
     }
 }

@@ -1,4 +1,4 @@
-//! The worker SDK: one [`Handler`] trait and the [`TaskContext`] it runs with.
+//! One [`Handler`] trait and the [`TaskContext`] it runs with.
 //!
 //! The context reports progress and cost, exposes cancellation (a future that
 //! resolves when cancel is requested, and a cheap check), marks the commit
@@ -10,12 +10,15 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use longrun_core::Id;
+use longrun_core::task::{DEFAULT_ARTIFACT, HeartbeatAck, OperationError, Outcome, ProgressUpdate};
 use longrun_core::validate::Invalid;
-use longrun_store::{HeartbeatAck, OperationError, Outcome, ProgressUpdate, StoreError};
 use serde_json::Value;
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, watch};
 
-use crate::artifacts::ByteReader;
+use crate::error::WorkerError;
+
+/// A stream of bytes: an artifact's body, an upload's content.
+pub type ByteReader = std::pin::Pin<Box<dyn tokio::io::AsyncRead + Send>>;
 
 /// How a handler's run ended, other than with a result.
 #[derive(Debug, thiserror::Error)]
@@ -109,24 +112,24 @@ pub trait TaskLink: Send + Sync + 'static {
         cost_units: Option<f64>,
         cancellable: Option<bool>,
         checkpoint: Option<Value>,
-    ) -> Result<HeartbeatAck, StoreError>;
+    ) -> Result<HeartbeatAck, WorkerError>;
 
     /// Reports the outcome, with the last progress report not yet sent
     /// (stored with the outcome, in the same transaction).
-    async fn finish(&self, outcome: Outcome, progress: Option<ProgressUpdate>) -> Result<(), StoreError>;
+    async fn finish(&self, outcome: Outcome, progress: Option<ProgressUpdate>) -> Result<(), WorkerError>;
 
     /// Streams the task's result artifact `name` (`default` for
     /// `result.artifact`); `complete` (or the worker's own `fail`) publishes it.
-    async fn upload(&self, name: &str, content_type: &str, body: ByteReader) -> Result<UploadedArtifact, StoreError>;
+    async fn upload(&self, name: &str, content_type: &str, body: ByteReader) -> Result<UploadedArtifact, WorkerError>;
 
     /// Streams an upload the operation's input names (fenced by the lease);
     /// `NotFound` when the input does not name it.
-    async fn open_upload(&self, upload_id: &Id) -> Result<ByteReader, StoreError>;
+    async fn open_upload(&self, upload_id: &Id) -> Result<ByteReader, WorkerError>;
 
     /// Stores `body` as the piece of the resumable artifact `name` that
     /// starts at `offset` (pieces kept across attempts and pauses; those at
     /// or past `offset` are replaced); returns where the pieces now end.
-    async fn upload_piece(&self, name: &str, offset: u64, body: ByteReader) -> Result<u64, StoreError>;
+    async fn upload_piece(&self, name: &str, offset: u64, body: ByteReader) -> Result<u64, WorkerError>;
 
     /// Joins the pieces of `name` (exactly `size_bytes` of them) into the
     /// artifact `name`, as [`TaskLink::upload`] would have stored it whole.
@@ -135,7 +138,7 @@ pub trait TaskLink: Send + Sync + 'static {
         name: &str,
         content_type: &str,
         size_bytes: u64,
-    ) -> Result<UploadedArtifact, StoreError>;
+    ) -> Result<UploadedArtifact, WorkerError>;
 }
 
 /// An artifact uploaded for the current task.
@@ -266,7 +269,7 @@ impl TaskContext {
                 self.learn(&ack);
                 Ok(())
             }
-            Err(StoreError::LeaseLost) => Err(TaskError::fatal("lease_lost", "the lease was lost")),
+            Err(WorkerError::LeaseLost) => Err(TaskError::fatal("lease_lost", "the lease was lost")),
             // Unlike a progress report, a checkpoint that was not stored
             // must not be taken for one: the caller decides.
             Err(e) => Err(TaskError::Retryable(format!("the checkpoint was not saved: {e}"))),
@@ -389,8 +392,7 @@ impl TaskContext {
     /// handler writes into); `complete` publishes it. Dropping the returned
     /// future mid-way leaves nothing behind.
     pub async fn upload(&self, content_type: &str, body: ByteReader) -> Result<UploadedArtifact, TaskError> {
-        self.upload_named(longrun_store::DEFAULT_ARTIFACT, content_type, body)
-            .await
+        self.upload_named(DEFAULT_ARTIFACT, content_type, body).await
     }
 
     /// Streams the named artifact `name` (`result.artifacts.{name}`) from
@@ -404,12 +406,10 @@ impl TaskContext {
         body: ByteReader,
     ) -> Result<UploadedArtifact, TaskError> {
         self.link.upload(name, content_type, body).await.map_err(|e| match e {
-            StoreError::LeaseLost => TaskError::fatal("lease_lost", "the lease was lost"),
-            StoreError::TooLarge { max_bytes } => TaskError::fatal(
-                "artifact_too_large",
-                format!("artifacts are limited to {max_bytes} bytes"),
-            ),
-            other => TaskError::Retryable(format!("the upload failed: {other}")),
+            WorkerError::LeaseLost => TaskError::fatal("lease_lost", "the lease was lost"),
+            other => {
+                too_large(other).unwrap_or_else(|other| TaskError::Retryable(format!("the upload failed: {other}")))
+            }
         })
     }
 
@@ -445,8 +445,8 @@ impl TaskContext {
     /// Streams the upload `upload_id` that the operation's input names.
     pub async fn open_upload(&self, upload_id: &Id) -> Result<ByteReader, TaskError> {
         self.link.open_upload(upload_id).await.map_err(|e| match e {
-            StoreError::LeaseLost => TaskError::fatal("lease_lost", "the lease was lost"),
-            StoreError::NotFound => TaskError::fatal(
+            WorkerError::LeaseLost => TaskError::fatal("lease_lost", "the lease was lost"),
+            WorkerError::NotFound => TaskError::fatal(
                 "upload_not_found",
                 format!("the upload {upload_id} is not one this operation's input names, or it was removed"),
             ),
@@ -478,7 +478,7 @@ impl TaskContext {
                 Ok(())
             }
             // The lease is gone: nothing this task does will count any more.
-            Err(StoreError::LeaseLost) => Err(TaskError::fatal("lease_lost", "the lease was lost")),
+            Err(WorkerError::LeaseLost) => Err(TaskError::fatal("lease_lost", "the lease was lost")),
             // A failed report is not fatal: the next one may go through.
             Err(e) => {
                 tracing::warn!(op.id = %self.operation_id, error = %e, "progress report failed");
@@ -488,17 +488,29 @@ impl TaskContext {
     }
 }
 
-fn piece_error(e: StoreError, doing: &str) -> TaskError {
+fn piece_error(e: WorkerError, doing: &str) -> TaskError {
     match e {
-        StoreError::LeaseLost => TaskError::fatal("lease_lost", "the lease was lost"),
-        StoreError::TooLarge { max_bytes } => TaskError::fatal(
-            "artifact_too_large",
-            format!("artifacts are limited to {max_bytes} bytes"),
-        ),
-        StoreError::UploadOffsetMismatch { offset, .. } => TaskError::Retryable(format!(
+        WorkerError::LeaseLost => TaskError::fatal("lease_lost", "the lease was lost"),
+        WorkerError::OffsetMismatch { offset } => TaskError::Retryable(format!(
             "{doing}: the stored pieces end at byte {offset}, not where the task expected"
         )),
-        other => TaskError::Retryable(format!("{doing} failed: {other}")),
+        other => too_large(other).unwrap_or_else(|other| TaskError::Retryable(format!("{doing} failed: {other}"))),
+    }
+}
+
+/// An artifact over the server's limit, as the store says it in process
+/// (`TooLarge`) and the server over HTTP (`413 payload_too_large`): fatal,
+/// since the same bytes will not fit next time either.
+fn too_large(e: WorkerError) -> Result<TaskError, WorkerError> {
+    match e {
+        WorkerError::TooLarge { max_bytes } => Ok(TaskError::fatal(
+            "artifact_too_large",
+            format!("artifacts are limited to {max_bytes} bytes"),
+        )),
+        WorkerError::Refused { code, message } if code == "payload_too_large" => {
+            Ok(TaskError::fatal("artifact_too_large", message))
+        }
+        other => Err(other),
     }
 }
 
@@ -513,7 +525,7 @@ fn within_limits(operation_id: &Id, outcome: Outcome) -> Outcome {
     match crate::reports::check_outcome(operation_id, &outcome) {
         Ok(()) => outcome,
         Err(e) => Outcome::Failed {
-            error: longrun_store::OperationError {
+            error: OperationError {
                 code: "invalid_outcome".into(),
                 message: format!("the worker's outcome broke a limit: {e}"),
                 retryable: false,
@@ -558,7 +570,7 @@ pub async fn run_task(
     handler: Arc<dyn Handler>,
     ctx: TaskContext,
     heartbeat_every: Duration,
-) -> Result<(), StoreError> {
+) -> Result<(), WorkerError> {
     run_handler(handler, ctx, heartbeat_every).await?.send().await
 }
 
@@ -573,17 +585,17 @@ pub struct Report {
 
 impl Report {
     /// Reports the outcome through the task's link; done once it is stored.
-    pub async fn send(self) -> Result<(), StoreError> {
+    pub async fn send(self) -> Result<(), WorkerError> {
         self.link.finish(self.outcome, self.progress).await
     }
 }
 
 /// Sends a handler's report, if its run came to one, and logs how it
 /// ended: what every worker does once a task's slot is free.
-pub async fn send_and_log(id: &Id, report: Result<Report, StoreError>) {
+pub async fn send_and_log(id: &Id, report: Result<Report, WorkerError>) {
     match async { report?.send().await }.await {
         Ok(()) => tracing::debug!(op.id = %id, "task finished"),
-        Err(StoreError::LeaseLost) => tracing::warn!(op.id = %id, "lease lost; the outcome was discarded"),
+        Err(WorkerError::LeaseLost) => tracing::warn!(op.id = %id, "lease lost; the outcome was discarded"),
         Err(e) => tracing::error!(op.id = %id, error = %e, "could not report the outcome"),
     }
 }
@@ -621,7 +633,7 @@ pub async fn run_handler(
     handler: Arc<dyn Handler>,
     ctx: TaskContext,
     heartbeat_every: Duration,
-) -> Result<Report, StoreError> {
+) -> Result<Report, WorkerError> {
     let link = ctx.link.clone();
     let outcome = tokio::select! {
         result = handler.run(ctx.clone()) => result,
@@ -630,7 +642,7 @@ pub async fn run_handler(
     let outcome = match outcome {
         Ok(result) => Outcome::Succeeded { result },
         Err(TaskError::Fatal { code, .. }) if code == "lease_lost" => {
-            return Err(StoreError::LeaseLost);
+            return Err(WorkerError::LeaseLost);
         }
         Err(e) => e.into_outcome(ctx.checkpoint()),
     };
@@ -667,9 +679,9 @@ mod tests {
             _cost_units: Option<f64>,
             _cancellable: Option<bool>,
             _checkpoint: Option<Value>,
-        ) -> Result<HeartbeatAck, StoreError> {
+        ) -> Result<HeartbeatAck, WorkerError> {
             if self.lease_lost.load(std::sync::atomic::Ordering::SeqCst) {
-                return Err(StoreError::LeaseLost);
+                return Err(WorkerError::LeaseLost);
             }
             self.heartbeats
                 .lock()
@@ -684,26 +696,26 @@ mod tests {
             })
         }
 
-        async fn finish(&self, outcome: Outcome, progress: Option<ProgressUpdate>) -> Result<(), StoreError> {
+        async fn finish(&self, outcome: Outcome, progress: Option<ProgressUpdate>) -> Result<(), WorkerError> {
             *self.outcome.lock().unwrap() = Some(outcome);
             *self.finished.lock().unwrap() = Some(progress.and_then(|p| p.completed_units));
             Ok(())
         }
 
-        async fn upload(&self, _: &str, _: &str, _: ByteReader) -> Result<UploadedArtifact, StoreError> {
-            Err(StoreError::LeaseLost)
+        async fn upload(&self, _: &str, _: &str, _: ByteReader) -> Result<UploadedArtifact, WorkerError> {
+            Err(WorkerError::LeaseLost)
         }
 
-        async fn open_upload(&self, _: &Id) -> Result<ByteReader, StoreError> {
-            Err(StoreError::NotFound)
+        async fn open_upload(&self, _: &Id) -> Result<ByteReader, WorkerError> {
+            Err(WorkerError::NotFound)
         }
 
-        async fn upload_piece(&self, _: &str, _: u64, _: ByteReader) -> Result<u64, StoreError> {
-            Err(StoreError::LeaseLost)
+        async fn upload_piece(&self, _: &str, _: u64, _: ByteReader) -> Result<u64, WorkerError> {
+            Err(WorkerError::LeaseLost)
         }
 
-        async fn join_pieces(&self, _: &str, _: &str, _: u64) -> Result<UploadedArtifact, StoreError> {
-            Err(StoreError::LeaseLost)
+        async fn join_pieces(&self, _: &str, _: &str, _: u64) -> Result<UploadedArtifact, WorkerError> {
+            Err(WorkerError::LeaseLost)
         }
     }
 

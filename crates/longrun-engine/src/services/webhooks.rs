@@ -356,7 +356,7 @@ impl Deliverer {
     /// changes (new events are written with the changes) or every interval.
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         let mut changes = self.store.subscribe_changes();
-        let mut failures = crate::service::Failures::default();
+        let mut failures = crate::services::run::Failures::default();
         loop {
             let found = match self.run_once().await {
                 Ok((counts, found)) => {

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use longrun_core::Id;
 use tokio::sync::watch;
 
-use crate::worker::StopFlags;
+use longrun_worker::task::StopFlags;
 
 /// In-process wake-ups: new work for claimers, cancel and pause for running tasks. Cheap to clone.
 #[derive(Clone)]

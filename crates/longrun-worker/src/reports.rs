@@ -5,8 +5,8 @@
 //! could not.
 
 use longrun_api::{ErrorRequest, ProgressRequest};
+use longrun_core::task::{MAX_CHECKPOINT_BYTES, OperationError, Outcome, ProgressUpdate};
 use longrun_core::validate;
-use longrun_store::{OperationError, Outcome, ProgressUpdate};
 use serde_json::Value;
 
 /// Largest inline result; anything bigger goes through an artifact upload.
@@ -121,13 +121,13 @@ pub fn check_progress(progress: ProgressUpdate) -> Result<ProgressUpdate, Report
     })
 }
 
-/// A checkpoint within [`longrun_store::MAX_CHECKPOINT_BYTES`].
+/// A checkpoint within [`MAX_CHECKPOINT_BYTES`].
 pub fn check_checkpoint(checkpoint: &Value) -> Result<(), ReportError> {
     let size = json_len(checkpoint);
-    if size > longrun_store::MAX_CHECKPOINT_BYTES {
+    if size > MAX_CHECKPOINT_BYTES {
         return Err(ReportError::TooLarge(format!(
             "the checkpoint is {size} bytes; at most {} are kept",
-            longrun_store::MAX_CHECKPOINT_BYTES
+            MAX_CHECKPOINT_BYTES
         )));
     }
     Ok(())
@@ -228,9 +228,9 @@ mod tests {
         assert!(check_progress(negative).is_err());
         assert!(check_cost(Some(f64::NAN)).is_err());
         assert!(check_cost(Some(0.0)).is_ok());
-        let checkpoint = big(longrun_store::MAX_CHECKPOINT_BYTES - 1);
+        let checkpoint = big(MAX_CHECKPOINT_BYTES - 1);
         assert!(check_checkpoint(&checkpoint).is_err());
-        assert!(check_checkpoint(&big(longrun_store::MAX_CHECKPOINT_BYTES - 2)).is_ok());
+        assert!(check_checkpoint(&big(MAX_CHECKPOINT_BYTES - 2)).is_ok());
     }
 
     #[test]

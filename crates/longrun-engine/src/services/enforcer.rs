@@ -74,7 +74,7 @@ impl Enforcer {
 
     /// Rounds every `interval` until `shutdown`.
     pub async fn run(self, shutdown: CancellationToken) {
-        crate::service::run_every("enforcing deadlines", self.config.interval, shutdown, || {
+        crate::services::run::run_every("enforcing deadlines", self.config.interval, shutdown, || {
             self.run_once()
         })
         .await;

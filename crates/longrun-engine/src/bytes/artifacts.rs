@@ -5,14 +5,13 @@
 //! export, a dropped connection) leaves nothing behind.
 
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 
 use async_trait::async_trait;
 use sha2::{Digest, Sha256};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 
 /// A stream of bytes to store or serve.
-pub type ByteReader = Pin<Box<dyn AsyncRead + Send>>;
+pub use longrun_worker::ByteReader;
 
 /// What a finished write stored.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -7,8 +7,9 @@
 use longrun_core::{Id, IdKind};
 use longrun_store::{ResultUploadParams, Store, StoreError};
 
-use crate::artifacts::{ArtifactError, ArtifactStore, ByteReader};
-use crate::worker::UploadedArtifact;
+use super::BytesError;
+use super::artifacts::{ArtifactStore, ByteReader};
+use longrun_worker::UploadedArtifact;
 
 /// Which artifact of which task an upload is.
 pub struct TaskArtifact<'a> {
@@ -31,10 +32,13 @@ pub async fn store_upload(
     body: ByteReader,
     max_bytes: u64,
     now: longrun_core::Timestamp,
-) -> Result<UploadedArtifact, StoreError> {
+) -> Result<UploadedArtifact, BytesError> {
     let result_id = Id::generate(IdKind::Result);
     let key = format!("results/{result_id}");
-    let stored = artifacts.put(&key, body, max_bytes).await.map_err(artifact_error)?;
+    let stored = artifacts
+        .put(&key, body, max_bytes)
+        .await
+        .map_err(BytesError::Objects)?;
     let recorded = store
         .result_upload(ResultUploadParams {
             operation_id: target.operation_id.clone(),
@@ -52,7 +56,7 @@ pub async fn store_upload(
     if let Err(e) = recorded {
         // Not recorded (a lost lease): the object must not linger.
         let _ = artifacts.delete(&key).await;
-        return Err(e);
+        return Err(e.into());
     }
     Ok(UploadedArtifact {
         id: result_id.to_string(),
@@ -72,7 +76,7 @@ pub async fn store_artifact_piece(
     body: ByteReader,
     max_bytes: u64,
     now: longrun_core::Timestamp,
-) -> Result<u64, StoreError> {
+) -> Result<u64, BytesError> {
     // Fenced and placed before any byte is stored: a stale lease or an
     // offset past the pieces is refused without reading the body.
     let held: i64 = store
@@ -82,10 +86,10 @@ pub async fn store_artifact_piece(
         .map(|p| p.size_bytes)
         .sum();
     if i64::try_from(offset).map_or(true, |o| o > held) {
-        return Err(StoreError::UploadOffsetMismatch {
+        return Err(BytesError::Store(StoreError::UploadOffsetMismatch {
             offset: held,
             complete: false,
-        });
+        }));
     }
     let key = format!(
         "pieces/{}/{}/{offset:020}-{}",
@@ -96,7 +100,7 @@ pub async fn store_artifact_piece(
     let stored = artifacts
         .put(&key, body, max_bytes.saturating_sub(offset))
         .await
-        .map_err(artifact_error)?;
+        .map_err(BytesError::Objects)?;
     let piece = longrun_store::UploadChunk {
         storage_key: key.clone(),
         size_bytes: i64::try_from(stored.size_bytes).unwrap_or(i64::MAX),
@@ -116,7 +120,7 @@ pub async fn store_artifact_piece(
         Err(e) => {
             // Not recorded: the object must not linger.
             let _ = artifacts.delete(&key).await;
-            Err(e)
+            Err(e.into())
         }
     }
 }
@@ -130,21 +134,21 @@ pub async fn join_artifact_pieces(
     target: TaskArtifact<'_>,
     size_bytes: u64,
     now: longrun_core::Timestamp,
-) -> Result<UploadedArtifact, StoreError> {
+) -> Result<UploadedArtifact, BytesError> {
     let pieces = store
         .artifact_pieces(target.operation_id, target.lease_token, target.name)
         .await?;
     let held: i64 = pieces.iter().map(|p| p.size_bytes).sum();
     if u64::try_from(held).ok() != Some(size_bytes) {
-        return Err(StoreError::UploadOffsetMismatch {
+        return Err(BytesError::Store(StoreError::UploadOffsetMismatch {
             offset: held,
             complete: false,
-        });
+        }));
     }
     let result_id = Id::generate(IdKind::Result);
-    let (object, sha256) = crate::uploads::join_pieces(artifacts, &pieces, format!("results/{result_id}"))
+    let (object, sha256) = super::uploads::join_pieces(artifacts, &pieces, format!("results/{result_id}"))
         .await
-        .map_err(artifact_error)?;
+        .map_err(BytesError::Objects)?;
     let copied = pieces.iter().all(|p| p.storage_key != object.storage_key);
     let recorded = store
         .result_upload(ResultUploadParams {
@@ -164,18 +168,11 @@ pub async fn join_artifact_pieces(
         if copied {
             let _ = artifacts.delete(&object.storage_key).await;
         }
-        return Err(e);
+        return Err(e.into());
     }
     Ok(UploadedArtifact {
         id: result_id.to_string(),
         size_bytes,
         sha256,
     })
-}
-
-fn artifact_error(e: ArtifactError) -> StoreError {
-    match e {
-        ArtifactError::TooLarge { max_bytes } => StoreError::TooLarge { max_bytes },
-        other => StoreError::Artifacts(other.to_string()),
-    }
 }

@@ -18,7 +18,8 @@ use longrun_store::{Store, StoreError, UploadChunk, UploadRecord};
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncRead, AsyncReadExt, ReadBuf};
 
-use crate::artifacts::{ArtifactError, ArtifactStore, ByteReader};
+use super::BytesError;
+use super::artifacts::{ArtifactError, ArtifactStore, ByteReader};
 
 /// One request's body, stored.
 #[derive(Debug, Clone)]
@@ -149,22 +150,22 @@ pub async fn open_for_task(
     operation_id: &Id,
     lease_token: &str,
     upload_id: &Id,
-) -> Result<ByteReader, StoreError> {
+) -> Result<ByteReader, BytesError> {
     let upload = store
         .upload_for_task(operation_id, lease_token, upload_id)
         .await?
         .filter(|u| u.complete)
         .ok_or(StoreError::NotFound)?;
     open_pieces(artifacts, &upload.chunks).await.map_err(|e| match e {
-        ArtifactError::NotFound => StoreError::NotFound,
-        other => StoreError::Artifacts(other.to_string()),
+        ArtifactError::NotFound => BytesError::Store(StoreError::NotFound),
+        other => BytesError::Objects(other),
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::artifacts::FileArtifacts;
+    use crate::bytes::artifacts::FileArtifacts;
 
     /// A body that yields `bytes`, then fails like a dropped connection.
     struct Cut(Option<&'static [u8]>);
