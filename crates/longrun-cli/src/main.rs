@@ -569,7 +569,7 @@ async fn serve(global: &Global, args: ServeArgs) -> anyhow::Result<()> {
         max_upload_bytes: args.max_upload_bytes,
         upload_retention: args.upload_retention,
         max_waiters_per_tenant: args.max_waiters_per_tenant.max(1),
-        limits: longrun_server::listen::Limits {
+        limits: longrun_server::Limits {
             max_connections: args.max_connections,
             max_in_flight: args.max_in_flight,
             max_in_flight_per_tenant: args.max_in_flight_per_tenant,

@@ -26,7 +26,6 @@
 
 mod pages;
 mod schedules;
-pub(crate) mod stats;
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -50,11 +49,11 @@ use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::AppState;
-use crate::commands;
-use crate::http::error::ApiError;
-use crate::http::wire::{DesiredStateBody, RerunRequest, UpdateRequest};
-use crate::submissions::{self, prepare_rerun};
+use crate::app::ApiError;
+use crate::app::AppState;
+use crate::app::commands;
+use crate::app::submissions::{self, prepare_rerun};
+use longrun_api::{DesiredStateBody, RerunRequest, UpdateRequest};
 
 /// The session cookie.
 const COOKIE: &str = "longrun_session";
@@ -383,7 +382,7 @@ async fn sign_in(
     // signs in whatever its address did; wrong secrets of existing keys
     // spend the source's budget (`--auth-failures-per-source`).
     let source = || peer.map(|p| crate::source::client_address(p.ip(), &headers, &app.config.limits.trusted_proxies));
-    let record = match crate::http::auth::authenticate(&app, PresentedKey::parse(form.key.trim()), source).await {
+    let record = match crate::app::auth::authenticate(&app, PresentedKey::parse(form.key.trim()), source).await {
         Ok(record) => record,
         Err(ApiError::RateLimited { retry_after, .. }) => {
             let mut response = refuse(
@@ -632,7 +631,7 @@ async fn rerun(
 async fn download(State(app): State<AppState>, viewer: Viewer, Path((id, name)): Path<(String, String)>) -> PageResult {
     let id = operation_id(&id).or_page(&viewer)?;
     let tenant = viewer.tenant_of(&app, &id).await.or_page(&viewer)?;
-    let mut links = crate::http::results::result_links(&app, &tenant, id)
+    let mut links = crate::app::reads::result_links(&app, &tenant, id)
         .await
         .or_page(&viewer)?;
     let artifact = if name == longrun_store::DEFAULT_ARTIFACT {

@@ -25,8 +25,9 @@ use axum::response::{IntoResponse, Response};
 use longrun_core::{Id, IdKind};
 use tracing::Instrument;
 
-use crate::AppState;
-use error::{ApiError, Problem};
+use crate::app::ApiError;
+use crate::app::AppState;
+use error::Problem;
 
 /// The id of the request being handled, as an extension.
 #[derive(Debug, Clone)]
@@ -125,7 +126,8 @@ fn operation_in_path(path: &str) -> Option<&str> {
 pub async fn shed(State(app): State<AppState>, req: Request, next: Next) -> Response {
     let span = tracing::Span::current();
     if !span.is_disabled()
-        && let Some(source) = app.source_of(req.extensions(), req.headers())
+        && let Some(source) =
+            crate::source::of_request(req.extensions(), req.headers(), &app.config.limits.trusted_proxies)
     {
         span.record("source", tracing::field::display(source));
     }

@@ -22,7 +22,8 @@ use longrun_store::postgres::{PostgresConfig, PostgresStore};
 use longrun_store::{ApiKeyCreateParams, SqliteConfig, SqliteStore, Store};
 use tokio::task::JoinHandle;
 
-use crate::{AppState, Config, app};
+use crate::app::{AppState, Config};
+use crate::router::app;
 
 /// How `longrun serve` runs: every flag, as the CLI parsed it.
 pub struct ServeOptions {
@@ -41,7 +42,7 @@ pub struct ServeOptions {
     /// The deadline enforcer.
     pub enforcer: enforcer::Config,
     /// The firing of schedules.
-    pub schedules: crate::schedules::Config,
+    pub schedules: crate::app::schedules::Config,
     /// The webhook deliverer.
     pub webhooks: webhooks::Config,
     /// Retention.
@@ -80,7 +81,7 @@ impl ServeOptions {
             dispatcher: dispatcher::Config::default(),
             reaper: reaper::Config::default(),
             enforcer: enforcer::Config::default(),
-            schedules: crate::schedules::Config::default(),
+            schedules: crate::app::schedules::Config::default(),
             webhooks: webhooks::Config::default(),
             deliver_webhooks: true,
             postgres: None,
@@ -202,7 +203,7 @@ pub async fn start(options: ServeOptions) -> anyhow::Result<RunningServer> {
         .await
         .context("failed to load the fingerprint secret")?;
     let bootstrap = bootstrap_keys(store.as_ref(), clock.as_ref()).await?;
-    if store.server_secret_list(crate::LINK_KEY_PREFIX).await?.is_empty() {
+    if store.server_secret_list(crate::app::LINK_KEY_PREFIX).await?.is_empty() {
         add_link_key(store.as_ref(), clock.as_ref()).await?;
     }
     let artifacts: Arc<dyn ArtifactStore> = match &options.artifact_store {
@@ -289,7 +290,7 @@ pub async fn start(options: ServeOptions) -> anyhow::Result<RunningServer> {
         options.retention.clone(),
     );
     services.push(tokio::spawn(retention.run(services_stop.clone())));
-    services.push(tokio::spawn(crate::schedules::run(
+    services.push(tokio::spawn(crate::app::schedules::run(
         state.clone(),
         options.schedules.clone(),
         services_stop.clone(),
@@ -358,7 +359,7 @@ async fn bootstrap_keys(store: &dyn Store, clock: &dyn Clock) -> anyhow::Result<
 /// keys keep verifying the links they signed. Returns its id.
 pub async fn add_link_key(store: &dyn Store, clock: &dyn Clock) -> anyhow::Result<String> {
     let kid = longrun_core::id::random_base32::<5>();
-    let name = format!("{}{kid}", crate::LINK_KEY_PREFIX);
+    let name = format!("{}{kid}", crate::app::LINK_KEY_PREFIX);
     store
         .server_secret(&name, random_bytes::<32>().to_vec(), clock.now())
         .await?;

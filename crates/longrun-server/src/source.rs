@@ -42,7 +42,7 @@ impl TrustedProxies {
     }
 }
 
-/// The peer of a request served by [`crate::listen::serve`]; `None` for requests from
+/// The peer of a request served by `listen::serve`; `None` for requests from
 /// elsewhere (tests calling the router directly).
 pub fn peer(extensions: &axum::http::Extensions) -> Option<std::net::SocketAddr> {
     extensions

@@ -1,4 +1,4 @@
-//! Keeps the backends drivers (docs/ARCHITECTURE.md, "The store"): a file
+//! Keeps the backends drivers (docs/ARCHITECTURE.md, "One plan, two drivers"): a file
 //! under `src/postgres*` or `src/sqlite*` never spells an event or webhook
 //! name (they come from `plan::EventType` and `plan::WebhookType`) and
 //! never looks at a decision of the rules (`Decision`, `IntentChange`,

@@ -16,11 +16,11 @@ use longrun_store::{ListParams, Operation, Progress};
 use maud::{DOCTYPE, Markup, html};
 use serde::Deserialize;
 
-use super::stats::{Counts, MINUTES};
 use super::{OrPage, PageResult, Viewer, error_page, page, span, when};
-use crate::AppState;
-use crate::http::error::ApiError;
-use crate::http::operations::{DEFAULT_PAGE_SIZE, decode_page_token, encode_page_token, idempotency_expires};
+use crate::app::ApiError;
+use crate::app::AppState;
+use crate::app::reads::{DEFAULT_PAGE_SIZE, decode_page_token, encode_page_token, idempotency_expires};
+use crate::stats::{Counts, MINUTES};
 
 /// The frame of every page: navigation, who is signed in, sign-out.
 pub(crate) fn layout(title: &str, viewer: Option<&Viewer>, body: Markup) -> Markup {

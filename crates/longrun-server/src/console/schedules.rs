@@ -13,9 +13,9 @@ use serde::Deserialize;
 
 use super::pages::layout;
 use super::{OrPage, PageResult, Posted, Viewer, check_form, error_page, page};
-use crate::AppState;
-use crate::http::error::ApiError;
-use crate::schedules;
+use crate::app::ApiError;
+use crate::app::AppState;
+use crate::app::schedules;
 
 /// Schedules a page shows, and firings of one.
 const SHOWN: u32 = 100;

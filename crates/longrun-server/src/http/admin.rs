@@ -8,9 +8,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use longrun_core::apikey::Role;
 
-use crate::AppState;
+use crate::app::ApiError;
+use crate::app::AppState;
 use crate::http::auth::Caller;
-use crate::http::error::ApiError;
 
 pub fn router() -> Router<AppState> {
     Router::new().route("/metrics", get(metrics))

@@ -17,10 +17,11 @@ use axum::routing::get;
 use futures_util::Stream;
 use longrun_core::{Id, IdKind};
 
-use crate::AppState;
+use crate::app::ApiError;
+use crate::app::AppState;
 use crate::changes::Waiter;
 use crate::http::auth::Caller;
-use crate::http::error::{ApiError, Problem};
+use crate::http::error::Problem;
 use crate::http::wire;
 
 const KEEP_ALIVE: Duration = Duration::from_secs(15);

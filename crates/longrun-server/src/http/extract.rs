@@ -8,7 +8,7 @@ use axum::http::header::CONTENT_TYPE;
 use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
 
-use crate::http::error::ApiError;
+use crate::app::ApiError;
 
 /// A JSON body: `application/json` (or `…+json`) required, size bounded by
 /// the router's body limit, unknown fields refused by the target type.

@@ -7,8 +7,9 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::{Value, json};
 
-use crate::AppState;
-use crate::http::error::{ApiError, Problem};
+use crate::app::ApiError;
+use crate::app::AppState;
+use crate::http::error::Problem;
 
 pub fn router() -> Router<AppState> {
     Router::new()

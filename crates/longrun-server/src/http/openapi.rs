@@ -8,7 +8,7 @@ use axum::routing::get;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use crate::AppState;
+use crate::app::AppState;
 use crate::http::{admin, events, health, operations, results, schedules, uploads, workers};
 
 #[derive(OpenApi)]

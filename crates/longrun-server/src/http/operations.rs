@@ -13,21 +13,19 @@ use longrun_core::{Id, IdKind, IdempotencyKey, State as OpState, Timestamp, retr
 use longrun_store::{AcceptParams, ListParams, Operation};
 use serde::Deserialize;
 
-use crate::AppState;
-use crate::commands;
+use crate::app::ApiError;
+use crate::app::AppState;
+use crate::app::commands;
+use crate::app::submissions::{accept, accept_error, accepted, prepare_rerun, prepare_submission};
 use crate::http::auth::Caller;
-use crate::http::error::{ApiError, Problem};
+use crate::http::error::Problem;
 use crate::http::extract::{JsonBody, OptionalJsonBody, QueryParams};
 use crate::http::wire::{
     self, BatchItemResult, BatchSubmitRequest, BatchSubmitResponse, CancelRequestBody, CancellationBody, DeliveryLog,
     History, OperationBody, OperationList, RerunRequest, SubmitRequest, UpdateRequest,
 };
-use crate::submissions::{accept, accept_error, accepted, prepare_rerun, prepare_submission};
 
-pub const DEFAULT_PAGE_SIZE: u32 = 50;
-pub const MAX_PAGE_SIZE: u32 = 100;
-/// Idempotency records never live less than this after an operation ends.
-pub const MIN_IDEMPOTENCY_LIFETIME: Duration = Duration::from_secs(24 * 3600);
+use crate::app::reads::{decode_page_token, encode_page_token, idempotency_expires, page_size};
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -419,14 +417,6 @@ fn item_refused(error: &ApiError, request_id: &str) -> BatchItemResult {
     }
 }
 
-/// Until when the idempotency record is kept: as long as the operation's
-/// record. For an operation still running that is at least the retention
-/// period from now, which is what we promise.
-pub(crate) fn idempotency_expires(app: &AppState, op: &Operation, now: Timestamp) -> Timestamp {
-    let retention = app.config.operation_retention.max(MIN_IDEMPOTENCY_LIFETIME);
-    op.expires_at.unwrap_or_else(|| now.plus(retention))
-}
-
 /// `GET /v1/operations/{id}`, conditional (`If-None-Match` → `304`) and, with
 /// `Prefer: wait=N`, long-polling: held until the version changes (woken by
 /// the change itself) or N s pass.
@@ -497,47 +487,6 @@ struct ListQuery {
     label: Option<String>,
     page_size: Option<u32>,
     page_token: Option<String>,
-}
-
-/// A list's `page_size`: 0 or absent is [`DEFAULT_PAGE_SIZE`], more than
-/// [`MAX_PAGE_SIZE`] is refused.
-pub(crate) fn page_size(asked: Option<u32>) -> Result<u32, ApiError> {
-    match asked {
-        None | Some(0) => Ok(DEFAULT_PAGE_SIZE),
-        Some(n) if n <= MAX_PAGE_SIZE => Ok(n),
-        Some(n) => Err(ApiError::InvalidRequest(format!(
-            "page_size {n} is more than {MAX_PAGE_SIZE}"
-        ))),
-    }
-}
-
-/// Page tokens are the keyset position in base 36: opaque to clients, and
-/// every string of the documented pattern is one (a position past the end
-/// gives an empty page).
-const PAGE_TOKEN_PATTERN_MAX: usize = 12;
-
-pub(crate) fn encode_page_token(before_seq: i64) -> String {
-    let mut n = u64::try_from(before_seq).unwrap_or(0);
-    let mut digits = Vec::new();
-    loop {
-        digits.push(char::from_digit((n % 36) as u32, 36).expect("a base-36 digit"));
-        n /= 36;
-        if n == 0 {
-            break;
-        }
-    }
-    digits.iter().rev().collect()
-}
-
-pub(crate) fn decode_page_token(token: &str) -> Result<i64, ApiError> {
-    let invalid = || ApiError::InvalidRequest("page_token is not a token this server issued".into());
-    let well_formed = !token.is_empty()
-        && token.len() <= PAGE_TOKEN_PATTERN_MAX
-        && token.bytes().all(|b| b.is_ascii_digit() || b.is_ascii_lowercase());
-    if !well_formed {
-        return Err(invalid());
-    }
-    i64::from_str_radix(token, 36).map_err(|_| invalid())
 }
 
 #[utoipa::path(get, path = "/v1/operations", tag = "operations", security(("bearer" = [])),
@@ -629,8 +578,8 @@ async fn cancel(
     record_operation_id(&id);
     let reason = body.unwrap_or_default().reason;
     let if_match = if_match(&headers)?;
-    let (op, status) = commands::cancel(&app, &caller.tenant, caller.key_id.as_str(), &id, reason, if_match).await?;
-    Ok(operation_response(&app, &op, status).await)
+    let (op, applied) = commands::cancel(&app, &caller.tenant, caller.key_id.as_str(), &id, reason, if_match).await?;
+    Ok(operation_response(&app, &op, status_of(applied)).await)
 }
 
 /// `DELETE /v1/operations/{id}`: the same as `PUT …/cancellation`.
@@ -683,8 +632,8 @@ async fn update(
     let id = parse_operation_id(&id)?;
     record_operation_id(&id);
     let if_match = if_match(&headers)?.ok_or(ApiError::PreconditionRequired)?;
-    let (op, status) = commands::update(&app, &caller.tenant, id, if_match, request).await?;
-    Ok(operation_response(&app, &op, status).await)
+    let (op, applied) = commands::update(&app, &caller.tenant, id, if_match, request).await?;
+    Ok(operation_response(&app, &op, status_of(applied)).await)
 }
 
 /// `GET /v1/operations/{id}/deliveries`: every webhook delivery attempt, oldest first.
@@ -708,18 +657,6 @@ async fn deliveries(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn page_tokens_round_trip_and_reject_garbage() {
-        for seq in [0, 1, 35, 36, 42, 1 << 40, 4_000_000_000_000_000_000] {
-            let token = encode_page_token(seq);
-            assert!(token.len() <= PAGE_TOKEN_PATTERN_MAX, "{token}");
-            assert_eq!(decode_page_token(&token).unwrap(), seq);
-        }
-        for bad in ["", "!!", "djE6", "ABC", "zzzzzzzzzzzzz", "-1"] {
-            assert!(decode_page_token(bad).is_err(), "{bad}");
-        }
-    }
 
     #[test]
     fn entity_tag_lists() {
@@ -795,5 +732,13 @@ mod fuzz {
             }
             prop_assert_eq!(decode_page_token(&encode_page_token(seq)).unwrap(), seq);
         }
+    }
+}
+
+/// `200` for a change done, `202` for one asked of the operation's worker.
+fn status_of(applied: commands::Applied) -> StatusCode {
+    match applied {
+        commands::Applied::Done => StatusCode::OK,
+        commands::Applied::Asked => StatusCode::ACCEPTED,
     }
 }

@@ -21,7 +21,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use futures_util::TryStreamExt;
-use longrun_api::{ArtifactBody, ArtifactUploadBody, Download, JoinRequest, PieceStoredBody, ResultBody};
+use longrun_api::{ArtifactUploadBody, JoinRequest, PieceStoredBody, ResultBody};
 use longrun_core::{Id, IdKind, links};
 use longrun_engine::bytes::BytesError;
 use longrun_engine::bytes::artifacts::ArtifactError;
@@ -29,9 +29,11 @@ use longrun_engine::bytes::results::{TaskArtifact, store_upload};
 use longrun_store::{DEFAULT_ARTIFACT, ResultRecord, StoreError};
 use serde::Deserialize;
 
-use crate::AppState;
+use crate::app::ApiError;
+use crate::app::AppState;
+use crate::app::reads::result_links;
 use crate::http::auth::Caller;
-use crate::http::error::{ApiError, Problem};
+use crate::http::error::Problem;
 use crate::http::extract::QueryParams;
 
 pub fn router() -> Router<AppState> {
@@ -316,64 +318,6 @@ async fn result(
     Ok(Json(result_links(&app, &caller.tenant, id).await?))
 }
 
-/// The result artifacts of `id`, each with a download link minted now
-/// (HMAC-signed, short-lived). The API and the console's download button
-/// mint links through here.
-pub async fn result_links(app: &AppState, tenant: &str, id: Id) -> Result<ResultBody, ApiError> {
-    let records = app.store.result_for_operation(tenant, &id).await?;
-    if records.is_empty() {
-        // No artifact: unknown, removed, not finished, or an inline result.
-        return Err(app.missing(tenant, &id).await);
-    }
-    app.operation(tenant, &id).await?;
-    let now = app.clock.now();
-    let live: Vec<ResultRecord> = records.into_iter().filter(|r| !r.is_expired(now)).collect();
-    if live.is_empty() {
-        return Err(ApiError::ResultExpired { operation_id: id });
-    }
-    let expires = now.plus(app.config.link_ttl);
-    let expires_secs = expires.as_millis() / 1000;
-    let (kid, key) = app.link_key_current().await?;
-    let mut body = ResultBody {
-        operation_id: id.to_string(),
-        artifact: None,
-        artifacts: Default::default(),
-    };
-    for record in live {
-        let signature = links::sign(&key, record.id.as_str(), expires_secs);
-        let url = format!(
-            "/v1/results/{}/content?expires={expires_secs}&kid={kid}&signature={signature}",
-            record.id
-        );
-        let artifact = ArtifactBody {
-            id: record.id.to_string(),
-            content_type: record.content_type,
-            size_bytes: record.size_bytes,
-            sha256: record.sha256,
-            created_at: record.created_at.to_rfc3339(),
-            expires_at: record.expires_at.map(|t| t.to_rfc3339()),
-            download: Download {
-                url,
-                expires_at: longrun_core::Timestamp(expires_secs * 1000).to_rfc3339(),
-            },
-        };
-        if record.name == DEFAULT_ARTIFACT {
-            body.artifact = Some(artifact);
-        } else {
-            body.artifacts.insert(record.name, artifact);
-        }
-    }
-    Ok(body)
-}
-
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-struct LinkQuery {
-    expires: i64,
-    kid: String,
-    signature: String,
-}
-
 /// Refusals of a download link: tampered or expired links are `403
 /// forbidden` (the detail says which); a result past its lifetime is `410
 /// result_expired`.
@@ -517,6 +461,14 @@ fn parse_range(spec: &str, size: u64) -> RangeSpec {
         Some((a, b)) if size > 0 && a < size && a <= b => RangeSpec::One(a, b),
         _ => RangeSpec::Unsatisfiable,
     }
+}
+
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+struct LinkQuery {
+    expires: i64,
+    kid: String,
+    signature: String,
 }
 
 #[cfg(test)]

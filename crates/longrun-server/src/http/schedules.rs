@@ -10,12 +10,14 @@ use longrun_core::{Id, IdKind};
 use longrun_store::ScheduleRecord;
 use serde::Deserialize;
 
-use crate::AppState;
+use crate::app::ApiError;
+use crate::app::AppState;
+use crate::app::reads::page_size;
+use crate::app::schedules::{self, Definition};
 use crate::http::auth::Caller;
-use crate::http::error::{ApiError, Problem};
+use crate::http::error::Problem;
 use crate::http::extract::{JsonBody, QueryParams};
-use crate::http::operations::{etag, if_match, operation_response, page_size};
-use crate::schedules::{self, Definition};
+use crate::http::operations::{etag, if_match, operation_response};
 use longrun_api::{BackfillRequest, ScheduleBody, ScheduleFires, ScheduleList, SchedulePatch, ScheduleRequest};
 
 const MAX_FIRES: u32 = 100;

@@ -37,19 +37,18 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use futures_util::TryStreamExt;
 use longrun_api::UploadBody;
-use longrun_core::validate::MAX_NAMED_UPLOADS;
 use longrun_core::{Id, IdKind, Timestamp};
 use longrun_engine::bytes::artifacts::ArtifactError;
 use longrun_engine::bytes::uploads::{self, Piece};
 use longrun_store::{
-    AppendLease, AppendLeaseParams, StoreError, UploadAppendParams, UploadCompleteParams, UploadCreateParams,
-    UploadRecord,
+    AppendLease, AppendLeaseParams, UploadAppendParams, UploadCompleteParams, UploadCreateParams, UploadRecord,
 };
 use std::sync::Arc;
 
-use crate::AppState;
+use crate::app::ApiError;
+use crate::app::AppState;
 use crate::http::auth::Caller;
-use crate::http::error::{ApiError, Problem};
+use crate::http::error::Problem;
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -559,38 +558,6 @@ async fn find(app: &AppState, caller: &Caller, id: &str) -> Result<UploadRecord,
         .upload_get(&caller.tenant, &id)
         .await?
         .ok_or(ApiError::NotFound)
-}
-
-/// The uploads a submission's input names (any string in it that is an
-/// upload id), each checked to be a complete upload of the tenant that is
-/// still kept: the submission's transaction then keeps it alive with the
-/// operation.
-pub async fn named_in(
-    app: &AppState,
-    tenant: &str,
-    input: &serde_json::Value,
-    now: Timestamp,
-) -> Result<Vec<Id>, ApiError> {
-    let ids = longrun_core::validate::named_uploads(input);
-    if ids.len() > MAX_NAMED_UPLOADS {
-        return Err(ApiError::InvalidInput(format!(
-            "the input names {} uploads; at most {MAX_NAMED_UPLOADS}",
-            ids.len()
-        )));
-    }
-    for id in &ids {
-        let usable = match app.store.upload_get(tenant, id).await {
-            Ok(upload) => upload.is_some_and(|u| u.is_usable(now)),
-            Err(StoreError::NotFound) => false,
-            Err(e) => return Err(e.into()),
-        };
-        if !usable {
-            return Err(ApiError::InvalidInput(format!(
-                "the input names {id}, which is not a complete upload of this tenant"
-            )));
-        }
-    }
-    Ok(ids)
 }
 
 #[cfg(test)]

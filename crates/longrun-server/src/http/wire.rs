@@ -10,9 +10,9 @@ use longrun_store::{Event, Operation};
 use serde_json::Value;
 
 pub use longrun_api::{
-    BatchItemResult, BatchSubmitRequest, BatchSubmitResponse, BudgetRequest, CallbackRequest, CancelRequestBody,
-    CancellationBody, CostBody, DeliveryBody, DeliveryLog, DesiredStateBody, ErrorBody, EventBody, History, Links,
-    OperationBody, OperationList, ProgressBody, RerunRequest, SubmitRequest, UpdateRequest,
+    BatchItemResult, BatchSubmitRequest, BatchSubmitResponse, CancelRequestBody, CancellationBody, CostBody,
+    DeliveryBody, DeliveryLog, ErrorBody, EventBody, History, Links, OperationBody, OperationList, ProgressBody,
+    RerunRequest, SubmitRequest, UpdateRequest,
 };
 
 fn rfc3339(t: Option<Timestamp>) -> Option<String> {

@@ -22,9 +22,9 @@ use longrun_store::{ClaimParams, FinishParams, HeartbeatParams, Outcome, Progres
 use longrun_worker::reports::{self, ReportError};
 use serde_json::Value;
 
-use crate::AppState;
+use crate::app::ApiError;
+use crate::app::AppState;
 use crate::http::auth::Caller;
-use crate::http::error::ApiError;
 use crate::http::extract::JsonBody;
 
 pub const MAX_TASKS_PER_CLAIM: u32 = 100;

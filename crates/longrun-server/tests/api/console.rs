@@ -772,7 +772,7 @@ async fn the_download_button_yields_the_artifacts_bytes() {
 /// limited per source as the API's are, and never a good key.
 #[tokio::test]
 async fn sign_in_refusals_are_pages_and_failures_are_limited_per_source() {
-    let limits = longrun_server::listen::Limits {
+    let limits = longrun_server::Limits {
         auth_failures_per_source: 1.0,
         ..Default::default()
     };

@@ -140,3 +140,94 @@ fn every_relative_link_in_the_docs_resolves_inside_the_repository() {
         broken.join("\n")
     );
 }
+
+/// The Rust files under `dir`, with their text.
+fn rust_files(dir: &Path, found: &mut Vec<(PathBuf, String)>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files(&path, found);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            let text = std::fs::read_to_string(&path).unwrap();
+            found.push((path, text));
+        }
+    }
+}
+
+/// The server's layers, as docs/ARCHITECTURE.md draws them: the
+/// application holds no HTTP type and imports neither edge; the two edges
+/// (`http`, `console`) do not import each other; what lies below the
+/// application imports none of the three. A module that reached up would
+/// close an import circle.
+#[test]
+fn the_server_imports_only_downward_and_its_application_holds_no_http_type() {
+    let src = repo().join("crates/longrun-server/src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let edges = [
+        "crate::http",
+        "crate::console",
+        "crate::router",
+        "crate::server",
+        "crate::listen",
+    ];
+    let below = [
+        "cache",
+        "changes",
+        "handoff",
+        "keys",
+        "metrics",
+        "ratelimit",
+        "source",
+        "stats",
+    ];
+    let mut broken = Vec::new();
+    for (path, text) in &files {
+        let name = path.strip_prefix(&src).unwrap().to_string_lossy().replace('\\', "/");
+        let forbidden: Vec<&str> = if name == "app.rs" || name.starts_with("app/") {
+            edges.iter().copied().chain(["axum", "hyper", "tower"]).collect()
+        } else if name == "http.rs" || name.starts_with("http/") {
+            vec!["crate::console", "crate::router", "crate::server"]
+        } else if name == "console.rs" || name.starts_with("console/") {
+            vec!["crate::http", "crate::router", "crate::server"]
+        } else if below.iter().any(|b| name == format!("{b}.rs")) {
+            edges.iter().copied().chain(["crate::app"]).collect()
+        } else {
+            continue;
+        };
+        for line in text.lines().filter(|l| !l.trim_start().starts_with("//")) {
+            for f in &forbidden {
+                if line.contains(f) {
+                    broken.push(format!("{name}: {}", line.trim()));
+                }
+            }
+        }
+    }
+    assert!(
+        files.len() > 30 && broken.is_empty(),
+        "imports that run up a layer: {broken:#?}"
+    );
+}
+
+#[test]
+fn the_architecture_map_carries_no_figures() {
+    let map = std::fs::read_to_string(repo().join("docs/ARCHITECTURE.md")).unwrap();
+    let figures: Vec<&str> = map
+        .lines()
+        .filter(|l| {
+            [
+                "jobs/s",
+                "k/s",
+                "submits/s",
+                "req/s",
+                "requests/s",
+                "p50",
+                "p99",
+                "graphile",
+            ]
+            .iter()
+            .any(|f| l.contains(f))
+        })
+        .collect();
+    assert!(figures.is_empty(), "figures belong in docs/benchmarks/: {figures:#?}");
+}

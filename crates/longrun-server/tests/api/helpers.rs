@@ -44,7 +44,7 @@ pub struct Options {
     /// How often the retention sweep runs (wall clock); 20 ms by default.
     pub retention_interval: Duration,
     /// The edge's connection, timeout and in-flight bounds.
-    pub limits: longrun_server::listen::Limits,
+    pub limits: longrun_server::Limits,
     /// How long verified keys are trusted; zero (revocation bites at once) by default.
     pub key_cache_ttl: Duration,
     /// Cap the SQLite file at this many pages (a full disk, for drills).
@@ -67,7 +67,7 @@ impl Default for Options {
             max_artifact_bytes: 1 << 30,
             artifact_store: None,
             retention_interval: Duration::from_millis(20),
-            limits: longrun_server::listen::Limits::default(),
+            limits: longrun_server::Limits::default(),
             key_cache_ttl: Duration::ZERO,
             max_page_count: None,
             max_upload_bytes: 1 << 30,

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use longrun_core::apikey::{NewApiKey, Role};
-use longrun_server::listen::Limits;
+use longrun_server::Limits;
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

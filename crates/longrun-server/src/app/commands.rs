@@ -8,20 +8,29 @@
 
 use std::time::Duration;
 
-use axum::http::StatusCode;
 use longrun_core::Id;
 use longrun_core::validate::{self, MAX_DEADLINE_SECONDS};
 use longrun_store::{CancelOutcome, CancelParams, DesiredState, IntentParams, Operation, StoreError, UpdateParams};
 
-use crate::AppState;
-use crate::http::error::ApiError;
-use crate::http::wire::{DesiredStateBody, UpdateRequest};
+use super::ApiError;
+use super::AppState;
+use longrun_api::{DesiredStateBody, UpdateRequest};
+
+/// Whether a change is done, or asked of the operation's worker (a cancel
+/// or a pause of running work): the API answers `200` or `202`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applied {
+    /// The operation is as asked.
+    Done,
+    /// Its worker has been asked; the operation will follow.
+    Asked,
+}
 
 /// The longest cancellation reason, in characters.
 pub const MAX_CANCEL_REASON_CHARS: usize = 1024;
 
-/// Cancels `id` on behalf of `requested_by`: `200` with the operation when it
-/// is cancelled now or already ended, `202` when its worker has been asked.
+/// Cancels `id` on behalf of `requested_by`: `Done` with the operation when it
+/// is cancelled now or already ended, `Asked` when its worker has been asked.
 /// The API and the console cancel through here.
 pub(crate) async fn cancel(
     app: &AppState,
@@ -30,7 +39,7 @@ pub(crate) async fn cancel(
     id: &Id,
     reason: Option<String>,
     if_match: Option<i64>,
-) -> Result<(Operation, StatusCode), ApiError> {
+) -> Result<(Operation, Applied), ApiError> {
     if reason
         .as_ref()
         .is_some_and(|r| r.chars().count() > MAX_CANCEL_REASON_CHARS)
@@ -62,18 +71,18 @@ pub(crate) async fn cancel(
         other => other.into(),
     })?;
     Ok(match outcome {
-        CancelOutcome::AlreadyTerminal(op) => (app.visible(op)?, StatusCode::OK),
-        CancelOutcome::CancelledNow(op) => (op, StatusCode::OK),
+        CancelOutcome::AlreadyTerminal(op) => (app.visible(op)?, Applied::Done),
+        CancelOutcome::CancelledNow(op) => (op, Applied::Done),
         CancelOutcome::Requested(op) => {
             app.signals.cancel_requested(&op.id);
-            (op, StatusCode::ACCEPTED)
+            (op, Applied::Asked)
         }
-        CancelOutcome::AlreadyRequested(op) => (op, StatusCode::ACCEPTED),
+        CancelOutcome::AlreadyRequested(op) => (op, Applied::Asked),
     })
 }
 
 /// Applies a `PATCH` made at version `if_match`: a new deadline and/or
-/// labels, or a new `desired_state` (`202` when a worker has been asked to
+/// labels, or a new `desired_state` (`Asked` when a worker has been asked to
 /// pause). The API and the console change operations through here.
 pub(crate) async fn update(
     app: &AppState,
@@ -81,7 +90,7 @@ pub(crate) async fn update(
     id: Id,
     if_match: i64,
     request: UpdateRequest,
-) -> Result<(Operation, StatusCode), ApiError> {
+) -> Result<(Operation, Applied), ApiError> {
     if let Some(desired) = request.desired_state {
         if request.deadline_seconds.is_some() || request.labels.is_some() || request.not_before.is_some() {
             return Err(ApiError::InvalidRequest(
@@ -134,7 +143,7 @@ pub(crate) async fn update(
         },
         other => other.into(),
     })?;
-    Ok((op, StatusCode::OK))
+    Ok((op, Applied::Done))
 }
 
 /// `PATCH {"desired_state"}`: pause or resume (the rules are the store's,
@@ -145,7 +154,7 @@ async fn set_intent(
     id: Id,
     desired: DesiredStateBody,
     if_match: i64,
-) -> Result<(Operation, StatusCode), ApiError> {
+) -> Result<(Operation, Applied), ApiError> {
     let desired = match desired {
         DesiredStateBody::Paused => DesiredState::Paused,
         DesiredStateBody::Running => DesiredState::Running,
@@ -185,10 +194,6 @@ async fn set_intent(
         app.signals.pause_requested(&op.id);
     }
     // Asked of a worker, the pause is accepted, not done (as a cancel of running work).
-    let status = if asked_of_worker {
-        StatusCode::ACCEPTED
-    } else {
-        StatusCode::OK
-    };
-    Ok((op, status))
+    let applied = if asked_of_worker { Applied::Asked } else { Applied::Done };
+    Ok((op, applied))
 }

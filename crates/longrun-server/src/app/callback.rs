@@ -8,7 +8,7 @@
 
 use url::{Host, Url};
 
-use crate::http::error::ApiError;
+use super::ApiError;
 
 /// The longest callback URL, in bytes.
 pub const MAX_CALLBACK_URL_LEN: usize = 2048;

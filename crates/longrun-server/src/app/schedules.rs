@@ -22,9 +22,9 @@ use longrun_core::{Id, IdempotencyKey, Timestamp};
 use longrun_store::{Operation, ScheduleFire, ScheduleRecord, StoreError};
 use tokio_util::sync::CancellationToken;
 
-use crate::AppState;
-use crate::http::error::ApiError;
-use crate::submissions::{accept, prepare_submission};
+use super::ApiError;
+use super::AppState;
+use super::submissions::{accept, prepare_submission};
 
 /// The catch-up window when a definition leaves it out.
 pub(crate) const DEFAULT_CATCHUP_SECONDS: u64 = 3600;
@@ -354,8 +354,7 @@ pub(crate) async fn backfill(
 /// Whether a refusal may pass (quota, the database, acceptance paused):
 /// the firing is tried again next round instead of recorded `refused`.
 fn passes(e: &ApiError) -> bool {
-    let status = e.status();
-    status == axum::http::StatusCode::TOO_MANY_REQUESTS || status.is_server_error()
+    e.retryable()
 }
 
 /// `POST /v1/schedules/{id}/trigger`: fires the schedule now, whatever its

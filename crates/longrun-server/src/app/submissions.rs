@@ -12,9 +12,10 @@ use longrun_core::{Id, IdKind, IdempotencyKey, Timestamp};
 use longrun_store::{AcceptOutcome, AcceptParams, Operation, PRIORITY_DEFAULT, StoreError};
 use serde_json::{Value, json};
 
-use crate::AppState;
-use crate::http::error::ApiError;
-use crate::http::wire::{BudgetRequest, CallbackRequest, RerunRequest, SubmitRequest};
+use super::ApiError;
+use super::AppState;
+use longrun_api::{BudgetRequest, CallbackRequest, RerunRequest, SubmitRequest};
+use longrun_core::validate::MAX_NAMED_UPLOADS;
 
 /// When a tenant is at `max_active`, when to try again.
 pub const QUOTA_RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
@@ -117,10 +118,10 @@ pub(crate) async fn prepare_submission(
     let priority =
         validate::priority(request.priority, PRIORITY_DEFAULT).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
     let callback_url = match request.callback {
-        Some(callback) => Some(crate::callback::check_url(&callback.url, &app.config.callback_policy)?),
+        Some(callback) => Some(super::callback::check_url(&callback.url, &app.config.callback_policy)?),
         None => None,
     };
-    let uploads = crate::http::uploads::named_in(app, tenant, &input, now).await?;
+    let uploads = named_uploads(app, tenant, &input, now).await?;
 
     // The semantic request: every field that changes what the work is, and
     // nothing volatile. Omitted optional fields and their defaults agree.
@@ -249,4 +250,36 @@ pub(crate) fn accept_error(e: StoreError) -> ApiError {
         },
         other => other.into(),
     }
+}
+
+/// The uploads a submission's input names (any string in it that is an
+/// upload id), each checked to be a complete upload of the tenant that is
+/// still kept: the submission's transaction then keeps it alive with the
+/// operation.
+async fn named_uploads(
+    app: &AppState,
+    tenant: &str,
+    input: &serde_json::Value,
+    now: Timestamp,
+) -> Result<Vec<Id>, ApiError> {
+    let ids = longrun_core::validate::named_uploads(input);
+    if ids.len() > MAX_NAMED_UPLOADS {
+        return Err(ApiError::InvalidInput(format!(
+            "the input names {} uploads; at most {MAX_NAMED_UPLOADS}",
+            ids.len()
+        )));
+    }
+    for id in &ids {
+        let usable = match app.store.upload_get(tenant, id).await {
+            Ok(upload) => upload.is_some_and(|u| u.is_usable(now)),
+            Err(StoreError::NotFound) => false,
+            Err(e) => return Err(e.into()),
+        };
+        if !usable {
+            return Err(ApiError::InvalidInput(format!(
+                "the input names {id}, which is not a complete upload of this tenant"
+            )));
+        }
+    }
+    Ok(ids)
 }
