@@ -81,6 +81,7 @@ macro_rules! store_conformance {
             api_keys_are_created_listed_and_revoked,
             kinds_are_declared_and_updated,
             server_secrets_are_created_once,
+            acceptance_pauses_are_set_per_kind_or_for_all,
             retryable_failures_retry_until_attempts_run_out,
             over_budget_work_is_asked_to_stop_and_fails_with_budget_exhausted,
             the_enforcer_fails_late_queued_work_and_stops_late_running_work,

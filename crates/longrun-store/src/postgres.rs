@@ -55,6 +55,7 @@ mod reads;
 mod retention;
 mod rows;
 mod schedules;
+mod script;
 mod store;
 mod uploads;
 

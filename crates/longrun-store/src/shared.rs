@@ -1,8 +1,10 @@
-//! Pure code both backends share, in two rooms: `codec`, how records are
-//! kept in columns (the JSON forms of progress, artifacts, pieces and
-//! snapshots, the webhook body, pages), and `rules`, the decisions of the
-//! store (how work ends, retries or pauses, what a heartbeat changes, which
-//! changes of intent are allowed). Neither reads a database or a clock.
+//! Pure code both backends share: `codec`, how records are kept in columns
+//! (the JSON forms of progress, artifacts, pieces and snapshots, the
+//! webhook body, pages); `rules`, the decisions of the store (how work
+//! ends, retries or pauses, what a heartbeat changes, which changes of
+//! intent are allowed); `script`, statements both stores run as written,
+//! and the use cases written so (`admin`, `schedules`). None reads a
+//! database or a clock; each driver runs a script with one runner.
 
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
@@ -13,10 +15,14 @@ use serde_json::{Value, json};
 
 use crate::*;
 
+mod admin;
 mod codec;
 mod rules;
 mod schedules;
+mod script;
 
+pub(crate) use admin::*;
 pub(crate) use codec::*;
 pub(crate) use rules::*;
 pub(crate) use schedules::*;
+pub(crate) use script::*;

@@ -27,7 +27,6 @@
 //! `changes` (the change feed) and `writer` (group commit).
 
 mod accept;
-mod admin;
 mod changes;
 mod claim;
 mod driver;
@@ -37,6 +36,7 @@ mod reads;
 mod retention;
 mod rows;
 mod schedules;
+mod script;
 mod uploads;
 mod webhooks;
 mod writer;
@@ -48,7 +48,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use longrun_core::apikey::Role;
 use longrun_core::fingerprint::Fingerprint;
 use longrun_core::id::random_base32;
 use longrun_core::{Id, IdKind, State, Timestamp};
@@ -61,7 +60,6 @@ use crate::reads::ReadCache;
 use crate::shared::*;
 use crate::*;
 use accept::*;
-use admin::*;
 use claim::*;
 use driver::{SqliteDriver, block};
 use ending::*;
@@ -213,6 +211,11 @@ impl SqliteStore {
     /// rows go through [`Self::read`].
     fn read_now<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
         self.readers.with(f)
+    }
+
+    /// Runs a shared write script as one writer job.
+    async fn write_script<T: Send + 'static>(&self, script: Script<T>) -> Result<T> {
+        self.writer.write(move |c| script::run(c, &script)).await
     }
 
     async fn read<T, F>(&self, f: F) -> Result<T>
@@ -557,51 +560,47 @@ impl Store for SqliteStore {
     }
 
     async fn tenant_set(&self, limits: TenantLimits) -> Result<()> {
-        self.writer.write(move |c| tenant_set(c, &limits)).await
+        self.write_script(tenant_set(&limits)).await
     }
 
     async fn tenant_get(&self, name: &str) -> Result<Option<TenantLimits>> {
-        self.read_now(|c| tenant_get(c, name))
+        self.read_now(|c| script::run(c, &tenant_get(name)))
     }
 
     async fn api_key_create(&self, params: ApiKeyCreateParams) -> Result<()> {
-        self.writer.write(move |c| api_key_create(c, &params)).await
+        self.write_script(api_key_create(&params)).await
     }
 
     async fn api_key_get(&self, id: &Id) -> Result<Option<ApiKeyRecord>> {
-        self.read_now(|c| api_key_get(c, id))
+        self.read_now(|c| script::run(c, &api_key_get(id)))
     }
 
     async fn api_key_list(&self) -> Result<Vec<ApiKeyRecord>> {
-        self.read(api_key_list).await
+        self.read(|c| script::run(c, &api_key_list())).await
     }
 
     async fn api_key_revoke(&self, id: &Id, now: Timestamp) -> Result<bool> {
-        let id = id.clone();
-        self.writer.write(move |c| api_key_revoke(c, &id, now)).await
+        self.write_script(api_key_revoke(id, now)).await
     }
 
     async fn api_key_count(&self) -> Result<u64> {
-        self.read(api_key_count).await
+        self.read(|c| script::run(c, &api_key_count())).await
     }
 
     async fn kind_upsert(&self, spec: KindSpec) -> Result<()> {
-        self.writer.write(move |c| kind_upsert(c, &spec)).await
+        self.write_script(kind_upsert(&spec)).await
     }
 
     async fn kind_get(&self, name: &str) -> Result<Option<KindSpec>> {
-        self.read_now(|c| kind_get(c, name))
+        self.read_now(|c| script::run(c, &kind_get(name)))
     }
 
     async fn kind_list(&self) -> Result<Vec<KindSpec>> {
-        self.read(kind_list).await
+        self.read(|c| script::run(c, &kind_list())).await
     }
 
     async fn server_secret(&self, name: &str, candidate: Vec<u8>, now: Timestamp) -> Result<Vec<u8>> {
-        let name = name.to_owned();
-        self.writer
-            .write(move |c| server_secret(c, &name, &candidate, now))
-            .await
+        self.write_script(server_secret(name, &candidate, now)).await
     }
 
     async fn operation_events_after(
@@ -750,8 +749,8 @@ impl Store for SqliteStore {
     }
 
     async fn server_secret_list(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>> {
-        let prefix = prefix.to_owned();
-        self.read(move |c| server_secret_list(c, &prefix)).await
+        let script = server_secret_list(prefix);
+        self.read(move |c| script::run(c, &script)).await
     }
 
     async fn backlog(&self, now: Timestamp) -> Result<Backlog> {
@@ -759,27 +758,24 @@ impl Store for SqliteStore {
     }
 
     async fn accepting_pause(&self, kind: Option<String>, paused: bool) -> Result<()> {
-        self.writer
-            .write(move |c| accepting_pause(c, kind.as_deref(), paused))
-            .await
+        self.write_script(accepting_pause(kind.as_deref(), paused)).await
     }
 
     async fn accepting_pauses(&self) -> Result<Vec<Option<String>>> {
-        self.read(accepting_pauses).await
+        self.read(|c| script::run(c, &accepting_pauses())).await
     }
 
     async fn console_session_start(&self, session: ConsoleSession) -> Result<()> {
-        self.writer.write(move |c| console_session_start(c, &session)).await
+        self.write_script(console_session_start(&session)).await
     }
 
     async fn console_session_key(&self, token_hash: &[u8], now: Timestamp) -> Result<Option<Id>> {
-        let token_hash = token_hash.to_vec();
-        self.read(move |c| console_session_key(c, &token_hash, now)).await
+        let script = console_session_key(token_hash, now);
+        self.read(move |c| script::run(c, &script)).await
     }
 
     async fn console_session_end(&self, token_hash: &[u8]) -> Result<()> {
-        let token_hash = token_hash.to_vec();
-        self.writer.write(move |c| console_session_end(c, &token_hash)).await
+        self.write_script(console_session_end(token_hash)).await
     }
 
     async fn operation_tenant(&self, id: &Id) -> Result<Option<String>> {

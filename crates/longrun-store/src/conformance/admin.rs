@@ -66,6 +66,34 @@ pub async fn server_secrets_are_created_once(store: &dyn Store) {
     assert_eq!(first, vec![1; 32]);
     let second = store.server_secret("fingerprint", vec![2; 32], at(1)).await.unwrap();
     assert_eq!(second, first, "a later candidate never replaces the stored secret");
+    // Listed by prefix, oldest first; a name that only contains the prefix is not listed.
+    store.server_secret("link-key:b", vec![3; 32], at(3)).await.unwrap();
+    store.server_secret("link-key:a", vec![4; 32], at(4)).await.unwrap();
+    store.server_secret("old-link-key:c", vec![5; 32], at(5)).await.unwrap();
+    assert_eq!(
+        store.server_secret_list("link-key:").await.unwrap(),
+        vec![
+            ("link-key:b".to_owned(), vec![3; 32]),
+            ("link-key:a".to_owned(), vec![4; 32])
+        ]
+    );
+    assert!(store.server_secret_list("none:").await.unwrap().is_empty());
+}
+
+pub async fn acceptance_pauses_are_set_per_kind_or_for_all(store: &dyn Store) {
+    assert!(store.accepting_pauses().await.unwrap().is_empty());
+    store.accepting_pause(Some("export".into()), true).await.unwrap();
+    store.accepting_pause(None, true).await.unwrap();
+    store.accepting_pause(None, true).await.unwrap();
+    assert_eq!(
+        store.accepting_pauses().await.unwrap(),
+        vec![None, Some("export".to_owned())],
+        "every kind's pause is None, and pausing twice is one pause"
+    );
+    store.accepting_pause(None, false).await.unwrap();
+    assert_eq!(store.accepting_pauses().await.unwrap(), vec![Some("export".to_owned())]);
+    store.accepting_pause(Some("export".into()), false).await.unwrap();
+    assert!(store.accepting_pauses().await.unwrap().is_empty());
 }
 
 pub async fn typical_durations_come_from_recent_successes(store: &dyn Store) {

@@ -238,34 +238,6 @@ pub(super) async fn ids(c: &mut PgConnection, sql: &str, a: i64, b: i64) -> Resu
     rows.iter().map(|r| r.try_get::<String, _>(0).map_err(db)).collect()
 }
 
-pub(super) fn api_key_from_row(r: &PgRow) -> Result<ApiKeyRecord> {
-    let role: String = r.try_get(2).map_err(db)?;
-    Ok(ApiKeyRecord {
-        id: Id::from_trusted(r.try_get(0).map_err(db)?),
-        tenant: r.try_get(1).map_err(db)?,
-        role: longrun_core::apikey::Role::parse(&role)
-            .ok_or_else(|| StoreError::Corrupt(format!("unknown role {role}")))?,
-        secret_hash: r.try_get(3).map_err(db)?,
-        created_at: Timestamp(r.try_get(4).map_err(db)?),
-        revoked_at: ts(r.try_get(5).map_err(db)?),
-    })
-}
-
-pub(super) fn kind_from_row(r: &PgRow) -> Result<KindSpec> {
-    Ok(KindSpec {
-        name: r.try_get(0).map_err(db)?,
-        builtin: r.try_get(1).map_err(db)?,
-        rerun_safe: r.try_get(2).map_err(db)?,
-        max_attempts: r.try_get(3).map_err(db)?,
-        default_deadline_seconds: r.try_get(4).map_err(db)?,
-        max_deadline_seconds: r.try_get(5).map_err(db)?,
-        pausable: r.try_get(6).map_err(db)?,
-    })
-}
-
-pub(super) const KIND_COLUMNS: &str =
-    "name, builtin, rerun_safe, max_attempts, default_deadline_seconds, max_deadline_seconds, pausable";
-
 pub(super) const RESULT_COLUMNS: &str =
     "id, operation_id, tenant, storage_key, content_type, size_bytes, sha256, state, created_at, expires_at, name";
 

@@ -172,150 +172,47 @@ impl Store for PostgresStore {
     }
 
     async fn tenant_set(&self, limits: TenantLimits) -> Result<()> {
-        sqlx::query(
-            "INSERT INTO tenants (name, created_at, max_active, max_running, rate)
-             VALUES ($1, (extract(epoch from clock_timestamp()) * 1000)::BIGINT, $2, $3, $4)
-             ON CONFLICT (name) DO UPDATE SET max_active = excluded.max_active, max_running = excluded.max_running,
-                 rate = excluded.rate",
-        )
-        .bind(&limits.name)
-        .bind(limits.max_active)
-        .bind(limits.max_running)
-        .bind(limits.rate)
-        .execute(&self.pool)
-        .await
-        .map_err(db)?;
-        Ok(())
+        self.script(tenant_set(&limits)).await
     }
 
     async fn tenant_get(&self, name: &str) -> Result<Option<TenantLimits>> {
-        let row = sqlx::query("SELECT name, max_active, max_running, rate FROM tenants WHERE name = $1")
-            .bind(name)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(db)?;
-        row.map(|r| {
-            Ok(TenantLimits {
-                name: r.try_get(0).map_err(db)?,
-                max_active: r.try_get(1).map_err(db)?,
-                max_running: r.try_get(2).map_err(db)?,
-                rate: r.try_get(3).map_err(db)?,
-            })
-        })
-        .transpose()
+        self.script(tenant_get(name)).await
     }
 
     async fn api_key_create(&self, params: ApiKeyCreateParams) -> Result<()> {
-        in_tx!(self, |c, _ch| {
-            sqlx::query("INSERT INTO tenants (name, created_at) VALUES ($1, $2) ON CONFLICT DO NOTHING")
-                .bind(&params.tenant)
-                .bind(params.now.0)
-                .execute(&mut *c)
-                .await
-                .map_err(db)?;
-            sqlx::query("INSERT INTO api_keys (id, tenant, role, secret_hash, created_at) VALUES ($1, $2, $3, $4, $5)")
-                .bind(params.id.as_str())
-                .bind(&params.tenant)
-                .bind(params.role.as_str())
-                .bind(&params.secret_hash[..])
-                .bind(params.now.0)
-                .execute(&mut *c)
-                .await
-                .map_err(db)?;
-            Ok(())
-        })
+        self.script(api_key_create(&params)).await
     }
 
     async fn api_key_get(&self, id: &Id) -> Result<Option<ApiKeyRecord>> {
-        let row =
-            sqlx::query("SELECT id, tenant, role, secret_hash, created_at, revoked_at FROM api_keys WHERE id = $1")
-                .bind(id.as_str())
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(db)?;
-        row.as_ref().map(api_key_from_row).transpose()
+        self.script(api_key_get(id)).await
     }
 
     async fn api_key_list(&self) -> Result<Vec<ApiKeyRecord>> {
-        let rows = sqlx::query(
-            "SELECT id, tenant, role, secret_hash, created_at, revoked_at FROM api_keys ORDER BY created_at, id",
-        )
-        .fetch_all(&self.pool)
-        .await
-        .map_err(db)?;
-        rows.iter().map(api_key_from_row).collect()
+        self.script(api_key_list()).await
     }
 
     async fn api_key_revoke(&self, id: &Id, now: Timestamp) -> Result<bool> {
-        let n = sqlx::query("UPDATE api_keys SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NULL")
-            .bind(id.as_str())
-            .bind(now.0)
-            .execute(&self.pool)
-            .await
-            .map_err(db)?;
-        Ok(n.rows_affected() == 1)
+        self.script(api_key_revoke(id, now)).await
     }
 
     async fn api_key_count(&self) -> Result<u64> {
-        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM api_keys")
-            .fetch_one(&self.pool)
-            .await
-            .map_err(db)?;
-        Ok(u64::try_from(n).unwrap_or(0))
+        self.script(api_key_count()).await
     }
 
     async fn kind_upsert(&self, k: KindSpec) -> Result<()> {
-        sqlx::query(
-            "INSERT INTO kinds (name, builtin, rerun_safe, max_attempts, default_deadline_seconds, max_deadline_seconds,
-                                pausable)
-             VALUES ($1, $2, $3, $4, $5, $6, $7)
-             ON CONFLICT (name) DO UPDATE SET builtin = excluded.builtin, rerun_safe = excluded.rerun_safe,
-                 max_attempts = excluded.max_attempts, default_deadline_seconds = excluded.default_deadline_seconds,
-                 max_deadline_seconds = excluded.max_deadline_seconds, pausable = excluded.pausable",
-        )
-        .bind(&k.name)
-        .bind(k.builtin)
-        .bind(k.rerun_safe)
-        .bind(k.max_attempts)
-        .bind(k.default_deadline_seconds)
-        .bind(k.max_deadline_seconds)
-        .bind(k.pausable)
-        .execute(&self.pool)
-        .await
-        .map_err(db)?;
-        Ok(())
+        self.script(kind_upsert(&k)).await
     }
 
     async fn kind_get(&self, name: &str) -> Result<Option<KindSpec>> {
-        let row = sqlx::query(&format!("SELECT {KIND_COLUMNS} FROM kinds WHERE name = $1"))
-            .bind(name)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(db)?;
-        row.as_ref().map(kind_from_row).transpose()
+        self.script(kind_get(name)).await
     }
 
     async fn kind_list(&self) -> Result<Vec<KindSpec>> {
-        let rows = sqlx::query(&format!("SELECT {KIND_COLUMNS} FROM kinds ORDER BY name"))
-            .fetch_all(&self.pool)
-            .await
-            .map_err(db)?;
-        rows.iter().map(kind_from_row).collect()
+        self.script(kind_list()).await
     }
 
     async fn server_secret(&self, name: &str, candidate: Vec<u8>, now: Timestamp) -> Result<Vec<u8>> {
-        sqlx::query("INSERT INTO server_secrets (name, value, created_at) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING")
-            .bind(name)
-            .bind(&candidate)
-            .bind(now.0)
-            .execute(&self.pool)
-            .await
-            .map_err(db)?;
-        sqlx::query_scalar("SELECT value FROM server_secrets WHERE name = $1")
-            .bind(name)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(db)
+        self.script(server_secret(name, &candidate, now)).await
     }
 
     async fn operation_events_after(
@@ -693,15 +590,7 @@ impl Store for PostgresStore {
     }
 
     async fn server_secret_list(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>> {
-        let rows =
-            sqlx::query("SELECT name, value FROM server_secrets WHERE starts_with(name, $1) ORDER BY created_at, name")
-                .bind(prefix)
-                .fetch_all(&self.pool)
-                .await
-                .map_err(db)?;
-        rows.iter()
-            .map(|r| Ok((r.try_get(0).map_err(db)?, r.try_get(1).map_err(db)?)))
-            .collect()
+        self.script(server_secret_list(prefix)).await
     }
 
     async fn backlog(&self, now: Timestamp) -> Result<Backlog> {
@@ -746,43 +635,15 @@ impl Store for PostgresStore {
     }
 
     async fn console_session_start(&self, session: ConsoleSession) -> Result<()> {
-        let mut tx = self.pool.begin().await.map_err(db)?;
-        sqlx::query("DELETE FROM console_sessions WHERE expires_at <= $1")
-            .bind(session.created_at.0)
-            .execute(&mut *tx)
-            .await
-            .map_err(db)?;
-        sqlx::query(
-            "INSERT INTO console_sessions (token_hash, key_id, created_at, expires_at) VALUES ($1, $2, $3, $4)",
-        )
-        .bind(&session.token_hash)
-        .bind(session.key_id.as_str())
-        .bind(session.created_at.0)
-        .bind(session.expires_at.0)
-        .execute(&mut *tx)
-        .await
-        .map_err(db)?;
-        tx.commit().await.map_err(db)
+        self.script(console_session_start(&session)).await
     }
 
     async fn console_session_key(&self, token_hash: &[u8], now: Timestamp) -> Result<Option<Id>> {
-        let id: Option<String> =
-            sqlx::query_scalar("SELECT key_id FROM console_sessions WHERE token_hash = $1 AND expires_at > $2")
-                .bind(token_hash)
-                .bind(now.0)
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(db)?;
-        Ok(id.map(Id::from_trusted))
+        self.script(console_session_key(token_hash, now)).await
     }
 
     async fn console_session_end(&self, token_hash: &[u8]) -> Result<()> {
-        sqlx::query("DELETE FROM console_sessions WHERE token_hash = $1")
-            .bind(token_hash)
-            .execute(&self.pool)
-            .await
-            .map_err(db)?;
-        Ok(())
+        self.script(console_session_end(token_hash)).await
     }
 
     async fn operation_tenant(&self, id: &Id) -> Result<Option<String>> {
@@ -943,22 +804,11 @@ impl Store for PostgresStore {
     }
 
     async fn accepting_pause(&self, kind: Option<String>, paused: bool) -> Result<()> {
-        let scope = kind.unwrap_or_else(|| "*".into());
-        let sql = if paused {
-            "INSERT INTO accept_pauses (scope) VALUES ($1) ON CONFLICT DO NOTHING"
-        } else {
-            "DELETE FROM accept_pauses WHERE scope = $1"
-        };
-        sqlx::query(sql).bind(scope).execute(&self.pool).await.map_err(db)?;
-        Ok(())
+        self.script(accepting_pause(kind.as_deref(), paused)).await
     }
 
     async fn accepting_pauses(&self) -> Result<Vec<Option<String>>> {
-        let scopes: Vec<String> = sqlx::query_scalar("SELECT scope FROM accept_pauses ORDER BY scope")
-            .fetch_all(&self.pool)
-            .await
-            .map_err(db)?;
-        Ok(scopes.into_iter().map(|s| (s != "*").then_some(s)).collect())
+        self.script(accepting_pauses()).await
     }
 
     async fn upload_create(&self, params: UploadCreateParams) -> Result<UploadRecord> {

@@ -73,11 +73,6 @@ pub(crate) const FIRE_MERGE: &str = "ON CONFLICT (schedule_id, fire_time) DO UPD
     operation_id = excluded.operation_id, decision = excluded.decision, recorded_at = excluded.recorded_at
     WHERE schedule_fires.operation_id IS NULL OR excluded.operation_id IS NOT NULL";
 
-/// A statement here in PostgreSQL's `$N` form (none holds a literal `?`).
-pub(crate) fn pg(sql: &str) -> String {
-    sql.replace('?', "$")
-}
-
 /// What a schedule binds.
 pub(crate) fn schedule_values(s: &ScheduleRecord) -> ScheduleValues {
     (

@@ -190,9 +190,6 @@ pub(super) fn operation_tombstone(c: &Connection, tenant: &str, id: &Id) -> Resu
     )
 }
 
-/// The scope of a pause of acceptance: `*` for every kind.
-pub(super) const ALL_KINDS: &str = "*";
-
 pub(super) fn backlog(c: &Connection, now: Timestamp) -> Result<Backlog> {
     let oldest_active = c
         .prepare_cached(

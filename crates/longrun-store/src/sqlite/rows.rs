@@ -164,37 +164,6 @@ pub(super) fn owns(c: &Connection, tenant: &str, id: &Id) -> Result<bool> {
     )
 }
 
-#[derive(Debug, thiserror::Error)]
-#[error("unknown role {0:?}")]
-pub(super) struct UnknownRole(String);
-
-pub(super) fn api_key_from_row(r: &Row) -> rusqlite::Result<ApiKeyRecord> {
-    let role: String = r.get(2)?;
-    Ok(ApiKeyRecord {
-        id: Id::from_trusted(r.get(0)?),
-        tenant: r.get(1)?,
-        role: Role::parse(&role).ok_or_else(|| conversion_error(2, UnknownRole(role)))?,
-        secret_hash: r.get(3)?,
-        created_at: Timestamp(r.get(4)?),
-        revoked_at: ts(r.get(5)?),
-    })
-}
-
-pub(super) fn kind_from_row(r: &Row) -> rusqlite::Result<KindSpec> {
-    Ok(KindSpec {
-        name: r.get(0)?,
-        builtin: r.get(1)?,
-        rerun_safe: r.get(2)?,
-        max_attempts: r.get(3)?,
-        default_deadline_seconds: r.get(4)?,
-        max_deadline_seconds: r.get(5)?,
-        pausable: r.get(6)?,
-    })
-}
-
-pub(super) const KIND_COLUMNS: &str =
-    "name, builtin, rerun_safe, max_attempts, default_deadline_seconds, max_deadline_seconds, pausable";
-
 /// Queues the webhook of a state transition, in the transition's transaction.
 pub(super) fn outbox_insert(c: &Connection, op: &Operation) -> Result<()> {
     outbox_insert_as(c, op, WebhookType::Reached(op.state))

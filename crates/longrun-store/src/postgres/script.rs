@@ -1,0 +1,98 @@
+//! Runs a shared [`Script`] on a PostgreSQL connection.
+
+use sqlx::postgres::PgArguments;
+use sqlx::query::Query;
+use sqlx::{Column, Postgres, TypeInfo};
+
+use super::*;
+
+fn bind<'q>(q: Query<'q, Postgres, PgArguments>, v: &'q Val) -> Query<'q, Postgres, PgArguments> {
+    match v {
+        Val::Null(Kind::Int) => q.bind(None::<i64>),
+        Val::Null(Kind::Real) => q.bind(None::<f64>),
+        Val::Null(Kind::Text) => q.bind(None::<&str>),
+        Val::Null(Kind::Bytes) => q.bind(None::<&[u8]>),
+        Val::Null(Kind::Bool) => q.bind(None::<bool>),
+        Val::Int(v) => q.bind(*v),
+        Val::Real(v) => q.bind(*v),
+        Val::Text(v) => q.bind(v.as_str()),
+        Val::Bytes(v) => q.bind(v.as_slice()),
+        Val::Bool(v) => q.bind(*v),
+    }
+}
+
+fn row(r: &PgRow) -> Result<crate::shared::Row> {
+    let get = |i: usize| -> Result<Val> {
+        let type_name = r.column(i).type_info().name().to_owned();
+        let or_null = |kind, v: Option<Val>| v.unwrap_or(Val::Null(kind));
+        Ok(match type_name.as_str() {
+            "INT8" => or_null(Kind::Int, r.try_get::<Option<i64>, _>(i).map_err(db)?.map(Val::Int)),
+            "INT4" => or_null(
+                Kind::Int,
+                r.try_get::<Option<i32>, _>(i).map_err(db)?.map(|v| Val::Int(v.into())),
+            ),
+            "INT2" => or_null(
+                Kind::Int,
+                r.try_get::<Option<i16>, _>(i).map_err(db)?.map(|v| Val::Int(v.into())),
+            ),
+            "FLOAT8" => or_null(Kind::Real, r.try_get::<Option<f64>, _>(i).map_err(db)?.map(Val::Real)),
+            "BOOL" => or_null(Kind::Bool, r.try_get::<Option<bool>, _>(i).map_err(db)?.map(Val::Bool)),
+            "BYTEA" => or_null(
+                Kind::Bytes,
+                r.try_get::<Option<Vec<u8>>, _>(i).map_err(db)?.map(Val::Bytes),
+            ),
+            "TEXT" | "VARCHAR" | "BPCHAR" | "NAME" => or_null(
+                Kind::Text,
+                r.try_get::<Option<String>, _>(i).map_err(db)?.map(Val::Text),
+            ),
+            other => {
+                return Err(StoreError::Corrupt(format!(
+                    "a shared statement read a column of type {other}"
+                )));
+            }
+        })
+    };
+    Ok(crate::shared::Row((0..r.len()).map(get).collect::<Result<_>>()?))
+}
+
+/// Runs `script`'s statements in order on `c` and decodes the last one's
+/// answer (the caller holds the transaction when there are several).
+pub(super) async fn run<T>(c: &mut PgConnection, script: &Script<T>) -> Result<T> {
+    let mut last = Done {
+        rows: Vec::new(),
+        changed: 0,
+    };
+    for stmt in &script.stmts {
+        let sql = pg(stmt.sql);
+        let q = stmt.args.iter().fold(sqlx::query(&sql), bind);
+        let reads = stmt.sql.trim_start().starts_with("SELECT") || stmt.sql.contains("RETURNING");
+        last = if reads {
+            let rows = q.fetch_all(&mut *c).await.map_err(db)?;
+            Done {
+                changed: rows.len() as u64,
+                rows: rows.iter().map(row).collect::<Result<_>>()?,
+            }
+        } else {
+            let done = q.execute(&mut *c).await.map_err(db)?;
+            Done {
+                rows: Vec::new(),
+                changed: done.rows_affected(),
+            }
+        };
+    }
+    (script.decode)(last)
+}
+
+impl PostgresStore {
+    /// Runs a shared script: a single statement on a connection of the
+    /// pool, several in one transaction.
+    pub(super) async fn script<T: Send + 'static>(&self, script: Script<T>) -> Result<T> {
+        if script.stmts.len() > 1 {
+            return self
+                .tx(move |c, _changes| Box::pin(async move { run(c, &script).await }))
+                .await;
+        }
+        let mut c = self.pool.acquire().await.map_err(db)?;
+        run(&mut c, &script).await
+    }
+}

@@ -1,0 +1,261 @@
+//! Statements both stores run as written. A [`Script`] is the text of its
+//! statements in SQLite's `?N` form (PostgreSQL runs them through
+//! [`pg`](super::pg)), the [`Val`]s they bind, and the one function that
+//! turns the last statement's rows into the answer. Each driver has one
+//! runner (`sqlite/script.rs`, `postgres/script.rs`); what a use case of the
+//! small tables reads and writes is written once, here and in
+//! [`admin`](super::admin).
+//!
+//! Not for the job path: a `Val` costs an allocation per text, and the hot
+//! statements are tuned per dialect on purpose (docs/ARCHITECTURE.md, "One
+//! plan, two drivers").
+
+use super::*;
+
+/// The type of a value, which PostgreSQL needs even for a `NULL`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Int,
+    Real,
+    Text,
+    Bytes,
+    Bool,
+}
+
+/// A value bound to or read from a statement of either store. SQLite has no
+/// boolean: it binds `Bool` as an integer and reads one back as `Int`.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Val {
+    Null(Kind),
+    Int(i64),
+    Real(f64),
+    Text(String),
+    Bytes(Vec<u8>),
+    Bool(bool),
+}
+
+impl From<i64> for Val {
+    fn from(v: i64) -> Self {
+        Val::Int(v)
+    }
+}
+
+impl From<f64> for Val {
+    fn from(v: f64) -> Self {
+        Val::Real(v)
+    }
+}
+
+impl From<bool> for Val {
+    fn from(v: bool) -> Self {
+        Val::Bool(v)
+    }
+}
+
+impl From<&str> for Val {
+    fn from(v: &str) -> Self {
+        Val::Text(v.to_owned())
+    }
+}
+
+impl From<String> for Val {
+    fn from(v: String) -> Self {
+        Val::Text(v)
+    }
+}
+
+impl From<&[u8]> for Val {
+    fn from(v: &[u8]) -> Self {
+        Val::Bytes(v.to_vec())
+    }
+}
+
+impl From<Timestamp> for Val {
+    fn from(v: Timestamp) -> Self {
+        Val::Int(v.0)
+    }
+}
+
+/// A type with a [`Kind`], so that its `None` binds as a typed `NULL`.
+pub(crate) trait Typed: Into<Val> {
+    const KIND: Kind;
+}
+
+impl Typed for i64 {
+    const KIND: Kind = Kind::Int;
+}
+impl Typed for f64 {
+    const KIND: Kind = Kind::Real;
+}
+impl Typed for String {
+    const KIND: Kind = Kind::Text;
+}
+impl Typed for &str {
+    const KIND: Kind = Kind::Text;
+}
+impl Typed for Timestamp {
+    const KIND: Kind = Kind::Int;
+}
+
+impl<T: Typed> From<Option<T>> for Val {
+    fn from(v: Option<T>) -> Self {
+        v.map_or(Val::Null(T::KIND), Into::into)
+    }
+}
+
+/// One statement and what it binds (`?1` is `args[0]`).
+#[derive(Debug, Clone)]
+pub(crate) struct Stmt {
+    pub sql: &'static str,
+    pub args: Vec<Val>,
+}
+
+/// What the last statement of a script answered.
+pub(crate) struct Done {
+    /// Its rows, each column a [`Val`].
+    pub rows: Vec<Row>,
+    /// The rows it changed.
+    pub changed: u64,
+}
+
+/// Statements run in order, in one transaction when there are several,
+/// and how the last one's answer becomes `T`.
+pub(crate) struct Script<T> {
+    pub stmts: Vec<Stmt>,
+    pub decode: fn(Done) -> Result<T>,
+}
+
+impl<T> Script<T> {
+    /// One statement.
+    pub(crate) fn one(sql: &'static str, args: Vec<Val>, decode: fn(Done) -> Result<T>) -> Self {
+        Self {
+            stmts: vec![Stmt { sql, args }],
+            decode,
+        }
+    }
+}
+
+/// Where a statement writes the store's clock: the milliseconds since the
+/// epoch, as each dialect reads them ([`pg`] and [`sqlite_sql`] put their own
+/// expression in its place).
+pub(crate) const NOW_MS: &str = "{now_ms}";
+
+/// A shared statement in PostgreSQL's spelling: `$N` for `?N` (no shared
+/// statement holds a literal `?`), and its clock.
+pub(crate) fn pg(sql: &str) -> String {
+    sql.replace('?', "$")
+        .replace(NOW_MS, "(extract(epoch from clock_timestamp()) * 1000)::BIGINT")
+}
+
+/// A shared statement in SQLite's spelling: as written, but its clock.
+pub(crate) fn sqlite_sql(sql: &str) -> std::borrow::Cow<'_, str> {
+    if sql.contains(NOW_MS) {
+        sql.replace(NOW_MS, "CAST(unixepoch('subsec') * 1000 AS INTEGER)")
+            .into()
+    } else {
+        sql.into()
+    }
+}
+
+/// A row read back.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Row(pub Vec<Val>);
+
+impl Row {
+    fn at(&self, i: usize) -> Result<&Val> {
+        self.0
+            .get(i)
+            .ok_or_else(|| StoreError::Corrupt(format!("a row of {} columns has no column {i}", self.0.len())))
+    }
+
+    fn wrong(&self, i: usize, want: &str) -> StoreError {
+        StoreError::Corrupt(format!("column {i} is {:?}, not {want}", self.0.get(i)))
+    }
+
+    pub(crate) fn int(&self, i: usize) -> Result<i64> {
+        self.opt_int(i)?.ok_or_else(|| self.wrong(i, "an integer"))
+    }
+
+    pub(crate) fn opt_int(&self, i: usize) -> Result<Option<i64>> {
+        match self.at(i)? {
+            Val::Int(v) => Ok(Some(*v)),
+            Val::Null(_) => Ok(None),
+            _ => Err(self.wrong(i, "an integer")),
+        }
+    }
+
+    pub(crate) fn opt_real(&self, i: usize) -> Result<Option<f64>> {
+        match self.at(i)? {
+            Val::Real(v) => Ok(Some(*v)),
+            // SQLite keeps a whole REAL it was given as an integer.
+            #[allow(clippy::cast_precision_loss)]
+            Val::Int(v) => Ok(Some(*v as f64)),
+            Val::Null(_) => Ok(None),
+            _ => Err(self.wrong(i, "a number")),
+        }
+    }
+
+    pub(crate) fn text(&self, i: usize) -> Result<String> {
+        self.opt_text(i)?.ok_or_else(|| self.wrong(i, "text"))
+    }
+
+    pub(crate) fn opt_text(&self, i: usize) -> Result<Option<String>> {
+        match self.at(i)? {
+            Val::Text(v) => Ok(Some(v.clone())),
+            Val::Null(_) => Ok(None),
+            _ => Err(self.wrong(i, "text")),
+        }
+    }
+
+    pub(crate) fn bytes(&self, i: usize) -> Result<Vec<u8>> {
+        match self.at(i)? {
+            Val::Bytes(v) => Ok(v.clone()),
+            _ => Err(self.wrong(i, "bytes")),
+        }
+    }
+
+    pub(crate) fn bool(&self, i: usize) -> Result<bool> {
+        match self.at(i)? {
+            Val::Bool(v) => Ok(*v),
+            Val::Int(v) => Ok(*v != 0),
+            _ => Err(self.wrong(i, "a boolean")),
+        }
+    }
+
+    pub(crate) fn ts(&self, i: usize) -> Result<Timestamp> {
+        self.int(i).map(Timestamp)
+    }
+
+    pub(crate) fn opt_ts(&self, i: usize) -> Result<Option<Timestamp>> {
+        Ok(self.opt_int(i)?.map(Timestamp))
+    }
+}
+
+/// Answers nothing.
+pub(crate) fn nothing(_: Done) -> Result<()> {
+    Ok(())
+}
+
+/// Whether the last statement changed a row.
+pub(crate) fn changed_one(d: Done) -> Result<bool> {
+    Ok(d.changed == 1)
+}
+
+/// The one row, if any, decoded by `f`.
+pub(crate) fn optional<T>(d: Done, f: impl Fn(&Row) -> Result<T>) -> Result<Option<T>> {
+    d.rows.first().map(f).transpose()
+}
+
+/// Every row, decoded by `f`.
+pub(crate) fn all<T>(d: Done, f: impl Fn(&Row) -> Result<T>) -> Result<Vec<T>> {
+    d.rows.iter().map(f).collect()
+}
+
+/// The one row, which must be there.
+pub(crate) fn one<T>(d: Done, f: impl Fn(&Row) -> Result<T>) -> Result<T> {
+    let row = d
+        .rows
+        .first()
+        .ok_or_else(|| StoreError::Corrupt("a statement that reads one row read none".into()))?;
+    f(row)
+}
