@@ -17,12 +17,14 @@ use crate::*;
 
 mod admin;
 mod codec;
+mod lookups;
 mod rules;
 mod schedules;
 mod script;
 
 pub(crate) use admin::*;
 pub(crate) use codec::*;
+pub(crate) use lookups::*;
 pub(crate) use rules::*;
 pub(crate) use schedules::*;
 pub(crate) use script::*;

@@ -614,8 +614,8 @@ impl Store for SqliteStore {
     }
 
     async fn kind_typical_duration(&self, kind: &str) -> Result<Option<Duration>> {
-        let kind = kind.to_owned();
-        self.read(move |c| kind_typical_duration(c, &kind)).await
+        let script = kind_typical_duration(kind);
+        self.read(move |c| script::run(c, &script)).await
     }
 
     fn subscribe_changes(&self) -> tokio::sync::broadcast::Receiver<Change> {
@@ -631,15 +631,12 @@ impl Store for SqliteStore {
     }
 
     async fn webhook_log(&self, tenant: &str, id: &Id) -> Result<Option<Vec<AttemptRecord>>> {
-        let (tenant, id) = (tenant.to_owned(), id.clone());
-        self.read(move |c| webhook_log(c, &tenant, &id)).await
+        let script = webhook_log(tenant, id);
+        self.read(move |c| script::run(c, &script)).await
     }
 
     async fn webhook_secrets(&self, tenant: &str, candidate: String, now: Timestamp) -> Result<Vec<String>> {
-        let tenant = tenant.to_owned();
-        self.writer
-            .write(move |c| webhook_secrets(c, &tenant, &candidate, now))
-            .await
+        self.write_script(webhook_secrets(tenant, &candidate, now)).await
     }
 
     async fn webhook_secret_rotate(
@@ -649,9 +646,7 @@ impl Store for SqliteStore {
         now: Timestamp,
         overlap: Duration,
     ) -> Result<()> {
-        let tenant = tenant.to_owned();
-        self.writer
-            .write(move |c| webhook_secret_rotate(c, &tenant, &new_secret, now, overlap))
+        self.write_script(webhook_secret_rotate(tenant, &new_secret, now, overlap))
             .await
     }
 
@@ -669,15 +664,15 @@ impl Store for SqliteStore {
     }
 
     async fn result_for_operation(&self, tenant: &str, id: &Id) -> Result<Vec<ResultRecord>> {
-        self.read_now(|c| result_for_operation(c, tenant, id))
+        self.read_now(|c| script::run(c, &result_for_operation(tenant, id)))
     }
 
     async fn result_get(&self, id: &Id) -> Result<Option<ResultRecord>> {
-        self.read_now(|c| result_get(c, id))
+        self.read_now(|c| script::run(c, &result_get(id)))
     }
 
     async fn operation_tombstone(&self, tenant: &str, id: &Id) -> Result<Option<Timestamp>> {
-        self.read_now(|c| operation_tombstone(c, tenant, id))
+        self.read_now(|c| script::run(c, &operation_tombstone(tenant, id)))
     }
 
     async fn retention_sweep(&self, params: RetentionParams) -> Result<RetentionCounts> {
@@ -779,7 +774,7 @@ impl Store for SqliteStore {
     }
 
     async fn operation_tenant(&self, id: &Id) -> Result<Option<String>> {
-        self.read_now(|c| operation_tenant(c, id))
+        self.read_now(|c| script::run(c, &operation_tenant(id)))
     }
 
     async fn operation_by_key(&self, tenant: &str, kinds: Vec<String>, key: &str) -> Result<Option<Id>> {
@@ -787,19 +782,22 @@ impl Store for SqliteStore {
     }
 
     async fn idempotency_record(&self, tenant: &str, id: &Id) -> Result<Option<IdempotencyRecord>> {
-        self.read_now(|c| idempotency_record(c, tenant, id))
+        self.read_now(|c| script::run(c, &idempotency_record(tenant, id)))
     }
 
     async fn active_summary(&self, tenant: Option<String>) -> Result<Vec<ActiveGroup>> {
-        self.read(move |c| active_summary(c, tenant.as_deref())).await
+        let script = active_summary(tenant.as_deref());
+        self.read(move |c| script::run(c, &script)).await
     }
 
     async fn lease_list(&self, tenant: Option<String>, limit: u32) -> Result<Vec<LeaseInfo>> {
-        self.read(move |c| lease_list(c, tenant.as_deref(), limit)).await
+        let script = lease_list(tenant.as_deref(), limit);
+        self.read(move |c| script::run(c, &script)).await
     }
 
     async fn tenant_usage(&self) -> Result<Vec<TenantUsage>> {
-        self.read(tenant_usage).await
+        let script = tenant_usage();
+        self.read(move |c| script::run(c, &script)).await
     }
 
     async fn schedule_insert(&self, schedule: ScheduleRecord) -> Result<()> {

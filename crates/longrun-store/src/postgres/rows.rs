@@ -238,25 +238,6 @@ pub(super) async fn ids(c: &mut PgConnection, sql: &str, a: i64, b: i64) -> Resu
     rows.iter().map(|r| r.try_get::<String, _>(0).map_err(db)).collect()
 }
 
-pub(super) const RESULT_COLUMNS: &str =
-    "id, operation_id, tenant, storage_key, content_type, size_bytes, sha256, state, created_at, expires_at, name";
-
-pub(super) fn result_from_row(r: &PgRow) -> Result<ResultRecord> {
-    Ok(ResultRecord {
-        id: Id::from_trusted(r.try_get(0).map_err(db)?),
-        operation_id: Id::from_trusted(r.try_get(1).map_err(db)?),
-        tenant: r.try_get(2).map_err(db)?,
-        storage_key: r.try_get(3).map_err(db)?,
-        content_type: r.try_get(4).map_err(db)?,
-        size_bytes: r.try_get(5).map_err(db)?,
-        sha256: r.try_get(6).map_err(db)?,
-        state: r.try_get(7).map_err(db)?,
-        created_at: Timestamp(r.try_get(8).map_err(db)?),
-        expires_at: ts(r.try_get(9).map_err(db)?),
-        name: r.try_get(10).map_err(db)?,
-    })
-}
-
 pub(super) const UPLOAD_COLUMNS: &str =
     "id, tenant, content_type, upload_offset, complete, sha256, expected_sha256, chunks,
     created_at, expires_at, EXISTS (SELECT 1 FROM operation_uploads WHERE upload_id = uploads.id)";

@@ -227,21 +227,7 @@ impl Store for PostgresStore {
     }
 
     async fn kind_typical_duration(&self, kind: &str) -> Result<Option<Duration>> {
-        let mut durations: Vec<i64> = sqlx::query_scalar(
-            "SELECT completed_at - created_at FROM operations WHERE state = 'succeeded' AND kind = $1
-              ORDER BY completed_at DESC LIMIT 101",
-        )
-        .bind(kind)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(db)?;
-        if durations.is_empty() {
-            return Ok(None);
-        }
-        durations.sort_unstable();
-        Ok(Some(
-            Duration::from_millis(durations[durations.len() / 2].max(0) as u64),
-        ))
+        self.script(kind_typical_duration(kind)).await
     }
 
     fn subscribe_changes(&self) -> broadcast::Receiver<Change> {
@@ -290,68 +276,11 @@ impl Store for PostgresStore {
     }
 
     async fn webhook_log(&self, tenant: &str, id: &Id) -> Result<Option<Vec<AttemptRecord>>> {
-        let mut c = self.pool.acquire().await.map_err(db)?;
-        if !owned(&mut c, tenant, id.as_str()).await? {
-            return Ok(None);
-        }
-        let rows = sqlx::query(
-            "SELECT event_id, type, attempt, status_code, error, at, next_attempt_at, latency_ms FROM webhook_attempts
-              WHERE operation_id = $1 ORDER BY at, event_id, attempt",
-        )
-        .bind(id.as_str())
-        .fetch_all(&mut *c)
-        .await
-        .map_err(db)?;
-        let mut log = Vec::with_capacity(rows.len());
-        for r in &rows {
-            log.push(AttemptRecord {
-                event_id: Id::from_trusted(r.try_get(0).map_err(db)?),
-                event_type: r.try_get(1).map_err(db)?,
-                attempt: r.try_get(2).map_err(db)?,
-                status_code: r
-                    .try_get::<Option<i32>, _>(3)
-                    .map_err(db)?
-                    .and_then(|s| u16::try_from(s).ok()),
-                error: r.try_get(4).map_err(db)?,
-                at: Timestamp(r.try_get(5).map_err(db)?),
-                next_attempt_at: ts(r.try_get(6).map_err(db)?),
-                latency_ms: r.try_get(7).map_err(db)?,
-            });
-        }
-        Ok(Some(log))
+        self.script(webhook_log(tenant, id)).await
     }
 
     async fn webhook_secrets(&self, tenant: &str, candidate: String, now: Timestamp) -> Result<Vec<String>> {
-        let tenant = tenant.to_owned();
-        in_tx!(self, |c, _ch| {
-            let active =
-                "SELECT secret FROM webhook_secrets WHERE tenant = $1 AND (retired_at IS NULL OR retired_at > $2)
-                           ORDER BY created_at DESC, secret";
-            let secrets: Vec<String> = sqlx::query_scalar(active)
-                .bind(&tenant)
-                .bind(now.0)
-                .fetch_all(&mut *c)
-                .await
-                .map_err(db)?;
-            if !secrets.is_empty() {
-                return Ok(secrets);
-            }
-            sqlx::query(
-                "INSERT INTO webhook_secrets (tenant, secret, created_at) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
-            )
-            .bind(&tenant)
-            .bind(&candidate)
-            .bind(now.0)
-            .execute(&mut *c)
-            .await
-            .map_err(db)?;
-            sqlx::query_scalar(active)
-                .bind(&tenant)
-                .bind(now.0)
-                .fetch_all(&mut *c)
-                .await
-                .map_err(db)
-        })
+        self.script(webhook_secrets(tenant, &candidate, now)).await
     }
 
     async fn webhook_secret_rotate(
@@ -361,23 +290,8 @@ impl Store for PostgresStore {
         now: Timestamp,
         overlap: Duration,
     ) -> Result<()> {
-        let tenant = tenant.to_owned();
-        in_tx!(self, |c, _ch| {
-            sqlx::query("UPDATE webhook_secrets SET retired_at = $2 WHERE tenant = $1 AND retired_at IS NULL")
-                .bind(&tenant)
-                .bind(now.plus(overlap).0)
-                .execute(&mut *c)
-                .await
-                .map_err(db)?;
-            sqlx::query("INSERT INTO webhook_secrets (tenant, secret, created_at) VALUES ($1, $2, $3)")
-                .bind(&tenant)
-                .bind(&new_secret)
-                .bind(now.0)
-                .execute(&mut *c)
-                .await
-                .map_err(db)?;
-            Ok(())
-        })
+        self.script(webhook_secret_rotate(tenant, &new_secret, now, overlap))
+            .await
     }
 
     async fn artifact_piece_add(&self, params: ArtifactPieceParams) -> Result<Vec<UploadChunk>> {
@@ -476,36 +390,15 @@ impl Store for PostgresStore {
     }
 
     async fn result_for_operation(&self, tenant: &str, id: &Id) -> Result<Vec<ResultRecord>> {
-        let rows = sqlx::query(&format!(
-            "SELECT {RESULT_COLUMNS} FROM results WHERE operation_id = $1 AND tenant = $2 AND state <> 'uploaded'
-              ORDER BY name"
-        ))
-        .bind(id.as_str())
-        .bind(tenant)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(db)?;
-        rows.iter().map(result_from_row).collect()
+        self.script(result_for_operation(tenant, id)).await
     }
 
     async fn result_get(&self, id: &Id) -> Result<Option<ResultRecord>> {
-        let row = sqlx::query(&format!("SELECT {RESULT_COLUMNS} FROM results WHERE id = $1"))
-            .bind(id.as_str())
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(db)?;
-        row.as_ref().map(result_from_row).transpose()
+        self.script(result_get(id)).await
     }
 
     async fn operation_tombstone(&self, tenant: &str, id: &Id) -> Result<Option<Timestamp>> {
-        let removed: Option<i64> =
-            sqlx::query_scalar("SELECT removed_at FROM tombstones WHERE operation_id = $1 AND tenant = $2")
-                .bind(id.as_str())
-                .bind(tenant)
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(db)?;
-        Ok(removed.map(Timestamp))
+        self.script(operation_tombstone(tenant, id)).await
     }
 
     async fn retention_sweep(&self, params: RetentionParams) -> Result<RetentionCounts> {
@@ -647,11 +540,7 @@ impl Store for PostgresStore {
     }
 
     async fn operation_tenant(&self, id: &Id) -> Result<Option<String>> {
-        sqlx::query_scalar("SELECT tenant FROM operations WHERE id = $1")
-            .bind(id.as_str())
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(db)
+        self.script(operation_tenant(id)).await
     }
 
     async fn operation_by_key(&self, tenant: &str, kinds: Vec<String>, key: &str) -> Result<Option<Id>> {
@@ -669,102 +558,19 @@ impl Store for PostgresStore {
     }
 
     async fn idempotency_record(&self, tenant: &str, id: &Id) -> Result<Option<IdempotencyRecord>> {
-        let row = sqlx::query(
-            "SELECT k.key, k.kind, k.created_at, k.replays FROM operations o
-               JOIN idempotency_keys k ON k.tenant = o.tenant AND k.kind = o.kind AND k.key = o.idempotency_key
-              WHERE o.id = $1 AND o.tenant = $2 AND k.operation_id = o.id",
-        )
-        .bind(id.as_str())
-        .bind(tenant)
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(db)?;
-        row.map(|r| {
-            Ok(IdempotencyRecord {
-                key: r.try_get(0).map_err(db)?,
-                kind: r.try_get(1).map_err(db)?,
-                created_at: Timestamp(r.try_get(2).map_err(db)?),
-                replays: r.try_get(3).map_err(db)?,
-            })
-        })
-        .transpose()
+        self.script(idempotency_record(tenant, id)).await
     }
 
     async fn active_summary(&self, tenant: Option<String>) -> Result<Vec<ActiveGroup>> {
-        let rows = sqlx::query(
-            "SELECT o.kind, o.state, COUNT(*), MIN(o.created_at) FROM tasks t JOIN operations o ON o.id = t.operation_id
-              WHERE $1::TEXT IS NULL OR t.tenant = $1 GROUP BY o.kind, o.state ORDER BY o.kind, o.state",
-        )
-        .bind(tenant)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(db)?;
-        rows.iter()
-            .map(|r| {
-                Ok(ActiveGroup {
-                    kind: r.try_get(0).map_err(db)?,
-                    state: state_of(r.try_get(1).map_err(db)?)?,
-                    count: u64::try_from(r.try_get::<i64, _>(2).map_err(db)?).unwrap_or(0),
-                    oldest_created_at: Timestamp(r.try_get(3).map_err(db)?),
-                })
-            })
-            .collect()
+        self.script(active_summary(tenant.as_deref())).await
     }
 
     async fn lease_list(&self, tenant: Option<String>, limit: u32) -> Result<Vec<LeaseInfo>> {
-        let rows = sqlx::query(
-            "SELECT t.operation_id, t.tenant, t.kind, t.worker_id, o.attempt, t.lease_expires_at, t.lease_ms, o.progress
-               FROM tasks t JOIN operations o ON o.id = t.operation_id
-              WHERE t.status = 'leased' AND ($1::TEXT IS NULL OR t.tenant = $1)
-              ORDER BY t.lease_expires_at LIMIT $2",
-        )
-        .bind(tenant)
-        .bind(i64::from(limit))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(db)?;
-        rows.iter()
-            .map(|r| {
-                let expires = Timestamp(r.try_get(5).map_err(db)?);
-                let lease_ms: Option<i64> = r.try_get(6).map_err(db)?;
-                Ok(LeaseInfo {
-                    operation_id: Id::from_trusted(r.try_get(0).map_err(db)?),
-                    tenant: r.try_get(1).map_err(db)?,
-                    kind: r.try_get(2).map_err(db)?,
-                    worker_id: r.try_get(3).map_err(db)?,
-                    attempt: r.try_get(4).map_err(db)?,
-                    lease_expires_at: expires,
-                    last_heartbeat_at: lease_ms.map(|ms| Timestamp(expires.0 - ms)),
-                    progress: json_text(r.try_get(7).map_err(db)?)?.map(|v| progress_from_json(&v)),
-                })
-            })
-            .collect()
+        self.script(lease_list(tenant.as_deref(), limit)).await
     }
 
     async fn tenant_usage(&self) -> Result<Vec<TenantUsage>> {
-        let rows = sqlx::query(
-            "SELECT n.name, n.max_active, n.max_running, n.rate,
-                    (SELECT COUNT(*) FROM tasks t WHERE t.tenant = n.name),
-                    (SELECT COUNT(*) FROM tasks t WHERE t.tenant = n.name AND t.status = 'leased')
-               FROM tenants n ORDER BY n.name",
-        )
-        .fetch_all(&self.pool)
-        .await
-        .map_err(db)?;
-        rows.iter()
-            .map(|r| {
-                Ok(TenantUsage {
-                    limits: TenantLimits {
-                        name: r.try_get(0).map_err(db)?,
-                        max_active: r.try_get(1).map_err(db)?,
-                        max_running: r.try_get(2).map_err(db)?,
-                        rate: r.try_get(3).map_err(db)?,
-                    },
-                    active: u64::try_from(r.try_get::<i64, _>(4).map_err(db)?).unwrap_or(0),
-                    running: u64::try_from(r.try_get::<i64, _>(5).map_err(db)?).unwrap_or(0),
-                })
-            })
-            .collect()
+        self.script(tenant_usage()).await
     }
 
     async fn schedule_insert(&self, schedule: ScheduleRecord) -> Result<()> {

@@ -150,46 +150,6 @@ pub(super) fn operation_events_after(
     Ok(Some(events))
 }
 
-pub(super) fn kind_typical_duration(c: &Connection, kind: &str) -> Result<Option<Duration>> {
-    let mut durations: Vec<i64> = c
-        .prepare_cached(
-            "SELECT completed_at - created_at FROM operations
-              WHERE state = 'succeeded' AND kind = ?1 ORDER BY completed_at DESC LIMIT 101",
-        )?
-        .query_map(params![kind], |r| r.get(0))?
-        .collect::<rusqlite::Result<_>>()?;
-    if durations.is_empty() {
-        return Ok(None);
-    }
-    durations.sort_unstable();
-    let median = durations[durations.len() / 2].max(0);
-    Ok(Some(Duration::from_millis(median as u64)))
-}
-
-pub(super) fn result_for_operation(c: &Connection, tenant: &str, id: &Id) -> Result<Vec<ResultRecord>> {
-    let sql = format!(
-        "SELECT {RESULT_COLUMNS} FROM results WHERE operation_id = ?1 AND tenant = ?2 AND state <> 'uploaded' ORDER BY name"
-    );
-    Ok(c.prepare_cached(&sql)?
-        .query_map(params![id.as_str(), tenant], result_from_row)?
-        .collect::<rusqlite::Result<_>>()?)
-}
-
-pub(super) fn result_get(c: &Connection, id: &Id) -> Result<Option<ResultRecord>> {
-    let sql = format!("SELECT {RESULT_COLUMNS} FROM results WHERE id = ?1");
-    Ok(c.prepare_cached(&sql)?
-        .query_row(params![id.as_str()], result_from_row)
-        .optional()?)
-}
-
-pub(super) fn operation_tombstone(c: &Connection, tenant: &str, id: &Id) -> Result<Option<Timestamp>> {
-    Ok(
-        c.prepare_cached("SELECT removed_at FROM tombstones WHERE operation_id = ?1 AND tenant = ?2")?
-            .query_row(params![id.as_str(), tenant], |r| Ok(Timestamp(r.get(0)?)))
-            .optional()?,
-    )
-}
-
 pub(super) fn backlog(c: &Connection, now: Timestamp) -> Result<Backlog> {
     let oldest_active = c
         .prepare_cached(
@@ -217,12 +177,6 @@ pub(super) fn backlog(c: &Connection, now: Timestamp) -> Result<Backlog> {
     })
 }
 
-pub(super) fn operation_tenant(c: &Connection, id: &Id) -> Result<Option<String>> {
-    Ok(c.prepare_cached("SELECT tenant FROM operations WHERE id = ?1")?
-        .query_row(params![id.as_str()], |r| r.get(0))
-        .optional()?)
-}
-
 pub(super) fn operation_by_key(c: &Connection, tenant: &str, kinds: &[String], key: &str) -> Result<Option<Id>> {
     // One primary-key lookup per kind: keys are scoped by (tenant, kind).
     let mut stmt =
@@ -236,83 +190,4 @@ pub(super) fn operation_by_key(c: &Connection, tenant: &str, kinds: &[String], k
         }
     }
     Ok(None)
-}
-
-pub(super) fn idempotency_record(c: &Connection, tenant: &str, id: &Id) -> Result<Option<IdempotencyRecord>> {
-    Ok(c.prepare_cached(
-        "SELECT k.key, k.kind, k.created_at, k.replays FROM operations o
-           JOIN idempotency_keys k ON k.tenant = o.tenant AND k.kind = o.kind AND k.key = o.idempotency_key
-          WHERE o.id = ?1 AND o.tenant = ?2 AND k.operation_id = o.id",
-    )?
-    .query_row(params![id.as_str(), tenant], |r| {
-        Ok(IdempotencyRecord {
-            key: r.get(0)?,
-            kind: r.get(1)?,
-            created_at: Timestamp(r.get(2)?),
-            replays: r.get(3)?,
-        })
-    })
-    .optional()?)
-}
-
-pub(super) fn active_summary(c: &Connection, tenant: Option<&str>) -> Result<Vec<ActiveGroup>> {
-    Ok(c.prepare_cached(
-        "SELECT o.kind, o.state, COUNT(*), MIN(o.created_at) FROM tasks t JOIN operations o ON o.id = t.operation_id
-          WHERE ?1 IS NULL OR t.tenant = ?1 GROUP BY o.kind, o.state ORDER BY o.kind, o.state",
-    )?
-    .query_map(params![tenant], |r| {
-        Ok(ActiveGroup {
-            kind: r.get(0)?,
-            state: state_column(r, 1)?,
-            count: u64::try_from(r.get::<_, i64>(2)?).unwrap_or(0),
-            oldest_created_at: Timestamp(r.get(3)?),
-        })
-    })?
-    .collect::<rusqlite::Result<_>>()?)
-}
-
-pub(super) fn lease_list(c: &Connection, tenant: Option<&str>, limit: u32) -> Result<Vec<LeaseInfo>> {
-    Ok(c.prepare_cached(
-        "SELECT t.operation_id, t.tenant, t.kind, t.worker_id, o.attempt, t.lease_expires_at, t.lease_ms, o.progress
-           FROM tasks t JOIN operations o ON o.id = t.operation_id
-          WHERE t.status = 'leased' AND (?1 IS NULL OR t.tenant = ?1)
-          ORDER BY t.lease_expires_at LIMIT ?2",
-    )?
-    .query_map(params![tenant, limit], |r| {
-        let expires = Timestamp(r.get(5)?);
-        let lease_ms: Option<i64> = r.get(6)?;
-        Ok(LeaseInfo {
-            operation_id: Id::from_trusted(r.get(0)?),
-            tenant: r.get(1)?,
-            kind: r.get(2)?,
-            worker_id: r.get(3)?,
-            attempt: r.get(4)?,
-            lease_expires_at: expires,
-            last_heartbeat_at: lease_ms.map(|ms| Timestamp(expires.0 - ms)),
-            progress: json_column(r, 7)?.map(|v| progress_from_json(&v)),
-        })
-    })?
-    .collect::<rusqlite::Result<_>>()?)
-}
-
-pub(super) fn tenant_usage(c: &Connection) -> Result<Vec<TenantUsage>> {
-    Ok(c.prepare_cached(
-        "SELECT n.name, n.max_active, n.max_running, n.rate,
-                (SELECT COUNT(*) FROM tasks t WHERE t.tenant = n.name),
-                (SELECT COUNT(*) FROM tasks t WHERE t.tenant = n.name AND t.status = 'leased')
-           FROM tenants n ORDER BY n.name",
-    )?
-    .query_map([], |r| {
-        Ok(TenantUsage {
-            limits: TenantLimits {
-                name: r.get(0)?,
-                max_active: r.get(1)?,
-                max_running: r.get(2)?,
-                rate: r.get(3)?,
-            },
-            active: u64::try_from(r.get::<_, i64>(4)?).unwrap_or(0),
-            running: u64::try_from(r.get::<_, i64>(5)?).unwrap_or(0),
-        })
-    })?
-    .collect::<rusqlite::Result<_>>()?)
 }

@@ -193,25 +193,6 @@ pub(super) fn outbox_insert_as(c: &Connection, op: &Operation, webhook: WebhookT
     Ok(())
 }
 
-pub(super) const RESULT_COLUMNS: &str =
-    "id, operation_id, tenant, storage_key, content_type, size_bytes, sha256, state, created_at, expires_at, name";
-
-pub(super) fn result_from_row(r: &Row) -> rusqlite::Result<ResultRecord> {
-    Ok(ResultRecord {
-        id: Id::from_trusted(r.get(0)?),
-        operation_id: Id::from_trusted(r.get(1)?),
-        tenant: r.get(2)?,
-        storage_key: r.get(3)?,
-        content_type: r.get(4)?,
-        size_bytes: r.get(5)?,
-        sha256: r.get(6)?,
-        state: r.get(7)?,
-        created_at: Timestamp(r.get(8)?),
-        expires_at: ts(r.get(9)?),
-        name: r.get(10)?,
-    })
-}
-
 pub(super) const UPLOAD_COLUMNS: &str =
     "id, tenant, content_type, upload_offset, complete, sha256, expected_sha256, chunks,
     created_at, expires_at, EXISTS (SELECT 1 FROM operation_uploads WHERE upload_id = uploads.id)";

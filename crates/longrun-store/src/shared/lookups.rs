@@ -1,0 +1,256 @@
+//! Reads off the job path, and the webhook secrets, as [`Script`]s both
+//! stores run: results, tombstones, idempotency records, webhook attempts,
+//! the console's summaries of live work and tenants, typical durations.
+
+use super::*;
+
+impl Row {
+    fn state(&self, i: usize) -> Result<State> {
+        self.text(i)?
+            .parse()
+            .map_err(|e: longrun_core::state::UnknownState| StoreError::Corrupt(e.to_string()))
+    }
+
+    fn json(&self, i: usize) -> Result<Option<Value>> {
+        self.opt_text(i)?
+            .map(|t| serde_json::from_str(&t).map_err(|e| StoreError::Corrupt(format!("column {i}: {e}"))))
+            .transpose()
+    }
+
+    fn count(&self, i: usize) -> Result<u64> {
+        Ok(u64::try_from(self.int(i)?).unwrap_or(0))
+    }
+}
+
+fn result(r: &Row) -> Result<ResultRecord> {
+    Ok(ResultRecord {
+        id: Id::from_trusted(r.text(0)?),
+        operation_id: Id::from_trusted(r.text(1)?),
+        tenant: r.text(2)?,
+        storage_key: r.text(3)?,
+        content_type: r.text(4)?,
+        size_bytes: r.int(5)?,
+        sha256: r.text(6)?,
+        state: r.text(7)?,
+        created_at: r.ts(8)?,
+        expires_at: r.opt_ts(9)?,
+        name: r.text(10)?,
+    })
+}
+
+/// The result artifacts of an operation of `tenant`, published or expired, by name.
+pub(crate) fn result_for_operation(tenant: &str, id: &Id) -> Script<Vec<ResultRecord>> {
+    Script::one(
+        "SELECT id, operation_id, tenant, storage_key, content_type, size_bytes, sha256, state, created_at,
+                expires_at, name
+           FROM results WHERE operation_id = ?1 AND tenant = ?2 AND state <> 'uploaded' ORDER BY name",
+        vec![id.as_str().into(), tenant.into()],
+        |d| all(d, result),
+    )
+}
+
+pub(crate) fn result_get(id: &Id) -> Script<Option<ResultRecord>> {
+    Script::one(
+        "SELECT id, operation_id, tenant, storage_key, content_type, size_bytes, sha256, state, created_at,
+                expires_at, name
+           FROM results WHERE id = ?1",
+        vec![id.as_str().into()],
+        |d| optional(d, result),
+    )
+}
+
+/// When the operation was removed, while its tombstone lives.
+pub(crate) fn operation_tombstone(tenant: &str, id: &Id) -> Script<Option<Timestamp>> {
+    Script::one(
+        "SELECT removed_at FROM tombstones WHERE operation_id = ?1 AND tenant = ?2",
+        vec![id.as_str().into(), tenant.into()],
+        |d| optional(d, |r| r.ts(0)),
+    )
+}
+
+pub(crate) fn operation_tenant(id: &Id) -> Script<Option<String>> {
+    Script::one(
+        "SELECT tenant FROM operations WHERE id = ?1",
+        vec![id.as_str().into()],
+        |d| optional(d, |r| r.text(0)),
+    )
+}
+
+/// The idempotency record that made the operation, while it is kept.
+pub(crate) fn idempotency_record(tenant: &str, id: &Id) -> Script<Option<IdempotencyRecord>> {
+    Script::one(
+        "SELECT k.key, k.kind, k.created_at, k.replays FROM operations o
+           JOIN idempotency_keys k ON k.tenant = o.tenant AND k.kind = o.kind AND k.key = o.idempotency_key
+          WHERE o.id = ?1 AND o.tenant = ?2 AND k.operation_id = o.id",
+        vec![id.as_str().into(), tenant.into()],
+        |d| {
+            optional(d, |r| {
+                Ok(IdempotencyRecord {
+                    key: r.text(0)?,
+                    kind: r.text(1)?,
+                    created_at: r.ts(2)?,
+                    replays: r.int(3)?,
+                })
+            })
+        },
+    )
+}
+
+/// The median time to success of the kind's last 101 successes.
+pub(crate) fn kind_typical_duration(kind: &str) -> Script<Option<Duration>> {
+    Script::one(
+        "SELECT completed_at - created_at FROM operations WHERE state = 'succeeded' AND kind = ?1
+          ORDER BY completed_at DESC LIMIT 101",
+        vec![kind.into()],
+        |d| {
+            let mut durations = all(d, |r| r.int(0))?;
+            if durations.is_empty() {
+                return Ok(None);
+            }
+            durations.sort_unstable();
+            let median = durations[durations.len() / 2].max(0);
+            Ok(Some(Duration::from_millis(u64::try_from(median).unwrap_or(0))))
+        },
+    )
+}
+
+/// Every webhook attempt for the tenant's operation `id`, oldest first;
+/// `None` when the tenant has no such operation.
+pub(crate) fn webhook_log(tenant: &str, id: &Id) -> Script<Option<Vec<AttemptRecord>>> {
+    Script::one(
+        "SELECT a.event_id, a.type, a.attempt, a.status_code, a.error, a.at, a.next_attempt_at, a.latency_ms
+           FROM operations o LEFT JOIN webhook_attempts a ON a.operation_id = o.id
+          WHERE o.id = ?1 AND o.tenant = ?2 ORDER BY a.at, a.event_id, a.attempt",
+        vec![id.as_str().into(), tenant.into()],
+        |d| {
+            if d.rows.is_empty() {
+                return Ok(None);
+            }
+            let attempts = d.rows.iter().filter(|r| !matches!(r.0.first(), Some(Val::Null(_))));
+            attempts
+                .map(|r| {
+                    Ok(AttemptRecord {
+                        event_id: Id::from_trusted(r.text(0)?),
+                        event_type: r.text(1)?,
+                        attempt: r.int(2)?,
+                        status_code: r.opt_int(3)?.and_then(|s| u16::try_from(s).ok()),
+                        error: r.opt_text(4)?,
+                        at: r.ts(5)?,
+                        next_attempt_at: r.opt_ts(6)?,
+                        latency_ms: r.opt_int(7)?,
+                    })
+                })
+                .collect::<Result<Vec<_>>>()
+                .map(Some)
+        },
+    )
+}
+
+/// The tenant's signing secrets in force, newest first; `candidate`
+/// becomes its first one if it has none.
+pub(crate) fn webhook_secrets(tenant: &str, candidate: &str, now: Timestamp) -> Script<Vec<String>> {
+    Script {
+        stmts: vec![
+            Stmt {
+                sql: "INSERT INTO webhook_secrets (tenant, secret, created_at)
+                      SELECT ?1, ?2, ?3 WHERE NOT EXISTS (
+                        SELECT 1 FROM webhook_secrets WHERE tenant = ?1 AND (retired_at IS NULL OR retired_at > ?3))
+                      ON CONFLICT DO NOTHING",
+                args: vec![tenant.into(), candidate.into(), now.into()],
+            },
+            Stmt {
+                sql: "SELECT secret FROM webhook_secrets WHERE tenant = ?1 AND (retired_at IS NULL OR retired_at > ?2)
+                       ORDER BY created_at DESC, secret",
+                args: vec![tenant.into(), now.into()],
+            },
+        ],
+        decode: |d| all(d, |r| r.text(0)),
+    }
+}
+
+/// A new signing secret; those in force are retired after `overlap`.
+pub(crate) fn webhook_secret_rotate(tenant: &str, new_secret: &str, now: Timestamp, overlap: Duration) -> Script<()> {
+    Script {
+        stmts: vec![
+            Stmt {
+                sql: "UPDATE webhook_secrets SET retired_at = ?2 WHERE tenant = ?1 AND retired_at IS NULL",
+                args: vec![tenant.into(), now.plus(overlap).into()],
+            },
+            Stmt {
+                sql: "INSERT INTO webhook_secrets (tenant, secret, created_at) VALUES (?1, ?2, ?3)",
+                args: vec![tenant.into(), new_secret.into(), now.into()],
+            },
+        ],
+        decode: nothing,
+    }
+}
+
+/// Live work by kind and state (of one tenant, or all), with its oldest.
+pub(crate) fn active_summary(tenant: Option<&str>) -> Script<Vec<ActiveGroup>> {
+    Script::one(
+        "SELECT o.kind, o.state, COUNT(*), MIN(o.created_at) FROM tasks t JOIN operations o ON o.id = t.operation_id
+          WHERE ?1 IS NULL OR t.tenant = ?1 GROUP BY o.kind, o.state ORDER BY o.kind, o.state",
+        vec![tenant.into()],
+        |d| {
+            all(d, |r| {
+                Ok(ActiveGroup {
+                    kind: r.text(0)?,
+                    state: r.state(1)?,
+                    count: r.count(2)?,
+                    oldest_created_at: r.ts(3)?,
+                })
+            })
+        },
+    )
+}
+
+/// The leases held (of one tenant, or all), soonest to lapse first.
+pub(crate) fn lease_list(tenant: Option<&str>, limit: u32) -> Script<Vec<LeaseInfo>> {
+    Script::one(
+        "SELECT t.operation_id, t.tenant, t.kind, t.worker_id, o.attempt, t.lease_expires_at, t.lease_ms, o.progress
+           FROM tasks t JOIN operations o ON o.id = t.operation_id
+          WHERE t.status = 'leased' AND (?1 IS NULL OR t.tenant = ?1)
+          ORDER BY t.lease_expires_at LIMIT ?2",
+        vec![tenant.into(), i64::from(limit).into()],
+        |d| {
+            all(d, |r| {
+                let expires = r.ts(5)?;
+                Ok(LeaseInfo {
+                    operation_id: Id::from_trusted(r.text(0)?),
+                    tenant: r.text(1)?,
+                    kind: r.text(2)?,
+                    worker_id: r.opt_text(3)?,
+                    attempt: r.int(4)?,
+                    lease_expires_at: expires,
+                    last_heartbeat_at: r.opt_int(6)?.map(|ms| Timestamp(expires.0 - ms)),
+                    progress: r.json(7)?.map(|v| progress_from_json(&v)),
+                })
+            })
+        },
+    )
+}
+
+/// Every tenant's limits, with its live and running work.
+pub(crate) fn tenant_usage() -> Script<Vec<TenantUsage>> {
+    Script::one(
+        "SELECT n.name, n.max_active, n.max_running, n.rate,
+                (SELECT COUNT(*) FROM tasks t WHERE t.tenant = n.name),
+                (SELECT COUNT(*) FROM tasks t WHERE t.tenant = n.name AND t.status = 'leased')
+           FROM tenants n ORDER BY n.name",
+        vec![],
+        |d| {
+            all(d, |r| {
+                Ok(TenantUsage {
+                    limits: TenantLimits {
+                        name: r.text(0)?,
+                        max_active: r.opt_int(1)?,
+                        max_running: r.opt_int(2)?,
+                        rate: r.opt_real(3)?,
+                    },
+                    active: r.count(4)?,
+                    running: r.count(5)?,
+                })
+            })
+        },
+    )
+}
