@@ -21,6 +21,7 @@ mod lookups;
 mod rules;
 mod schedules;
 mod script;
+mod uploads;
 
 pub(crate) use admin::*;
 pub(crate) use codec::*;
@@ -28,3 +29,4 @@ pub(crate) use lookups::*;
 pub(crate) use rules::*;
 pub(crate) use schedules::*;
 pub(crate) use script::*;
+pub(crate) use uploads::*;

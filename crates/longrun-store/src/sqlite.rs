@@ -852,24 +852,48 @@ impl Store for SqliteStore {
     }
 
     async fn upload_create(&self, params: UploadCreateParams) -> Result<UploadRecord> {
-        self.writer.write(move |c| upload_create(c, &params)).await
+        let policy = self.policy;
+        self.writer
+            .write(move |c| block(plan::uploads::upload_create(&mut SqliteDriver::new(c, policy), &params)))
+            .await
     }
 
     async fn upload_get(&self, tenant: &str, id: &Id) -> Result<Option<UploadRecord>> {
-        self.read_now(|c| upload_get(c, tenant, id))
+        self.read_now(|c| script::run(c, &upload_get(tenant, id)))
     }
 
     async fn upload_append(&self, params: UploadAppendParams) -> Result<UploadRecord> {
-        self.writer.write(move |c| upload_append(c, &params)).await
+        let policy = self.policy;
+        self.writer
+            .write(move |c| block(plan::uploads::upload_append(&mut SqliteDriver::new(c, policy), &params)))
+            .await
     }
 
     async fn upload_complete(&self, params: UploadCompleteParams) -> Result<UploadRecord> {
-        self.writer.write(move |c| upload_complete(c, &params)).await
+        let policy = self.policy;
+        self.writer
+            .write(move |c| {
+                block(plan::uploads::upload_complete(
+                    &mut SqliteDriver::new(c, policy),
+                    &params,
+                ))
+            })
+            .await
     }
 
     async fn upload_remove(&self, tenant: &str, id: &Id, now: Timestamp) -> Result<bool> {
         let (tenant, id) = (tenant.to_owned(), id.clone());
-        self.writer.write(move |c| upload_remove(c, &tenant, &id, now)).await
+        let policy = self.policy;
+        self.writer
+            .write(move |c| {
+                block(plan::uploads::upload_remove(
+                    &mut SqliteDriver::new(c, policy),
+                    &tenant,
+                    &id,
+                    now,
+                ))
+            })
+            .await
     }
 
     async fn upload_for_task(

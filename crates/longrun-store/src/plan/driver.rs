@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use super::retention::{Expiring, Tombstone};
 use super::{EventType, WebhookType};
-use crate::shared::{Ending, Fenced, Holder, Lapsed, UpdateChange, UploadLease};
+use crate::shared::{Ending, Fenced, Holder, Lapsed, Script, UpdateChange, UploadLease};
 use crate::{Id, Operation, Progress, Result};
 
 /// An operation past its deadline whose task waits in the queue (a first
@@ -67,6 +67,9 @@ pub(crate) trait Driver {
     /// use case ends, locked or not (SQLite's writer thread). A use case
     /// then needs no second, locking read before it writes.
     const SERIAL: bool;
+
+    /// Runs a script of shared statements in the use case's transaction.
+    async fn script<T>(&mut self, script: &Script<T>) -> Result<T>;
 
     // Fetch primitives.
 

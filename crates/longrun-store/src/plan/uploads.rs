@@ -1,9 +1,61 @@
-//! The right to append to an upload, written once for every backend: one
-//! request on any node appends at a time (see `Store::upload_append_lease`).
+//! Client uploads, written once for every backend: created, appended to
+//! and completed under a lock of their row, removed while no operation
+//! names them, and the right to append that one request on any node holds
+//! at a time (see `Store::upload_append_lease`).
+
+use longrun_core::Timestamp;
 
 use super::Driver;
-use crate::shared::{UploadLease, append_lease_free};
-use crate::{AppendLease, AppendLeaseParams, Id, Result, StoreError};
+use crate::shared::{
+    UploadLease, append_lease_free, garbage_add, upload_appended, upload_completed, upload_get, upload_insert,
+    upload_locked, upload_store,
+};
+use crate::{
+    AppendLease, AppendLeaseParams, Id, Result, StoreError, UploadAppendParams, UploadCompleteParams,
+    UploadCreateParams, UploadRecord,
+};
+
+/// A new, empty upload.
+pub(crate) async fn upload_create<D: Driver>(d: &mut D, p: &UploadCreateParams) -> Result<UploadRecord> {
+    d.script(&upload_insert(p)).await?;
+    d.script(&upload_get(&p.tenant, &p.id))
+        .await?
+        .ok_or(StoreError::NotFound)
+}
+
+/// Appends a piece at the upload's offset (see `shared::upload_appended`).
+pub(crate) async fn upload_append<D: Driver>(d: &mut D, p: &UploadAppendParams) -> Result<UploadRecord> {
+    let current = d
+        .script(&upload_locked(&p.tenant, &p.id))
+        .await?
+        .ok_or(StoreError::NotFound)?;
+    let appended = upload_appended(&current, p)?;
+    d.script(&upload_store(&appended)).await?;
+    Ok(appended)
+}
+
+/// Completes the upload; the pieces it joined become garbage.
+pub(crate) async fn upload_complete<D: Driver>(d: &mut D, p: &UploadCompleteParams) -> Result<UploadRecord> {
+    let current = d
+        .script(&upload_locked(&p.tenant, &p.id))
+        .await?
+        .ok_or(StoreError::NotFound)?;
+    let (completed, garbage) = upload_completed(&current, p)?;
+    d.script(&upload_store(&completed)).await?;
+    d.script(&garbage_add(&garbage, p.now)).await?;
+    Ok(completed)
+}
+
+/// Removes the upload unless an operation names it; whether it went.
+pub(crate) async fn upload_remove<D: Driver>(d: &mut D, tenant: &str, id: &Id, now: Timestamp) -> Result<bool> {
+    match d.script(&upload_locked(tenant, id)).await? {
+        Some(upload) if !upload.referenced => {
+            d.upload_drop(id.as_str(), now).await?;
+            Ok(true)
+        }
+        _ => Ok(false),
+    }
+}
 
 /// Takes or renews the right to append (see `Store::upload_append_lease`).
 pub(crate) async fn upload_append_lease<D: Driver>(d: &mut D, p: &AppendLeaseParams) -> Result<AppendLease> {

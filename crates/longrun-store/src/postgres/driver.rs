@@ -29,6 +29,10 @@ impl PgDriver<'_> {
 impl Driver for PgDriver<'_> {
     const SERIAL: bool = false;
 
+    async fn script<T>(&mut self, script: &Script<T>) -> Result<T> {
+        super::script::run(self.c, script).await
+    }
+
     async fn overdue_waiting(&mut self, now: Timestamp, limit: u32) -> Result<Vec<OverdueWaiting>> {
         let rows = rows_of(
             self.c,

@@ -237,24 +237,3 @@ pub(super) async fn ids(c: &mut PgConnection, sql: &str, a: i64, b: i64) -> Resu
     let rows = rows_of(c, sql, a, b).await?;
     rows.iter().map(|r| r.try_get::<String, _>(0).map_err(db)).collect()
 }
-
-pub(super) const UPLOAD_COLUMNS: &str =
-    "id, tenant, content_type, upload_offset, complete, sha256, expected_sha256, chunks,
-    created_at, expires_at, EXISTS (SELECT 1 FROM operation_uploads WHERE upload_id = uploads.id)";
-
-pub(super) fn upload_from_row(r: &PgRow) -> Result<UploadRecord> {
-    let chunks: String = r.try_get(7).map_err(db)?;
-    Ok(UploadRecord {
-        id: Id::from_trusted(r.try_get(0).map_err(db)?),
-        tenant: r.try_get(1).map_err(db)?,
-        content_type: r.try_get(2).map_err(db)?,
-        offset: r.try_get(3).map_err(db)?,
-        complete: r.try_get(4).map_err(db)?,
-        sha256: r.try_get(5).map_err(db)?,
-        expected_sha256: r.try_get(6).map_err(db)?,
-        chunks: chunks_from_json(&chunks),
-        created_at: Timestamp(r.try_get(8).map_err(db)?),
-        expires_at: Timestamp(r.try_get(9).map_err(db)?),
-        referenced: r.try_get(10).map_err(db)?,
-    })
-}

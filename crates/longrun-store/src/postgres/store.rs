@@ -618,66 +618,46 @@ impl Store for PostgresStore {
     }
 
     async fn upload_create(&self, params: UploadCreateParams) -> Result<UploadRecord> {
-        in_tx!(self, |c, _ch| {
-            sqlx::query(
-                "INSERT INTO uploads (id, tenant, content_type, upload_offset, complete, expected_sha256, chunks,
-                                      created_at, expires_at)
-                 VALUES ($1, $2, $3, 0, FALSE, $4, '[]', $5, $6)",
-            )
-            .bind(params.id.as_str())
-            .bind(&params.tenant)
-            .bind(&params.content_type)
-            .bind(&params.expected_sha256)
-            .bind(params.now.0)
-            .bind(params.expires_at.0)
-            .execute(&mut *c)
-            .await
-            .map_err(db)?;
-            upload_row(c, &params.tenant, &params.id, false)
-                .await?
-                .ok_or(StoreError::NotFound)
-        })
+        let policy = self.policy;
+        in_tx!(self, |c, ch| plan::uploads::upload_create(
+            &mut PgDriver { c, ch, policy },
+            &params
+        )
+        .await)
     }
 
     async fn upload_get(&self, tenant: &str, id: &Id) -> Result<Option<UploadRecord>> {
-        let mut c = self.pool.acquire().await.map_err(db)?;
-        upload_row(&mut c, tenant, id, false).await
+        self.script(upload_get(tenant, id)).await
     }
 
     async fn upload_append(&self, params: UploadAppendParams) -> Result<UploadRecord> {
-        in_tx!(self, |c, _ch| {
-            let current = upload_row(c, &params.tenant, &params.id, true)
-                .await?
-                .ok_or(StoreError::NotFound)?;
-            let appended = upload_appended(&current, &params)?;
-            upload_store(c, &appended).await?;
-            Ok(appended)
-        })
+        let policy = self.policy;
+        in_tx!(self, |c, ch| plan::uploads::upload_append(
+            &mut PgDriver { c, ch, policy },
+            &params
+        )
+        .await)
     }
 
     async fn upload_complete(&self, params: UploadCompleteParams) -> Result<UploadRecord> {
-        in_tx!(self, |c, _ch| {
-            let current = upload_row(c, &params.tenant, &params.id, true)
-                .await?
-                .ok_or(StoreError::NotFound)?;
-            let (completed, garbage) = upload_completed(&current, &params)?;
-            upload_store(c, &completed).await?;
-            garbage_insert(c, &garbage, params.now).await?;
-            Ok(completed)
-        })
+        let policy = self.policy;
+        in_tx!(self, |c, ch| plan::uploads::upload_complete(
+            &mut PgDriver { c, ch, policy },
+            &params
+        )
+        .await)
     }
 
     async fn upload_remove(&self, tenant: &str, id: &Id, now: Timestamp) -> Result<bool> {
         let (tenant, id) = (tenant.to_owned(), id.clone());
-        in_tx!(self, |c, _ch| {
-            match upload_row(c, &tenant, &id, true).await? {
-                Some(upload) if !upload.referenced => {
-                    upload_drop(c, id.as_str(), now).await?;
-                    Ok(true)
-                }
-                _ => Ok(false),
-            }
-        })
+        let policy = self.policy;
+        in_tx!(self, |c, ch| plan::uploads::upload_remove(
+            &mut PgDriver { c, ch, policy },
+            &tenant,
+            &id,
+            now
+        )
+        .await)
     }
 
     async fn upload_for_task(
@@ -688,16 +668,7 @@ impl Store for PostgresStore {
     ) -> Result<Option<UploadRecord>> {
         let mut c = self.pool.acquire().await.map_err(db)?;
         fenced(&mut c, operation_id, lease_token).await?;
-        let row = sqlx::query(&format!(
-            "SELECT {UPLOAD_COLUMNS} FROM uploads WHERE id = $1
-                AND EXISTS (SELECT 1 FROM operation_uploads WHERE operation_id = $2 AND upload_id = $1)"
-        ))
-        .bind(upload_id.as_str())
-        .bind(operation_id.as_str())
-        .fetch_optional(&mut *c)
-        .await
-        .map_err(db)?;
-        row.as_ref().map(upload_from_row).transpose()
+        super::script::run(&mut c, &upload_named_by(operation_id, upload_id)).await
     }
 
     async fn ping(&self) -> Result<()> {

@@ -32,42 +32,6 @@ pub(super) async fn garbage_insert(c: &mut PgConnection, keys: &[String], now: T
     Ok(())
 }
 
-/// The tenant's upload, locked for an update when `lock`.
-pub(super) async fn upload_row(
-    c: &mut PgConnection,
-    tenant: &str,
-    id: &Id,
-    lock: bool,
-) -> Result<Option<UploadRecord>> {
-    let lock = if lock { "FOR UPDATE" } else { "" };
-    let row = sqlx::query(&format!(
-        "SELECT {UPLOAD_COLUMNS} FROM uploads WHERE id = $1 AND tenant = $2 {lock}"
-    ))
-    .bind(id.as_str())
-    .bind(tenant)
-    .fetch_optional(&mut *c)
-    .await
-    .map_err(db)?;
-    row.as_ref().map(upload_from_row).transpose()
-}
-
-pub(super) async fn upload_store(c: &mut PgConnection, u: &UploadRecord) -> Result<()> {
-    sqlx::query(
-        "UPDATE uploads SET upload_offset = $2, complete = $3, sha256 = $4, expected_sha256 = $5, chunks = $6
-          WHERE id = $1",
-    )
-    .bind(u.id.as_str())
-    .bind(u.offset)
-    .bind(u.complete)
-    .bind(&u.sha256)
-    .bind(&u.expected_sha256)
-    .bind(chunks_to_json(&u.chunks))
-    .execute(&mut *c)
-    .await
-    .map_err(db)?;
-    Ok(())
-}
-
 /// Drops the piece rows of `operation_id` (of `name`, at or past `from`,
 /// when given); each object becomes garbage once no row names it, unless
 /// it is `keep` (a single piece that became the result itself).

@@ -140,17 +140,24 @@ impl<T> Script<T> {
 /// expression in its place).
 pub(crate) const NOW_MS: &str = "{now_ms}";
 
+/// Where a read locks the rows it returns for the rest of the transaction
+/// (`FOR UPDATE` on PostgreSQL; SQLite's one writer needs no lock).
+pub(crate) const FOR_UPDATE: &str = "{for_update}";
+
 /// A shared statement in PostgreSQL's spelling: `$N` for `?N` (no shared
-/// statement holds a literal `?`), and its clock.
+/// statement holds a literal `?`), its clock and its row locks.
 pub(crate) fn pg(sql: &str) -> String {
     sql.replace('?', "$")
         .replace(NOW_MS, "(extract(epoch from clock_timestamp()) * 1000)::BIGINT")
+        .replace(FOR_UPDATE, "FOR UPDATE")
 }
 
-/// A shared statement in SQLite's spelling: as written, but its clock.
+/// A shared statement in SQLite's spelling: as written, but its clock and
+/// its (absent) row locks.
 pub(crate) fn sqlite_sql(sql: &str) -> std::borrow::Cow<'_, str> {
-    if sql.contains(NOW_MS) {
+    if sql.contains('{') {
         sql.replace(NOW_MS, "CAST(unixepoch('subsec') * 1000 AS INTEGER)")
+            .replace(FOR_UPDATE, "")
             .into()
     } else {
         sql.into()
@@ -258,4 +265,44 @@ pub(crate) fn one<T>(d: Done, f: impl Fn(&Row) -> Result<T>) -> Result<T> {
         .first()
         .ok_or_else(|| StoreError::Corrupt("a statement that reads one row read none".into()))?;
     f(row)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_dialect_spells_the_markers_its_own_way() {
+        let sql = "SELECT a FROM t WHERE id = ?1 AND at < {now_ms} AND b = ?12 {for_update}";
+        assert_eq!(
+            pg(sql),
+            "SELECT a FROM t WHERE id = $1 AND at < (extract(epoch from clock_timestamp()) * 1000)::BIGINT \
+             AND b = $12 FOR UPDATE"
+        );
+        assert_eq!(
+            sqlite_sql(sql),
+            "SELECT a FROM t WHERE id = ?1 AND at < CAST(unixepoch('subsec') * 1000 AS INTEGER) AND b = ?12 "
+        );
+        assert!(matches!(sqlite_sql("SELECT 1"), std::borrow::Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn a_none_is_a_null_of_its_type_and_rows_read_either_dialects_forms() {
+        assert_eq!(Val::from(None::<i64>), Val::Null(Kind::Int));
+        assert_eq!(Val::from(None::<&str>), Val::Null(Kind::Text));
+        assert_eq!(Val::from(Some(Timestamp(5))), Val::Int(5));
+        let row = Row(vec![Val::Int(1), Val::Bool(false), Val::Int(3), Val::Null(Kind::Real)]);
+        assert!(row.bool(0).unwrap(), "SQLite's integer boolean");
+        assert!(!row.bool(1).unwrap(), "PostgreSQL's boolean");
+        assert_eq!(
+            row.opt_real(2).unwrap(),
+            Some(3.0),
+            "SQLite keeps a whole REAL as an integer"
+        );
+        assert_eq!(row.opt_real(3).unwrap(), None);
+        assert!(
+            row.text(0).is_err() && row.int(9).is_err(),
+            "a wrong type or column is corrupt data"
+        );
+    }
 }

@@ -65,6 +65,10 @@ impl Driver for SqliteDriver<'_> {
     // read until the job ends.
     const SERIAL: bool = true;
 
+    async fn script<T>(&mut self, script: &Script<T>) -> Result<T> {
+        super::script::run(self.c, script)
+    }
+
     async fn overdue_waiting(&mut self, now: Timestamp, limit: u32) -> Result<Vec<OverdueWaiting>> {
         let rows = self
             .c

@@ -192,24 +192,3 @@ pub(super) fn outbox_insert_as(c: &Connection, op: &Operation, webhook: WebhookT
     ])?;
     Ok(())
 }
-
-pub(super) const UPLOAD_COLUMNS: &str =
-    "id, tenant, content_type, upload_offset, complete, sha256, expected_sha256, chunks,
-    created_at, expires_at, EXISTS (SELECT 1 FROM operation_uploads WHERE upload_id = uploads.id)";
-
-pub(super) fn upload_from_row(r: &Row) -> rusqlite::Result<UploadRecord> {
-    let chunks: String = r.get(7)?;
-    Ok(UploadRecord {
-        id: Id::from_trusted(r.get(0)?),
-        tenant: r.get(1)?,
-        content_type: r.get(2)?,
-        offset: r.get(3)?,
-        complete: r.get(4)?,
-        sha256: r.get(5)?,
-        expected_sha256: r.get(6)?,
-        chunks: chunks_from_json(&chunks),
-        created_at: Timestamp(r.get(8)?),
-        expires_at: Timestamp(r.get(9)?),
-        referenced: r.get(10)?,
-    })
-}

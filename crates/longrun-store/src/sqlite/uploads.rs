@@ -142,74 +142,6 @@ pub(super) fn artifact_garbage_done(c: &Connection, keys: &[String]) -> Result<(
     Ok(())
 }
 
-pub(super) fn upload_create(c: &Connection, p: &UploadCreateParams) -> Result<UploadRecord> {
-    c.prepare_cached(
-        "INSERT INTO uploads (id, tenant, content_type, upload_offset, complete, expected_sha256, chunks, created_at,
-                              expires_at)
-         VALUES (?1, ?2, ?3, 0, 0, ?4, '[]', ?5, ?6)",
-    )?
-    .execute(params![
-        p.id.as_str(),
-        p.tenant,
-        p.content_type,
-        p.expected_sha256,
-        p.now.0,
-        p.expires_at.0
-    ])?;
-    upload_get(c, &p.tenant, &p.id)?.ok_or(StoreError::NotFound)
-}
-
-pub(super) fn upload_get(c: &Connection, tenant: &str, id: &Id) -> Result<Option<UploadRecord>> {
-    let sql = format!("SELECT {UPLOAD_COLUMNS} FROM uploads WHERE id = ?1 AND tenant = ?2");
-    Ok(c.prepare_cached(&sql)?
-        .query_row(params![id.as_str(), tenant], upload_from_row)
-        .optional()?)
-}
-
-pub(super) fn upload_append(c: &Connection, p: &UploadAppendParams) -> Result<UploadRecord> {
-    let current = upload_get(c, &p.tenant, &p.id)?.ok_or(StoreError::NotFound)?;
-    let appended = upload_appended(&current, p)?;
-    c.prepare_cached(
-        "UPDATE uploads SET upload_offset = ?2, complete = ?3, sha256 = ?4, expected_sha256 = ?5, chunks = ?6
-          WHERE id = ?1",
-    )?
-    .execute(params![
-        p.id.as_str(),
-        appended.offset,
-        appended.complete,
-        appended.sha256,
-        appended.expected_sha256,
-        chunks_to_json(&appended.chunks)
-    ])?;
-    Ok(appended)
-}
-
-pub(super) fn upload_complete(c: &Connection, p: &UploadCompleteParams) -> Result<UploadRecord> {
-    let current = upload_get(c, &p.tenant, &p.id)?.ok_or(StoreError::NotFound)?;
-    let (completed, garbage) = upload_completed(&current, p)?;
-    c.prepare_cached("UPDATE uploads SET complete = 1, sha256 = ?2, chunks = ?3 WHERE id = ?1")?
-        .execute(params![
-            p.id.as_str(),
-            completed.sha256,
-            chunks_to_json(&completed.chunks)
-        ])?;
-    for key in garbage {
-        c.prepare_cached("INSERT OR IGNORE INTO artifact_garbage (storage_key, created_at) VALUES (?1, ?2)")?
-            .execute(params![key, p.now.0])?;
-    }
-    Ok(completed)
-}
-
-pub(super) fn upload_remove(c: &Connection, tenant: &str, id: &Id, now: Timestamp) -> Result<bool> {
-    match upload_get(c, tenant, id)? {
-        Some(upload) if !upload.referenced => {
-            upload_drop(c, id.as_str(), now)?;
-            Ok(true)
-        }
-        _ => Ok(false),
-    }
-}
-
 /// Deletes an upload's row; its objects become garbage.
 pub(super) fn upload_drop(c: &Connection, id: &str, now: Timestamp) -> Result<()> {
     let chunks: Option<String> = c
@@ -230,13 +162,7 @@ pub(super) fn upload_for_task(
     upload_id: &Id,
 ) -> Result<Option<UploadRecord>> {
     fenced(c, operation_id, lease_token)?;
-    let sql = format!(
-        "SELECT {UPLOAD_COLUMNS} FROM uploads WHERE id = ?1
-            AND EXISTS (SELECT 1 FROM operation_uploads WHERE operation_id = ?2 AND upload_id = ?1)"
-    );
-    Ok(c.prepare_cached(&sql)?
-        .query_row(params![upload_id.as_str(), operation_id.as_str()], upload_from_row)
-        .optional()?)
+    script::run(c, &upload_named_by(operation_id, upload_id))
 }
 
 /// See `Store::artifact_keys_named`: each key is looked up by the indexes

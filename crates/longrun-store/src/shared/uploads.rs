@@ -1,0 +1,104 @@
+//! Client uploads' rows as [`Script`]s both stores run; the use cases that
+//! lock, decide and write them are `plan/uploads.rs`.
+
+use super::*;
+
+fn upload(r: &Row) -> Result<UploadRecord> {
+    Ok(UploadRecord {
+        id: Id::from_trusted(r.text(0)?),
+        tenant: r.text(1)?,
+        content_type: r.text(2)?,
+        offset: r.int(3)?,
+        complete: r.bool(4)?,
+        sha256: r.opt_text(5)?,
+        expected_sha256: r.opt_text(6)?,
+        chunks: chunks_from_json(&r.text(7)?),
+        created_at: r.ts(8)?,
+        expires_at: r.ts(9)?,
+        referenced: r.bool(10)?,
+    })
+}
+
+/// The tenant's upload.
+pub(crate) fn upload_get(tenant: &str, id: &Id) -> Script<Option<UploadRecord>> {
+    Script::one(
+        "SELECT id, tenant, content_type, upload_offset, complete, sha256, expected_sha256, chunks, created_at,
+                expires_at, EXISTS (SELECT 1 FROM operation_uploads WHERE upload_id = uploads.id)
+           FROM uploads WHERE id = ?1 AND tenant = ?2",
+        vec![id.as_str().into(), tenant.into()],
+        |d| optional(d, upload),
+    )
+}
+
+/// The tenant's upload, locked for the rest of the transaction.
+pub(crate) fn upload_locked(tenant: &str, id: &Id) -> Script<Option<UploadRecord>> {
+    Script::one(
+        "SELECT id, tenant, content_type, upload_offset, complete, sha256, expected_sha256, chunks, created_at,
+                expires_at, EXISTS (SELECT 1 FROM operation_uploads WHERE upload_id = uploads.id)
+           FROM uploads WHERE id = ?1 AND tenant = ?2 {for_update}",
+        vec![id.as_str().into(), tenant.into()],
+        |d| optional(d, upload),
+    )
+}
+
+/// The upload an operation's input names, for the worker holding its lease
+/// (the caller fences the lease).
+pub(crate) fn upload_named_by(operation_id: &Id, upload_id: &Id) -> Script<Option<UploadRecord>> {
+    Script::one(
+        "SELECT id, tenant, content_type, upload_offset, complete, sha256, expected_sha256, chunks, created_at,
+                expires_at, EXISTS (SELECT 1 FROM operation_uploads WHERE upload_id = uploads.id)
+           FROM uploads WHERE id = ?1
+            AND EXISTS (SELECT 1 FROM operation_uploads WHERE operation_id = ?2 AND upload_id = ?1)",
+        vec![upload_id.as_str().into(), operation_id.as_str().into()],
+        |d| optional(d, upload),
+    )
+}
+
+pub(crate) fn upload_insert(p: &UploadCreateParams) -> Script<()> {
+    Script::one(
+        "INSERT INTO uploads (id, tenant, content_type, upload_offset, complete, expected_sha256, chunks, created_at,
+                              expires_at)
+         VALUES (?1, ?2, ?3, 0, ?4, ?5, '[]', ?6, ?7)",
+        vec![
+            p.id.as_str().into(),
+            p.tenant.as_str().into(),
+            p.content_type.as_str().into(),
+            false.into(),
+            p.expected_sha256.clone().into(),
+            p.now.into(),
+            p.expires_at.into(),
+        ],
+        nothing,
+    )
+}
+
+/// Writes what an append or a completion decided.
+pub(crate) fn upload_store(u: &UploadRecord) -> Script<()> {
+    Script::one(
+        "UPDATE uploads SET upload_offset = ?2, complete = ?3, sha256 = ?4, expected_sha256 = ?5, chunks = ?6
+          WHERE id = ?1",
+        vec![
+            u.id.as_str().into(),
+            u.offset.into(),
+            u.complete.into(),
+            u.sha256.clone().into(),
+            u.expected_sha256.clone().into(),
+            chunks_to_json(&u.chunks).into(),
+        ],
+        nothing,
+    )
+}
+
+/// Objects no row names any more, deleted by retention (object first).
+pub(crate) fn garbage_add(keys: &[String], now: Timestamp) -> Script<()> {
+    Script {
+        stmts: keys
+            .iter()
+            .map(|key| Stmt {
+                sql: "INSERT INTO artifact_garbage (storage_key, created_at) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
+                args: vec![key.as_str().into(), now.into()],
+            })
+            .collect(),
+        decode: nothing,
+    }
+}
