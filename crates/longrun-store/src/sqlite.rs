@@ -651,16 +651,37 @@ impl Store for SqliteStore {
     }
 
     async fn result_upload(&self, params: ResultUploadParams) -> Result<()> {
-        self.writer.write(move |c| result_upload(c, &params)).await
+        let policy = self.policy;
+        self.writer
+            .write(move |c| block(plan::uploads::result_upload(&mut SqliteDriver::new(c, policy), &params)))
+            .await
     }
 
     async fn artifact_piece_add(&self, params: ArtifactPieceParams) -> Result<Vec<UploadChunk>> {
-        self.writer.write(move |c| artifact_piece_add(c, &params)).await
+        let policy = self.policy;
+        self.writer
+            .write(move |c| {
+                block(plan::uploads::artifact_piece_add(
+                    &mut SqliteDriver::new(c, policy),
+                    &params,
+                ))
+            })
+            .await
     }
 
     async fn artifact_pieces(&self, operation_id: &Id, lease_token: &str, name: &str) -> Result<Vec<UploadChunk>> {
         let (id, token, name) = (operation_id.clone(), lease_token.to_owned(), name.to_owned());
-        self.writer.write(move |c| artifact_pieces(c, &id, &token, &name)).await
+        let policy = self.policy;
+        self.writer
+            .write(move |c| {
+                block(plan::uploads::artifact_pieces(
+                    &mut SqliteDriver::new(c, policy),
+                    &id,
+                    &token,
+                    &name,
+                ))
+            })
+            .await
     }
 
     async fn result_for_operation(&self, tenant: &str, id: &Id) -> Result<Vec<ResultRecord>> {

@@ -71,6 +71,17 @@ pub(crate) trait Driver {
     /// Runs a script of shared statements in the use case's transaction.
     async fn script<T>(&mut self, script: &Script<T>) -> Result<T>;
 
+    /// Drops the piece rows of an operation (of `name`, at or past an
+    /// offset, when given); each object becomes garbage once no row names
+    /// it, unless it is `keep` (a single piece that became the result).
+    async fn pieces_drop(
+        &mut self,
+        operation_id: &str,
+        only: Option<(&str, i64)>,
+        keep: Option<&str>,
+        now: Timestamp,
+    ) -> Result<()>;
+
     // Fetch primitives.
 
     /// Up to `limit` operations past their deadline at `now` whose task is

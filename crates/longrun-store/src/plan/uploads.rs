@@ -1,18 +1,20 @@
-//! Client uploads, written once for every backend: created, appended to
-//! and completed under a lock of their row, removed while no operation
-//! names them, and the right to append that one request on any node holds
-//! at a time (see `Store::upload_append_lease`).
+//! Client uploads and a task's artifacts, written once for every backend:
+//! uploads created, appended to and completed under a lock of their row,
+//! removed while no operation names them, and the right to append that one
+//! request on any node holds at a time (see `Store::upload_append_lease`);
+//! the pieces of a task's resumable artifacts and its uploaded results,
+//! each fenced by the task's lease.
 
 use longrun_core::Timestamp;
 
-use super::Driver;
+use super::{Driver, Lock};
 use crate::shared::{
-    UploadLease, append_lease_free, garbage_add, upload_appended, upload_completed, upload_get, upload_insert,
-    upload_locked, upload_store,
+    UploadLease, append_lease_free, garbage_add, piece_insert, piece_placement, pieces_of, result_insert,
+    results_replaced, upload_appended, upload_completed, upload_get, upload_insert, upload_locked, upload_store,
 };
 use crate::{
-    AppendLease, AppendLeaseParams, Id, Result, StoreError, UploadAppendParams, UploadCompleteParams,
-    UploadCreateParams, UploadRecord,
+    AppendLease, AppendLeaseParams, ArtifactPieceParams, Id, Result, ResultUploadParams, StoreError,
+    UploadAppendParams, UploadChunk, UploadCompleteParams, UploadCreateParams, UploadRecord,
 };
 
 /// A new, empty upload.
@@ -83,4 +85,58 @@ pub(crate) async fn upload_append_release<D: Driver>(d: &mut D, id: &Id, token: 
         d.upload_lease_set(id, &UploadLease::default()).await?;
     }
     Ok(())
+}
+
+/// `LeaseLost` unless `lease_token` holds the operation's task; the task
+/// stays locked for the rest of the transaction.
+async fn fence<D: Driver>(d: &mut D, operation_id: &Id, lease_token: &str) -> Result<()> {
+    let found = d
+        .fenced(&[(operation_id.as_str(), lease_token)], Lock::ForUpdate)
+        .await?;
+    match found.into_iter().next().flatten() {
+        Some(_) => Ok(()),
+        None => Err(StoreError::LeaseLost),
+    }
+}
+
+/// Places a piece at its offset (see `shared::piece_placement`); the
+/// pieces at or past it are replaced. Returns the pieces now held.
+pub(crate) async fn artifact_piece_add<D: Driver>(d: &mut D, p: &ArtifactPieceParams) -> Result<Vec<UploadChunk>> {
+    fence(d, &p.operation_id, &p.lease_token).await?;
+    let id = p.operation_id.as_str();
+    let pieces = d.script(&pieces_of(id, &p.name)).await?;
+    let kept = piece_placement(&pieces, p.offset)?;
+    if kept < pieces.len() {
+        d.pieces_drop(id, Some((&p.name, p.offset)), None, p.now).await?;
+    }
+    d.script(&piece_insert(p)).await?;
+    let mut held: Vec<UploadChunk> = pieces.into_iter().take(kept).map(|(_, piece)| piece).collect();
+    held.push(p.piece.clone());
+    Ok(held)
+}
+
+/// The pieces of the task's artifact `name`, for the lease's holder.
+pub(crate) async fn artifact_pieces<D: Driver>(
+    d: &mut D,
+    operation_id: &Id,
+    lease_token: &str,
+    name: &str,
+) -> Result<Vec<UploadChunk>> {
+    fence(d, operation_id, lease_token).await?;
+    let pieces = d.script(&pieces_of(operation_id.as_str(), name)).await?;
+    Ok(pieces.into_iter().map(|(_, piece)| piece).collect())
+}
+
+/// Records a result artifact uploaded under the lease (replacing an earlier
+/// one of the name); one joined from pieces drops their rows, keeping the
+/// object that became the result.
+pub(crate) async fn result_upload<D: Driver>(d: &mut D, p: &ResultUploadParams) -> Result<()> {
+    fence(d, &p.operation_id, &p.lease_token).await?;
+    if p.joins_pieces {
+        let only = Some((p.name.as_str(), 0));
+        d.pieces_drop(p.operation_id.as_str(), only, Some(&p.storage_key), p.now)
+            .await?;
+    }
+    d.script(&results_replaced(p)).await?;
+    d.script(&result_insert(p)).await
 }

@@ -295,98 +295,33 @@ impl Store for PostgresStore {
     }
 
     async fn artifact_piece_add(&self, params: ArtifactPieceParams) -> Result<Vec<UploadChunk>> {
-        in_tx!(self, |c, _ch| {
-            fenced(c, &params.operation_id, &params.lease_token).await?;
-            let id = params.operation_id.as_str();
-            let pieces = pieces_of(c, id, &params.name).await?;
-            let kept = piece_placement(&pieces, params.offset)?;
-            if kept < pieces.len() {
-                pieces_drop(c, id, Some((&params.name, params.offset)), None, params.now).await?;
-            }
-            sqlx::query(
-                "INSERT INTO artifact_pieces (operation_id, name, piece_offset, storage_key, size_bytes)
-                 VALUES ($1, $2, $3, $4, $5)",
-            )
-            .bind(id)
-            .bind(&params.name)
-            .bind(params.offset)
-            .bind(&params.piece.storage_key)
-            .bind(params.piece.size_bytes)
-            .execute(&mut *c)
-            .await
-            .map_err(db)?;
-            let mut held: Vec<UploadChunk> = pieces.into_iter().take(kept).map(|(_, piece)| piece).collect();
-            held.push(params.piece.clone());
-            Ok(held)
-        })
+        let policy = self.policy;
+        in_tx!(self, |c, ch| plan::uploads::artifact_piece_add(
+            &mut PgDriver { c, ch, policy },
+            &params
+        )
+        .await)
     }
 
     async fn artifact_pieces(&self, operation_id: &Id, lease_token: &str, name: &str) -> Result<Vec<UploadChunk>> {
         let (id, token, name) = (operation_id.clone(), lease_token.to_owned(), name.to_owned());
-        in_tx!(self, |c, _ch| {
-            fenced(c, &id, &token).await?;
-            Ok(pieces_of(c, id.as_str(), &name)
-                .await?
-                .into_iter()
-                .map(|(_, piece)| piece)
-                .collect())
-        })
+        let policy = self.policy;
+        in_tx!(self, |c, ch| plan::uploads::artifact_pieces(
+            &mut PgDriver { c, ch, policy },
+            &id,
+            &token,
+            &name
+        )
+        .await)
     }
 
     async fn result_upload(&self, params: ResultUploadParams) -> Result<()> {
-        in_tx!(self, |c, _ch| {
-            fenced(c, &params.operation_id, &params.lease_token).await?;
-            if params.joins_pieces {
-                let keep = Some(params.storage_key.as_str());
-                pieces_drop(
-                    c,
-                    params.operation_id.as_str(),
-                    Some((&params.name, 0)),
-                    keep,
-                    params.now,
-                )
-                .await?;
-            }
-            // One upload per name: a new one replaces this attempt's earlier
-            // one of the name, and whatever earlier attempts left.
-            sqlx::query(
-                "WITH gone AS (DELETE FROM results WHERE operation_id = $1 AND state = 'uploaded'
-                                  AND (name = $2 OR lease_token IS DISTINCT FROM $3) RETURNING storage_key)
-                 INSERT INTO artifact_garbage (storage_key, created_at) SELECT storage_key, $4 FROM gone
-                 ON CONFLICT DO NOTHING",
-            )
-            .bind(params.operation_id.as_str())
-            .bind(&params.name)
-            .bind(&params.lease_token)
-            .bind(params.now.0)
-            .execute(&mut *c)
-            .await
-            .map_err(db)?;
-            let tenant: String = sqlx::query_scalar("SELECT tenant FROM operations WHERE id = $1")
-                .bind(params.operation_id.as_str())
-                .fetch_one(&mut *c)
-                .await
-                .map_err(db)?;
-            sqlx::query(
-                "INSERT INTO results (id, operation_id, tenant, storage_key, content_type, size_bytes, sha256, state,
-                                      lease_token, created_at, name)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, 'uploaded', $8, $9, $10)",
-            )
-            .bind(params.result_id.as_str())
-            .bind(params.operation_id.as_str())
-            .bind(tenant)
-            .bind(&params.storage_key)
-            .bind(&params.content_type)
-            .bind(params.size_bytes)
-            .bind(&params.sha256)
-            .bind(&params.lease_token)
-            .bind(params.now.0)
-            .bind(&params.name)
-            .execute(&mut *c)
-            .await
-            .map_err(db)?;
-            Ok(())
-        })
+        let policy = self.policy;
+        in_tx!(self, |c, ch| plan::uploads::result_upload(
+            &mut PgDriver { c, ch, policy },
+            &params
+        )
+        .await)
     }
 
     async fn result_for_operation(&self, tenant: &str, id: &Id) -> Result<Vec<ResultRecord>> {

@@ -65,29 +65,6 @@ pub(super) async fn pieces_drop(
     Ok(())
 }
 
-pub(super) async fn pieces_of(c: &mut PgConnection, operation_id: &str, name: &str) -> Result<Vec<(i64, UploadChunk)>> {
-    let rows = sqlx::query(
-        "SELECT piece_offset, storage_key, size_bytes FROM artifact_pieces
-          WHERE operation_id = $1 AND name = $2 ORDER BY piece_offset",
-    )
-    .bind(operation_id)
-    .bind(name)
-    .fetch_all(&mut *c)
-    .await
-    .map_err(db)?;
-    rows.iter()
-        .map(|r| {
-            Ok((
-                r.try_get(0).map_err(db)?,
-                UploadChunk {
-                    storage_key: r.try_get(1).map_err(db)?,
-                    size_bytes: r.try_get(2).map_err(db)?,
-                },
-            ))
-        })
-        .collect()
-}
-
 /// Who holds the right to append to upload `id` (the tenant's, when given),
 /// locked for the transaction when `lock`.
 pub(super) async fn upload_lease(

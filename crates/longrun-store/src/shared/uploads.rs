@@ -102,3 +102,91 @@ pub(crate) fn garbage_add(keys: &[String], now: Timestamp) -> Script<()> {
         decode: nothing,
     }
 }
+
+/// The pieces of an operation's resumable artifact `name`, by offset.
+pub(crate) fn pieces_of(operation_id: &str, name: &str) -> Script<Vec<(i64, UploadChunk)>> {
+    Script::one(
+        "SELECT piece_offset, storage_key, size_bytes FROM artifact_pieces
+          WHERE operation_id = ?1 AND name = ?2 ORDER BY piece_offset",
+        vec![operation_id.into(), name.into()],
+        |d| {
+            all(d, |r| {
+                Ok((
+                    r.int(0)?,
+                    UploadChunk {
+                        storage_key: r.text(1)?,
+                        size_bytes: r.int(2)?,
+                    },
+                ))
+            })
+        },
+    )
+}
+
+pub(crate) fn piece_insert(p: &ArtifactPieceParams) -> Script<()> {
+    Script::one(
+        "INSERT INTO artifact_pieces (operation_id, name, piece_offset, storage_key, size_bytes)
+         VALUES (?1, ?2, ?3, ?4, ?5)",
+        vec![
+            p.operation_id.as_str().into(),
+            p.name.as_str().into(),
+            p.offset.into(),
+            p.piece.storage_key.as_str().into(),
+            p.piece.size_bytes.into(),
+        ],
+        nothing,
+    )
+}
+
+/// One upload per name: a new one replaces this attempt's earlier one of
+/// the name, and whatever earlier attempts left; their objects become
+/// garbage.
+pub(crate) fn results_replaced(p: &ResultUploadParams) -> Script<()> {
+    let args = || -> Vec<Val> {
+        vec![
+            p.operation_id.as_str().into(),
+            p.name.as_str().into(),
+            p.lease_token.as_str().into(),
+        ]
+    };
+    let mut with_now = args();
+    with_now.push(p.now.into());
+    Script {
+        stmts: vec![
+            Stmt {
+                sql: "INSERT INTO artifact_garbage (storage_key, created_at)
+                      SELECT storage_key, ?4 FROM results
+                       WHERE operation_id = ?1 AND state = 'uploaded' AND (name = ?2 OR lease_token IS DISTINCT FROM ?3)
+                      ON CONFLICT DO NOTHING",
+                args: with_now,
+            },
+            Stmt {
+                sql: "DELETE FROM results
+                       WHERE operation_id = ?1 AND state = 'uploaded' AND (name = ?2 OR lease_token IS DISTINCT FROM ?3)",
+                args: args(),
+            },
+        ],
+        decode: nothing,
+    }
+}
+
+/// A result artifact uploaded under the lease, published by the outcome.
+pub(crate) fn result_insert(p: &ResultUploadParams) -> Script<()> {
+    Script::one(
+        "INSERT INTO results (id, operation_id, tenant, storage_key, content_type, size_bytes, sha256, state,
+                              lease_token, created_at, name)
+         SELECT ?1, ?2, tenant, ?3, ?4, ?5, ?6, 'uploaded', ?7, ?8, ?9 FROM operations WHERE id = ?2",
+        vec![
+            p.result_id.as_str().into(),
+            p.operation_id.as_str().into(),
+            p.storage_key.as_str().into(),
+            p.content_type.as_str().into(),
+            p.size_bytes.into(),
+            p.sha256.as_str().into(),
+            p.lease_token.as_str().into(),
+            p.now.into(),
+            p.name.as_str().into(),
+        ],
+        nothing,
+    )
+}

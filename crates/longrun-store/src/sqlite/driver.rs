@@ -69,6 +69,16 @@ impl Driver for SqliteDriver<'_> {
         super::script::run(self.c, script)
     }
 
+    async fn pieces_drop(
+        &mut self,
+        operation_id: &str,
+        only: Option<(&str, i64)>,
+        keep: Option<&str>,
+        now: Timestamp,
+    ) -> Result<()> {
+        pieces_drop(self.c, operation_id, only, keep, now)
+    }
+
     async fn overdue_waiting(&mut self, now: Timestamp, limit: u32) -> Result<Vec<OverdueWaiting>> {
         let rows = self
             .c
