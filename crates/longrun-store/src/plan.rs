@@ -16,8 +16,9 @@
 //! Written here: workers' outcomes, the reaper and heartbeats ([`finish`]),
 //! cancel, pause and resume ([`control`]), the deadline enforcer
 //! ([`deadline`]), `PATCH` of deadline and labels ([`update`]), and
-//! retention and tenant deletion ([`retention`]), and the right to append
-//! to an upload ([`uploads`]). Accepts
+//! retention and tenant deletion ([`retention`]), uploads, a task's
+//! artifact pieces and uploaded results ([`uploads`]), and webhook
+//! delivery ([`webhooks`]). Accepts
 //! and claims stay per dialect for now (see `docs/ARCHITECTURE.md`, "The
 //! store"), but end what they end through [`apply`].
 
@@ -30,6 +31,7 @@ pub(crate) mod finish;
 pub(crate) mod retention;
 pub(crate) mod update;
 pub(crate) mod uploads;
+pub(crate) mod webhooks;
 
 pub(crate) use driver::{Driver, EndRow, Lock, OverdueWaiting, PauseRequested, StopRequested};
 pub(crate) use effects::{Effect, apply};

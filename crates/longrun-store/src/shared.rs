@@ -22,6 +22,7 @@ mod rules;
 mod schedules;
 mod script;
 mod uploads;
+mod webhooks;
 
 pub(crate) use admin::*;
 pub(crate) use codec::*;
@@ -30,3 +31,4 @@ pub(crate) use rules::*;
 pub(crate) use schedules::*;
 pub(crate) use script::*;
 pub(crate) use uploads::*;
+pub(crate) use webhooks::*;

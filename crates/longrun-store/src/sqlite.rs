@@ -38,7 +38,6 @@ mod rows;
 mod schedules;
 mod script;
 mod uploads;
-mod webhooks;
 mod writer;
 
 use std::collections::BTreeMap;
@@ -69,7 +68,6 @@ use retention::*;
 use rows::*;
 use schedules::*;
 use uploads::*;
-use webhooks::*;
 use writer::Writer;
 
 const MIGRATIONS: &[(i64, &str)] = &[
@@ -623,11 +621,29 @@ impl Store for SqliteStore {
     }
 
     async fn webhook_due(&self, now: Timestamp, limit: u32, lease: Duration) -> Result<Vec<Delivery>> {
-        self.writer.write(move |c| webhook_due(c, now, limit, lease)).await
+        let policy = self.policy;
+        self.writer
+            .write(move |c| {
+                block(plan::webhooks::webhook_due(
+                    &mut SqliteDriver::new(c, policy),
+                    now,
+                    limit,
+                    lease,
+                ))
+            })
+            .await
     }
 
     async fn webhook_attempt(&self, params: AttemptParams) -> Result<()> {
-        self.writer.write(move |c| webhook_attempt(c, &params)).await
+        let policy = self.policy;
+        self.writer
+            .write(move |c| {
+                block(plan::webhooks::webhook_attempt(
+                    &mut SqliteDriver::new(c, policy),
+                    &params,
+                ))
+            })
+            .await
     }
 
     async fn webhook_log(&self, tenant: &str, id: &Id) -> Result<Option<Vec<AttemptRecord>>> {

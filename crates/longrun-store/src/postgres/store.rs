@@ -3,41 +3,6 @@
 
 use super::*;
 
-pub(super) async fn webhook_attempt(c: &mut PgConnection, p: &AttemptParams) -> Result<()> {
-    let attempt = crate::shared::attempt_row(&p.outcome);
-    let row = sqlx::query(
-        "UPDATE webhook_deliveries SET status = $2, attempts = $3, next_attempt_at = $4, lease_until = NULL
-          WHERE event_id = $1 AND status = 'pending' RETURNING operation_id, type",
-    )
-    .bind(p.event_id.as_str())
-    .bind(attempt.status)
-    .bind(p.attempt)
-    .bind(attempt.next_attempt_at)
-    .fetch_optional(&mut *c)
-    .await
-    .map_err(db)?
-    .ok_or(StoreError::NotFound)?;
-    let operation_id: String = row.try_get(0).map_err(db)?;
-    let event_type: String = row.try_get(1).map_err(db)?;
-    sqlx::query(
-        "INSERT INTO webhook_attempts (event_id, attempt, operation_id, type, at, status_code, error, next_attempt_at, latency_ms)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT DO NOTHING",
-    )
-    .bind(p.event_id.as_str())
-    .bind(p.attempt)
-    .bind(operation_id)
-    .bind(event_type)
-    .bind(p.now.0)
-    .bind(attempt.status_code.map(i32::from))
-    .bind(attempt.error)
-    .bind(attempt.next_attempt_at)
-    .bind(p.latency_ms)
-    .execute(&mut *c)
-    .await
-    .map_err(db)?;
-    Ok(())
-}
-
 macro_rules! in_tx {
     ($self:ident, |$c:ident, $ch:ident| $body:expr) => {
         $self.tx(move |$c, $ch| Box::pin(async move { $body })).await
@@ -235,44 +200,23 @@ impl Store for PostgresStore {
     }
 
     async fn webhook_due(&self, now: Timestamp, limit: u32, lease: Duration) -> Result<Vec<Delivery>> {
-        in_tx!(self, |c, _ch| {
-            let rows = sqlx::query(
-                "SELECT event_id, operation_id, tenant, url, type, payload, attempts FROM webhook_deliveries
-                  WHERE status = 'pending' AND next_attempt_at <= $1 AND (lease_until IS NULL OR lease_until <= $1)
-                  ORDER BY next_attempt_at LIMIT $2 FOR UPDATE SKIP LOCKED",
-            )
-            .bind(now.0)
-            .bind(i64::from(limit))
-            .fetch_all(&mut *c)
-            .await
-            .map_err(db)?;
-            let mut due = Vec::with_capacity(rows.len());
-            for r in &rows {
-                due.push(Delivery {
-                    event_id: Id::from_trusted(r.try_get(0).map_err(db)?),
-                    operation_id: Id::from_trusted(r.try_get(1).map_err(db)?),
-                    tenant: r.try_get(2).map_err(db)?,
-                    url: r.try_get(3).map_err(db)?,
-                    event_type: r.try_get(4).map_err(db)?,
-                    payload: r.try_get(5).map_err(db)?,
-                    attempts: r.try_get(6).map_err(db)?,
-                });
-            }
-            let until = now.plus(lease).0;
-            for d in &due {
-                sqlx::query("UPDATE webhook_deliveries SET lease_until = $2 WHERE event_id = $1")
-                    .bind(d.event_id.as_str())
-                    .bind(until)
-                    .execute(&mut *c)
-                    .await
-                    .map_err(db)?;
-            }
-            Ok(due)
-        })
+        let policy = self.policy;
+        in_tx!(self, |c, ch| plan::webhooks::webhook_due(
+            &mut PgDriver { c, ch, policy },
+            now,
+            limit,
+            lease
+        )
+        .await)
     }
 
     async fn webhook_attempt(&self, params: AttemptParams) -> Result<()> {
-        in_tx!(self, |c, _ch| webhook_attempt(c, &params).await)
+        let policy = self.policy;
+        in_tx!(self, |c, ch| plan::webhooks::webhook_attempt(
+            &mut PgDriver { c, ch, policy },
+            &params
+        )
+        .await)
     }
 
     async fn webhook_log(&self, tenant: &str, id: &Id) -> Result<Option<Vec<AttemptRecord>>> {

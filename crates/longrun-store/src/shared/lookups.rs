@@ -1,6 +1,6 @@
-//! Reads off the job path, and the webhook secrets, as [`Script`]s both
-//! stores run: results, tombstones, idempotency records, webhook attempts,
-//! the console's summaries of live work and tenants, typical durations.
+//! Reads off the job path as [`Script`]s both stores run: results,
+//! tombstones, idempotency records, the console's summaries of live work
+//! and tenants, typical durations.
 
 use super::*;
 
@@ -112,77 +112,6 @@ pub(crate) fn kind_typical_duration(kind: &str) -> Script<Option<Duration>> {
             Ok(Some(Duration::from_millis(u64::try_from(median).unwrap_or(0))))
         },
     )
-}
-
-/// Every webhook attempt for the tenant's operation `id`, oldest first;
-/// `None` when the tenant has no such operation.
-pub(crate) fn webhook_log(tenant: &str, id: &Id) -> Script<Option<Vec<AttemptRecord>>> {
-    Script::one(
-        "SELECT a.event_id, a.type, a.attempt, a.status_code, a.error, a.at, a.next_attempt_at, a.latency_ms
-           FROM operations o LEFT JOIN webhook_attempts a ON a.operation_id = o.id
-          WHERE o.id = ?1 AND o.tenant = ?2 ORDER BY a.at, a.event_id, a.attempt",
-        vec![id.as_str().into(), tenant.into()],
-        |d| {
-            if d.rows.is_empty() {
-                return Ok(None);
-            }
-            let attempts = d.rows.iter().filter(|r| !matches!(r.0.first(), Some(Val::Null(_))));
-            attempts
-                .map(|r| {
-                    Ok(AttemptRecord {
-                        event_id: Id::from_trusted(r.text(0)?),
-                        event_type: r.text(1)?,
-                        attempt: r.int(2)?,
-                        status_code: r.opt_int(3)?.and_then(|s| u16::try_from(s).ok()),
-                        error: r.opt_text(4)?,
-                        at: r.ts(5)?,
-                        next_attempt_at: r.opt_ts(6)?,
-                        latency_ms: r.opt_int(7)?,
-                    })
-                })
-                .collect::<Result<Vec<_>>>()
-                .map(Some)
-        },
-    )
-}
-
-/// The tenant's signing secrets in force, newest first; `candidate`
-/// becomes its first one if it has none.
-pub(crate) fn webhook_secrets(tenant: &str, candidate: &str, now: Timestamp) -> Script<Vec<String>> {
-    Script {
-        stmts: vec![
-            Stmt {
-                sql: "INSERT INTO webhook_secrets (tenant, secret, created_at)
-                      SELECT ?1, ?2, ?3 WHERE NOT EXISTS (
-                        SELECT 1 FROM webhook_secrets WHERE tenant = ?1 AND (retired_at IS NULL OR retired_at > ?3))
-                      ON CONFLICT DO NOTHING",
-                args: vec![tenant.into(), candidate.into(), now.into()],
-            },
-            Stmt {
-                sql: "SELECT secret FROM webhook_secrets WHERE tenant = ?1 AND (retired_at IS NULL OR retired_at > ?2)
-                       ORDER BY created_at DESC, secret",
-                args: vec![tenant.into(), now.into()],
-            },
-        ],
-        decode: |d| all(d, |r| r.text(0)),
-    }
-}
-
-/// A new signing secret; those in force are retired after `overlap`.
-pub(crate) fn webhook_secret_rotate(tenant: &str, new_secret: &str, now: Timestamp, overlap: Duration) -> Script<()> {
-    Script {
-        stmts: vec![
-            Stmt {
-                sql: "UPDATE webhook_secrets SET retired_at = ?2 WHERE tenant = ?1 AND retired_at IS NULL",
-                args: vec![tenant.into(), now.plus(overlap).into()],
-            },
-            Stmt {
-                sql: "INSERT INTO webhook_secrets (tenant, secret, created_at) VALUES (?1, ?2, ?3)",
-                args: vec![tenant.into(), new_secret.into(), now.into()],
-            },
-        ],
-        decode: nothing,
-    }
 }
 
 /// Live work by kind and state (of one tenant, or all), with its oldest.

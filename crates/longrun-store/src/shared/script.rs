@@ -144,12 +144,18 @@ pub(crate) const NOW_MS: &str = "{now_ms}";
 /// (`FOR UPDATE` on PostgreSQL; SQLite's one writer needs no lock).
 pub(crate) const FOR_UPDATE: &str = "{for_update}";
 
+/// Where a read of shared work locks the rows it returns and skips those
+/// another transaction holds (`FOR UPDATE SKIP LOCKED` on PostgreSQL;
+/// SQLite's one writer needs neither).
+pub(crate) const SKIP_LOCKED: &str = "{skip_locked}";
+
 /// A shared statement in PostgreSQL's spelling: `$N` for `?N` (no shared
 /// statement holds a literal `?`), its clock and its row locks.
 pub(crate) fn pg(sql: &str) -> String {
     sql.replace('?', "$")
         .replace(NOW_MS, "(extract(epoch from clock_timestamp()) * 1000)::BIGINT")
         .replace(FOR_UPDATE, "FOR UPDATE")
+        .replace(SKIP_LOCKED, "FOR UPDATE SKIP LOCKED")
 }
 
 /// A shared statement in SQLite's spelling: as written, but its clock and
@@ -158,6 +164,7 @@ pub(crate) fn sqlite_sql(sql: &str) -> std::borrow::Cow<'_, str> {
     if sql.contains('{') {
         sql.replace(NOW_MS, "CAST(unixepoch('subsec') * 1000 AS INTEGER)")
             .replace(FOR_UPDATE, "")
+            .replace(SKIP_LOCKED, "")
             .into()
     } else {
         sql.into()
@@ -282,6 +289,14 @@ mod tests {
         assert_eq!(
             sqlite_sql(sql),
             "SELECT a FROM t WHERE id = ?1 AND at < CAST(unixepoch('subsec') * 1000 AS INTEGER) AND b = ?12 "
+        );
+        assert_eq!(
+            pg("SELECT a FROM t LIMIT ?1 {skip_locked}"),
+            "SELECT a FROM t LIMIT $1 FOR UPDATE SKIP LOCKED"
+        );
+        assert_eq!(
+            sqlite_sql("SELECT a FROM t LIMIT ?1 {skip_locked}"),
+            "SELECT a FROM t LIMIT ?1 "
         );
         assert!(matches!(sqlite_sql("SELECT 1"), std::borrow::Cow::Borrowed(_)));
     }
