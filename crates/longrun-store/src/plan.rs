@@ -27,13 +27,14 @@ pub(crate) mod deadline;
 mod driver;
 mod effects;
 mod event;
+mod fetches;
 pub(crate) mod finish;
 pub(crate) mod retention;
 pub(crate) mod update;
 pub(crate) mod uploads;
 pub(crate) mod webhooks;
 
-pub(crate) use driver::{Driver, EndRow, Lock, OverdueWaiting, PauseRequested, StopRequested};
+pub(crate) use driver::{Driver, EndRow, Lock};
 pub(crate) use effects::{Effect, apply};
 pub(crate) use event::{EventType, WebhookType};
 

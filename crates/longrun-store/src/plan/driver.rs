@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use longrun_core::{State, Timestamp};
 use serde_json::Value;
 
+use super::fetches;
 use super::retention::{Expiring, Tombstone};
 use super::{EventType, WebhookType};
 use crate::shared::{Ending, Fenced, Holder, Lapsed, Script, UpdateChange, UploadLease};
@@ -61,7 +62,9 @@ pub(crate) struct EndRow {
 /// hand out shared work lock what they return and skip what another node
 /// holds (`FOR UPDATE SKIP LOCKED` on PostgreSQL; SQLite has one writer).
 ///
-/// Every method is a statement or a few; none decides anything.
+/// Every method is a statement or a few; none decides anything. Those
+/// with a body run a shared script (`plan/fetches.rs`): a backend writes
+/// only the others.
 pub(crate) trait Driver {
     /// One writer at a time: what a fetch returned stays as read until the
     /// use case ends, locked or not (SQLite's writer thread). A use case
@@ -86,23 +89,33 @@ pub(crate) trait Driver {
 
     /// Up to `limit` operations past their deadline at `now` whose task is
     /// ready (not leased), soonest deadline first.
-    async fn overdue_waiting(&mut self, now: Timestamp, limit: u32) -> Result<Vec<OverdueWaiting>>;
+    async fn overdue_waiting(&mut self, now: Timestamp, limit: u32) -> Result<Vec<OverdueWaiting>> {
+        self.script(&fetches::overdue_waiting(now, limit)).await
+    }
 
     /// Up to `limit` ids of cancellable operations past their deadline at
     /// `now` whose task a worker holds and that nobody asked to stop yet.
-    async fn overdue_running(&mut self, now: Timestamp, limit: u32) -> Result<Vec<String>>;
+    async fn overdue_running(&mut self, now: Timestamp, limit: u32) -> Result<Vec<String>> {
+        self.script(&fetches::overdue_running(now, limit)).await
+    }
 
     /// Up to `limit` running operations the server asked to stop at or
     /// before `cutoff`, oldest request first.
-    async fn stops_unacknowledged(&mut self, cutoff: Timestamp, limit: u32) -> Result<Vec<StopRequested>>;
+    async fn stops_unacknowledged(&mut self, cutoff: Timestamp, limit: u32) -> Result<Vec<StopRequested>> {
+        self.script(&fetches::stops_unacknowledged(cutoff, limit)).await
+    }
 
     /// Up to `limit` running operations asked to pause at or before
     /// `cutoff`, oldest request first.
-    async fn pauses_unanswered(&mut self, cutoff: Timestamp, limit: u32) -> Result<Vec<PauseRequested>>;
+    async fn pauses_unanswered(&mut self, cutoff: Timestamp, limit: u32) -> Result<Vec<PauseRequested>> {
+        self.script(&fetches::pauses_unanswered(cutoff, limit)).await
+    }
 
     /// Up to `limit` leased tasks whose lease ended before `now`, soonest
     /// expiry first.
-    async fn leases_lapsed(&mut self, now: Timestamp, limit: u32) -> Result<Vec<(String, Lapsed)>>;
+    async fn leases_lapsed(&mut self, now: Timestamp, limit: u32) -> Result<Vec<(String, Lapsed)>> {
+        self.script(&fetches::leases_lapsed(now, limit)).await
+    }
 
     /// The fenced rows of `leases` (operation id, lease token; no lease
     /// twice), in their order: `None` where the lease is not (or no longer)
@@ -182,47 +195,70 @@ pub(crate) trait Driver {
     // Retention and tenant deletion: fetches of what is due, and removals.
 
     /// Up to `limit` published results past their expiry (id, storage key).
-    async fn results_expiring(&mut self, now: Timestamp, limit: u32) -> Result<Vec<(String, String)>>;
+    async fn results_expiring(&mut self, now: Timestamp, limit: u32) -> Result<Vec<(String, String)>> {
+        self.script(&fetches::results_expiring(now, limit)).await
+    }
 
     /// Marks a result expired; its object becomes garbage.
-    async fn result_expire(&mut self, id: &str, storage_key: &str, now: Timestamp) -> Result<()>;
+    async fn result_expire(&mut self, id: &str, storage_key: &str, now: Timestamp) -> Result<()> {
+        self.script(&fetches::result_expire(id, storage_key, now)).await
+    }
 
     /// Up to `limit` operations past their retention, soonest expiry first.
-    async fn operations_expiring(&mut self, now: Timestamp, limit: u32) -> Result<Vec<Expiring>>;
+    async fn operations_expiring(&mut self, now: Timestamp, limit: u32) -> Result<Vec<Expiring>> {
+        self.script(&fetches::operations_expiring(now, limit)).await
+    }
 
     /// Deletes everything of one operation but its idempotency record; its
     /// result objects become garbage, and read caches forget it.
     async fn operation_remove(&mut self, id: &str, now: Timestamp) -> Result<()>;
 
     /// Stores (or replaces) a tombstone.
-    async fn tombstone_set(&mut self, tombstone: &Tombstone) -> Result<()>;
+    async fn tombstone_set(&mut self, tombstone: &Tombstone) -> Result<()> {
+        self.script(&fetches::tombstone_set(tombstone)).await
+    }
 
     /// Deletes up to `limit` tombstones past their window and the
     /// idempotency records they kept; returns how many.
     async fn tombstones_bury(&mut self, now: Timestamp, limit: u32) -> Result<u64>;
 
     /// Up to `limit` finished deliveries created at or before `cutoff`.
-    async fn deliveries_finished(&mut self, cutoff: Timestamp, limit: u32) -> Result<Vec<String>>;
+    async fn deliveries_finished(&mut self, cutoff: Timestamp, limit: u32) -> Result<Vec<String>> {
+        self.script(&fetches::deliveries_finished(cutoff, limit)).await
+    }
 
     /// Up to `limit` uploads past their expiry that no operation names.
-    async fn uploads_unused(&mut self, now: Timestamp, limit: u32) -> Result<Vec<String>>;
+    async fn uploads_unused(&mut self, now: Timestamp, limit: u32) -> Result<Vec<String>> {
+        self.script(&fetches::uploads_unused(now, limit)).await
+    }
 
     /// Deletes an upload; its objects become garbage.
     async fn upload_drop(&mut self, id: &str, now: Timestamp) -> Result<()>;
 
     /// How many results and webhook deliveries the tenant has.
-    async fn tenant_counts(&mut self, tenant: &str) -> Result<(u64, u64)>;
+    async fn tenant_counts(&mut self, tenant: &str) -> Result<(u64, u64)> {
+        Ok((
+            self.script(&fetches::tenant_results(tenant)).await?,
+            self.script(&fetches::tenant_deliveries(tenant)).await?,
+        ))
+    }
 
     /// The ids of every operation of the tenant.
-    async fn tenant_operations(&mut self, tenant: &str) -> Result<Vec<String>>;
+    async fn tenant_operations(&mut self, tenant: &str) -> Result<Vec<String>> {
+        self.script(&fetches::tenant_operations(tenant)).await
+    }
 
     /// The ids of every upload of the tenant.
-    async fn tenant_uploads(&mut self, tenant: &str) -> Result<Vec<String>>;
+    async fn tenant_uploads(&mut self, tenant: &str) -> Result<Vec<String>> {
+        self.script(&fetches::tenant_uploads(tenant)).await
+    }
 
     /// Makes the objects of the tenant's results that still have one
     /// garbage (results of operations already removed; expired ones have
     /// no object left).
-    async fn tenant_results_to_garbage(&mut self, tenant: &str, now: Timestamp) -> Result<()>;
+    async fn tenant_results_to_garbage(&mut self, tenant: &str, now: Timestamp) -> Result<()> {
+        self.script(&fetches::tenant_results_to_garbage(tenant, now)).await
+    }
 
     /// `DELETE FROM {table} WHERE {column} = value{and}`: one of the plan's
     /// fixed lists of rows to remove (`and` is a condition, empty or
@@ -234,10 +270,14 @@ pub(crate) trait Driver {
     /// Who holds the right to append to upload `id` (the tenant's, when
     /// given), locked for the rest of the transaction; `None` if no such
     /// upload.
-    async fn upload_lease_locked(&mut self, tenant: Option<&str>, id: &Id) -> Result<Option<UploadLease>>;
+    async fn upload_lease_locked(&mut self, tenant: Option<&str>, id: &Id) -> Result<Option<UploadLease>> {
+        self.script(&fetches::upload_lease_locked(tenant, id)).await
+    }
 
     /// Sets who holds the right to append to upload `id`.
-    async fn upload_lease_set(&mut self, id: &Id, lease: &UploadLease) -> Result<()>;
+    async fn upload_lease_set(&mut self, id: &Id, lease: &UploadLease) -> Result<()> {
+        self.script(&fetches::upload_lease_set(id, lease)).await
+    }
 
     /// Records events, each of its operation's current version.
     async fn events_insert(&mut self, events: &[(&Operation, EventType, Value)]) -> Result<()>;

@@ -6,8 +6,7 @@
 use std::collections::HashMap;
 
 use super::*;
-use crate::plan::retention::{Expiring, Tombstone};
-use crate::plan::{Driver, EndRow, Lock, OverdueWaiting, PauseRequested, StopRequested};
+use crate::plan::{Driver, EndRow, Lock};
 
 /// A transaction, with what it changed so far, as a [`Driver`].
 pub(super) struct PgDriver<'c> {
@@ -41,115 +40,6 @@ impl Driver for PgDriver<'_> {
         now: Timestamp,
     ) -> Result<()> {
         pieces_drop(self.c, operation_id, only, keep, now).await
-    }
-
-    async fn overdue_waiting(&mut self, now: Timestamp, limit: u32) -> Result<Vec<OverdueWaiting>> {
-        let rows = rows_of(
-            self.c,
-            "SELECT o.id, o.state FROM operations o JOIN tasks t ON t.operation_id = o.id
-              WHERE o.deadline_at IS NOT NULL AND o.deadline_at <= $1 AND o.state IN ('queued', 'running')
-                AND t.status = 'ready'
-              ORDER BY o.deadline_at LIMIT $2 FOR UPDATE OF o, t SKIP LOCKED",
-            now.0,
-            i64::from(limit),
-        )
-        .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(OverdueWaiting {
-                    id: r.try_get(0).map_err(db)?,
-                    state: state_of(&r.try_get::<String, _>(1).map_err(db)?)?,
-                })
-            })
-            .collect()
-    }
-
-    async fn overdue_running(&mut self, now: Timestamp, limit: u32) -> Result<Vec<String>> {
-        let rows = rows_of(
-            self.c,
-            "SELECT o.id FROM operations o JOIN tasks t ON t.operation_id = o.id
-              WHERE o.deadline_at IS NOT NULL AND o.deadline_at <= $1 AND o.state IN ('queued', 'running')
-                AND t.status = 'leased' AND o.cancel_requested_at IS NULL AND o.cancellable
-              ORDER BY o.deadline_at LIMIT $2 FOR UPDATE OF o, t SKIP LOCKED",
-            now.0,
-            i64::from(limit),
-        )
-        .await?;
-        rows.iter().map(|r| r.try_get(0).map_err(db)).collect()
-    }
-
-    async fn stops_unacknowledged(&mut self, cutoff: Timestamp, limit: u32) -> Result<Vec<StopRequested>> {
-        let rows = rows_of(
-            self.c,
-            "SELECT id, cancel_reason FROM operations
-              WHERE state = 'running' AND cancel_requested_by = 'system' AND cancel_requested_at <= $1
-              ORDER BY cancel_requested_at LIMIT $2 FOR UPDATE SKIP LOCKED",
-            cutoff.0,
-            i64::from(limit),
-        )
-        .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(StopRequested {
-                    id: r.try_get(0).map_err(db)?,
-                    reason: r.try_get(1).map_err(db)?,
-                })
-            })
-            .collect()
-    }
-
-    async fn pauses_unanswered(&mut self, cutoff: Timestamp, limit: u32) -> Result<Vec<PauseRequested>> {
-        let rows = rows_of(
-            self.c,
-            "SELECT id, pause_requested_at FROM operations
-              WHERE state = 'running' AND pause_requested_at <= $1
-              ORDER BY pause_requested_at LIMIT $2 FOR UPDATE SKIP LOCKED",
-            cutoff.0,
-            i64::from(limit),
-        )
-        .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(PauseRequested {
-                    id: r.try_get(0).map_err(db)?,
-                    requested_at: Timestamp(r.try_get(1).map_err(db)?),
-                })
-            })
-            .collect()
-    }
-
-    async fn leases_lapsed(&mut self, now: Timestamp, limit: u32) -> Result<Vec<(String, Lapsed)>> {
-        let rows = rows_of(
-            self.c,
-            "SELECT t.operation_id, o.attempt, o.cancel_requested_at IS NOT NULL, o.cancel_requested_by,
-                    o.cancel_reason, COALESCE(k.rerun_safe, FALSE), COALESCE(k.max_attempts, 1),
-                    o.pause_requested_at IS NOT NULL
-               FROM tasks t
-               JOIN operations o ON o.id = t.operation_id
-               LEFT JOIN kinds k ON k.name = t.kind
-              WHERE t.status = 'leased' AND t.lease_expires_at < $1
-              ORDER BY t.lease_expires_at LIMIT $2
-              FOR UPDATE OF t, o SKIP LOCKED",
-            now.0,
-            i64::from(limit),
-        )
-        .await?;
-        rows.iter()
-            .map(|r| {
-                Ok((
-                    r.try_get(0).map_err(db)?,
-                    Lapsed {
-                        attempt: r.try_get(1).map_err(db)?,
-                        cancel_requested: r.try_get(2).map_err(db)?,
-                        cancel_requested_by: r.try_get(3).map_err(db)?,
-                        cancel_reason: r.try_get(4).map_err(db)?,
-                        rerun_safe: r.try_get(5).map_err(db)?,
-                        max_attempts: r.try_get(6).map_err(db)?,
-                        pause_requested: r.try_get(7).map_err(db)?,
-                    },
-                ))
-            })
-            .collect()
     }
 
     async fn fenced(&mut self, leases: &[(&str, &str)], lock: Lock) -> Result<Vec<Option<Fenced>>> {
@@ -392,73 +282,8 @@ impl Driver for PgDriver<'_> {
         update_returning(self.c, query).await?.ok_or(StoreError::LeaseLost)
     }
 
-    async fn results_expiring(&mut self, now: Timestamp, limit: u32) -> Result<Vec<(String, String)>> {
-        let rows = rows_of(
-            self.c,
-            "SELECT id, storage_key FROM results WHERE state = 'published' AND expires_at <= $1
-              ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED",
-            now.0,
-            i64::from(limit),
-        )
-        .await?;
-        rows.iter()
-            .map(|r| Ok((r.try_get(0).map_err(db)?, r.try_get(1).map_err(db)?)))
-            .collect()
-    }
-
-    async fn result_expire(&mut self, id: &str, storage_key: &str, now: Timestamp) -> Result<()> {
-        sqlx::query("UPDATE results SET state = 'expired' WHERE id = $1")
-            .bind(id)
-            .execute(&mut *self.c)
-            .await
-            .map_err(db)?;
-        garbage_insert(self.c, &[storage_key.to_owned()], now).await
-    }
-
-    async fn operations_expiring(&mut self, now: Timestamp, limit: u32) -> Result<Vec<Expiring>> {
-        let rows = rows_of(
-            self.c,
-            "SELECT id, tenant, expires_at, kind, idempotency_key FROM operations
-              WHERE expires_at IS NOT NULL AND expires_at <= $1
-              ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED",
-            now.0,
-            i64::from(limit),
-        )
-        .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(Expiring {
-                    id: r.try_get(0).map_err(db)?,
-                    tenant: r.try_get(1).map_err(db)?,
-                    expired_at: Timestamp(r.try_get(2).map_err(db)?),
-                    kind: r.try_get(3).map_err(db)?,
-                    idempotency_key: r.try_get(4).map_err(db)?,
-                })
-            })
-            .collect()
-    }
-
     async fn operation_remove(&mut self, id: &str, now: Timestamp) -> Result<()> {
         operation_remove(self.c, self.ch, id, now).await
-    }
-
-    async fn tombstone_set(&mut self, t: &Tombstone) -> Result<()> {
-        sqlx::query(
-            "INSERT INTO tombstones (operation_id, tenant, removed_at, expires_at, kind, idempotency_key)
-             VALUES ($1, $2, $3, $4, $5, $6)
-             ON CONFLICT (operation_id) DO UPDATE SET removed_at = excluded.removed_at, expires_at = excluded.expires_at,
-                                                      kind = excluded.kind, idempotency_key = excluded.idempotency_key",
-        )
-        .bind(&t.operation_id)
-        .bind(&t.tenant)
-        .bind(t.removed_at.0)
-        .bind(t.expires_at.0)
-        .bind(&t.kind)
-        .bind(&t.idempotency_key)
-        .execute(&mut *self.c)
-        .await
-        .map_err(db)?;
-        Ok(())
     }
 
     /// One statement: the due tombstones (locked, skipping what another
@@ -484,79 +309,8 @@ impl Driver for PgDriver<'_> {
         Ok(u64::try_from(buried).unwrap_or(0))
     }
 
-    async fn deliveries_finished(&mut self, cutoff: Timestamp, limit: u32) -> Result<Vec<String>> {
-        ids(
-            self.c,
-            "SELECT event_id FROM webhook_deliveries WHERE status <> 'pending' AND created_at <= $1
-              ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED",
-            cutoff.0,
-            i64::from(limit),
-        )
-        .await
-    }
-
-    async fn uploads_unused(&mut self, now: Timestamp, limit: u32) -> Result<Vec<String>> {
-        ids(
-            self.c,
-            "SELECT id FROM uploads WHERE expires_at <= $1
-                AND NOT EXISTS (SELECT 1 FROM operation_uploads WHERE upload_id = uploads.id)
-              ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED",
-            now.0,
-            i64::from(limit),
-        )
-        .await
-    }
-
     async fn upload_drop(&mut self, id: &str, now: Timestamp) -> Result<()> {
         upload_drop(self.c, id, now).await
-    }
-
-    async fn tenant_counts(&mut self, tenant: &str) -> Result<(u64, u64)> {
-        let mut counts = [0u64; 2];
-        for (i, sql) in [
-            "SELECT COUNT(*) FROM results WHERE tenant = $1",
-            "SELECT COUNT(*) FROM webhook_deliveries WHERE tenant = $1",
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            let n: i64 = sqlx::query_scalar(sql)
-                .bind(tenant)
-                .fetch_one(&mut *self.c)
-                .await
-                .map_err(db)?;
-            counts[i] = u64::try_from(n).unwrap_or(0);
-        }
-        Ok((counts[0], counts[1]))
-    }
-
-    async fn tenant_operations(&mut self, tenant: &str) -> Result<Vec<String>> {
-        sqlx::query_scalar("SELECT id FROM operations WHERE tenant = $1")
-            .bind(tenant)
-            .fetch_all(&mut *self.c)
-            .await
-            .map_err(db)
-    }
-
-    async fn tenant_uploads(&mut self, tenant: &str) -> Result<Vec<String>> {
-        sqlx::query_scalar("SELECT id FROM uploads WHERE tenant = $1")
-            .bind(tenant)
-            .fetch_all(&mut *self.c)
-            .await
-            .map_err(db)
-    }
-
-    async fn tenant_results_to_garbage(&mut self, tenant: &str, now: Timestamp) -> Result<()> {
-        sqlx::query(
-            "INSERT INTO artifact_garbage (storage_key, created_at)
-             SELECT storage_key, $2 FROM results WHERE tenant = $1 AND state <> 'expired' ON CONFLICT DO NOTHING",
-        )
-        .bind(tenant)
-        .bind(now.0)
-        .execute(&mut *self.c)
-        .await
-        .map_err(db)?;
-        Ok(())
     }
 
     async fn rows_delete(&mut self, table: &str, column: &str, and: &str, value: &str) -> Result<u64> {
@@ -567,21 +321,6 @@ impl Driver for PgDriver<'_> {
             .await
             .map_err(db)?
             .rows_affected())
-    }
-
-    async fn upload_lease_locked(&mut self, tenant: Option<&str>, id: &Id) -> Result<Option<UploadLease>> {
-        upload_lease(self.c, tenant, id, true).await
-    }
-
-    async fn upload_lease_set(&mut self, id: &Id, lease: &UploadLease) -> Result<()> {
-        sqlx::query("UPDATE uploads SET appending_token = $2, appending_until = $3 WHERE id = $1")
-            .bind(id.as_str())
-            .bind(&lease.token)
-            .bind(lease.until.map(|t| t.0))
-            .execute(&mut *self.c)
-            .await
-            .map_err(db)?;
-        Ok(())
     }
 
     async fn events_insert(&mut self, events: &[(&Operation, EventType, Value)]) -> Result<()> {

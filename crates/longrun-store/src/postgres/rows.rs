@@ -225,15 +225,3 @@ pub(super) async fn events_insert(
     .map_err(db)?;
     Ok(())
 }
-
-/// The rows of `sql`, a query of two numbers (an instant and a limit, as
-/// the maintenance passes ask).
-pub(super) async fn rows_of(c: &mut PgConnection, sql: &str, a: i64, b: i64) -> Result<Vec<PgRow>> {
-    sqlx::query(sql).bind(a).bind(b).fetch_all(&mut *c).await.map_err(db)
-}
-
-/// The first column of [`rows_of`], text.
-pub(super) async fn ids(c: &mut PgConnection, sql: &str, a: i64, b: i64) -> Result<Vec<String>> {
-    let rows = rows_of(c, sql, a, b).await?;
-    rows.iter().map(|r| r.try_get::<String, _>(0).map_err(db)).collect()
-}

@@ -136,8 +136,7 @@ impl<T> Script<T> {
 }
 
 /// Where a statement writes the store's clock: the milliseconds since the
-/// epoch, as each dialect reads them ([`pg`] and [`sqlite_sql`] put their own
-/// expression in its place).
+/// epoch, as each dialect reads them.
 pub(crate) const NOW_MS: &str = "{now_ms}";
 
 /// Where a read locks the rows it returns for the rest of the transaction
@@ -149,26 +148,50 @@ pub(crate) const FOR_UPDATE: &str = "{for_update}";
 /// SQLite's one writer needs neither).
 pub(crate) const SKIP_LOCKED: &str = "{skip_locked}";
 
-/// A shared statement in PostgreSQL's spelling: `$N` for `?N` (no shared
-/// statement holds a literal `?`), its clock and its row locks.
-pub(crate) fn pg(sql: &str) -> String {
-    sql.replace('?', "$")
-        .replace(NOW_MS, "(extract(epoch from clock_timestamp()) * 1000)::BIGINT")
-        .replace(FOR_UPDATE, "FOR UPDATE")
-        .replace(SKIP_LOCKED, "FOR UPDATE SKIP LOCKED")
+/// Text only one dialect runs: `{pg: …}` and `{sqlite: …}` (no nested
+/// braces). What the other dialect would need there is written in its own
+/// section, or nothing (a lock SQLite's one writer does not need).
+fn sections(sql: &str, keep: &str, drop: &str) -> String {
+    let mut out = String::with_capacity(sql.len());
+    let mut rest = sql;
+    while let Some(at) = rest.find('{') {
+        out.push_str(&rest[..at]);
+        let section = &rest[at..];
+        let end = section.find('}').map_or(section.len(), |e| e + 1);
+        let inner = &section[1..end.saturating_sub(1).max(1)];
+        if let Some(text) = inner.strip_prefix(keep) {
+            out.push_str(text.trim_start());
+        } else if !inner.starts_with(drop) {
+            out.push_str(&section[..end]);
+        }
+        rest = &section[end..];
+    }
+    out.push_str(rest);
+    out
 }
 
-/// A shared statement in SQLite's spelling: as written, but its clock and
-/// its (absent) row locks.
+/// A shared statement in PostgreSQL's spelling: `$N` for `?N` (no shared
+/// statement holds a literal `?`), its clock, its row locks and its
+/// `{pg: …}` sections.
+pub(crate) fn pg(sql: &str) -> String {
+    let sql = sql
+        .replace(NOW_MS, "(extract(epoch from clock_timestamp()) * 1000)::BIGINT")
+        .replace(FOR_UPDATE, "FOR UPDATE")
+        .replace(SKIP_LOCKED, "FOR UPDATE SKIP LOCKED");
+    sections(&sql, "pg:", "sqlite:").replace('?', "$")
+}
+
+/// A shared statement in SQLite's spelling: as written, but its clock, its
+/// (absent) row locks and its `{sqlite: …}` sections.
 pub(crate) fn sqlite_sql(sql: &str) -> std::borrow::Cow<'_, str> {
-    if sql.contains('{') {
-        sql.replace(NOW_MS, "CAST(unixepoch('subsec') * 1000 AS INTEGER)")
-            .replace(FOR_UPDATE, "")
-            .replace(SKIP_LOCKED, "")
-            .into()
-    } else {
-        sql.into()
+    if !sql.contains('{') {
+        return sql.into();
     }
+    let sql = sql
+        .replace(NOW_MS, "CAST(unixepoch('subsec') * 1000 AS INTEGER)")
+        .replace(FOR_UPDATE, "")
+        .replace(SKIP_LOCKED, "");
+    sections(&sql, "sqlite:", "pg:").into()
 }
 
 /// A row read back.
@@ -299,6 +322,16 @@ mod tests {
             "SELECT a FROM t LIMIT ?1 "
         );
         assert!(matches!(sqlite_sql("SELECT 1"), std::borrow::Cow::Borrowed(_)));
+        let sql =
+            "SELECT a FROM t JOIN u ON u.id = t.id WHERE t.b{sqlite: = 1} LIMIT ?2 {pg: FOR UPDATE OF t SKIP LOCKED}";
+        assert_eq!(
+            pg(sql),
+            "SELECT a FROM t JOIN u ON u.id = t.id WHERE t.b LIMIT $2 FOR UPDATE OF t SKIP LOCKED"
+        );
+        assert_eq!(
+            sqlite_sql(sql),
+            "SELECT a FROM t JOIN u ON u.id = t.id WHERE t.b= 1 LIMIT ?2 "
+        );
     }
 
     #[test]

@@ -9,8 +9,7 @@ use std::future::Future;
 use futures_util::FutureExt as _;
 
 use super::*;
-use crate::plan::retention::{Expiring, Tombstone};
-use crate::plan::{Driver, EndRow, Lock, OverdueWaiting, PauseRequested, StopRequested};
+use crate::plan::{Driver, EndRow, Lock};
 
 /// The writer thread's connection, as a [`Driver`].
 pub(super) struct SqliteDriver<'c> {
@@ -77,106 +76,6 @@ impl Driver for SqliteDriver<'_> {
         now: Timestamp,
     ) -> Result<()> {
         pieces_drop(self.c, operation_id, only, keep, now)
-    }
-
-    async fn overdue_waiting(&mut self, now: Timestamp, limit: u32) -> Result<Vec<OverdueWaiting>> {
-        let rows = self
-            .c
-            .prepare_cached(
-                "SELECT o.id, o.state FROM operations o JOIN tasks t ON t.operation_id = o.id
-                  WHERE o.deadline_at IS NOT NULL AND o.deadline_at <= ?1 AND o.state IN ('queued', 'running')
-                    AND t.status = 'ready'
-                  ORDER BY o.deadline_at LIMIT ?2",
-            )?
-            .query_map(params![now.0, limit], |r| {
-                Ok(OverdueWaiting {
-                    id: r.get(0)?,
-                    state: state_column(r, 1)?,
-                })
-            })?
-            .collect::<rusqlite::Result<_>>()?;
-        Ok(rows)
-    }
-
-    async fn overdue_running(&mut self, now: Timestamp, limit: u32) -> Result<Vec<String>> {
-        let ids = self
-            .c
-            .prepare_cached(
-                "SELECT o.id FROM operations o JOIN tasks t ON t.operation_id = o.id
-                  WHERE o.deadline_at IS NOT NULL AND o.deadline_at <= ?1 AND o.state IN ('queued', 'running')
-                    AND t.status = 'leased' AND o.cancel_requested_at IS NULL AND o.cancellable = 1
-                  ORDER BY o.deadline_at LIMIT ?2",
-            )?
-            .query_map(params![now.0, limit], |r| r.get(0))?
-            .collect::<rusqlite::Result<_>>()?;
-        Ok(ids)
-    }
-
-    async fn stops_unacknowledged(&mut self, cutoff: Timestamp, limit: u32) -> Result<Vec<StopRequested>> {
-        let rows = self
-            .c
-            .prepare_cached(
-                "SELECT id, cancel_reason FROM operations
-                  WHERE state = 'running' AND cancel_requested_by = 'system' AND cancel_requested_at <= ?1
-                  ORDER BY cancel_requested_at LIMIT ?2",
-            )?
-            .query_map(params![cutoff.0, limit], |r| {
-                Ok(StopRequested {
-                    id: r.get(0)?,
-                    reason: r.get(1)?,
-                })
-            })?
-            .collect::<rusqlite::Result<_>>()?;
-        Ok(rows)
-    }
-
-    async fn pauses_unanswered(&mut self, cutoff: Timestamp, limit: u32) -> Result<Vec<PauseRequested>> {
-        let rows = self
-            .c
-            .prepare_cached(
-                "SELECT id, pause_requested_at FROM operations
-                  WHERE state = 'running' AND pause_requested_at <= ?1
-                  ORDER BY pause_requested_at LIMIT ?2",
-            )?
-            .query_map(params![cutoff.0, limit], |r| {
-                Ok(PauseRequested {
-                    id: r.get(0)?,
-                    requested_at: Timestamp(r.get(1)?),
-                })
-            })?
-            .collect::<rusqlite::Result<_>>()?;
-        Ok(rows)
-    }
-
-    async fn leases_lapsed(&mut self, now: Timestamp, limit: u32) -> Result<Vec<(String, Lapsed)>> {
-        let lapsed = self
-            .c
-            .prepare_cached(
-                "SELECT t.operation_id, o.attempt, o.cancel_requested_at IS NOT NULL, o.cancel_requested_by,
-                        o.cancel_reason, COALESCE(k.rerun_safe, 0), COALESCE(k.max_attempts, 1),
-                        o.pause_requested_at IS NOT NULL
-                   FROM tasks t
-                   JOIN operations o ON o.id = t.operation_id
-                   LEFT JOIN kinds k ON k.name = t.kind
-                  WHERE t.status = 'leased' AND t.lease_expires_at < ?1
-                  ORDER BY t.lease_expires_at LIMIT ?2",
-            )?
-            .query_map(params![now.0, limit], |r| {
-                Ok((
-                    r.get(0)?,
-                    Lapsed {
-                        attempt: r.get(1)?,
-                        cancel_requested: r.get(2)?,
-                        cancel_requested_by: r.get(3)?,
-                        cancel_reason: r.get(4)?,
-                        rerun_safe: r.get(5)?,
-                        max_attempts: r.get(6)?,
-                        pause_requested: r.get(7)?,
-                    },
-                ))
-            })?
-            .collect::<rusqlite::Result<_>>()?;
-        Ok(lapsed)
     }
 
     async fn fenced(&mut self, leases: &[(&str, &str)], _lock: Lock) -> Result<Vec<Option<Fenced>>> {
@@ -392,68 +291,9 @@ impl Driver for SqliteDriver<'_> {
         .ok_or(StoreError::LeaseLost)
     }
 
-    async fn results_expiring(&mut self, now: Timestamp, limit: u32) -> Result<Vec<(String, String)>> {
-        let due = self
-            .c
-            .prepare_cached(
-                "SELECT id, storage_key FROM results
-                  WHERE state = 'published' AND expires_at <= ?1 ORDER BY expires_at LIMIT ?2",
-            )?
-            .query_map(params![now.0, limit], |r| Ok((r.get(0)?, r.get(1)?)))?
-            .collect::<rusqlite::Result<_>>()?;
-        Ok(due)
-    }
-
-    async fn result_expire(&mut self, id: &str, storage_key: &str, now: Timestamp) -> Result<()> {
-        self.c
-            .prepare_cached("UPDATE results SET state = 'expired' WHERE id = ?1")?
-            .execute(params![id])?;
-        self.c
-            .prepare_cached("INSERT OR IGNORE INTO artifact_garbage (storage_key, created_at) VALUES (?1, ?2)")?
-            .execute(params![storage_key, now.0])?;
-        Ok(())
-    }
-
-    async fn operations_expiring(&mut self, now: Timestamp, limit: u32) -> Result<Vec<Expiring>> {
-        let due = self
-            .c
-            .prepare_cached(
-                "SELECT id, tenant, expires_at, kind, idempotency_key FROM operations
-                  WHERE expires_at IS NOT NULL AND expires_at <= ?1 ORDER BY expires_at LIMIT ?2",
-            )?
-            .query_map(params![now.0, limit], |r| {
-                Ok(Expiring {
-                    id: r.get(0)?,
-                    tenant: r.get(1)?,
-                    expired_at: Timestamp(r.get(2)?),
-                    kind: r.get(3)?,
-                    idempotency_key: r.get(4)?,
-                })
-            })?
-            .collect::<rusqlite::Result<_>>()?;
-        Ok(due)
-    }
-
     async fn operation_remove(&mut self, id: &str, now: Timestamp) -> Result<()> {
         self.forget(id);
         operation_remove(self.c, id, now)
-    }
-
-    async fn tombstone_set(&mut self, t: &Tombstone) -> Result<()> {
-        self.c
-            .prepare_cached(
-                "INSERT OR REPLACE INTO tombstones (operation_id, tenant, removed_at, expires_at, kind, idempotency_key)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            )?
-            .execute(params![
-                t.operation_id,
-                t.tenant,
-                t.removed_at.0,
-                t.expires_at.0,
-                t.kind,
-                t.idempotency_key
-            ])?;
-        Ok(())
     }
 
     /// Row by row: the statements run in-process, and two set statements
@@ -483,88 +323,13 @@ impl Driver for SqliteDriver<'_> {
         Ok(due.len() as u64)
     }
 
-    async fn deliveries_finished(&mut self, cutoff: Timestamp, limit: u32) -> Result<Vec<String>> {
-        let due = self
-            .c
-            .prepare_cached(
-                "SELECT event_id FROM webhook_deliveries WHERE status <> 'pending' AND created_at <= ?1
-                  ORDER BY created_at LIMIT ?2",
-            )?
-            .query_map(params![cutoff.0, limit], |r| r.get(0))?
-            .collect::<rusqlite::Result<_>>()?;
-        Ok(due)
-    }
-
-    async fn uploads_unused(&mut self, now: Timestamp, limit: u32) -> Result<Vec<String>> {
-        let due = self
-            .c
-            .prepare_cached(
-                "SELECT id FROM uploads WHERE expires_at <= ?1
-                    AND NOT EXISTS (SELECT 1 FROM operation_uploads WHERE upload_id = uploads.id)
-                  ORDER BY expires_at LIMIT ?2",
-            )?
-            .query_map(params![now.0, limit], |r| r.get(0))?
-            .collect::<rusqlite::Result<_>>()?;
-        Ok(due)
-    }
-
     async fn upload_drop(&mut self, id: &str, now: Timestamp) -> Result<()> {
         upload_drop(self.c, id, now)
-    }
-
-    async fn tenant_counts(&mut self, tenant: &str) -> Result<(u64, u64)> {
-        let count = |sql: &str| -> Result<u64> {
-            let n: i64 = self.c.query_row(sql, params![tenant], |r| r.get(0))?;
-            Ok(u64::try_from(n).unwrap_or(0))
-        };
-        Ok((
-            count("SELECT COUNT(*) FROM results WHERE tenant = ?1")?,
-            count("SELECT COUNT(*) FROM webhook_deliveries WHERE tenant = ?1")?,
-        ))
-    }
-
-    async fn tenant_operations(&mut self, tenant: &str) -> Result<Vec<String>> {
-        let ids = self
-            .c
-            .prepare_cached("SELECT id FROM operations WHERE tenant = ?1")?
-            .query_map(params![tenant], |r| r.get(0))?
-            .collect::<rusqlite::Result<_>>()?;
-        Ok(ids)
-    }
-
-    async fn tenant_uploads(&mut self, tenant: &str) -> Result<Vec<String>> {
-        let ids = self
-            .c
-            .prepare_cached("SELECT id FROM uploads WHERE tenant = ?1")?
-            .query_map(params![tenant], |r| r.get(0))?
-            .collect::<rusqlite::Result<_>>()?;
-        Ok(ids)
-    }
-
-    async fn tenant_results_to_garbage(&mut self, tenant: &str, now: Timestamp) -> Result<()> {
-        self.c
-            .prepare_cached(
-                "INSERT OR IGNORE INTO artifact_garbage (storage_key, created_at)
-                 SELECT storage_key, ?2 FROM results WHERE tenant = ?1 AND state <> 'expired'",
-            )?
-            .execute(params![tenant, now.0])?;
-        Ok(())
     }
 
     async fn rows_delete(&mut self, table: &str, column: &str, and: &str, value: &str) -> Result<u64> {
         let sql = format!("DELETE FROM {table} WHERE {column} = ?1{and}");
         Ok(self.c.prepare_cached(&sql)?.execute(params![value])? as u64)
-    }
-
-    async fn upload_lease_locked(&mut self, tenant: Option<&str>, id: &Id) -> Result<Option<UploadLease>> {
-        upload_lease(self.c, tenant, id)
-    }
-
-    async fn upload_lease_set(&mut self, id: &Id, lease: &UploadLease) -> Result<()> {
-        self.c
-            .prepare_cached("UPDATE uploads SET appending_token = ?2, appending_until = ?3 WHERE id = ?1")?
-            .execute(params![id.as_str(), lease.token, lease.until.map(|t| t.0)])?;
-        Ok(())
     }
 
     async fn events_insert(&mut self, events: &[(&Operation, EventType, Value)]) -> Result<()> {
