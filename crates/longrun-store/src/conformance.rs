@@ -82,6 +82,7 @@ macro_rules! store_conformance {
             kinds_are_declared_and_updated,
             server_secrets_are_created_once,
             acceptance_pauses_are_set_per_kind_or_for_all,
+            the_backlog_counts_live_work_and_what_maintenance_has_waiting,
             retryable_failures_retry_until_attempts_run_out,
             over_budget_work_is_asked_to_stop_and_fails_with_budget_exhausted,
             the_enforcer_fails_late_queued_work_and_stops_late_running_work,

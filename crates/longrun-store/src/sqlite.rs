@@ -786,7 +786,7 @@ impl Store for SqliteStore {
     }
 
     async fn backlog(&self, now: Timestamp) -> Result<Backlog> {
-        self.read(move |c| backlog(c, now)).await
+        self.read(move |c| script::run(c, &backlog(now))).await
     }
 
     async fn accepting_pause(&self, kind: Option<String>, paused: bool) -> Result<()> {
@@ -815,7 +815,7 @@ impl Store for SqliteStore {
     }
 
     async fn operation_by_key(&self, tenant: &str, kinds: Vec<String>, key: &str) -> Result<Option<Id>> {
-        self.read_now(|c| operation_by_key(c, tenant, &kinds, key))
+        self.read_now(|c| script::run(c, &operation_by_key(tenant, &kinds, key)))
     }
 
     async fn idempotency_record(&self, tenant: &str, id: &Id) -> Result<Option<IdempotencyRecord>> {

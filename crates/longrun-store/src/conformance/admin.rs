@@ -275,3 +275,36 @@ pub async fn the_console_reads_are_bounded_by_live_work_and_keys(store: &dyn Sto
         .unwrap();
     assert_eq!(page.operations.len(), 2);
 }
+
+pub async fn the_backlog_counts_live_work_and_what_maintenance_has_waiting(store: &dyn Store) {
+    let empty = store.backlog(T0).await.unwrap();
+    assert_eq!(
+        (
+            empty.oldest_active.len(),
+            empty.retention_due,
+            empty.garbage_objects,
+            empty.webhooks_due,
+            empty.webhooks_failing
+        ),
+        (0, 0, 0, 0, 0)
+    );
+    let first = create(store, "t1", "backlogged").await;
+    create(store, "t2", "backlogged").await;
+    let running = create(store, "t1", "started").await;
+    claim_one(store, "started", at(1)).await;
+    let backlog = store.backlog(at(2)).await.unwrap();
+    let mut groups = backlog.oldest_active.clone();
+    groups.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        groups,
+        vec![
+            ("backlogged".to_owned(), State::Queued, first.created_at),
+            ("started".to_owned(), State::Running, running.created_at),
+        ],
+        "live work by kind and state, each with its oldest"
+    );
+    assert_eq!(
+        (backlog.retention_due, backlog.garbage_objects, backlog.webhooks_failing),
+        (0, 0, 0)
+    );
+}

@@ -58,27 +58,23 @@ fn row(r: &PgRow) -> Result<crate::shared::Row> {
 /// Runs `script`'s statements in order on `c` and decodes the last one's
 /// answer (the caller holds the transaction when there are several).
 pub(super) async fn run<T>(c: &mut PgConnection, script: &Script<T>) -> Result<T> {
-    let mut last = Done {
-        rows: Vec::new(),
-        changed: 0,
-    };
-    for stmt in &script.stmts {
+    let mut last = Done::default();
+    for (i, stmt) in script.stmts.iter().enumerate() {
         let sql = pg(stmt.sql);
         let q = stmt.args.iter().fold(sqlx::query(&sql), bind);
         let reads = stmt.sql.trim_start().starts_with("SELECT") || stmt.sql.contains("RETURNING");
-        last = if reads {
+        let (rows, changed) = if reads {
             let rows = q.fetch_all(&mut *c).await.map_err(db)?;
-            Done {
-                changed: rows.len() as u64,
-                rows: rows.iter().map(row).collect::<Result<_>>()?,
-            }
+            let changed = rows.len() as u64;
+            (rows.iter().map(row).collect::<Result<_>>()?, changed)
         } else {
-            let done = q.execute(&mut *c).await.map_err(db)?;
-            Done {
-                rows: Vec::new(),
-                changed: done.rows_affected(),
-            }
+            (Vec::new(), q.execute(&mut *c).await.map_err(db)?.rows_affected())
         };
+        if i > 0 {
+            last.before.push(std::mem::take(&mut last.rows));
+        }
+        last.rows = rows;
+        last.changed = changed;
     }
     (script.decode)(last)
 }

@@ -366,44 +366,7 @@ impl Store for PostgresStore {
     }
 
     async fn backlog(&self, now: Timestamp) -> Result<Backlog> {
-        let rows = sqlx::query(
-            "SELECT o.kind, o.state, MIN(o.created_at) FROM tasks t JOIN operations o ON o.id = t.operation_id
-              GROUP BY o.kind, o.state",
-        )
-        .fetch_all(&self.pool)
-        .await
-        .map_err(db)?;
-        let mut oldest_active = Vec::with_capacity(rows.len());
-        for r in &rows {
-            oldest_active.push((
-                r.try_get(0).map_err(db)?,
-                state_of(r.try_get(1).map_err(db)?)?,
-                Timestamp(r.try_get(2).map_err(db)?),
-            ));
-        }
-        let count = |sql: &'static str| {
-            let pool = self.pool.clone();
-            async move {
-                let n: i64 = sqlx::query_scalar(sql).bind(now.0).fetch_one(&pool).await.map_err(db)?;
-                Ok::<u64, StoreError>(u64::try_from(n).unwrap_or(0))
-            }
-        };
-        Ok(Backlog {
-            oldest_active,
-            retention_due: count("SELECT COUNT(*) FROM operations WHERE expires_at IS NOT NULL AND expires_at <= $1")
-                .await?
-                + count("SELECT COUNT(*) FROM results WHERE state = 'published' AND expires_at <= $1").await?
-                + count("SELECT COUNT(*) FROM tombstones WHERE expires_at <= $1").await?,
-            garbage_objects: count("SELECT COUNT(*) FROM artifact_garbage WHERE $1::BIGINT IS NOT NULL").await?,
-            webhooks_due: count(
-                "SELECT COUNT(*) FROM webhook_deliveries WHERE status = 'pending' AND next_attempt_at <= $1",
-            )
-            .await?,
-            webhooks_failing: count(
-                "SELECT COUNT(*) FROM webhook_deliveries WHERE status = 'pending' AND attempts > 0 AND $1::BIGINT IS NOT NULL",
-            )
-            .await?,
-        })
+        self.script(backlog(now)).await
     }
 
     async fn console_session_start(&self, session: ConsoleSession) -> Result<()> {
@@ -423,17 +386,7 @@ impl Store for PostgresStore {
     }
 
     async fn operation_by_key(&self, tenant: &str, kinds: Vec<String>, key: &str) -> Result<Option<Id>> {
-        // Keys are scoped by (tenant, kind): the primary key, for each kind.
-        let id: Option<String> = sqlx::query_scalar(
-            "SELECT operation_id FROM idempotency_keys WHERE tenant = $1 AND kind = ANY($2) AND key = $3 LIMIT 1",
-        )
-        .bind(tenant)
-        .bind(&kinds)
-        .bind(key)
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(db)?;
-        Ok(id.map(Id::from_trusted))
+        self.script(operation_by_key(tenant, &kinds, key)).await
     }
 
     async fn idempotency_record(&self, tenant: &str, id: &Id) -> Result<Option<IdempotencyRecord>> {

@@ -183,3 +183,62 @@ pub(crate) fn tenant_usage() -> Script<Vec<TenantUsage>> {
         },
     )
 }
+
+/// What maintenance has yet to do: live work by kind and state with its
+/// oldest, and what retention, garbage collection and webhook delivery have
+/// waiting at `now`.
+pub(crate) fn backlog(now: Timestamp) -> Script<Backlog> {
+    Script {
+        stmts: vec![
+            Stmt {
+                sql: "SELECT o.kind, o.state, MIN(o.created_at) FROM tasks t JOIN operations o ON o.id = t.operation_id
+                       GROUP BY o.kind, o.state",
+                args: vec![],
+            },
+            Stmt {
+                sql: "SELECT (SELECT COUNT(*) FROM operations WHERE expires_at IS NOT NULL AND expires_at <= ?1)
+                           + (SELECT COUNT(*) FROM results WHERE state = 'published' AND expires_at <= ?1)
+                           + (SELECT COUNT(*) FROM tombstones WHERE expires_at <= ?1),
+                             (SELECT COUNT(*) FROM artifact_garbage),
+                             (SELECT COUNT(*) FROM webhook_deliveries WHERE status = 'pending' AND next_attempt_at <= ?1),
+                             (SELECT COUNT(*) FROM webhook_deliveries WHERE status = 'pending' AND attempts > 0)",
+                args: vec![now.into()],
+            },
+        ],
+        decode: |d| {
+            let oldest_active = d.before.first().map_or(&[][..], Vec::as_slice);
+            let oldest_active = oldest_active
+                .iter()
+                .map(|r| Ok((r.text(0)?, r.state(1)?, r.ts(2)?)))
+                .collect::<Result<_>>()?;
+            one(d, |r| {
+                Ok(Backlog {
+                    oldest_active: Vec::new(),
+                    retention_due: r.count(0)?,
+                    garbage_objects: r.count(1)?,
+                    webhooks_due: r.count(2)?,
+                    webhooks_failing: r.count(3)?,
+                })
+            })
+            .map(|b| Backlog { oldest_active, ..b })
+        },
+    }
+}
+
+/// The operation a key made, among the tenant's `kinds` (keys are scoped
+/// by tenant and kind: one primary-key lookup each, first found wins).
+pub(crate) fn operation_by_key(tenant: &str, kinds: &[String], key: &str) -> Script<Option<Id>> {
+    Script {
+        stmts: kinds
+            .iter()
+            .map(|kind| Stmt {
+                sql: "SELECT operation_id FROM idempotency_keys WHERE tenant = ?1 AND kind = ?2 AND key = ?3",
+                args: vec![tenant.into(), kind.as_str().into(), key.into()],
+            })
+            .collect(),
+        decode: |d| {
+            let found = d.before.iter().chain(std::iter::once(&d.rows)).flatten().next();
+            found.map(|r| Ok(Id::from_trusted(r.text(0)?))).transpose()
+        },
+    }
+}

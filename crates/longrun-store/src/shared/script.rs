@@ -110,12 +110,16 @@ pub(crate) struct Stmt {
     pub args: Vec<Val>,
 }
 
-/// What the last statement of a script answered.
+/// What the last statement of a script answered, and the rows of those
+/// before it.
+#[derive(Default)]
 pub(crate) struct Done {
     /// Its rows, each column a [`Val`].
     pub rows: Vec<Row>,
     /// The rows it changed.
     pub changed: u64,
+    /// The rows each earlier statement read, in order.
+    pub before: Vec<Vec<Row>>,
 }
 
 /// Statements run in order, in one transaction when there are several,

@@ -35,11 +35,8 @@ fn val(v: ValueRef<'_>) -> Result<Val> {
 
 /// Runs `script`'s statements in order and decodes the last one's answer.
 pub(super) fn run<T>(c: &Connection, script: &Script<T>) -> Result<T> {
-    let mut last = Done {
-        rows: Vec::new(),
-        changed: 0,
-    };
-    for stmt in &script.stmts {
+    let mut last = Done::default();
+    for (i, stmt) in script.stmts.iter().enumerate() {
         let mut st = c.prepare_cached(&sqlite_sql(stmt.sql))?;
         let mut rows = st.query(rusqlite::params_from_iter(stmt.args.iter()))?;
         let mut read = Vec::new();
@@ -50,10 +47,11 @@ pub(super) fn run<T>(c: &Connection, script: &Script<T>) -> Result<T> {
             ));
         }
         drop(rows);
-        last = Done {
-            rows: read,
-            changed: c.changes(),
-        };
+        if i > 0 {
+            last.before.push(std::mem::take(&mut last.rows));
+        }
+        last.rows = read;
+        last.changed = c.changes();
     }
     (script.decode)(last)
 }
