@@ -20,7 +20,7 @@ use longrun_engine::in_process::dispatcher::{bytes_error, worker_error};
 use longrun_engine::kinds::export::{CSV_HEADER, Export, Format, render};
 use longrun_store::{
     AcceptOutcome, ClaimParams, DEFAULT_ARTIFACT, DesiredState, FinishParams, HeartbeatAck, HeartbeatParams,
-    IntentParams, KindSpec, Outcome, ProgressUpdate, ReapParams, SqliteConfig, SqliteStore, Store, Task,
+    IntentParams, KindSpec, Outcome, ProgressUpdate, ReapParams, SqliteConfig, SqliteStore, Store, Tables, Task,
 };
 use longrun_worker::WorkerError;
 use longrun_worker::task::{StopFlags, TaskContext, TaskLink, UploadedArtifact, run_task};

@@ -41,6 +41,7 @@ mod reads;
 mod shared;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+mod tables;
 mod types;
 
 pub use error::StoreError;
@@ -49,6 +50,7 @@ pub use longrun_core::task::{
 };
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteConfig, SqliteStore};
+pub use tables::Tables;
 pub use types::*;
 
 use async_trait::async_trait;
@@ -61,7 +63,7 @@ pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 /// one conformance suite judging both. A call applies all of its change or
 /// none (a batch call: each item alone), and callers pass `now`.
 #[async_trait]
-pub trait Store: Send + Sync + 'static {
+pub trait Store: Tables + Send + Sync + 'static {
     /// Accepts a submission: operation row, idempotency record, first event
     /// and dispatch record commit together, or the existing operation for the
     /// same key is returned (or refused when the request differs).
@@ -181,33 +183,6 @@ pub trait Store: Send + Sync + 'static {
     /// deadline to stop, and ends work whose worker ignored such a request.
     async fn deadline_enforce(&self, params: EnforceParams) -> Result<EnforceCounts>;
 
-    /// Sets a tenant's limits (creating the tenant).
-    async fn tenant_set(&self, limits: TenantLimits) -> Result<()>;
-    /// A tenant's limits, if it has any.
-    async fn tenant_get(&self, name: &str) -> Result<Option<TenantLimits>>;
-
-    /// Stores a new API key.
-    async fn api_key_create(&self, params: ApiKeyCreateParams) -> Result<()>;
-    /// The key `id`, revoked or not.
-    async fn api_key_get(&self, id: &Id) -> Result<Option<ApiKeyRecord>>;
-    /// Every key, revoked ones too.
-    async fn api_key_list(&self) -> Result<Vec<ApiKeyRecord>>;
-    /// `true` if a key was revoked now, `false` if unknown or already revoked.
-    async fn api_key_revoke(&self, id: &Id, now: longrun_core::Timestamp) -> Result<bool>;
-    /// How many keys exist (bootstrap makes keys only on an empty store).
-    async fn api_key_count(&self) -> Result<u64>;
-
-    /// Declares a kind, or changes its declaration.
-    async fn kind_upsert(&self, spec: KindSpec) -> Result<()>;
-    /// The kind `name`, if declared.
-    async fn kind_get(&self, name: &str) -> Result<Option<KindSpec>>;
-    /// Every declared kind.
-    async fn kind_list(&self) -> Result<Vec<KindSpec>>;
-
-    /// The server-wide secret `name`: `candidate` is stored if there is none
-    /// yet; either way the stored value is returned, so every process agrees.
-    async fn server_secret(&self, name: &str, candidate: Vec<u8>, now: longrun_core::Timestamp) -> Result<Vec<u8>>;
-
     /// Events after `after_version`, oldest first, at most `limit`, with their
     /// snapshots; `None` when the operation is not the tenant's.
     async fn operation_events_after(
@@ -217,10 +192,6 @@ pub trait Store: Send + Sync + 'static {
         after_version: i64,
         limit: u32,
     ) -> Result<Option<Vec<Event>>>;
-
-    /// The median time from acceptance to success of the kind's recent
-    /// operations, if any succeeded.
-    async fn kind_typical_duration(&self, kind: &str) -> Result<Option<std::time::Duration>>;
 
     /// Committed changes, as they happen. A lagging receiver has missed some
     /// and must re-read what it watches.
@@ -238,28 +209,6 @@ pub trait Store: Send + Sync + 'static {
     /// Records an attempt and what follows: delivered, retry later, or given up.
     async fn webhook_attempt(&self, params: AttemptParams) -> Result<()>;
 
-    /// The delivery log of an operation; `None` when it is not the tenant's.
-    async fn webhook_log(&self, tenant: &str, id: &Id) -> Result<Option<Vec<AttemptRecord>>>;
-
-    /// The tenant's secrets that sign now, newest first; `candidate` becomes
-    /// the first one if the tenant has none.
-    async fn webhook_secrets(
-        &self,
-        tenant: &str,
-        candidate: String,
-        now: longrun_core::Timestamp,
-    ) -> Result<Vec<String>>;
-
-    /// Makes `new_secret` the tenant's secret; the current ones keep signing
-    /// until `now + overlap`.
-    async fn webhook_secret_rotate(
-        &self,
-        tenant: &str,
-        new_secret: String,
-        now: longrun_core::Timestamp,
-        overlap: std::time::Duration,
-    ) -> Result<()>;
-
     /// Records a worker's uploaded artifact (fenced by its lease); `complete`
     /// publishes it, any other end discards it.
     async fn result_upload(&self, params: ResultUploadParams) -> Result<()>;
@@ -273,15 +222,6 @@ pub trait Store: Send + Sync + 'static {
     /// by the lease): what earlier attempts (or the original of a
     /// `from_checkpoint` re-run) stored.
     async fn artifact_pieces(&self, operation_id: &Id, lease_token: &str, name: &str) -> Result<Vec<UploadChunk>>;
-
-    /// The published (or expired) artifacts of the tenant's operation, by name.
-    async fn result_for_operation(&self, tenant: &str, id: &Id) -> Result<Vec<ResultRecord>>;
-
-    /// A result by its own id (download links are the authorisation).
-    async fn result_get(&self, id: &Id) -> Result<Option<ResultRecord>>;
-
-    /// When the tenant's removed operation `id` was removed, while its tombstone lives.
-    async fn operation_tombstone(&self, tenant: &str, id: &Id) -> Result<Option<longrun_core::Timestamp>>;
 
     /// One batched, idempotent pass of retention.
     async fn retention_sweep(&self, params: RetentionParams) -> Result<RetentionCounts>;
@@ -304,9 +244,6 @@ pub trait Store: Send + Sync + 'static {
 
     /// Starts an upload (no bytes yet).
     async fn upload_create(&self, params: UploadCreateParams) -> Result<UploadRecord>;
-
-    /// The tenant's upload `id`; `None` for an unknown or foreign id.
-    async fn upload_get(&self, tenant: &str, id: &Id) -> Result<Option<UploadRecord>>;
 
     /// Records a stored piece at the upload's current offset (see
     /// [`UploadAppendParams`]); a refused piece is the caller's to delete.
@@ -348,50 +285,11 @@ pub trait Store: Send + Sync + 'static {
         upload_id: &Id,
     ) -> Result<Option<UploadRecord>>;
 
-    /// Server secrets whose names start with `prefix`, oldest first.
-    async fn server_secret_list(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>>;
-
-    /// Ages and backlogs for the metrics endpoint.
-    async fn backlog(&self, now: longrun_core::Timestamp) -> Result<Backlog>;
-
-    /// Pauses (or resumes) acceptance: `None` for every kind, else one kind.
-    async fn accepting_pause(&self, kind: Option<String>, paused: bool) -> Result<()>;
-
-    /// The current pauses: `None` means all kinds.
-    async fn accepting_pauses(&self) -> Result<Vec<Option<String>>>;
-
     /// Cheap round trip to the database, for `/readyz`.
     async fn ping(&self) -> Result<()>;
 
     // The console's reads and sessions. Each is bounded by live work (tasks,
     // leases, tenants, sessions) or by a key, never by stored history.
-
-    /// Opens a console session (and forgets sessions past their expiry).
-    async fn console_session_start(&self, session: ConsoleSession) -> Result<()>;
-
-    /// The key a live session was opened with.
-    async fn console_session_key(&self, token_hash: &[u8], now: longrun_core::Timestamp) -> Result<Option<Id>>;
-
-    /// Ends a session (signing out); ending an unknown one is no error.
-    async fn console_session_end(&self, token_hash: &[u8]) -> Result<()>;
-
-    /// The tenant an operation belongs to (the admin console reads any).
-    async fn operation_tenant(&self, id: &Id) -> Result<Option<String>>;
-
-    /// The operation submitted with idempotency key `key` for one of `kinds`.
-    async fn operation_by_key(&self, tenant: &str, kinds: Vec<String>, key: &str) -> Result<Option<Id>>;
-
-    /// The idempotency record an operation was submitted under.
-    async fn idempotency_record(&self, tenant: &str, id: &Id) -> Result<Option<IdempotencyRecord>>;
-
-    /// Queued and running work by kind and state (`None`: every tenant's).
-    async fn active_summary(&self, tenant: Option<String>) -> Result<Vec<ActiveGroup>>;
-
-    /// Live leases, soonest expiry first, at most `limit`.
-    async fn lease_list(&self, tenant: Option<String>, limit: u32) -> Result<Vec<LeaseInfo>>;
-
-    /// Every tenant with its limits and current usage.
-    async fn tenant_usage(&self) -> Result<Vec<TenantUsage>>;
 
     /// Stores a new schedule (with a fresh id).
     async fn schedule_insert(&self, schedule: ScheduleRecord) -> Result<()>;

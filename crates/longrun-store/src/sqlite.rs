@@ -428,6 +428,20 @@ fn task_heartbeat(c: &Connection, policy: WritePolicy, p: &HeartbeatParams) -> R
     block(plan::finish::task_heartbeat(&mut SqliteDriver::new(c, policy), p))
 }
 
+impl crate::tables::RunScripts for SqliteStore {
+    fn read_now<T: Send + 'static>(&self, script: Script<T>) -> impl std::future::Future<Output = Result<T>> + Send {
+        std::future::ready(SqliteStore::read_now(self, |c| script::run(c, &script)))
+    }
+
+    fn read<T: Send + 'static>(&self, script: Script<T>) -> impl std::future::Future<Output = Result<T>> + Send {
+        SqliteStore::read(self, move |c| script::run(c, &script))
+    }
+
+    fn write<T: Send + 'static>(&self, script: Script<T>) -> impl std::future::Future<Output = Result<T>> + Send {
+        self.write_script(script)
+    }
+}
+
 #[async_trait]
 impl Store for SqliteStore {
     async fn operation_accept(&self, params: AcceptParams) -> Result<AcceptOutcome> {
@@ -557,50 +571,6 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn tenant_set(&self, limits: TenantLimits) -> Result<()> {
-        self.write_script(tenant_set(&limits)).await
-    }
-
-    async fn tenant_get(&self, name: &str) -> Result<Option<TenantLimits>> {
-        self.read_now(|c| script::run(c, &tenant_get(name)))
-    }
-
-    async fn api_key_create(&self, params: ApiKeyCreateParams) -> Result<()> {
-        self.write_script(api_key_create(&params)).await
-    }
-
-    async fn api_key_get(&self, id: &Id) -> Result<Option<ApiKeyRecord>> {
-        self.read_now(|c| script::run(c, &api_key_get(id)))
-    }
-
-    async fn api_key_list(&self) -> Result<Vec<ApiKeyRecord>> {
-        self.read(|c| script::run(c, &api_key_list())).await
-    }
-
-    async fn api_key_revoke(&self, id: &Id, now: Timestamp) -> Result<bool> {
-        self.write_script(api_key_revoke(id, now)).await
-    }
-
-    async fn api_key_count(&self) -> Result<u64> {
-        self.read(|c| script::run(c, &api_key_count())).await
-    }
-
-    async fn kind_upsert(&self, spec: KindSpec) -> Result<()> {
-        self.write_script(kind_upsert(&spec)).await
-    }
-
-    async fn kind_get(&self, name: &str) -> Result<Option<KindSpec>> {
-        self.read_now(|c| script::run(c, &kind_get(name)))
-    }
-
-    async fn kind_list(&self) -> Result<Vec<KindSpec>> {
-        self.read(|c| script::run(c, &kind_list())).await
-    }
-
-    async fn server_secret(&self, name: &str, candidate: Vec<u8>, now: Timestamp) -> Result<Vec<u8>> {
-        self.write_script(server_secret(name, &candidate, now)).await
-    }
-
     async fn operation_events_after(
         &self,
         tenant: &str,
@@ -609,11 +579,6 @@ impl Store for SqliteStore {
         limit: u32,
     ) -> Result<Option<Vec<Event>>> {
         self.read_now(|c| operation_events_after(c, tenant, id, after_version, limit))
-    }
-
-    async fn kind_typical_duration(&self, kind: &str) -> Result<Option<Duration>> {
-        let script = kind_typical_duration(kind);
-        self.read(move |c| script::run(c, &script)).await
     }
 
     fn subscribe_changes(&self) -> tokio::sync::broadcast::Receiver<Change> {
@@ -643,26 +608,6 @@ impl Store for SqliteStore {
                     &params,
                 ))
             })
-            .await
-    }
-
-    async fn webhook_log(&self, tenant: &str, id: &Id) -> Result<Option<Vec<AttemptRecord>>> {
-        let script = webhook_log(tenant, id);
-        self.read(move |c| script::run(c, &script)).await
-    }
-
-    async fn webhook_secrets(&self, tenant: &str, candidate: String, now: Timestamp) -> Result<Vec<String>> {
-        self.write_script(webhook_secrets(tenant, &candidate, now)).await
-    }
-
-    async fn webhook_secret_rotate(
-        &self,
-        tenant: &str,
-        new_secret: String,
-        now: Timestamp,
-        overlap: Duration,
-    ) -> Result<()> {
-        self.write_script(webhook_secret_rotate(tenant, &new_secret, now, overlap))
             .await
     }
 
@@ -698,18 +643,6 @@ impl Store for SqliteStore {
                 ))
             })
             .await
-    }
-
-    async fn result_for_operation(&self, tenant: &str, id: &Id) -> Result<Vec<ResultRecord>> {
-        self.read_now(|c| script::run(c, &result_for_operation(tenant, id)))
-    }
-
-    async fn result_get(&self, id: &Id) -> Result<Option<ResultRecord>> {
-        self.read_now(|c| script::run(c, &result_get(id)))
-    }
-
-    async fn operation_tombstone(&self, tenant: &str, id: &Id) -> Result<Option<Timestamp>> {
-        self.read_now(|c| script::run(c, &operation_tombstone(tenant, id)))
     }
 
     async fn retention_sweep(&self, params: RetentionParams) -> Result<RetentionCounts> {
@@ -780,63 +713,6 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn server_secret_list(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>> {
-        let script = server_secret_list(prefix);
-        self.read(move |c| script::run(c, &script)).await
-    }
-
-    async fn backlog(&self, now: Timestamp) -> Result<Backlog> {
-        self.read(move |c| script::run(c, &backlog(now))).await
-    }
-
-    async fn accepting_pause(&self, kind: Option<String>, paused: bool) -> Result<()> {
-        self.write_script(accepting_pause(kind.as_deref(), paused)).await
-    }
-
-    async fn accepting_pauses(&self) -> Result<Vec<Option<String>>> {
-        self.read(|c| script::run(c, &accepting_pauses())).await
-    }
-
-    async fn console_session_start(&self, session: ConsoleSession) -> Result<()> {
-        self.write_script(console_session_start(&session)).await
-    }
-
-    async fn console_session_key(&self, token_hash: &[u8], now: Timestamp) -> Result<Option<Id>> {
-        let script = console_session_key(token_hash, now);
-        self.read(move |c| script::run(c, &script)).await
-    }
-
-    async fn console_session_end(&self, token_hash: &[u8]) -> Result<()> {
-        self.write_script(console_session_end(token_hash)).await
-    }
-
-    async fn operation_tenant(&self, id: &Id) -> Result<Option<String>> {
-        self.read_now(|c| script::run(c, &operation_tenant(id)))
-    }
-
-    async fn operation_by_key(&self, tenant: &str, kinds: Vec<String>, key: &str) -> Result<Option<Id>> {
-        self.read_now(|c| script::run(c, &operation_by_key(tenant, &kinds, key)))
-    }
-
-    async fn idempotency_record(&self, tenant: &str, id: &Id) -> Result<Option<IdempotencyRecord>> {
-        self.read_now(|c| script::run(c, &idempotency_record(tenant, id)))
-    }
-
-    async fn active_summary(&self, tenant: Option<String>) -> Result<Vec<ActiveGroup>> {
-        let script = active_summary(tenant.as_deref());
-        self.read(move |c| script::run(c, &script)).await
-    }
-
-    async fn lease_list(&self, tenant: Option<String>, limit: u32) -> Result<Vec<LeaseInfo>> {
-        let script = lease_list(tenant.as_deref(), limit);
-        self.read(move |c| script::run(c, &script)).await
-    }
-
-    async fn tenant_usage(&self) -> Result<Vec<TenantUsage>> {
-        let script = tenant_usage();
-        self.read(move |c| script::run(c, &script)).await
-    }
-
     async fn schedule_insert(&self, schedule: ScheduleRecord) -> Result<()> {
         self.writer.write(move |c| schedule_insert(c, &schedule)).await
     }
@@ -893,10 +769,6 @@ impl Store for SqliteStore {
         self.writer
             .write(move |c| block(plan::uploads::upload_create(&mut SqliteDriver::new(c, policy), &params)))
             .await
-    }
-
-    async fn upload_get(&self, tenant: &str, id: &Id) -> Result<Option<UploadRecord>> {
-        self.read_now(|c| script::run(c, &upload_get(tenant, id)))
     }
 
     async fn upload_append(&self, params: UploadAppendParams) -> Result<UploadRecord> {

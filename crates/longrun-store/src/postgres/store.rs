@@ -9,6 +9,20 @@ macro_rules! in_tx {
     };
 }
 
+impl crate::tables::RunScripts for PostgresStore {
+    fn read_now<T: Send + 'static>(&self, script: Script<T>) -> impl std::future::Future<Output = Result<T>> + Send {
+        self.script(script)
+    }
+
+    fn read<T: Send + 'static>(&self, script: Script<T>) -> impl std::future::Future<Output = Result<T>> + Send {
+        self.script(script)
+    }
+
+    fn write<T: Send + 'static>(&self, script: Script<T>) -> impl std::future::Future<Output = Result<T>> + Send {
+        self.script(script)
+    }
+}
+
 #[async_trait]
 impl Store for PostgresStore {
     async fn operation_accept(&self, params: AcceptParams) -> Result<AcceptOutcome> {
@@ -136,50 +150,6 @@ impl Store for PostgresStore {
         .await)
     }
 
-    async fn tenant_set(&self, limits: TenantLimits) -> Result<()> {
-        self.script(tenant_set(&limits)).await
-    }
-
-    async fn tenant_get(&self, name: &str) -> Result<Option<TenantLimits>> {
-        self.script(tenant_get(name)).await
-    }
-
-    async fn api_key_create(&self, params: ApiKeyCreateParams) -> Result<()> {
-        self.script(api_key_create(&params)).await
-    }
-
-    async fn api_key_get(&self, id: &Id) -> Result<Option<ApiKeyRecord>> {
-        self.script(api_key_get(id)).await
-    }
-
-    async fn api_key_list(&self) -> Result<Vec<ApiKeyRecord>> {
-        self.script(api_key_list()).await
-    }
-
-    async fn api_key_revoke(&self, id: &Id, now: Timestamp) -> Result<bool> {
-        self.script(api_key_revoke(id, now)).await
-    }
-
-    async fn api_key_count(&self) -> Result<u64> {
-        self.script(api_key_count()).await
-    }
-
-    async fn kind_upsert(&self, k: KindSpec) -> Result<()> {
-        self.script(kind_upsert(&k)).await
-    }
-
-    async fn kind_get(&self, name: &str) -> Result<Option<KindSpec>> {
-        self.script(kind_get(name)).await
-    }
-
-    async fn kind_list(&self) -> Result<Vec<KindSpec>> {
-        self.script(kind_list()).await
-    }
-
-    async fn server_secret(&self, name: &str, candidate: Vec<u8>, now: Timestamp) -> Result<Vec<u8>> {
-        self.script(server_secret(name, &candidate, now)).await
-    }
-
     async fn operation_events_after(
         &self,
         tenant: &str,
@@ -189,10 +159,6 @@ impl Store for PostgresStore {
     ) -> Result<Option<Vec<Event>>> {
         let mut c = self.pool.acquire().await.map_err(db)?;
         events_of(&mut c, tenant, id, after_version, i64::from(limit), true).await
-    }
-
-    async fn kind_typical_duration(&self, kind: &str) -> Result<Option<Duration>> {
-        self.script(kind_typical_duration(kind)).await
     }
 
     fn subscribe_changes(&self) -> broadcast::Receiver<Change> {
@@ -217,25 +183,6 @@ impl Store for PostgresStore {
             &params
         )
         .await)
-    }
-
-    async fn webhook_log(&self, tenant: &str, id: &Id) -> Result<Option<Vec<AttemptRecord>>> {
-        self.script(webhook_log(tenant, id)).await
-    }
-
-    async fn webhook_secrets(&self, tenant: &str, candidate: String, now: Timestamp) -> Result<Vec<String>> {
-        self.script(webhook_secrets(tenant, &candidate, now)).await
-    }
-
-    async fn webhook_secret_rotate(
-        &self,
-        tenant: &str,
-        new_secret: String,
-        now: Timestamp,
-        overlap: Duration,
-    ) -> Result<()> {
-        self.script(webhook_secret_rotate(tenant, &new_secret, now, overlap))
-            .await
     }
 
     async fn artifact_piece_add(&self, params: ArtifactPieceParams) -> Result<Vec<UploadChunk>> {
@@ -266,18 +213,6 @@ impl Store for PostgresStore {
             &params
         )
         .await)
-    }
-
-    async fn result_for_operation(&self, tenant: &str, id: &Id) -> Result<Vec<ResultRecord>> {
-        self.script(result_for_operation(tenant, id)).await
-    }
-
-    async fn result_get(&self, id: &Id) -> Result<Option<ResultRecord>> {
-        self.script(result_get(id)).await
-    }
-
-    async fn operation_tombstone(&self, tenant: &str, id: &Id) -> Result<Option<Timestamp>> {
-        self.script(operation_tombstone(tenant, id)).await
     }
 
     async fn retention_sweep(&self, params: RetentionParams) -> Result<RetentionCounts> {
@@ -361,50 +296,6 @@ impl Store for PostgresStore {
         .await)
     }
 
-    async fn server_secret_list(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>> {
-        self.script(server_secret_list(prefix)).await
-    }
-
-    async fn backlog(&self, now: Timestamp) -> Result<Backlog> {
-        self.script(backlog(now)).await
-    }
-
-    async fn console_session_start(&self, session: ConsoleSession) -> Result<()> {
-        self.script(console_session_start(&session)).await
-    }
-
-    async fn console_session_key(&self, token_hash: &[u8], now: Timestamp) -> Result<Option<Id>> {
-        self.script(console_session_key(token_hash, now)).await
-    }
-
-    async fn console_session_end(&self, token_hash: &[u8]) -> Result<()> {
-        self.script(console_session_end(token_hash)).await
-    }
-
-    async fn operation_tenant(&self, id: &Id) -> Result<Option<String>> {
-        self.script(operation_tenant(id)).await
-    }
-
-    async fn operation_by_key(&self, tenant: &str, kinds: Vec<String>, key: &str) -> Result<Option<Id>> {
-        self.script(operation_by_key(tenant, &kinds, key)).await
-    }
-
-    async fn idempotency_record(&self, tenant: &str, id: &Id) -> Result<Option<IdempotencyRecord>> {
-        self.script(idempotency_record(tenant, id)).await
-    }
-
-    async fn active_summary(&self, tenant: Option<String>) -> Result<Vec<ActiveGroup>> {
-        self.script(active_summary(tenant.as_deref())).await
-    }
-
-    async fn lease_list(&self, tenant: Option<String>, limit: u32) -> Result<Vec<LeaseInfo>> {
-        self.script(lease_list(tenant.as_deref(), limit)).await
-    }
-
-    async fn tenant_usage(&self) -> Result<Vec<TenantUsage>> {
-        self.script(tenant_usage()).await
-    }
-
     async fn schedule_insert(&self, schedule: ScheduleRecord) -> Result<()> {
         self.schedule_insert_row(&schedule).await
     }
@@ -441,14 +332,6 @@ impl Store for PostgresStore {
         self.schedule_fires_rows(id, limit).await
     }
 
-    async fn accepting_pause(&self, kind: Option<String>, paused: bool) -> Result<()> {
-        self.script(accepting_pause(kind.as_deref(), paused)).await
-    }
-
-    async fn accepting_pauses(&self) -> Result<Vec<Option<String>>> {
-        self.script(accepting_pauses()).await
-    }
-
     async fn upload_create(&self, params: UploadCreateParams) -> Result<UploadRecord> {
         let policy = self.policy;
         in_tx!(self, |c, ch| plan::uploads::upload_create(
@@ -456,10 +339,6 @@ impl Store for PostgresStore {
             &params
         )
         .await)
-    }
-
-    async fn upload_get(&self, tenant: &str, id: &Id) -> Result<Option<UploadRecord>> {
-        self.script(upload_get(tenant, id)).await
     }
 
     async fn upload_append(&self, params: UploadAppendParams) -> Result<UploadRecord> {
