@@ -1,7 +1,7 @@
 //! Durable state of Longrun behind one [`Store`] trait.
 //!
 //! Every backend implements the same noun-first methods, each taking one
-//! params struct, and passes the same [`conformance`] suite. Invariants live in
+//! params struct, and passes the same `conformance` suite. Invariants live in
 //! the schema too: CHECK constraints on states and roles, a unique constraint
 //! on idempotency keys (the convergence point of concurrent first requests),
 //! and a trigger that refuses any state change not in the core's

@@ -1,6 +1,6 @@
 //! The embedded SQLite backend: one file under `--data-dir`, WAL mode,
 //! `synchronous = FULL`, one writer thread with group commit
-//! ([`writer`]), and a small pool of read connections.
+//! (`writer`), and a small pool of read connections.
 //!
 //! The driver is rusqlite rather than sqlx: on this workload it commits
 //! 1.5–3.5× faster, and the single-writer design needs a synchronous

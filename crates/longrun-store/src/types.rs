@@ -62,7 +62,7 @@ pub struct Operation {
     pub idempotency_key: Option<String>,
     /// The published default artifact, when the result is one.
     pub artifact: Option<ArtifactRef>,
-    /// Published artifacts with a name other than [`DEFAULT_ARTIFACT`].
+    /// Published artifacts with a name other than [`DEFAULT_ARTIFACT`](crate::DEFAULT_ARTIFACT).
     pub artifacts: BTreeMap<String, ArtifactRef>,
     /// The operation this one re-runs (`POST /v1/operations/{id}/reruns`).
     pub rerun_of: Option<Id>,
@@ -754,7 +754,7 @@ pub struct ResultRecord {
     pub operation_id: Id,
     /// The owning tenant.
     pub tenant: String,
-    /// [`DEFAULT_ARTIFACT`] or the name of a named artifact.
+    /// [`DEFAULT_ARTIFACT`](crate::DEFAULT_ARTIFACT) or the name of a named artifact.
     pub name: String,
     /// Where its bytes are in the artifact store.
     pub storage_key: String,
@@ -786,7 +786,7 @@ pub struct ResultUploadParams {
     pub operation_id: Id,
     /// The task's lease token: only the current lease's calls are applied.
     pub lease_token: String,
-    /// [`DEFAULT_ARTIFACT`] or a name; an upload replaces the current
+    /// [`DEFAULT_ARTIFACT`](crate::DEFAULT_ARTIFACT) or a name; an upload replaces the current
     /// attempt's earlier one of the same name and every earlier attempt's.
     pub name: String,
     /// The new result's id (`res_…`).

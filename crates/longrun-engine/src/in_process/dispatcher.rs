@@ -208,7 +208,7 @@ impl Dispatcher {
     /// they come; then stops claiming and, up to the grace period, waits for
     /// running tasks and stores what they report.
     ///
-    /// Up to [`CYCLES_IN_FLIGHT`] cycles run at once, so the tasks one
+    /// Up to `CYCLES_IN_FLIGHT` cycles run at once, so the tasks one
     /// cycle started run, and their outcomes gather, while the store commits
     /// the next: the store's work and the tasks' overlap instead of taking
     /// turns.
