@@ -291,36 +291,12 @@ pub trait Store: Tables + Send + Sync + 'static {
     // The console's reads and sessions. Each is bounded by live work (tasks,
     // leases, tenants, sessions) or by a key, never by stored history.
 
-    /// Stores a new schedule (with a fresh id).
-    async fn schedule_insert(&self, schedule: ScheduleRecord) -> Result<()>;
-
-    /// Replaces the tenant's schedule if it is still at `expected_version`
-    /// (the record carries the next version); whether it was.
-    async fn schedule_update(&self, schedule: ScheduleRecord, expected_version: i64) -> Result<bool>;
-
     /// Many `schedule_update`s in one transaction (a firing round's page):
     /// whether each applied, in order.
     async fn schedule_update_many(&self, updates: Vec<(ScheduleRecord, i64)>) -> Result<Vec<bool>>;
-
-    /// The tenant's schedule.
-    async fn schedule_get(&self, tenant: &str, id: &Id) -> Result<Option<ScheduleRecord>>;
-
-    /// Up to `limit` of the tenant's schedules after `after`, in id order
-    /// (creation order to the millisecond).
-    async fn schedule_list(&self, tenant: &str, after: Option<Id>, limit: u32) -> Result<Vec<ScheduleRecord>>;
-
-    /// Deletes the tenant's schedule and its firing records; whether it was there.
-    async fn schedule_delete(&self, tenant: &str, id: &Id) -> Result<bool>;
-
-    /// Up to `limit` unpaused schedules with a firing due at `now` or one
-    /// held back, soonest first.
-    async fn schedule_due(&self, now: longrun_core::Timestamp, limit: u32) -> Result<Vec<ScheduleRecord>>;
 
     /// Records what firing times became (a time recorded again takes the
     /// newer record, unless that would hide the operation the older one
     /// names), and forgets each schedule's records from before `keep_after`.
     async fn schedule_fires_record(&self, fires: Vec<ScheduleFire>, keep_after: longrun_core::Timestamp) -> Result<()>;
-
-    /// Up to `limit` of a schedule's firing records, newest first.
-    async fn schedule_fires(&self, id: &Id, limit: u32) -> Result<Vec<ScheduleFire>>;
 }

@@ -713,55 +713,21 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn schedule_insert(&self, schedule: ScheduleRecord) -> Result<()> {
-        self.writer.write(move |c| schedule_insert(c, &schedule)).await
-    }
-
-    async fn schedule_update(&self, schedule: ScheduleRecord, expected_version: i64) -> Result<bool> {
-        self.writer
-            .write(move |c| schedule_update(c, &schedule, expected_version))
-            .await
-    }
-
     async fn schedule_update_many(&self, updates: Vec<(ScheduleRecord, i64)>) -> Result<Vec<bool>> {
         self.writer
             .write(move |c| {
                 updates
                     .iter()
-                    .map(|(schedule, expected)| schedule_update(c, schedule, *expected))
+                    .map(|(schedule, expected)| script::run(c, &crate::shared::schedule_update(schedule, *expected)))
                     .collect()
             })
             .await
-    }
-
-    async fn schedule_get(&self, tenant: &str, id: &Id) -> Result<Option<ScheduleRecord>> {
-        self.read_now(|c| schedule_get(c, tenant, id))
-    }
-
-    async fn schedule_list(&self, tenant: &str, after: Option<Id>, limit: u32) -> Result<Vec<ScheduleRecord>> {
-        let tenant = tenant.to_owned();
-        self.read(move |c| schedule_list(c, &tenant, after.as_ref(), limit))
-            .await
-    }
-
-    async fn schedule_delete(&self, tenant: &str, id: &Id) -> Result<bool> {
-        let (tenant, id) = (tenant.to_owned(), id.clone());
-        self.writer.write(move |c| schedule_delete(c, &tenant, &id)).await
-    }
-
-    async fn schedule_due(&self, now: Timestamp, limit: u32) -> Result<Vec<ScheduleRecord>> {
-        self.read(move |c| schedule_due(c, now, limit)).await
     }
 
     async fn schedule_fires_record(&self, fires: Vec<ScheduleFire>, keep_after: Timestamp) -> Result<()> {
         self.writer
             .write(move |c| schedule_fires_record(c, &fires, keep_after))
             .await
-    }
-
-    async fn schedule_fires(&self, id: &Id, limit: u32) -> Result<Vec<ScheduleFire>> {
-        let id = id.clone();
-        self.read(move |c| schedule_fires(c, &id, limit)).await
     }
 
     async fn upload_create(&self, params: UploadCreateParams) -> Result<UploadRecord> {

@@ -1,7 +1,7 @@
 //! [`Tables`]: the store's small tables and its reads off the job path —
 //! keys, kinds, tenants, secrets, console sessions, acceptance pauses,
 //! results, tombstones, idempotency records, webhook secrets and the
-//! delivery log, the console's summaries — implemented once for every
+//! delivery log, the console's summaries, schedules — implemented once for every
 //! backend over the shared scripts (`shared/admin.rs`, `shared/lookups.rs`,
 //! `shared/webhooks.rs`, `shared/uploads.rs`). A backend only says how it
 //! runs a script ([`RunScripts`]).
@@ -128,6 +128,30 @@ pub trait Tables: Send + Sync {
         now: longrun_core::Timestamp,
         overlap: std::time::Duration,
     ) -> Result<()>;
+
+    /// Stores a new schedule (with a fresh id).
+    async fn schedule_insert(&self, schedule: ScheduleRecord) -> Result<()>;
+
+    /// Replaces the tenant's schedule if it is still at `expected_version`
+    /// (the record carries the next version); whether it was.
+    async fn schedule_update(&self, schedule: ScheduleRecord, expected_version: i64) -> Result<bool>;
+
+    /// Deletes the tenant's schedule and its firing records; whether it was there.
+    async fn schedule_delete(&self, tenant: &str, id: &Id) -> Result<bool>;
+
+    /// The tenant's schedule.
+    async fn schedule_get(&self, tenant: &str, id: &Id) -> Result<Option<ScheduleRecord>>;
+
+    /// Up to `limit` of the tenant's schedules after `after`, in id order
+    /// (creation order to the millisecond).
+    async fn schedule_list(&self, tenant: &str, after: Option<Id>, limit: u32) -> Result<Vec<ScheduleRecord>>;
+
+    /// Up to `limit` unpaused schedules with a firing due at `now` or one
+    /// held back, soonest first.
+    async fn schedule_due(&self, now: longrun_core::Timestamp, limit: u32) -> Result<Vec<ScheduleRecord>>;
+
+    /// Up to `limit` of a schedule's firing records, newest first.
+    async fn schedule_fires(&self, id: &Id, limit: u32) -> Result<Vec<ScheduleFire>>;
 }
 
 /// How a backend runs a shared script: a point read (by key, on the
@@ -283,5 +307,33 @@ impl<S: RunScripts> Tables for S {
     ) -> Result<()> {
         self.write(shared::webhook_secret_rotate(tenant, &new_secret, now, overlap))
             .await
+    }
+
+    async fn schedule_insert(&self, schedule: ScheduleRecord) -> Result<()> {
+        self.write(shared::schedule_insert(&schedule)).await
+    }
+
+    async fn schedule_update(&self, schedule: ScheduleRecord, expected_version: i64) -> Result<bool> {
+        self.write(shared::schedule_update(&schedule, expected_version)).await
+    }
+
+    async fn schedule_delete(&self, tenant: &str, id: &Id) -> Result<bool> {
+        self.write(shared::schedule_delete(tenant, id)).await
+    }
+
+    async fn schedule_get(&self, tenant: &str, id: &Id) -> Result<Option<ScheduleRecord>> {
+        self.read_now(shared::schedule_get(tenant, id)).await
+    }
+
+    async fn schedule_list(&self, tenant: &str, after: Option<Id>, limit: u32) -> Result<Vec<ScheduleRecord>> {
+        self.read(shared::schedule_list(tenant, after.as_ref(), limit)).await
+    }
+
+    async fn schedule_due(&self, now: longrun_core::Timestamp, limit: u32) -> Result<Vec<ScheduleRecord>> {
+        self.read(shared::schedule_due(now, limit)).await
+    }
+
+    async fn schedule_fires(&self, id: &Id, limit: u32) -> Result<Vec<ScheduleFire>> {
+        self.read(shared::schedule_fires(id, limit)).await
     }
 }

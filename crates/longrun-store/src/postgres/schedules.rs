@@ -1,43 +1,10 @@
-//! Schedules and their firing records (docs/schedules.md): the shared
-//! statements of `shared::schedules` in `$N` form, bound and run; a
-//! round's page moves on in one `UPDATE … FROM unnest` and records its
-//! firings in one insert.
+//! A round of the schedules' firing (docs/schedules.md) on PostgreSQL:
+//! its page moves on in one `UPDATE … FROM unnest` and records its
+//! firings in one insert; everything else of schedules is `Tables`'.
 
 use super::*;
 
-type Query<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
-
-fn bind(q: Query<'_>, v: ScheduleValues) -> Query<'_> {
-    q.bind(v.0)
-        .bind(v.1)
-        .bind(v.2)
-        .bind(v.3)
-        .bind(v.4)
-        .bind(v.5)
-        .bind(v.6)
-        .bind(v.7)
-        .bind(v.8)
-        .bind(v.9)
-}
-
 impl PostgresStore {
-    pub(super) async fn schedule_insert_row(&self, s: &ScheduleRecord) -> Result<()> {
-        bind(sqlx::query(&pg(SCHEDULE_INSERT)), schedule_values(s))
-            .execute(&self.pool)
-            .await
-            .map_err(db)?;
-        Ok(())
-    }
-
-    pub(super) async fn schedule_update_row(&self, s: &ScheduleRecord, expected_version: i64) -> Result<bool> {
-        let changed = bind(sqlx::query(&pg(SCHEDULE_UPDATE)), schedule_values(s))
-            .bind(expected_version)
-            .execute(&self.pool)
-            .await
-            .map_err(db)?;
-        Ok(changed.rows_affected() == 1)
-    }
-
     /// Every update in one statement (a round's page): one round trip and
     /// one commit, whatever its size. A page names each schedule once.
     pub(super) async fn schedule_update_rows(&self, updates: &[(ScheduleRecord, i64)]) -> Result<Vec<bool>> {
@@ -78,60 +45,6 @@ impl PostgresStore {
         Ok(values.iter().map(|v| changed.contains(&v.0)).collect())
     }
 
-    pub(super) async fn schedule_get_row(&self, tenant: &str, id: &Id) -> Result<Option<ScheduleRecord>> {
-        let row: Option<ScheduleValues> = sqlx::query_as(&pg(SCHEDULE_GET))
-            .bind(id.as_str())
-            .bind(tenant)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(db)?;
-        row.map(schedule_from_values).transpose()
-    }
-
-    pub(super) async fn schedule_list_rows(
-        &self,
-        tenant: &str,
-        after: Option<&Id>,
-        limit: u32,
-    ) -> Result<Vec<ScheduleRecord>> {
-        let rows: Vec<ScheduleValues> = sqlx::query_as(&pg(SCHEDULE_LIST))
-            .bind(tenant)
-            .bind(after.map_or("", |a| a.as_str()))
-            .bind(i64::from(limit))
-            .fetch_all(&self.pool)
-            .await
-            .map_err(db)?;
-        rows.into_iter().map(schedule_from_values).collect()
-    }
-
-    pub(super) async fn schedule_delete_row(&self, tenant: &str, id: &Id) -> Result<bool> {
-        let mut tx = self.pool.begin().await.map_err(db)?;
-        let gone = sqlx::query(&pg(SCHEDULE_DELETE))
-            .bind(id.as_str())
-            .bind(tenant)
-            .execute(&mut *tx)
-            .await
-            .map_err(db)?;
-        sqlx::query(&pg(SCHEDULE_FIRES_DELETE))
-            .bind(id.as_str())
-            .bind(tenant)
-            .execute(&mut *tx)
-            .await
-            .map_err(db)?;
-        tx.commit().await.map_err(db)?;
-        Ok(gone.rows_affected() == 1)
-    }
-
-    pub(super) async fn schedule_due_rows(&self, now: Timestamp, limit: u32) -> Result<Vec<ScheduleRecord>> {
-        let rows: Vec<ScheduleValues> = sqlx::query_as(&pg(SCHEDULE_DUE))
-            .bind(now.0)
-            .bind(i64::from(limit))
-            .fetch_all(&self.pool)
-            .await
-            .map_err(db)?;
-        rows.into_iter().map(schedule_from_values).collect()
-    }
-
     pub(super) async fn schedule_fires_record_rows(&self, fires: &[ScheduleFire], keep_after: Timestamp) -> Result<()> {
         if fires.is_empty() {
             return Ok(());
@@ -166,15 +79,5 @@ impl PostgresStore {
             .await
             .map_err(db)?;
         tx.commit().await.map_err(db)
-    }
-
-    pub(super) async fn schedule_fires_rows(&self, id: &Id, limit: u32) -> Result<Vec<ScheduleFire>> {
-        let rows: Vec<FireValues> = sqlx::query_as(&pg(SCHEDULE_FIRES))
-            .bind(id.as_str())
-            .bind(i64::from(limit))
-            .fetch_all(&self.pool)
-            .await
-            .map_err(db)?;
-        rows.into_iter().map(fire_from_values).collect()
     }
 }

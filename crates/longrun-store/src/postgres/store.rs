@@ -296,40 +296,12 @@ impl Store for PostgresStore {
         .await)
     }
 
-    async fn schedule_insert(&self, schedule: ScheduleRecord) -> Result<()> {
-        self.schedule_insert_row(&schedule).await
-    }
-
-    async fn schedule_update(&self, schedule: ScheduleRecord, expected_version: i64) -> Result<bool> {
-        self.schedule_update_row(&schedule, expected_version).await
-    }
-
     async fn schedule_update_many(&self, updates: Vec<(ScheduleRecord, i64)>) -> Result<Vec<bool>> {
         self.schedule_update_rows(&updates).await
     }
 
-    async fn schedule_get(&self, tenant: &str, id: &Id) -> Result<Option<ScheduleRecord>> {
-        self.schedule_get_row(tenant, id).await
-    }
-
-    async fn schedule_list(&self, tenant: &str, after: Option<Id>, limit: u32) -> Result<Vec<ScheduleRecord>> {
-        self.schedule_list_rows(tenant, after.as_ref(), limit).await
-    }
-
-    async fn schedule_delete(&self, tenant: &str, id: &Id) -> Result<bool> {
-        self.schedule_delete_row(tenant, id).await
-    }
-
-    async fn schedule_due(&self, now: Timestamp, limit: u32) -> Result<Vec<ScheduleRecord>> {
-        self.schedule_due_rows(now, limit).await
-    }
-
     async fn schedule_fires_record(&self, fires: Vec<ScheduleFire>, keep_after: Timestamp) -> Result<()> {
         self.schedule_fires_record_rows(&fires, keep_after).await
-    }
-
-    async fn schedule_fires(&self, id: &Id, limit: u32) -> Result<Vec<ScheduleFire>> {
-        self.schedule_fires_rows(id, limit).await
     }
 
     async fn upload_create(&self, params: UploadCreateParams) -> Result<UploadRecord> {

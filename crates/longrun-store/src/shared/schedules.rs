@@ -1,8 +1,8 @@
 //! Schedules' rows, written once for both drivers: the statements (in
-//! SQLite's `?N` form; PostgreSQL runs them through [`pg`]), the values a
-//! schedule binds, and how a row's columns become a record. The drivers
-//! only bind and run; the PostgreSQL-only batch forms (`unnest`) reuse the
-//! column list and [`FIRE_MERGE`].
+//! SQLite's `?N` form), the values a schedule binds, how a row's columns
+//! become a record, and the scripts `Tables` runs. Only a round's batch
+//! writes stay per driver (PostgreSQL's `unnest` forms reuse the column
+//! list and [`FIRE_MERGE`]).
 
 use longrun_core::schedule::FireDecision;
 
@@ -117,5 +117,97 @@ pub(crate) fn fire_from_values(v: FireValues) -> Result<ScheduleFire> {
         fire_time: Timestamp(fire_time),
         operation_id,
         recorded_at: Timestamp(recorded_at),
+    })
+}
+
+fn schedule(r: &Row) -> Result<ScheduleRecord> {
+    schedule_from_values((
+        r.text(0)?,
+        r.text(1)?,
+        r.int(2)?,
+        r.bool(3)?,
+        r.text(4)?,
+        r.opt_int(5)?,
+        r.opt_text(6)?,
+        r.opt_int(7)?,
+        r.int(8)?,
+        r.int(9)?,
+    ))
+}
+
+fn schedule_args(s: &ScheduleRecord) -> Vec<Val> {
+    let v = schedule_values(s);
+    vec![
+        v.0.into(),
+        v.1.into(),
+        v.2.into(),
+        v.3.into(),
+        v.4.into(),
+        v.5.into(),
+        v.6.into(),
+        v.7.into(),
+        v.8.into(),
+        v.9.into(),
+    ]
+}
+
+pub(crate) fn schedule_insert(s: &ScheduleRecord) -> Script<()> {
+    Script::one(SCHEDULE_INSERT, schedule_args(s), nothing)
+}
+
+/// The compare-and-set: whether the schedule was still at `expected_version`.
+pub(crate) fn schedule_update(s: &ScheduleRecord, expected_version: i64) -> Script<bool> {
+    let mut args = schedule_args(s);
+    args.push(expected_version.into());
+    Script::one(SCHEDULE_UPDATE, args, changed_one)
+}
+
+pub(crate) fn schedule_get(tenant: &str, id: &Id) -> Script<Option<ScheduleRecord>> {
+    Script::one(SCHEDULE_GET, vec![id.as_str().into(), tenant.into()], |d| {
+        optional(d, schedule)
+    })
+}
+
+pub(crate) fn schedule_list(tenant: &str, after: Option<&Id>, limit: u32) -> Script<Vec<ScheduleRecord>> {
+    Script::one(
+        SCHEDULE_LIST,
+        vec![
+            tenant.into(),
+            after.map_or("", |a| a.as_str()).into(),
+            i64::from(limit).into(),
+        ],
+        |d| all(d, schedule),
+    )
+}
+
+/// Deletes the schedule and its firing records; whether it was there.
+pub(crate) fn schedule_delete(tenant: &str, id: &Id) -> Script<bool> {
+    let args = || -> Vec<Val> { vec![id.as_str().into(), tenant.into()] };
+    Script {
+        stmts: vec![
+            Stmt {
+                sql: SCHEDULE_FIRES_DELETE,
+                args: args(),
+            },
+            Stmt {
+                sql: SCHEDULE_DELETE,
+                args: args(),
+            },
+        ],
+        decode: changed_one,
+    }
+}
+
+pub(crate) fn schedule_due(now: Timestamp, limit: u32) -> Script<Vec<ScheduleRecord>> {
+    Script::one(SCHEDULE_DUE, vec![now.into(), i64::from(limit).into()], |d| {
+        all(d, schedule)
+    })
+}
+
+pub(crate) fn schedule_fires(id: &Id, limit: u32) -> Script<Vec<ScheduleFire>> {
+    Script::one(SCHEDULE_FIRES, vec![id.as_str().into(), i64::from(limit).into()], |d| {
+        all(d, |r| {
+            fire_from_values((r.text(0)?, r.text(1)?, r.int(2)?, r.opt_text(3)?, r.text(4)?, r.int(5)?))
+        })
     })
 }
