@@ -10,14 +10,10 @@ use longrun_core::{Id, Timestamp};
 use super::driver::{OverdueWaiting, PauseRequested, StopRequested};
 use super::retention::{Expiring, Tombstone};
 use crate::Result;
-use crate::shared::{Done, Lapsed, Row, Script, Stmt, UploadLease, all, nothing, one, optional};
+use crate::shared::{Done, Lapsed, Script, Stmt, UploadLease, all, nothing, one, optional};
 
 fn ids(d: Done) -> Result<Vec<String>> {
     all(d, |r| r.text(0))
-}
-
-fn count(r: &Row) -> Result<u64> {
-    Ok(u64::try_from(r.int(0)?).unwrap_or(0))
 }
 
 pub(super) fn overdue_waiting(now: Timestamp, limit: u32) -> Script<Vec<OverdueWaiting>> {
@@ -202,7 +198,7 @@ pub(super) fn tenant_results(tenant: &str) -> Script<u64> {
     Script::one(
         "SELECT COUNT(*) FROM results WHERE tenant = ?1",
         vec![tenant.into()],
-        |d| one(d, count),
+        |d| one(d, |r| r.count(0)),
     )
 }
 
@@ -210,7 +206,7 @@ pub(super) fn tenant_deliveries(tenant: &str) -> Script<u64> {
     Script::one(
         "SELECT COUNT(*) FROM webhook_deliveries WHERE tenant = ?1",
         vec![tenant.into()],
-        |d| one(d, count),
+        |d| one(d, |r| r.count(0)),
     )
 }
 

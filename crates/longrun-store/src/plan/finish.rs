@@ -10,7 +10,7 @@ use super::{Driver, Effect, apply};
 use crate::shared::{
     Decision, Fenced, HeartbeatEffect, SYSTEM, decide_finish, decide_reap, final_progress, heartbeat_effect,
 };
-use crate::{FinishParams, HeartbeatAck, HeartbeatParams, Operation, ReapCounts, ReapParams, Result, StoreError};
+use crate::{FinishParams, HeartbeatAck, HeartbeatParams, Id, Operation, ReapCounts, ReapParams, Result, StoreError};
 
 /// The reason a budget gives the stop it asks for.
 const BUDGET_EXHAUSTED: &str = "budget_exhausted";
@@ -197,16 +197,20 @@ pub(crate) async fn task_reap<D: Driver>(d: &mut D, p: &ReapParams) -> Result<Re
     Ok(counts)
 }
 
-/// Renews a lease and records progress, fenced by the lease token (see
-/// `Store::task_heartbeat`).
-pub(crate) async fn task_heartbeat<D: Driver>(d: &mut D, p: &HeartbeatParams) -> Result<HeartbeatAck> {
-    let leases = [(p.operation_id.as_str(), p.lease_token.as_str())];
-    let current = d
-        .fenced(&leases, Lock::ForUpdate)
+/// The fenced row of one lease, locked for the rest of the transaction;
+/// `LeaseLost` unless `lease_token` holds the operation's task.
+pub(crate) async fn fenced_lease<D: Driver>(d: &mut D, operation_id: &Id, lease_token: &str) -> Result<Fenced> {
+    d.fenced(&[(operation_id.as_str(), lease_token)], Lock::ForUpdate)
         .await?
         .pop()
         .flatten()
-        .ok_or(StoreError::LeaseLost)?;
+        .ok_or(StoreError::LeaseLost)
+}
+
+/// Renews a lease and records progress, fenced by the lease token (see
+/// `Store::task_heartbeat`).
+pub(crate) async fn task_heartbeat<D: Driver>(d: &mut D, p: &HeartbeatParams) -> Result<HeartbeatAck> {
+    let current = fenced_lease(d, &p.operation_id, &p.lease_token).await?;
     let id = p.operation_id.as_str().to_owned();
     let lease_expires_at = p
         .now

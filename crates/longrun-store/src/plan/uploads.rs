@@ -7,7 +7,8 @@
 
 use longrun_core::Timestamp;
 
-use super::{Driver, Lock};
+use super::Driver;
+use super::finish::fenced_lease;
 use crate::shared::{
     UploadLease, append_lease_free, garbage_add, piece_insert, piece_placement, pieces_of, result_insert,
     results_replaced, upload_appended, upload_completed, upload_get, upload_insert, upload_locked, upload_store,
@@ -87,22 +88,10 @@ pub(crate) async fn upload_append_release<D: Driver>(d: &mut D, id: &Id, token: 
     Ok(())
 }
 
-/// `LeaseLost` unless `lease_token` holds the operation's task; the task
-/// stays locked for the rest of the transaction.
-async fn fence<D: Driver>(d: &mut D, operation_id: &Id, lease_token: &str) -> Result<()> {
-    let found = d
-        .fenced(&[(operation_id.as_str(), lease_token)], Lock::ForUpdate)
-        .await?;
-    match found.into_iter().next().flatten() {
-        Some(_) => Ok(()),
-        None => Err(StoreError::LeaseLost),
-    }
-}
-
 /// Places a piece at its offset (see `shared::piece_placement`); the
 /// pieces at or past it are replaced. Returns the pieces now held.
 pub(crate) async fn artifact_piece_add<D: Driver>(d: &mut D, p: &ArtifactPieceParams) -> Result<Vec<UploadChunk>> {
-    fence(d, &p.operation_id, &p.lease_token).await?;
+    fenced_lease(d, &p.operation_id, &p.lease_token).await?;
     let id = p.operation_id.as_str();
     let pieces = d.script(&pieces_of(id, &p.name)).await?;
     let kept = piece_placement(&pieces, p.offset)?;
@@ -122,7 +111,7 @@ pub(crate) async fn artifact_pieces<D: Driver>(
     lease_token: &str,
     name: &str,
 ) -> Result<Vec<UploadChunk>> {
-    fence(d, operation_id, lease_token).await?;
+    fenced_lease(d, operation_id, lease_token).await?;
     let pieces = d.script(&pieces_of(operation_id.as_str(), name)).await?;
     Ok(pieces.into_iter().map(|(_, piece)| piece).collect())
 }
@@ -131,7 +120,7 @@ pub(crate) async fn artifact_pieces<D: Driver>(
 /// one of the name); one joined from pieces drops their rows, keeping the
 /// object that became the result.
 pub(crate) async fn result_upload<D: Driver>(d: &mut D, p: &ResultUploadParams) -> Result<()> {
-    fence(d, &p.operation_id, &p.lease_token).await?;
+    fenced_lease(d, &p.operation_id, &p.lease_token).await?;
     if p.joins_pieces {
         let only = Some((p.name.as_str(), 0));
         d.pieces_drop(p.operation_id.as_str(), only, Some(&p.storage_key), p.now)

@@ -77,9 +77,7 @@ pub(crate) fn api_key_revoke(id: &Id, now: Timestamp) -> Script<bool> {
 }
 
 pub(crate) fn api_key_count() -> Script<u64> {
-    Script::one("SELECT COUNT(*) FROM api_keys", vec![], |d| {
-        one(d, |r| Ok(u64::try_from(r.int(0)?).unwrap_or(0)))
-    })
+    Script::one("SELECT COUNT(*) FROM api_keys", vec![], |d| one(d, |r| r.count(0)))
 }
 
 pub(crate) fn kind_upsert(k: &KindSpec) -> Script<()> {

@@ -4,24 +4,6 @@
 
 use super::*;
 
-impl Row {
-    fn state(&self, i: usize) -> Result<State> {
-        self.text(i)?
-            .parse()
-            .map_err(|e: longrun_core::state::UnknownState| StoreError::Corrupt(e.to_string()))
-    }
-
-    fn json(&self, i: usize) -> Result<Option<Value>> {
-        self.opt_text(i)?
-            .map(|t| serde_json::from_str(&t).map_err(|e| StoreError::Corrupt(format!("column {i}: {e}"))))
-            .transpose()
-    }
-
-    fn count(&self, i: usize) -> Result<u64> {
-        Ok(u64::try_from(self.int(i)?).unwrap_or(0))
-    }
-}
-
 fn result(r: &Row) -> Result<ResultRecord> {
     Ok(ResultRecord {
         id: Id::from_trusted(r.text(0)?),

@@ -270,6 +270,24 @@ impl Row {
     pub(crate) fn opt_ts(&self, i: usize) -> Result<Option<Timestamp>> {
         Ok(self.opt_int(i)?.map(Timestamp))
     }
+
+    pub(crate) fn state(&self, i: usize) -> Result<State> {
+        self.text(i)?
+            .parse()
+            .map_err(|e: longrun_core::state::UnknownState| StoreError::Corrupt(e.to_string()))
+    }
+
+    /// A JSON column kept as text.
+    pub(crate) fn json(&self, i: usize) -> Result<Option<Value>> {
+        self.opt_text(i)?
+            .map(|t| serde_json::from_str(&t).map_err(|e| StoreError::Corrupt(format!("column {i}: {e}"))))
+            .transpose()
+    }
+
+    /// A `COUNT(*)`.
+    pub(crate) fn count(&self, i: usize) -> Result<u64> {
+        Ok(u64::try_from(self.int(i)?).unwrap_or(0))
+    }
 }
 
 /// Answers nothing.
