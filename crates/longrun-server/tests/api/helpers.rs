@@ -119,6 +119,7 @@ pub async fn spawn_app_with(options: Options) -> TestApp {
     serve.deliver_webhooks = options.deliver_webhooks;
     serve.retention.interval = options.retention_interval;
     serve.http.max_artifact_bytes = options.max_artifact_bytes;
+    serve.dispatcher.max_artifact_bytes = options.max_artifact_bytes;
     serve.http.max_upload_bytes = options.max_upload_bytes;
     serve.artifact_store = options.artifact_store.clone();
     serve.webhooks.interval = Duration::from_millis(20);

@@ -715,3 +715,39 @@ async fn a_remote_worker_exports_through_pieces_and_a_join() {
     worker.stop().await;
     app.shutdown().await;
 }
+
+/// An artifact over the server's limit fails its task for good, the same
+/// for an in-process worker (the store link's `TooLarge`) and a remote one
+/// (the server's `413 payload_too_large`): the same bytes would not fit on
+/// a later attempt, so the export is not retried.
+#[tokio::test]
+async fn an_artifact_over_the_limit_fails_the_task_alike_in_process_and_remote() {
+    use longrun_engine::kinds::export::Export;
+    for remote in [false, true] {
+        let app = spawn_app_with(Options {
+            builtin_workers: !remote,
+            max_artifact_bytes: 1024,
+            ..Options::default()
+        })
+        .await;
+        let op = app
+            .submit_ok(
+                &format!("too-large-{remote}"),
+                &json!({"kind": "export", "input": {"rows": 5_000}}),
+            )
+            .await;
+        let id = op["id"].as_str().unwrap().to_owned();
+        let worker = remote.then(|| app.remote_worker(std::sync::Arc::new(Export), 2));
+        let failed = app.wait_for_state(&id, "failed").await;
+        assert_eq!(
+            failed["error"]["code"], "artifact_too_large",
+            "remote: {remote}: {failed}"
+        );
+        assert_eq!(failed["error"]["retryable"], false, "remote: {remote}");
+        assert_eq!(failed["attempt"], 1, "remote: {remote}: not retried");
+        if let Some(worker) = worker {
+            worker.stop().await;
+        }
+        app.shutdown().await;
+    }
+}
