@@ -25,7 +25,7 @@ use tokio_util::task::TaskTracker;
 use crate::error::WorkerError;
 use crate::registry::Registry;
 use crate::reports;
-use crate::task::{ByteReader, StopFlags, TaskContext, TaskLink, UploadedArtifact, send_and_log};
+use crate::task::{ByteReader, StopFlags, TaskContext, TaskLink, UploadedArtifact, send_and_log, task_span};
 
 /// How a remote worker connects and runs.
 #[derive(Debug, Clone)]
@@ -509,13 +509,7 @@ impl RemoteWorker {
         };
         let heartbeat_every = self.config.lease / 3;
         let progress_interval = self.config.progress_interval;
-        let span = tracing::info_span!(
-            "task",
-            op.id = %link.operation_id,
-            kind = %task.kind,
-            attempt = task.attempt,
-            worker = %self.config.worker_id,
-        );
+        let span = task_span(&link.operation_id, &task.kind, task.attempt, &self.config.worker_id);
         let run = async move {
             let flags = Arc::new(StopFlags::default());
             let id = link.operation_id.clone();

@@ -565,6 +565,12 @@ pub(crate) async fn wait_for_slot(slots: &Arc<Semaphore>, ctx: &TaskContext, hea
     }
 }
 
+/// The span a task runs in, the same for every worker (docs/ARCHITECTURE.md:
+/// one operation, one trace): its operation, kind, attempt and worker.
+pub fn task_span(operation_id: &Id, kind: &str, attempt: i64, worker: &str) -> tracing::Span {
+    tracing::info_span!("task", op.id = %operation_id, kind = %kind, attempt, worker = %worker)
+}
+
 /// Runs `handler` for one task and reports its outcome (see [`run_handler`]).
 pub async fn run_task(
     handler: Arc<dyn Handler>,

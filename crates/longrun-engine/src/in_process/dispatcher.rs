@@ -15,7 +15,7 @@ use crate::bytes::BytesError;
 use crate::bytes::artifacts::{ArtifactError, ArtifactStore, ByteReader};
 use crate::bytes::results::{TaskArtifact, join_artifact_pieces, store_artifact_piece, store_upload};
 use longrun_worker::slots::{Reserved, Slots};
-use longrun_worker::task::send_and_log;
+use longrun_worker::task::{send_and_log, task_span};
 use longrun_worker::{TaskContext, TaskLink, UploadedArtifact, WorkerError};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -181,13 +181,7 @@ impl Dispatcher {
         });
         let heartbeat_every = self.config.lease / 3;
         let progress_interval = self.config.progress_interval;
-        let span = tracing::info_span!(
-            "task",
-            op.id = %task.operation_id,
-            kind = %task.kind,
-            attempt = task.attempt,
-            worker = "in-process",
-        );
+        let span = task_span(&task.operation_id, &task.kind, task.attempt, "in-process");
         let run = async move {
             let flag = signals.track(&task.operation_id);
             let ctx = TaskContext::new(task.operation_id.clone(), task.attempt, task.input, link, flag)
