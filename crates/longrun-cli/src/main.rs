@@ -359,8 +359,13 @@ fn parse_role(s: &str) -> Result<Role, String> {
 fn init_logging(global: &Global) {
     let filter = tracing_subscriber::EnvFilter::try_new(&global.log)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colours only for a person at a terminal: a log file or collector
+    // would store the escape codes, and writing them costs a tenth of a
+    // request that does little (every span field is coloured as it is
+    // recorded).
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     match global.log_format {
         LogFormat::Text => builder.init(),

@@ -82,7 +82,11 @@ impl Id {
         let mut bytes = [0u8; 18];
         bytes[..6].copy_from_slice(&unix_millis.to_be_bytes()[2..]);
         bytes[6..].copy_from_slice(&random_bytes::<12>());
-        Self(format!("{}_{}", kind.prefix(), SORTED_BASE32.encode(&bytes)))
+        let mut id = String::with_capacity(kind.prefix().len() + 1 + BODY_LEN);
+        id.push_str(kind.prefix());
+        id.push('_');
+        SORTED_BASE32.encode_append(&bytes, &mut id);
+        Self(id)
     }
 
     /// Accepts only what [`Id::generate`] could have produced for `kind`,

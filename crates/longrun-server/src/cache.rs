@@ -61,3 +61,74 @@ impl<K: Eq + Hash + Clone, V: Clone> TtlCache<K, V> {
         Ok(v)
     }
 }
+
+/// Bodies rendered once per state of a record: a `GET` of an operation
+/// that did not change since the last one sends the same bytes again
+/// instead of formatting its timestamps and serializing it anew.
+///
+/// A body is keyed by the record's id and stamped with a digest of what
+/// its rendering depends on that can change (for an operation: its
+/// version, `updated_at` and the re-runs read with it, which point at it
+/// without changing its version), so a stale body is never served, only
+/// replaced. Bounded like [`TtlCache`].
+pub struct RenderedBodies {
+    entries: Mutex<HashMap<Box<str>, (u64, axum::body::Bytes)>>,
+}
+
+impl Default for RenderedBodies {
+    fn default() -> Self {
+        Self {
+            entries: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl RenderedBodies {
+    /// The body of `id` as of `stamp`, rendered by `render` unless it was
+    /// before.
+    pub fn get_or_render(&self, id: &str, stamp: u64, render: impl FnOnce() -> Vec<u8>) -> axum::body::Bytes {
+        if let Some((s, body)) = self.entries.lock().expect("cache poisoned").get(id)
+            && *s == stamp
+        {
+            return body.clone();
+        }
+        let body = axum::body::Bytes::from(render());
+        let mut entries = self.entries.lock().expect("cache poisoned");
+        if entries.len() >= MAX_ENTRIES && !entries.contains_key(id) {
+            entries.clear();
+        }
+        entries.insert(id.into(), (stamp, body.clone()));
+        body
+    }
+}
+
+/// The stamp of `parts` for [`RenderedBodies`].
+pub fn stamp(parts: impl Hash) -> u64 {
+    use std::hash::{BuildHasher, BuildHasherDefault};
+    BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default().hash_one(parts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_body_is_rendered_again_once_its_stamp_moves() {
+        let bodies = RenderedBodies::default();
+        let text = |version: i64, reruns: &[&str], body: &'static str| {
+            bodies.get_or_render("op_a", stamp((version, reruns)), || body.as_bytes().to_vec())
+        };
+        assert_eq!(&text(1, &[], "one")[..], b"one");
+        assert_eq!(
+            &text(1, &[], "not rendered")[..],
+            b"one",
+            "the same state is not rendered again"
+        );
+        assert_eq!(&text(2, &[], "two")[..], b"two", "a new version is");
+        assert_eq!(
+            &text(2, &["op_b"], "three")[..],
+            b"three",
+            "so is a new re-run at the same version"
+        );
+    }
+}

@@ -35,11 +35,15 @@ pub struct RequestId(pub String);
 
 const PROBLEM_JSON: &str = "application/problem+json";
 
-/// Outermost middleware: gives every request an id, logs it, and makes every
-/// error response a problem+json body carrying that id.
-pub async fn edge(mut req: Request, next: Next) -> Response {
+/// Outermost middleware: gives every request an id, logs it, sheds it when
+/// the server is full, and makes every error response a problem+json body
+/// carrying that id.
+///
+/// Shedding: past `max_in_flight` requests being handled, one more is
+/// answered `503` with `Retry-After` at once rather than queued, so the
+/// requests already in keep their latency and memory stays bounded.
+pub async fn edge(State(app): State<AppState>, mut req: Request, next: Next) -> Response {
     let request_id = Id::generate(IdKind::Request).into_string();
-    req.extensions_mut().insert(RequestId(request_id.clone()));
     let span = tracing::info_span!(
         "http",
         method = %req.method(),
@@ -49,13 +53,32 @@ pub async fn edge(mut req: Request, next: Next) -> Response {
         tenant = tracing::field::Empty,
         op.id = tracing::field::Empty,
     );
-    // Requests about one operation carry its id from the start; submissions
-    // record it once the id is known.
-    if let Some(id) = operation_in_path(req.uri().path()) {
-        span.record("op.id", id);
+    if !span.is_disabled() {
+        // Requests about one operation carry its id from the start;
+        // submissions record it once the id is known.
+        if let Some(id) = operation_in_path(req.uri().path()) {
+            span.record("op.id", id);
+        }
+        if let Some(source) =
+            crate::source::of_request(req.extensions(), req.headers(), &app.config.limits.trusted_proxies)
+        {
+            span.record("source", tracing::field::display(source));
+        }
     }
+    req.extensions_mut().insert(RequestId(request_id.clone()));
+    let metrics = EdgeMetrics::get();
     let started = Instant::now();
-    let mut response = next.run(req).instrument(span.clone()).await;
+    let mut response = match app.in_flight.try_enter() {
+        Some(_place) => next.run(req).instrument(span.clone()).await,
+        None => {
+            metrics.shed.increment(1);
+            ApiError::TemporarilyUnavailable {
+                detail: "the server is handling as many requests as it can; try again shortly".into(),
+                retry_after: SHED_RETRY_AFTER,
+            }
+            .into_response()
+        }
+    };
 
     let status = response.status();
     let problem = match response.extensions_mut().remove::<Problem>() {
@@ -72,30 +95,23 @@ pub async fn edge(mut req: Request, next: Next) -> Response {
         }
         None => None,
     };
+    let request_id = HeaderValue::try_from(request_id).expect("request ids are header-safe");
     if let Some(mut problem) = problem {
-        problem.request_id = request_id.clone();
+        problem.request_id = request_id.to_str().expect("request ids are text").to_owned();
         let body = serde_json::to_vec(&problem).expect("a problem serializes");
         let headers = response.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
         headers.remove(header::CONTENT_LENGTH);
         *response.body_mut() = Body::from(body);
     }
-    response.headers_mut().insert(
-        "x-request-id",
-        HeaderValue::from_str(&request_id).expect("request ids are header-safe"),
-    );
+    response.headers_mut().insert("x-request-id", request_id);
 
-    let class = match status.as_u16() {
-        100..=199 => "1xx",
-        200..=299 => "2xx",
-        300..=399 => "3xx",
-        400..=499 => "4xx",
-        _ => "5xx",
-    };
-    metrics::counter!("longrun_http_responses_total", "class" => class).increment(1);
-    metrics::histogram!("longrun_http_request_duration_seconds").record(started.elapsed().as_secs_f64());
+    let class = usize::from(status.as_u16() / 100).clamp(1, 5) - 1;
+    metrics.responses[class].increment(1);
+    let elapsed = started.elapsed();
+    metrics.duration.record(elapsed.as_secs_f64());
     let _entered = span.enter();
-    let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
+    let elapsed_ms = elapsed.as_secs_f64() * 1000.0;
     // A 503 is a deliberate refusal (load shed, acceptance paused, database
     // unavailable — the cause is logged where it is found): logging each as
     // an error would make overload write a line per refused request.
@@ -107,6 +123,32 @@ pub async fn edge(mut req: Request, next: Next) -> Response {
     response
 }
 
+/// The edge's metrics, resolved once (a lookup by name and labels per
+/// request cost more than the increment).
+struct EdgeMetrics {
+    /// `longrun_http_responses_total` by class, `1xx` to `5xx`.
+    responses: [metrics::Counter; 5],
+    duration: metrics::Histogram,
+    shed: metrics::Counter,
+}
+
+impl EdgeMetrics {
+    fn get() -> &'static EdgeMetrics {
+        static METRICS: std::sync::OnceLock<EdgeMetrics> = std::sync::OnceLock::new();
+        METRICS.get_or_init(|| {
+            // Handles taken before the process's recorder is installed
+            // would record nowhere.
+            crate::metrics::handle();
+            EdgeMetrics {
+                responses: ["1xx", "2xx", "3xx", "4xx", "5xx"]
+                    .map(|class| metrics::counter!("longrun_http_responses_total", "class" => class)),
+                duration: metrics::histogram!("longrun_http_request_duration_seconds"),
+                shed: metrics::counter!("longrun_http_shed_total"),
+            }
+        })
+    }
+}
+
 /// The operation a path names: `/v1/operations/{id}…` or
 /// `/v1/worker/tasks/{id}…`.
 fn operation_in_path(path: &str) -> Option<&str> {
@@ -115,31 +157,6 @@ fn operation_in_path(path: &str) -> Option<&str> {
         .or_else(|| path.strip_prefix("/v1/worker/tasks/"))?;
     let id = rest.split('/').next()?;
     Id::parse(IdKind::Operation, id).map(|_| id)
-}
-
-/// Sheds load: past `max_in_flight` requests being handled, one more is
-/// answered `503` with `Retry-After` at once rather than queued, so the
-/// requests already in keep their latency and memory stays bounded.
-///
-/// It also names the request's source in its span (see [`crate::source`]),
-/// when the span is recorded at all.
-pub async fn shed(State(app): State<AppState>, req: Request, next: Next) -> Response {
-    let span = tracing::Span::current();
-    if !span.is_disabled()
-        && let Some(source) =
-            crate::source::of_request(req.extensions(), req.headers(), &app.config.limits.trusted_proxies)
-    {
-        span.record("source", tracing::field::display(source));
-    }
-    let Some(_place) = app.in_flight.try_enter() else {
-        metrics::counter!("longrun_http_shed_total").increment(1);
-        return ApiError::TemporarilyUnavailable {
-            detail: "the server is handling as many requests as it can; try again shortly".into(),
-            retry_after: SHED_RETRY_AFTER,
-        }
-        .into_response();
-    };
-    next.run(req).await
 }
 
 /// What a shed request is told to wait.

@@ -4,6 +4,7 @@
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
+use tower::ServiceBuilder;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::timeout::RequestBodyTimeoutLayer;
 
@@ -11,10 +12,14 @@ use crate::app::AppState;
 use crate::{console, http};
 
 /// The whole HTTP API as one router.
+///
+/// The middleware wraps the routes once, as one service, rather than each
+/// route (what `Router::layer` does): a request then clones one boxed
+/// stack, not one per layer.
 pub fn app(state: AppState) -> Router {
     let max_body = state.config.max_body_bytes;
     let body_stall = state.config.limits.body_stall_timeout;
-    Router::new()
+    let routes = Router::new()
         .merge(http::operations::router())
         .merge(http::workers::router())
         .merge(http::events::router())
@@ -27,10 +32,12 @@ pub fn app(state: AppState) -> Router {
         .merge(console::router())
         .fallback(http::not_found)
         .method_not_allowed_fallback(http::method_not_allowed)
-        .layer(DefaultBodyLimit::max(max_body))
-        .layer(RequestBodyTimeoutLayer::new(body_stall))
+        .with_state(state.clone());
+    let stack = ServiceBuilder::new()
+        .layer(axum::middleware::from_fn_with_state(state, http::edge))
         .layer(CatchPanicLayer::new())
-        .layer(axum::middleware::from_fn_with_state(state.clone(), http::shed))
-        .layer(axum::middleware::from_fn(http::edge))
-        .with_state(state)
+        .layer(RequestBodyTimeoutLayer::new(body_stall))
+        .layer(DefaultBodyLimit::max(max_body))
+        .service(routes);
+    Router::new().fallback_service(stack)
 }

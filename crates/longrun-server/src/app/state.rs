@@ -15,7 +15,7 @@ use longrun_store::{ApiKeyRecord, KindSpec, Operation, Store, StoreError, Tenant
 use super::callback::CallbackPolicy;
 use super::error::ApiError;
 use super::limits::Limits;
-use crate::cache::TtlCache;
+use crate::cache::{RenderedBodies, TtlCache};
 use crate::changes::ChangeHub;
 use crate::keys;
 use crate::ratelimit::{InFlight, RateLimiter, TenantsInFlight};
@@ -127,6 +127,8 @@ pub struct Inner {
     pub(crate) stats: Arc<crate::stats::ConsoleStats>,
     /// Console pages following live changes.
     pub(crate) console_streams: InFlight,
+    /// Operation bodies as last rendered, per version.
+    pub(crate) rendered: RenderedBodies,
     pub(crate) config: Config,
 }
 
@@ -173,6 +175,7 @@ impl AppState {
             pauses: TtlCache::new(config.key_cache_ttl.min(PAUSE_CACHE_TTL)),
             stats: crate::stats::ConsoleStats::new(clock.clone()),
             console_streams: InFlight::new(MAX_CONSOLE_STREAMS),
+            rendered: RenderedBodies::default(),
             config,
         }))
     }

@@ -142,7 +142,12 @@ async fn set_observation_headers(app: &AppState, op: &Operation, headers: &mut H
 /// The representation of `op` with its ETag and, while it is not terminal,
 /// a `Retry-After`.
 pub(crate) async fn operation_response(app: &AppState, op: &Operation, status: StatusCode) -> Response {
-    let mut response = (status, Json(wire::operation(op))).into_response();
+    let stamp = crate::cache::stamp((op.version, op.updated_at, &op.reruns));
+    let body = app.rendered.get_or_render(op.id.as_str(), stamp, || {
+        serde_json::to_vec(&wire::operation(op)).expect("an operation serializes")
+    });
+    let json = HeaderValue::from_static("application/json");
+    let mut response = (status, [(header::CONTENT_TYPE, json)], body).into_response();
     set_observation_headers(app, op, response.headers_mut()).await;
     response
 }
@@ -205,6 +210,8 @@ async fn wait_for_change(
     Ok(op)
 }
 
+/// Names the operation in the request's span, for a request whose path
+/// does not (the edge names the one a path carries).
 fn record_operation_id(id: &Id) {
     tracing::Span::current().record("op.id", id.as_str());
 }
@@ -443,7 +450,6 @@ async fn read(
 ) -> Result<Response, ApiError> {
     caller.require_client()?;
     let id = parse_operation_id(&id)?;
-    record_operation_id(&id);
     let wait = prefer_wait(&headers);
     let mut waiter = match wait {
         Some(_) => Some(app.changes.watch(&caller.tenant, &id).map_err(|_| too_many_waiters())?),
@@ -575,7 +581,6 @@ async fn cancel(
 ) -> Result<Response, ApiError> {
     caller.require_client()?;
     let id = parse_operation_id(&id)?;
-    record_operation_id(&id);
     let reason = body.unwrap_or_default().reason;
     let if_match = if_match(&headers)?;
     let (op, applied) = commands::cancel(&app, &caller.tenant, caller.key_id.as_str(), &id, reason, if_match).await?;
@@ -630,7 +635,6 @@ async fn update(
 ) -> Result<Response, ApiError> {
     caller.require_client()?;
     let id = parse_operation_id(&id)?;
-    record_operation_id(&id);
     let if_match = if_match(&headers)?.ok_or(ApiError::PreconditionRequired)?;
     let (op, applied) = commands::update(&app, &caller.tenant, id, if_match, request).await?;
     Ok(operation_response(&app, &op, status_of(applied)).await)
