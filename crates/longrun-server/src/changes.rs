@@ -73,6 +73,7 @@ impl ChangeHub {
             }
             *count += 1;
         }
+        metrics::gauge!("longrun_http_waiters").increment(1.0);
         let rx = self
             .watchers
             .lock()
@@ -115,6 +116,7 @@ impl Drop for Waiter {
             watchers.remove(&self.id);
         }
         drop(watchers);
+        metrics::gauge!("longrun_http_waiters").decrement(1.0);
         let mut waiting = self.hub.waiting.lock().expect("hub poisoned");
         if let Some(count) = waiting.get_mut(&self.tenant) {
             *count -= 1;

@@ -18,10 +18,17 @@ pub struct OwnServer {
 impl OwnServer {
     /// Starts it and reads its address and first keys from its output.
     pub async fn start() -> Self {
+        Self::start_with(&[]).await
+    }
+
+    /// Starts it with these flags besides the listener and the data
+    /// directory.
+    pub async fn start_with(flags: &[&str]) -> Self {
         let data = tempfile::tempdir().unwrap();
         let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_longrun"))
             .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(data.path())
+            .args(flags)
             .env("LONGRUN_LOG", "warn")
             .stdout(Stdio::piped())
             .kill_on_drop(true)
@@ -46,6 +53,17 @@ impl OwnServer {
             token,
             _data: data,
         }
+    }
+
+    /// Its resident memory now (`VmRSS`), in KiB.
+    #[allow(dead_code)]
+    pub fn rss_kib(&self) -> f64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid)).unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
     }
 
     /// Its peak resident memory so far (`VmHWM`), in MiB.
