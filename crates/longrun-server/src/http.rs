@@ -44,7 +44,14 @@ const PROBLEM_JSON: &str = "application/problem+json";
 /// requests already in keep their latency and memory stays bounded.
 pub async fn edge(State(app): State<AppState>, mut req: Request, next: Next) -> Response {
     let request_id = Id::generate(IdKind::Request).into_string();
-    let span = tracing::info_span!(
+    // The request's span is for following a request through the server
+    // (`--log longrun_server=debug`, or any subscriber that records debug
+    // spans): at the default level no event inside a request needs it, and
+    // the fmt layer formats every field of an enabled span as it is
+    // recorded, a tenth of a request that does little. What an operator
+    // needs at INFO — the request id, method, path and operation of a
+    // request that failed — is written on the error line itself, below.
+    let span = tracing::debug_span!(
         "http",
         method = %req.method(),
         path = %req.uri().path(),
@@ -65,6 +72,8 @@ pub async fn edge(State(app): State<AppState>, mut req: Request, next: Next) -> 
             span.record("source", tracing::field::display(source));
         }
     }
+    // Cheap to keep (shared bytes), for the error line.
+    let (method, uri) = (req.method().clone(), req.uri().clone());
     req.extensions_mut().insert(RequestId(request_id.clone()));
     let metrics = EdgeMetrics::get();
     let started = Instant::now();
@@ -81,6 +90,7 @@ pub async fn edge(State(app): State<AppState>, mut req: Request, next: Next) -> 
     };
 
     let status = response.status();
+    let internal = response.extensions_mut().remove::<error::InternalError>();
     let problem = match response.extensions_mut().remove::<Problem>() {
         Some(problem) => Some(problem),
         // Console pages render their own refusals, as HTML.
@@ -95,16 +105,16 @@ pub async fn edge(State(app): State<AppState>, mut req: Request, next: Next) -> 
         }
         None => None,
     };
-    let request_id = HeaderValue::try_from(request_id).expect("request ids are header-safe");
+    let request_header = HeaderValue::try_from(request_id.as_str()).expect("request ids are header-safe");
     if let Some(mut problem) = problem {
-        problem.request_id = request_id.to_str().expect("request ids are text").to_owned();
+        problem.request_id = request_id.clone();
         let body = serde_json::to_vec(&problem).expect("a problem serializes");
         let headers = response.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
         headers.remove(header::CONTENT_LENGTH);
         *response.body_mut() = Body::from(body);
     }
-    response.headers_mut().insert("x-request-id", request_id);
+    response.headers_mut().insert("x-request-id", request_header);
 
     let class = usize::from(status.as_u16() / 100).clamp(1, 5) - 1;
     metrics.responses[class].increment(1);
@@ -112,11 +122,16 @@ pub async fn edge(State(app): State<AppState>, mut req: Request, next: Next) -> 
     metrics.duration.record(elapsed.as_secs_f64());
     let _entered = span.enter();
     let elapsed_ms = elapsed.as_secs_f64() * 1000.0;
+    let path = uri.path();
+    let op_id = operation_in_path(path);
+    if let Some(error::InternalError(message)) = internal {
+        tracing::error!(request_id, %method, path, op.id = op_id, error = %message, "internal error");
+    }
     // A 503 is a deliberate refusal (load shed, acceptance paused, database
     // unavailable — the cause is logged where it is found): logging each as
     // an error would make overload write a line per refused request.
     if status.is_server_error() && status != axum::http::StatusCode::SERVICE_UNAVAILABLE {
-        tracing::error!(status = status.as_u16(), elapsed_ms, "request failed");
+        tracing::error!(request_id, %method, path, op.id = op_id, status = status.as_u16(), elapsed_ms, "request failed");
     } else {
         tracing::debug!(status = status.as_u16(), elapsed_ms, "request handled");
     }

@@ -125,12 +125,18 @@ impl ApiError {
     }
 }
 
+/// What went wrong inside, on the response of an internal error: the edge
+/// logs it with the request's id, method and path (the client is told
+/// only that something failed).
+#[derive(Debug, Clone)]
+pub(crate) struct InternalError(pub String);
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        if let ApiError::Internal(message) = &self {
-            tracing::error!(error = %message, "internal error");
-        }
         let mut response = self.status().into_response();
+        if let ApiError::Internal(message) = &self {
+            response.extensions_mut().insert(InternalError(message.clone()));
+        }
         if let Some(retry_after) = self.retry_after() {
             let seconds = longrun_core::retry_after::header_seconds(retry_after).max(1);
             response

@@ -107,12 +107,18 @@ pub(crate) fn if_match(headers: &HeaderMap) -> Result<Option<i64>, ApiError> {
     }
 }
 
+#[cfg(test)]
 fn not_modified(headers: &HeaderMap, version: i64) -> Result<bool, ApiError> {
-    Ok(match entity_tags(headers, header::IF_NONE_MATCH)? {
+    Ok(names(entity_tags(headers, header::IF_NONE_MATCH)?.as_ref(), version))
+}
+
+/// Whether `If-None-Match` (as parsed) names `version`.
+fn names(tags: Option<&EntityTags>, version: i64) -> bool {
+    match tags {
         None => false,
         Some(EntityTags::Any) => true,
         Some(EntityTags::Versions(v)) => v.contains(&version),
-    })
+    }
 }
 
 /// How long a client should wait before polling `op` again.
@@ -185,29 +191,32 @@ fn too_many_waiters() -> ApiError {
     }
 }
 
-/// Re-reads `id` each time it changes until `done` holds or `wait` passes;
-/// returns the last read.
+/// Re-reads `op` each time it changes until `done` holds or `wait` passes;
+/// returns the last read. While it waits it holds the operation's id, not
+/// the operation: a long-poll is held by the thousand.
 async fn wait_for_change(
     app: &AppState,
     waiter: &mut crate::changes::Waiter,
     tenant: &str,
-    mut op: Operation,
+    op: Operation,
     wait: Duration,
     done: impl Fn(&Operation) -> bool,
 ) -> Result<Operation, ApiError> {
-    let give_up_at = tokio::time::Instant::now() + wait;
-    while !done(&op) {
-        tokio::select! {
-            () = waiter.changed() => {}
-            () = tokio::time::sleep_until(give_up_at) => break,
-        }
-        op = app
-            .store
-            .operation_get(tenant, &op.id)
-            .await?
-            .ok_or(ApiError::NotFound)?;
+    if done(&op) {
+        return Ok(op);
     }
-    Ok(op)
+    let id = op.id;
+    let give_up_at = tokio::time::Instant::now() + wait;
+    loop {
+        let gave_up = tokio::select! {
+            () = waiter.changed() => false,
+            () = tokio::time::sleep_until(give_up_at) => true,
+        };
+        let op = app.store.operation_get(tenant, &id).await?.ok_or(ApiError::NotFound)?;
+        if gave_up || done(&op) {
+            return Ok(op);
+        }
+    }
 }
 
 /// Names the operation in the request's span, for a request whose path
@@ -451,17 +460,20 @@ async fn read(
     caller.require_client()?;
     let id = parse_operation_id(&id)?;
     let wait = prefer_wait(&headers);
+    let seen_tags = entity_tags(&headers, header::IF_NONE_MATCH)?;
+    let has_condition = headers.contains_key(header::IF_NONE_MATCH);
+    // Not held through a long-poll.
+    drop(headers);
     let mut waiter = match wait {
         Some(_) => Some(app.changes.watch(&caller.tenant, &id).map_err(|_| too_many_waiters())?),
         None => None,
     };
     let mut op = app.operation(&caller.tenant, &id).await?;
-    let has_condition = headers.contains_key(header::IF_NONE_MATCH);
     if let (Some(wait), Some(w)) = (wait, waiter.as_mut()) {
         // Worth waiting only for something that can still change, and (with
         // If-None-Match) only while the client's version is the current one.
         let seen = op.version;
-        let worth_waiting = !op.state.is_terminal() && (!has_condition || not_modified(&headers, seen)?);
+        let worth_waiting = !op.state.is_terminal() && (!has_condition || names(seen_tags.as_ref(), seen));
         if worth_waiting {
             op = wait_for_change(&app, w, &caller.tenant, op, Duration::from_secs(wait), |op| {
                 op.version != seen
@@ -470,7 +482,7 @@ async fn read(
         }
     }
     drop(waiter);
-    let mut response = if not_modified(&headers, op.version)? {
+    let mut response = if names(seen_tags.as_ref(), op.version) {
         let mut response = StatusCode::NOT_MODIFIED.into_response();
         set_observation_headers(&app, &op, response.headers_mut()).await;
         response
