@@ -130,8 +130,18 @@ pub async fn join_pieces(
         }
         return Ok((only.clone(), data_encoding::HEXLOWER.encode(&hasher.finalize())));
     }
-    let reader = open_pieces(artifacts, &pieces).await?;
-    let stored = artifacts.put(&key, reader, u64::MAX).await?;
+    let listed: Vec<(String, u64)> = pieces
+        .iter()
+        .map(|p| (p.storage_key.clone(), u64::try_from(p.size_bytes).unwrap_or(0)))
+        .collect();
+    let stored = match artifacts.compose(&key, &listed).await? {
+        Some(stored) => stored,
+        None => {
+            artifacts
+                .put(&key, open_pieces(artifacts, &pieces).await?, u64::MAX)
+                .await?
+        }
+    };
     Ok((
         UploadChunk {
             storage_key: key,
