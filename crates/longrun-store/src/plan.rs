@@ -30,6 +30,7 @@ mod event;
 mod fetches;
 pub(crate) mod finish;
 pub(crate) mod retention;
+pub(crate) mod store;
 pub(crate) mod update;
 pub(crate) mod uploads;
 pub(crate) mod webhooks;

@@ -46,7 +46,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use longrun_core::fingerprint::Fingerprint;
 use longrun_core::id::random_base32;
 use longrun_core::{Id, IdKind, State, Timestamp};
@@ -442,8 +441,24 @@ impl crate::tables::RunScripts for SqliteStore {
     }
 }
 
-#[async_trait]
-impl Store for SqliteStore {
+/// Runs a use case of the plan layer as one writer job, with the driver
+/// bound to `$d`.
+macro_rules! run_plan {
+    ($self:ident, |$d:ident| $body:expr) => {{
+        let policy = $self.policy;
+        $self
+            .writer
+            .write(move |c| {
+                block(async {
+                    let $d = &mut SqliteDriver::new(c, policy);
+                    $body
+                })
+            })
+            .await
+    }};
+}
+
+crate::plan::store::impl_store!(SqliteStore, run_plan, {
     async fn operation_accept(&self, params: AcceptParams) -> Result<AcceptOutcome> {
         self.writer.write(move |c| operation_accept(c, &params)).await
     }
@@ -467,18 +482,6 @@ impl Store for SqliteStore {
     async fn operation_history(&self, tenant: &str, id: &Id) -> Result<Option<Vec<Event>>> {
         let (tenant, id) = (tenant.to_owned(), id.clone());
         self.read(move |c| operation_history(c, &tenant, &id)).await
-    }
-
-    async fn operation_cancel(&self, params: CancelParams) -> Result<CancelOutcome> {
-        let policy = self.policy;
-        self.writer
-            .write(move |c| {
-                block(plan::control::operation_cancel(
-                    &mut SqliteDriver::new(c, policy),
-                    &params,
-                ))
-            })
-            .await
     }
 
     async fn task_claim(&self, params: ClaimParams) -> Result<Vec<Task>> {
@@ -528,49 +531,6 @@ impl Store for SqliteStore {
         self.writer.write(move |c| task_expire_worker(c, &worker_id, now)).await
     }
 
-    async fn task_reap(&self, params: ReapParams) -> Result<ReapCounts> {
-        let policy = self.policy;
-        self.writer
-            .write(move |c| block(plan::finish::task_reap(&mut SqliteDriver::new(c, policy), &params)))
-            .await
-    }
-
-    async fn operation_intent(&self, params: IntentParams) -> Result<Operation> {
-        let policy = self.policy;
-        self.writer
-            .write(move |c| {
-                block(plan::control::operation_intent(
-                    &mut SqliteDriver::new(c, policy),
-                    &params,
-                ))
-            })
-            .await
-    }
-
-    async fn operation_update(&self, params: UpdateParams) -> Result<Operation> {
-        let policy = self.policy;
-        self.writer
-            .write(move |c| {
-                block(plan::update::operation_update(
-                    &mut SqliteDriver::new(c, policy),
-                    &params,
-                ))
-            })
-            .await
-    }
-
-    async fn deadline_enforce(&self, params: EnforceParams) -> Result<EnforceCounts> {
-        let policy = self.policy;
-        self.writer
-            .write(move |c| {
-                block(plan::deadline::deadline_enforce(
-                    &mut SqliteDriver::new(c, policy),
-                    &params,
-                ))
-            })
-            .await
-    }
-
     async fn operation_events_after(
         &self,
         tenant: &str,
@@ -585,109 +545,12 @@ impl Store for SqliteStore {
         self.changes.subscribe()
     }
 
-    async fn webhook_due(&self, now: Timestamp, limit: u32, lease: Duration) -> Result<Vec<Delivery>> {
-        let policy = self.policy;
-        self.writer
-            .write(move |c| {
-                block(plan::webhooks::webhook_due(
-                    &mut SqliteDriver::new(c, policy),
-                    now,
-                    limit,
-                    lease,
-                ))
-            })
-            .await
-    }
-
-    async fn webhook_attempt(&self, params: AttemptParams) -> Result<()> {
-        let policy = self.policy;
-        self.writer
-            .write(move |c| {
-                block(plan::webhooks::webhook_attempt(
-                    &mut SqliteDriver::new(c, policy),
-                    &params,
-                ))
-            })
-            .await
-    }
-
-    async fn result_upload(&self, params: ResultUploadParams) -> Result<()> {
-        let policy = self.policy;
-        self.writer
-            .write(move |c| block(plan::uploads::result_upload(&mut SqliteDriver::new(c, policy), &params)))
-            .await
-    }
-
-    async fn artifact_piece_add(&self, params: ArtifactPieceParams) -> Result<Vec<UploadChunk>> {
-        let policy = self.policy;
-        self.writer
-            .write(move |c| {
-                block(plan::uploads::artifact_piece_add(
-                    &mut SqliteDriver::new(c, policy),
-                    &params,
-                ))
-            })
-            .await
-    }
-
-    async fn artifact_pieces(&self, operation_id: &Id, lease_token: &str, name: &str) -> Result<Vec<UploadChunk>> {
-        let (id, token, name) = (operation_id.clone(), lease_token.to_owned(), name.to_owned());
-        let policy = self.policy;
-        self.writer
-            .write(move |c| {
-                block(plan::uploads::artifact_pieces(
-                    &mut SqliteDriver::new(c, policy),
-                    &id,
-                    &token,
-                    &name,
-                ))
-            })
-            .await
-    }
-
-    async fn retention_sweep(&self, params: RetentionParams) -> Result<RetentionCounts> {
-        let policy = self.policy;
-        self.writer
-            .write(move |c| {
-                block(plan::retention::retention_sweep(
-                    &mut SqliteDriver::new(c, policy),
-                    &params,
-                ))
-            })
-            .await
-    }
-
     async fn artifact_garbage(&self, limit: u32) -> Result<Vec<String>> {
         self.read(move |c| artifact_garbage(c, limit)).await
     }
 
     async fn artifact_garbage_done(&self, keys: Vec<String>) -> Result<()> {
         self.writer.write(move |c| artifact_garbage_done(c, &keys)).await
-    }
-
-    async fn upload_append_lease(&self, params: AppendLeaseParams) -> Result<AppendLease> {
-        let policy = self.policy;
-        self.writer
-            .write(move |c| {
-                block(plan::uploads::upload_append_lease(
-                    &mut SqliteDriver::new(c, policy),
-                    &params,
-                ))
-            })
-            .await
-    }
-
-    async fn upload_append_release(&self, id: &Id, token: &str) -> Result<()> {
-        let (policy, id, token) = (self.policy, id.clone(), token.to_owned());
-        self.writer
-            .write(move |c| {
-                block(plan::uploads::upload_append_release(
-                    &mut SqliteDriver::new(c, policy),
-                    &id,
-                    &token,
-                ))
-            })
-            .await
     }
 
     async fn upload_appending(&self, tenant: &str, id: &Id, now: Timestamp) -> Result<Option<Timestamp>> {
@@ -697,20 +560,6 @@ impl Store for SqliteStore {
 
     async fn artifact_keys_named(&self, keys: Vec<String>) -> Result<Vec<String>> {
         self.read(move |c| artifact_keys_named(c, &keys)).await
-    }
-
-    async fn tenant_delete(&self, tenant: &str, now: Timestamp) -> Result<TenantDeleteCounts> {
-        let tenant = tenant.to_owned();
-        let policy = self.policy;
-        self.writer
-            .write(move |c| {
-                block(plan::retention::tenant_delete(
-                    &mut SqliteDriver::new(c, policy),
-                    &tenant,
-                    now,
-                ))
-            })
-            .await
     }
 
     async fn schedule_update_many(&self, updates: Vec<(ScheduleRecord, i64)>) -> Result<Vec<bool>> {
@@ -730,47 +579,6 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn upload_create(&self, params: UploadCreateParams) -> Result<UploadRecord> {
-        let policy = self.policy;
-        self.writer
-            .write(move |c| block(plan::uploads::upload_create(&mut SqliteDriver::new(c, policy), &params)))
-            .await
-    }
-
-    async fn upload_append(&self, params: UploadAppendParams) -> Result<UploadRecord> {
-        let policy = self.policy;
-        self.writer
-            .write(move |c| block(plan::uploads::upload_append(&mut SqliteDriver::new(c, policy), &params)))
-            .await
-    }
-
-    async fn upload_complete(&self, params: UploadCompleteParams) -> Result<UploadRecord> {
-        let policy = self.policy;
-        self.writer
-            .write(move |c| {
-                block(plan::uploads::upload_complete(
-                    &mut SqliteDriver::new(c, policy),
-                    &params,
-                ))
-            })
-            .await
-    }
-
-    async fn upload_remove(&self, tenant: &str, id: &Id, now: Timestamp) -> Result<bool> {
-        let (tenant, id) = (tenant.to_owned(), id.clone());
-        let policy = self.policy;
-        self.writer
-            .write(move |c| {
-                block(plan::uploads::upload_remove(
-                    &mut SqliteDriver::new(c, policy),
-                    &tenant,
-                    &id,
-                    now,
-                ))
-            })
-            .await
-    }
-
     async fn upload_for_task(
         &self,
         operation_id: &Id,
@@ -783,7 +591,7 @@ impl Store for SqliteStore {
     async fn ping(&self) -> Result<()> {
         self.read_now(|c| Ok(c.query_row("SELECT 1", [], |_| Ok(()))?))
     }
-}
+});
 
 #[cfg(test)]
 mod tests {

@@ -3,10 +3,20 @@
 
 use super::*;
 
-macro_rules! in_tx {
-    ($self:ident, |$c:ident, $ch:ident| $body:expr) => {
-        $self.tx(move |$c, $ch| Box::pin(async move { $body })).await
-    };
+/// Runs a use case of the plan layer in one transaction, with the driver
+/// bound to `$d`.
+macro_rules! run_plan {
+    ($self:ident, |$d:ident| $body:expr) => {{
+        let policy = $self.policy;
+        $self
+            .tx(move |c, ch| {
+                Box::pin(async move {
+                    let $d = &mut PgDriver { c, ch, policy };
+                    $body
+                })
+            })
+            .await
+    }};
 }
 
 impl crate::tables::RunScripts for PostgresStore {
@@ -23,8 +33,7 @@ impl crate::tables::RunScripts for PostgresStore {
     }
 }
 
-#[async_trait]
-impl Store for PostgresStore {
+crate::plan::store::impl_store!(PostgresStore, run_plan, {
     async fn operation_accept(&self, params: AcceptParams) -> Result<AcceptOutcome> {
         self.accepts.write(params).await
     }
@@ -57,15 +66,6 @@ impl Store for PostgresStore {
         events_of(&mut c, tenant, id, 0, i64::MAX, false).await
     }
 
-    async fn operation_cancel(&self, params: CancelParams) -> Result<CancelOutcome> {
-        let policy = self.policy;
-        in_tx!(self, |c, ch| plan::control::operation_cancel(
-            &mut PgDriver { c, ch, policy },
-            &params
-        )
-        .await)
-    }
-
     async fn task_claim(&self, params: ClaimParams) -> Result<Vec<Task>> {
         let policy = self.policy;
         self.tx_begun_with(CLAIM_BEGIN, move |c, ch| {
@@ -75,12 +75,7 @@ impl Store for PostgresStore {
     }
 
     async fn task_heartbeat(&self, params: HeartbeatParams) -> Result<HeartbeatAck> {
-        let policy = self.policy;
-        in_tx!(self, |c, ch| plan::finish::task_heartbeat(
-            &mut PgDriver { c, ch, policy },
-            &params
-        )
-        .await)
+        run_plan!(self, |d| plan::finish::task_heartbeat(d, &params).await)
     }
 
     async fn task_finish(&self, params: FinishParams) -> Result<Operation> {
@@ -114,42 +109,6 @@ impl Store for PostgresStore {
         Ok(n.rows_affected())
     }
 
-    async fn task_reap(&self, params: ReapParams) -> Result<ReapCounts> {
-        let policy = self.policy;
-        in_tx!(self, |c, ch| plan::finish::task_reap(
-            &mut PgDriver { c, ch, policy },
-            &params
-        )
-        .await)
-    }
-
-    async fn operation_update(&self, params: UpdateParams) -> Result<Operation> {
-        let policy = self.policy;
-        in_tx!(self, |c, ch| plan::update::operation_update(
-            &mut PgDriver { c, ch, policy },
-            &params
-        )
-        .await)
-    }
-
-    async fn operation_intent(&self, params: IntentParams) -> Result<Operation> {
-        let policy = self.policy;
-        in_tx!(self, |c, ch| plan::control::operation_intent(
-            &mut PgDriver { c, ch, policy },
-            &params
-        )
-        .await)
-    }
-
-    async fn deadline_enforce(&self, params: EnforceParams) -> Result<EnforceCounts> {
-        let policy = self.policy;
-        in_tx!(self, |c, ch| plan::deadline::deadline_enforce(
-            &mut PgDriver { c, ch, policy },
-            &params
-        )
-        .await)
-    }
-
     async fn operation_events_after(
         &self,
         tenant: &str,
@@ -163,65 +122,6 @@ impl Store for PostgresStore {
 
     fn subscribe_changes(&self) -> broadcast::Receiver<Change> {
         self.changes.subscribe()
-    }
-
-    async fn webhook_due(&self, now: Timestamp, limit: u32, lease: Duration) -> Result<Vec<Delivery>> {
-        let policy = self.policy;
-        in_tx!(self, |c, ch| plan::webhooks::webhook_due(
-            &mut PgDriver { c, ch, policy },
-            now,
-            limit,
-            lease
-        )
-        .await)
-    }
-
-    async fn webhook_attempt(&self, params: AttemptParams) -> Result<()> {
-        let policy = self.policy;
-        in_tx!(self, |c, ch| plan::webhooks::webhook_attempt(
-            &mut PgDriver { c, ch, policy },
-            &params
-        )
-        .await)
-    }
-
-    async fn artifact_piece_add(&self, params: ArtifactPieceParams) -> Result<Vec<UploadChunk>> {
-        let policy = self.policy;
-        in_tx!(self, |c, ch| plan::uploads::artifact_piece_add(
-            &mut PgDriver { c, ch, policy },
-            &params
-        )
-        .await)
-    }
-
-    async fn artifact_pieces(&self, operation_id: &Id, lease_token: &str, name: &str) -> Result<Vec<UploadChunk>> {
-        let (id, token, name) = (operation_id.clone(), lease_token.to_owned(), name.to_owned());
-        let policy = self.policy;
-        in_tx!(self, |c, ch| plan::uploads::artifact_pieces(
-            &mut PgDriver { c, ch, policy },
-            &id,
-            &token,
-            &name
-        )
-        .await)
-    }
-
-    async fn result_upload(&self, params: ResultUploadParams) -> Result<()> {
-        let policy = self.policy;
-        in_tx!(self, |c, ch| plan::uploads::result_upload(
-            &mut PgDriver { c, ch, policy },
-            &params
-        )
-        .await)
-    }
-
-    async fn retention_sweep(&self, params: RetentionParams) -> Result<RetentionCounts> {
-        let policy = self.policy;
-        in_tx!(self, |c, ch| plan::retention::retention_sweep(
-            &mut PgDriver { c, ch, policy },
-            &params
-        )
-        .await)
     }
 
     async fn artifact_garbage(&self, limit: u32) -> Result<Vec<String>> {
@@ -239,25 +139,6 @@ impl Store for PostgresStore {
             .await
             .map_err(db)?;
         Ok(())
-    }
-
-    async fn upload_append_lease(&self, params: AppendLeaseParams) -> Result<AppendLease> {
-        let policy = self.policy;
-        in_tx!(self, |c, ch| plan::uploads::upload_append_lease(
-            &mut PgDriver { c, ch, policy },
-            &params
-        )
-        .await)
-    }
-
-    async fn upload_append_release(&self, id: &Id, token: &str) -> Result<()> {
-        let (policy, id, token) = (self.policy, id.clone(), token.to_owned());
-        in_tx!(self, |c, ch| plan::uploads::upload_append_release(
-            &mut PgDriver { c, ch, policy },
-            &id,
-            &token
-        )
-        .await)
     }
 
     async fn upload_appending(&self, tenant: &str, id: &Id, now: Timestamp) -> Result<Option<Timestamp>> {
@@ -285,62 +166,12 @@ impl Store for PostgresStore {
         .map_err(db)
     }
 
-    async fn tenant_delete(&self, tenant: &str, now: Timestamp) -> Result<TenantDeleteCounts> {
-        let tenant = tenant.to_owned();
-        let policy = self.policy;
-        in_tx!(self, |c, ch| plan::retention::tenant_delete(
-            &mut PgDriver { c, ch, policy },
-            &tenant,
-            now
-        )
-        .await)
-    }
-
     async fn schedule_update_many(&self, updates: Vec<(ScheduleRecord, i64)>) -> Result<Vec<bool>> {
         self.schedule_update_rows(&updates).await
     }
 
     async fn schedule_fires_record(&self, fires: Vec<ScheduleFire>, keep_after: Timestamp) -> Result<()> {
         self.schedule_fires_record_rows(&fires, keep_after).await
-    }
-
-    async fn upload_create(&self, params: UploadCreateParams) -> Result<UploadRecord> {
-        let policy = self.policy;
-        in_tx!(self, |c, ch| plan::uploads::upload_create(
-            &mut PgDriver { c, ch, policy },
-            &params
-        )
-        .await)
-    }
-
-    async fn upload_append(&self, params: UploadAppendParams) -> Result<UploadRecord> {
-        let policy = self.policy;
-        in_tx!(self, |c, ch| plan::uploads::upload_append(
-            &mut PgDriver { c, ch, policy },
-            &params
-        )
-        .await)
-    }
-
-    async fn upload_complete(&self, params: UploadCompleteParams) -> Result<UploadRecord> {
-        let policy = self.policy;
-        in_tx!(self, |c, ch| plan::uploads::upload_complete(
-            &mut PgDriver { c, ch, policy },
-            &params
-        )
-        .await)
-    }
-
-    async fn upload_remove(&self, tenant: &str, id: &Id, now: Timestamp) -> Result<bool> {
-        let (tenant, id) = (tenant.to_owned(), id.clone());
-        let policy = self.policy;
-        in_tx!(self, |c, ch| plan::uploads::upload_remove(
-            &mut PgDriver { c, ch, policy },
-            &tenant,
-            &id,
-            now
-        )
-        .await)
     }
 
     async fn upload_for_task(
@@ -358,4 +189,4 @@ impl Store for PostgresStore {
         sqlx::query("SELECT 1").execute(&self.pool).await.map_err(db)?;
         Ok(())
     }
-}
+});
