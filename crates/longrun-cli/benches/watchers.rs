@@ -21,6 +21,8 @@
 
 #[allow(dead_code)]
 mod own_server;
+#[allow(dead_code)]
+mod processes;
 mod record;
 
 use std::time::{Duration, Instant};
@@ -57,7 +59,7 @@ fn main() {
 /// One row of the table for `n` watchers.
 async fn measure(n: usize) -> String {
     let cap = (n + 200).to_string();
-    let metrics_port = free_port();
+    let metrics_port = processes::free_port();
     let metrics_addr = format!("127.0.0.1:{metrics_port}");
     let server = own_server::OwnServer::start_with(&[
         "--max-waiters-per-tenant",
@@ -180,12 +182,4 @@ async fn waiters(http: &reqwest::Client, metrics_addr: &str) -> f64 {
         .find_map(|l| l.strip_prefix("longrun_http_waiters "))
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0.0)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
