@@ -54,6 +54,28 @@ impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKeyHeader {
     }
 }
 
+/// What a read of an operation asks of it, taken from its headers as they
+/// are parsed (no copy of the headers is held through a long-poll). A
+/// malformed `If-None-Match` is refused by the handler, after the checks
+/// that come first (role, id).
+pub struct ReadConditions {
+    wait: Option<u64>,
+    seen_tags: Result<Option<EntityTags>, ApiError>,
+    has_condition: bool,
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for ReadConditions {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        Ok(ReadConditions {
+            wait: prefer_wait(&parts.headers),
+            seen_tags: entity_tags(&parts.headers, header::IF_NONE_MATCH),
+            has_condition: parts.headers.contains_key(header::IF_NONE_MATCH),
+        })
+    }
+}
+
 fn parse_operation_id(raw: &str) -> Result<Id, ApiError> {
     // A malformed id is answered exactly like an unknown one.
     Id::parse(IdKind::Operation, raw).ok_or(ApiError::NotFound)
@@ -455,15 +477,16 @@ async fn read(
     State(app): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
-    headers: HeaderMap,
+    conditions: ReadConditions,
 ) -> Result<Response, ApiError> {
     caller.require_client()?;
     let id = parse_operation_id(&id)?;
-    let wait = prefer_wait(&headers);
-    let seen_tags = entity_tags(&headers, header::IF_NONE_MATCH)?;
-    let has_condition = headers.contains_key(header::IF_NONE_MATCH);
-    // Not held through a long-poll.
-    drop(headers);
+    let ReadConditions {
+        wait,
+        seen_tags,
+        has_condition,
+    } = conditions;
+    let seen_tags = seen_tags?;
     let mut waiter = match wait {
         Some(_) => Some(app.changes.watch(&caller.tenant, &id).map_err(|_| too_many_waiters())?),
         None => None,
