@@ -122,16 +122,22 @@ pub async fn edge(State(app): State<AppState>, mut req: Request, next: Next) -> 
     metrics.duration.record(elapsed.as_secs_f64());
     let _entered = span.enter();
     let elapsed_ms = elapsed.as_secs_f64() * 1000.0;
-    let path = uri.path();
-    let op_id = operation_in_path(path);
-    if let Some(error::InternalError(message)) = internal {
-        tracing::error!(request_id, %method, path, op.id = op_id, error = %message, "internal error");
-    }
     // A 503 is a deliberate refusal (load shed, acceptance paused, database
     // unavailable — the cause is logged where it is found): logging each as
-    // an error would make overload write a line per refused request.
+    // an error would make overload write a line per refused request. Any
+    // other 5xx is one line, with what went wrong inside when it is known.
     if status.is_server_error() && status != axum::http::StatusCode::SERVICE_UNAVAILABLE {
-        tracing::error!(request_id, %method, path, op.id = op_id, status = status.as_u16(), elapsed_ms, "request failed");
+        let path = uri.path();
+        tracing::error!(
+            request_id,
+            %method,
+            path,
+            op.id = operation_in_path(path),
+            status = status.as_u16(),
+            elapsed_ms,
+            error = internal.as_ref().map(|e| e.0.as_str()),
+            "request failed"
+        );
     } else {
         tracing::debug!(status = status.as_u16(), elapsed_ms, "request handled");
     }

@@ -126,8 +126,8 @@ impl ApiError {
 }
 
 /// What went wrong inside, on the response of an internal error: the edge
-/// logs it with the request's id, method and path (the client is told
-/// only that something failed).
+/// logs it on the request's one error line, with its id, method and path
+/// (the client is told only that something failed).
 #[derive(Debug, Clone)]
 pub(crate) struct InternalError(pub String);
 
