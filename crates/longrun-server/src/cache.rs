@@ -70,35 +70,54 @@ impl<K: Eq + Hash + Clone, V: Clone> TtlCache<K, V> {
 /// its rendering depends on that can change (for an operation: its
 /// version, `updated_at` and the re-runs read with it, which point at it
 /// without changing its version), so a stale body is never served, only
-/// replaced. Bounded like [`TtlCache`].
+/// replaced. Bounded like the store's read cache: in entries and bytes,
+/// and a body over [`MAX_BODY_BYTES`] is rendered each time, not kept.
+#[derive(Default)]
 pub struct RenderedBodies {
-    entries: Mutex<HashMap<Box<str>, (u64, axum::body::Bytes)>>,
+    inner: Mutex<Bodies>,
 }
 
-impl Default for RenderedBodies {
-    fn default() -> Self {
-        Self {
-            entries: Mutex::new(HashMap::new()),
-        }
-    }
+#[derive(Default)]
+struct Bodies {
+    entries: HashMap<Box<str>, (u64, axum::body::Bytes)>,
+    bytes: usize,
 }
+
+/// The most bytes of rendered bodies kept.
+const MAX_BODIES_BYTES: usize = 32 << 20;
+/// A body larger than this (a large inline result) is not kept.
+const MAX_BODY_BYTES: usize = 64 << 10;
 
 impl RenderedBodies {
     /// The body of `id` as of `stamp`, rendered by `render` unless it was
     /// before.
     pub fn get_or_render(&self, id: &str, stamp: u64, render: impl FnOnce() -> Vec<u8>) -> axum::body::Bytes {
-        if let Some((s, body)) = self.entries.lock().expect("cache poisoned").get(id)
+        if let Some((s, body)) = self.inner.lock().expect("cache poisoned").entries.get(id)
             && *s == stamp
         {
             return body.clone();
         }
         let body = axum::body::Bytes::from(render());
-        let mut entries = self.entries.lock().expect("cache poisoned");
-        if entries.len() >= MAX_ENTRIES && !entries.contains_key(id) {
-            entries.clear();
+        if body.len() > MAX_BODY_BYTES {
+            return body;
         }
-        entries.insert(id.into(), (stamp, body.clone()));
+        let mut inner = self.inner.lock().expect("cache poisoned");
+        let full = inner.entries.len() >= MAX_ENTRIES || inner.bytes + body.len() > MAX_BODIES_BYTES;
+        if full && !inner.entries.contains_key(id) {
+            inner.entries.clear();
+            inner.bytes = 0;
+        }
+        inner.bytes += body.len();
+        if let Some((_, old)) = inner.entries.insert(id.into(), (stamp, body.clone())) {
+            inner.bytes -= old.len();
+        }
         body
+    }
+
+    /// Bytes of the bodies kept now.
+    #[cfg(test)]
+    fn bytes(&self) -> usize {
+        self.inner.lock().expect("cache poisoned").bytes
     }
 }
 
@@ -130,5 +149,26 @@ mod tests {
             b"three",
             "so is a new re-run at the same version"
         );
+        assert_eq!(bodies.bytes(), 5, "a replaced body no longer counts");
+    }
+
+    #[test]
+    fn kept_bodies_are_bounded_in_bytes() {
+        let bodies = RenderedBodies::default();
+        let big = vec![b'x'; MAX_BODY_BYTES + 1];
+        let mut renders = 0;
+        for _ in 0..2 {
+            bodies.get_or_render("op_big", 1, || {
+                renders += 1;
+                big.clone()
+            });
+        }
+        assert_eq!(renders, 2, "a body over the limit is rendered each time");
+        assert_eq!(bodies.bytes(), 0);
+        let body = vec![b'y'; MAX_BODY_BYTES];
+        for n in 0..(MAX_BODIES_BYTES / MAX_BODY_BYTES) * 2 {
+            bodies.get_or_render(&format!("op_{n}"), 1, || body.clone());
+            assert!(bodies.bytes() <= MAX_BODIES_BYTES, "{} bytes kept", bodies.bytes());
+        }
     }
 }
