@@ -119,6 +119,33 @@ impl FileArtifacts {
         }
         Ok(self.root.join(key))
     }
+
+    /// A new file under `.tmp/`, deleted unless [`place`]d. Created on this
+    /// thread, not through `tokio::fs`, which runs it on the blocking pool:
+    /// dropped while one was under way there (a cancelled task stops its
+    /// upload), the guard would run first and the file appear after it,
+    /// left behind.
+    async fn temp_file(&self) -> Result<(std::fs::File, TempFile), ArtifactError> {
+        let tmp_dir = self.root.join(".tmp");
+        tokio::fs::create_dir_all(&tmp_dir).await?;
+        let tmp_path = tmp_dir.join(longrun_core::id::random_base32::<16>());
+        let guard = TempFile(Some(tmp_path.clone()));
+        Ok((std::fs::File::create(&tmp_path)?, guard))
+    }
+}
+
+/// Renames a finished, synced temporary file to `target`: the object
+/// appears whole, at once.
+async fn place(mut guard: TempFile, target: &Path) -> Result<(), ArtifactError> {
+    if let Some(parent) = target.parent() {
+        tokio::fs::create_dir_all(parent).await?;
+    }
+    let tmp_path = guard.0.take().expect("an armed temporary file");
+    if let Err(e) = std::fs::rename(&tmp_path, target) {
+        guard.0 = Some(tmp_path);
+        return Err(e.into());
+    }
+    Ok(())
 }
 
 /// The answer of a blocking file task.
@@ -143,15 +170,8 @@ impl Drop for TempFile {
 impl ArtifactStore for FileArtifacts {
     async fn put(&self, key: &str, mut body: ByteReader, max_bytes: u64) -> Result<Stored, ArtifactError> {
         let target = self.path(key)?;
-        let tmp_dir = self.root.join(".tmp");
-        tokio::fs::create_dir_all(&tmp_dir).await?;
-        let tmp_path = tmp_dir.join(longrun_core::id::random_base32::<16>());
-        let mut guard = TempFile(Some(tmp_path.clone()));
-        // Created (and renamed, below) on this thread, not through
-        // `tokio::fs`, which runs them on the blocking pool: dropped while
-        // one was under way there (a cancelled task stops its upload), the
-        // guard would run first and the file appear after it, left behind.
-        let mut file = tokio::fs::File::from_std(std::fs::File::create(&tmp_path)?);
+        let (file, guard) = self.temp_file().await?;
+        let mut file = tokio::fs::File::from_std(file);
         let mut hasher = Sha256::new();
         let mut size: u64 = 0;
         let mut buffer = vec![0u8; 256 * 1024];
@@ -169,11 +189,7 @@ impl ArtifactStore for FileArtifacts {
         }
         file.sync_all().await?;
         drop(file);
-        if let Some(parent) = target.parent() {
-            tokio::fs::create_dir_all(parent).await?;
-        }
-        std::fs::rename(&tmp_path, &target)?;
-        guard.0 = None;
+        place(guard, &target).await?;
         Ok(Stored {
             size_bytes: size,
             sha256: data_encoding::HEXLOWER.encode(&hasher.finalize()),
@@ -190,14 +206,9 @@ impl ArtifactStore for FileArtifacts {
             .iter()
             .map(|(key, size)| Ok((self.path(key)?, *size)))
             .collect::<Result<Vec<(PathBuf, u64)>, ArtifactError>>()?;
-        let tmp_dir = self.root.join(".tmp");
-        tokio::fs::create_dir_all(&tmp_dir).await?;
-        let tmp_path = tmp_dir.join(longrun_core::id::random_base32::<16>());
-        let mut guard = TempFile(Some(tmp_path.clone()));
-        // Created here (see `put`); if this future is dropped the guard
-        // unlinks it, and the copy still under way writes into a file no
-        // name points at.
-        let mut file = std::fs::File::create(&tmp_path)?;
+        // If this future is dropped the guard unlinks the file, and the copy
+        // still under way writes into a file no name points at.
+        let (mut file, guard) = self.temp_file().await?;
         let to_copy = pieces.clone();
         let copying = tokio::task::spawn_blocking(move || -> std::io::Result<u64> {
             let mut size = 0;
@@ -231,11 +242,7 @@ impl ArtifactStore for FileArtifacts {
         });
         let (copied, hashed) = tokio::join!(copying, hashing);
         let (size_bytes, sha256) = (finished(copied)?, finished(hashed)?);
-        if let Some(parent) = target.parent() {
-            tokio::fs::create_dir_all(parent).await?;
-        }
-        std::fs::rename(&tmp_path, &target)?;
-        guard.0 = None;
+        place(guard, &target).await?;
         Ok(Some(Stored { size_bytes, sha256 }))
     }
 

@@ -29,6 +29,9 @@ const CHUNK_ROWS: u64 = 50_000;
 /// Rows per stored piece: a checkpoint is saved after each, so a pause or a
 /// crash costs at most this many rows (about 20 MB of CSV).
 const PIECE_ROWS: u64 = 200_000;
+// Pieces end where chunks end: the renderer runs ahead in chunks from where
+// the run resumed, and each piece takes whole chunks up to its end.
+const _: () = assert!(PIECE_ROWS.is_multiple_of(CHUNK_ROWS));
 /// Bytes in flight between the generator and the upload.
 const PIPE_BYTES: usize = 1024 * 1024;
 /// Chunks rendered ahead of the piece being stored (about 5 MB each).
@@ -212,11 +215,9 @@ fn write_row(out: &mut String, format: Format, r: &Row) {
 /// Rows `from..to` in `format`.
 pub fn render(format: Format, from: u64, to: u64) -> String {
     let mut out = String::with_capacity(((to - from) * 110) as usize);
-    for n in from..to {
-        match format {
-            Format::Csv => write_csv_row(&mut out, n),
-            Format::JsonLines => write_row(&mut out, format, &row(n)),
-        }
+    match format {
+        Format::Csv => (from..to).for_each(|n| write_csv_row(&mut out, n)),
+        Format::JsonLines => (from..to).for_each(|n| write_row(&mut out, format, &row(n))),
     }
     out
 }
