@@ -27,17 +27,8 @@ fn main() {
         println!("export kind, release server as its own process (pid {pid}), SQLite + file artifacts");
         for n in rows {
             let started = Instant::now();
-            let op: Value = http
-                .post(format!("{base}/v1/operations"))
-                .bearer_auth(&token)
-                .header("Idempotency-Key", format!("export-{n}"))
-                .json(&json!({"kind": "export", "input": {"rows": n, "format": "csv"}}))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
+            let input = json!({"kind": "export", "input": {"rows": n, "format": "csv"}});
+            let op = server.submit(&http, &format!("export-{n}"), &input).await;
             let id = op["id"].as_str().unwrap().to_owned();
             let mut etag = String::from("\"1\"");
             let done = loop {

@@ -27,7 +27,7 @@ mod record;
 
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const OPERATIONS: usize = 100;
@@ -79,17 +79,13 @@ async fn measure(n: usize) -> String {
     let http = reqwest::Client::new();
     let mut watched = Vec::new();
     for i in 0..OPERATIONS {
-        let op: Value = http
-            .post(format!("{}/v1/operations", server.base))
-            .bearer_auth(&server.token)
-            .header("Idempotency-Key", format!("watched-{i}"))
-            .json(&json!({"kind": "sleep", "input": {"duration_ms": 1}}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let op = server
+            .submit(
+                &http,
+                &format!("watched-{i}"),
+                &json!({"kind": "sleep", "input": {"duration_ms": 1}}),
+            )
+            .await;
         watched.push(op["id"].as_str().unwrap().to_owned());
     }
     // The ETag each watcher names: no worker runs here (the operations

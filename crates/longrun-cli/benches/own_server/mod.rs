@@ -58,12 +58,22 @@ impl OwnServer {
     /// Its resident memory now (`VmRSS`), in KiB.
     #[allow(dead_code)]
     pub fn rss_kib(&self) -> f64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid)).unwrap_or_default();
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-            .unwrap_or(0.0)
+        status_kib(&self.pid.to_string(), "VmRSS")
+    }
+
+    /// Submits `body` with `key` as the bootstrap client; the operation.
+    #[allow(dead_code)]
+    pub async fn submit(&self, http: &reqwest::Client, key: &str, body: &serde_json::Value) -> serde_json::Value {
+        http.post(format!("{}/v1/operations", self.base))
+            .bearer_auth(&self.token)
+            .header("Idempotency-Key", key)
+            .json(body)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
     }
 
     /// Its peak resident memory so far (`VmHWM`), in MiB.
@@ -74,10 +84,15 @@ impl OwnServer {
 
 /// Peak resident memory (`VmHWM`) of process `pid` (`self` for this one), in MiB.
 pub fn peak_rss_mib(pid: &str) -> f64 {
+    status_kib(pid, "VmHWM") / 1024.0
+}
+
+/// A memory field of `/proc/{pid}/status`, in KiB (0 when unreadable).
+fn status_kib(pid: &str, field: &str) -> f64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .map_or(0.0, |kb| kb / 1024.0)
+        .unwrap_or(0.0)
 }
