@@ -3,10 +3,11 @@
 
 use std::time::{Duration, Instant};
 
+use longrun_core::apikey::Role;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::helpers::{Options, TestApp, problem, sleep_body, spawn_app, spawn_app_with};
+use crate::helpers::{Options, TestApp, create_key, problem, sleep_body, spawn_app, spawn_app_with};
 
 fn queued_only() -> Options {
     Options {
@@ -150,6 +151,22 @@ async fn waiting_requests_per_tenant_are_bounded() {
         assert_eq!(stream.status(), StatusCode::OK);
         streams.push(stream);
     }
+    // The gauge counts them (process-wide, so other tests' may be in it too).
+    let admin = create_key(app.store.as_ref(), "acme", Role::Admin).await;
+    let metrics = app
+        .request(Method::GET, "/metrics", &admin)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let waiters: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("longrun_http_waiters "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("the waiters gauge is exported");
+    assert!(waiters >= 2.0, "two held streams, the gauge says {waiters}");
     let third = long_poll(&app, id, 5, None).send().await.unwrap();
     problem(third, StatusCode::TOO_MANY_REQUESTS, "rate_limited").await;
     let other_tenant = app
