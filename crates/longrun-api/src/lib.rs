@@ -39,3 +39,10 @@ pub use results::*;
 pub use schedules::*;
 pub use webhook::{WebhookData, WebhookEvent};
 pub use worker::*;
+
+/// How long a client keeps an idle pooled connection to Longrun: less than
+/// the 10 s after which the server closes an idle keep-alive connection
+/// (`--header-read-timeout`). A client that kept it longer could send a
+/// request on a connection the server is closing at that moment, and see
+/// the request cut (`IncompleteMessage`) instead of answered.
+pub const CLIENT_POOL_IDLE: std::time::Duration = std::time::Duration::from_secs(5);

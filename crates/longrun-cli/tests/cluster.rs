@@ -157,10 +157,7 @@ async fn three_nodes_one_killed_every_operation_ends_exactly_once() {
         );
     }
 
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .unwrap();
+    let http = http_client();
     // The same key sent to all three nodes at once: one operation.
     let mut same = Vec::new();
     for k in 0..20 {
@@ -281,7 +278,7 @@ async fn a_waiting_claim_is_handed_a_new_submission_in_its_commit() {
     let port = free_port();
     let node = format!("http://127.0.0.1:{port}");
     let _server = serve(&url, port, "h0").await;
-    let http = reqwest::Client::new();
+    let http = http_client();
     let waiting_claim = || {
         let (http, node, worker) = (http.clone(), node.clone(), worker.clone());
         tokio::spawn(async move {
@@ -393,7 +390,7 @@ async fn an_upload_cut_on_one_node_resumes_through_another() {
     let shared = tempfile::tempdir().unwrap();
     let data_dir = shared.path().display().to_string();
     let (ports, nodes, servers) = three_nodes(&url, "u", &["--data-dir", &data_dir]).await;
-    let http = reqwest::Client::new();
+    let http = http_client();
     let created = http
         .post(format!("{}/v1/uploads", nodes[0]))
         .bearer_auth(&client)
@@ -479,6 +476,17 @@ async fn an_upload_cut_on_one_node_resumes_through_another() {
     drop(servers);
 }
 
+/// The tests' HTTP client: pooled connections kept as long as Longrun's
+/// own clients keep them (less than the server keeps an idle one open),
+/// and no request longer than a claim's longest wait and then some.
+fn http_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .pool_idle_timeout(longrun_api::CLIENT_POOL_IDLE)
+        .build()
+        .unwrap()
+}
+
 /// `GET url` with `token`: the JSON body.
 async fn get_json(http: &reqwest::Client, url: &str, token: &str) -> Value {
     http.get(url)
@@ -523,10 +531,7 @@ async fn three_nodes_fire_each_second_once_through_a_kill() {
     let client = cli(&url, &["keys", "create", "--tenant", "drill", "--role", "client"]);
     cli(&url, &["kinds", "set", "drill", "--rerun-safe", "--max-attempts", "5"]);
     let (ports, nodes, mut servers) = three_nodes(&url, "s", &[]).await;
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .unwrap();
+    let http = http_client();
     let created: Value = http
         .post(format!("{}/v1/schedules", nodes[0]))
         .bearer_auth(&client)

@@ -203,6 +203,7 @@ impl Client {
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
             .timeout(Duration::from_secs(120))
+            .pool_idle_timeout(longrun_api::CLIENT_POOL_IDLE)
             .build()
             .expect("an HTTP client");
         Self::with_http(http, base, token)

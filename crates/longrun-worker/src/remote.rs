@@ -403,6 +403,7 @@ impl RemoteWorker {
     pub fn new(config: RemoteConfig, registry: Registry) -> Self {
         let http = reqwest::Client::builder()
             .timeout(config.claim_wait + Duration::from_secs(30))
+            .pool_idle_timeout(longrun_api::CLIENT_POOL_IDLE)
             .build()
             .expect("an HTTP client");
         Self { http, config, registry }
