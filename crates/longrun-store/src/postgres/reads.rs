@@ -119,9 +119,16 @@ pub(super) async fn events_of(
     limit: i64,
     snapshots: bool,
 ) -> Result<Option<Vec<Event>>> {
-    if !owned(c, tenant, id.as_str()).await? {
+    let row = if snapshots {
+        match operation_by_id(c, id.as_str()).await? {
+            Some(row) if row.tenant == tenant => Some(row),
+            _ => return Ok(None),
+        }
+    } else if owned(c, tenant, id.as_str()).await? {
+        None
+    } else {
         return Ok(None);
-    }
+    };
     let rows = sqlx::query(
         "SELECT version, type, state, at, data, snapshot FROM operation_events
           WHERE operation_id = $1 AND version > $2 ORDER BY version LIMIT $3",
@@ -134,19 +141,19 @@ pub(super) async fn events_of(
     .map_err(db)?;
     let mut events = Vec::with_capacity(rows.len());
     for r in &rows {
-        let snapshot = if snapshots {
-            json_text(r.try_get(5).map_err(db)?)?
-                .as_ref()
-                .and_then(snapshot_from_json)
-        } else {
-            None
+        let version = r.try_get(0).map_err(db)?;
+        let state = state_of(r.try_get(2).map_err(db)?)?;
+        let at = Timestamp(r.try_get(3).map_err(db)?);
+        let snapshot = match &row {
+            Some(row) => snapshot_from_json(json_text(r.try_get(5).map_err(db)?)?.as_ref(), row, version, state, at),
+            None => None,
         };
         events.push(Event {
             operation_id: id.clone(),
-            version: r.try_get(0).map_err(db)?,
+            version,
             event_type: r.try_get(1).map_err(db)?,
-            state: state_of(r.try_get(2).map_err(db)?)?,
-            at: Timestamp(r.try_get(3).map_err(db)?),
+            state,
+            at,
             data: json_text(r.try_get(4).map_err(db)?)?.unwrap_or(Value::Null),
             snapshot,
         });

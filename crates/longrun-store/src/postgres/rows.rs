@@ -197,7 +197,7 @@ pub(super) async fn events_insert(
         states.push(op.state.as_str());
         ats.push(op.updated_at.0);
         data.push(d.to_string());
-        snapshots.push(snapshot_text(op));
+        snapshots.push(event_snapshot(op));
     }
     for (op, event_type, _) in events {
         ch.record(op, *event_type);

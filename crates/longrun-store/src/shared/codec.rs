@@ -117,24 +117,37 @@ pub(crate) fn progress_from_json(v: &Value) -> Progress {
 /// every change of the job path stores one, and building the map (a key
 /// string and a node per field) cost as much as writing it out — together a
 /// tenth of the SQLite writer thread in a profile of the in-process drain.
-/// Absent fields and empty labels are left out (the reader takes a missing
-/// field as absent): a new operation's snapshot was 491 bytes, half of them
-/// `null`s, and events are the largest table the job path writes.
+///
+/// Only what can differ between two events of one operation is kept, and
+/// only when it differs from its default: events are the largest table the
+/// job path writes (docs/scaling.md). The operation's fixed fields (id,
+/// tenant, kind, idempotency key, creation time) come back from its row,
+/// and the version, state and `updated_at` from the event's own columns
+/// (every event is recorded at its operation's `updated_at`). Absent
+/// fields, empty labels, `attempt` 0, `cost_units` 0 and `cancellable`
+/// true are left out. A snapshot that still carries these fields (written
+/// before) reads back the same.
+///
+/// A terminal operation's event keeps none (`None`, a `NULL` column): a
+/// terminal operation's version never moves again, so its row is the
+/// representation at that version, as `GET` shows it.
+pub(crate) fn event_snapshot(op: &Operation) -> Option<String> {
+    (!op.state.is_terminal()).then(|| snapshot_text(op))
+}
+
+/// The snapshot text of `op`, terminal or not (see [`event_snapshot`]).
 pub(crate) fn snapshot_text(op: &Operation) -> String {
     #[derive(serde::Serialize)]
     struct Snapshot<'a> {
-        id: &'a str,
-        tenant: &'a str,
-        kind: &'a str,
-        state: &'a str,
-        version: i64,
-        attempt: i64,
         #[serde(skip_serializing_if = "Option::is_none")]
         callback_url: Option<&'a str>,
         #[serde(skip_serializing_if = "Option::is_none")]
         deadline_at: Option<i64>,
         #[serde(skip_serializing_if = "Option::is_none")]
         budget_max_cost: Option<f64>,
+        #[serde(skip_serializing_if = "is_zero")]
+        attempt: i64,
+        #[serde(skip_serializing_if = "is_zero_units")]
         cost_units: f64,
         #[serde(skip_serializing_if = "BTreeMap::is_empty")]
         labels: &'a BTreeMap<String, String>,
@@ -146,15 +159,12 @@ pub(crate) fn snapshot_text(op: &Operation) -> String {
         error: Option<ErrorJson<'a>>,
         #[serde(skip_serializing_if = "Option::is_none")]
         cancel: Option<CancelJson<'a>>,
+        #[serde(skip_serializing_if = "is_true")]
         cancellable: bool,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        idempotency_key: Option<&'a str>,
-        created_at: i64,
         #[serde(skip_serializing_if = "Option::is_none")]
         started_at: Option<i64>,
         #[serde(skip_serializing_if = "Option::is_none")]
         completed_at: Option<i64>,
-        updated_at: i64,
         #[serde(skip_serializing_if = "Option::is_none")]
         expires_at: Option<i64>,
         #[serde(skip_serializing_if = "Option::is_none")]
@@ -181,11 +191,6 @@ pub(crate) fn snapshot_text(op: &Operation) -> String {
         reason: Option<&'a str>,
     }
     let snapshot = Snapshot {
-        id: op.id.as_str(),
-        tenant: &op.tenant,
-        kind: &op.kind,
-        state: op.state.as_str(),
-        version: op.version,
         attempt: op.attempt,
         callback_url: op.callback_url.as_deref(),
         deadline_at: op.deadline_at.map(|t| t.0),
@@ -205,11 +210,8 @@ pub(crate) fn snapshot_text(op: &Operation) -> String {
             reason: c.reason.as_deref(),
         }),
         cancellable: op.cancellable,
-        idempotency_key: op.idempotency_key.as_deref(),
-        created_at: op.created_at.0,
         started_at: op.started_at.map(|t| t.0),
         completed_at: op.completed_at.map(|t| t.0),
-        updated_at: op.updated_at.0,
         expires_at: op.expires_at.map(|t| t.0),
         artifact: artifacts_to_json(op.artifact.as_ref(), &op.artifacts),
         rerun_of: op.rerun_of.as_ref().map(Id::as_str),
@@ -220,14 +222,32 @@ pub(crate) fn snapshot_text(op: &Operation) -> String {
     serde_json::to_string(&snapshot).expect("a snapshot is always serializable")
 }
 
+fn is_zero(n: &i64) -> bool {
+    *n == 0
+}
+
+fn is_zero_units(n: &f64) -> bool {
+    *n == 0.0
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
+}
+
 /// A progress as the `progress` column and snapshots keep it.
 #[derive(serde::Serialize)]
 pub(crate) struct ProgressJson<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) completed_units: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) total_units: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) unit: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) phase: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) details: Option<&'a Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) updated_at: Option<i64>,
 }
 
@@ -249,16 +269,36 @@ impl<'a> ProgressJson<'a> {
     }
 }
 
-pub(crate) fn snapshot_from_json(v: &Value) -> Option<Operation> {
+/// The operation at an event of `row` (the operation as stored now) at
+/// `version`, in `state`, recorded `at`, from the event's snapshot `v`: its
+/// fixed fields from `row`, the rest from `v` (fields `v` still carries, as
+/// snapshots written before did, win). An event without a snapshot is
+/// the row itself when it is at the row's version (the terminal event, see
+/// [`event_snapshot`]), and unknown otherwise.
+pub(crate) fn snapshot_from_json(
+    v: Option<&Value>,
+    row: &Operation,
+    version: i64,
+    state: State,
+    at: Timestamp,
+) -> Option<Operation> {
+    let Some(v) = v else {
+        return (version == row.version).then(|| Operation {
+            input: None,
+            reruns: None,
+            ..row.clone()
+        });
+    };
     let text = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_owned);
     let time = |k: &str| v.get(k).and_then(Value::as_i64).map(Timestamp);
+    v.as_object()?;
     Some(Operation {
-        id: Id::from_trusted(text("id")?),
-        tenant: text("tenant")?,
-        kind: text("kind")?,
-        state: text("state")?.parse().ok()?,
-        version: v.get("version")?.as_i64()?,
-        attempt: v.get("attempt")?.as_i64()?,
+        id: text("id").map_or_else(|| row.id.clone(), Id::from_trusted),
+        tenant: text("tenant").unwrap_or_else(|| row.tenant.clone()),
+        kind: text("kind").unwrap_or_else(|| row.kind.clone()),
+        state: text("state").and_then(|s| s.parse().ok()).unwrap_or(state),
+        version: v.get("version").and_then(Value::as_i64).unwrap_or(version),
+        attempt: v.get("attempt").and_then(Value::as_i64).unwrap_or(0),
         input: None,
         callback_url: text("callback_url"),
         deadline_at: time("deadline_at"),
@@ -282,11 +322,11 @@ pub(crate) fn snapshot_from_json(v: &Value) -> Option<Operation> {
             reason: c.get("reason").and_then(Value::as_str).map(str::to_owned),
         }),
         cancellable: v.get("cancellable").and_then(Value::as_bool).unwrap_or(true),
-        idempotency_key: text("idempotency_key"),
-        created_at: time("created_at")?,
+        idempotency_key: text("idempotency_key").or_else(|| row.idempotency_key.clone()),
+        created_at: time("created_at").unwrap_or(row.created_at),
         started_at: time("started_at"),
         completed_at: time("completed_at"),
-        updated_at: time("updated_at")?,
+        updated_at: time("updated_at").unwrap_or(at),
         expires_at: time("expires_at"),
         artifact: None,
         artifacts: BTreeMap::new(),

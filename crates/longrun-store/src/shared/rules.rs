@@ -705,15 +705,78 @@ pub(crate) fn final_progress(current: &Fenced, update: Option<&ProgressUpdate>, 
 mod tests {
     use super::*;
 
-    /// A new operation's snapshot leaves its absent fields out, and reads
-    /// back as the operation all the same.
+    /// The snapshot `text` of `op` read back as the event at `op`'s version.
+    fn read_back(text: &str, op: &Operation) -> Operation {
+        let v = serde_json::from_str(text).unwrap();
+        snapshot_from_json(Some(&v), op, op.version, op.state, op.updated_at).unwrap()
+    }
+
+    /// A new operation's snapshot leaves out its absent and default fields,
+    /// its fixed fields and what the event's own columns hold: it is empty,
+    /// and reads back as the operation all the same.
     #[test]
-    fn a_new_operations_snapshot_leaves_absent_fields_out() {
-        let params = crate::conformance::accept_params("t1", "k", None, json!({"n": 1}));
+    fn a_new_operations_snapshot_is_empty() {
+        let params = crate::conformance::accept_params("t1", "k", Some("key-1"), json!({"n": 1}));
         let fresh = created_operation(&params);
         let text = snapshot_text(&fresh);
-        assert!(!text.contains("null") && !text.contains("labels"), "{text}");
-        let read = snapshot_from_json(&serde_json::from_str(&text).unwrap()).unwrap();
+        assert_eq!(text, "{}");
+        assert_eq!(read_back(&text, &fresh), Operation { input: None, ..fresh });
+    }
+
+    /// A terminal operation's event keeps no snapshot: the row, whose
+    /// version never moves again, is the representation at that version;
+    /// an earlier version without a snapshot stays unknown.
+    #[test]
+    fn a_terminal_event_reads_its_row() {
+        let params = crate::conformance::accept_params("t1", "k", None, json!({"n": 1}));
+        let fresh = created_operation(&params);
+        assert!(event_snapshot(&fresh).is_some());
+        let ended = Operation {
+            state: State::Succeeded,
+            version: 3,
+            result: Some(json!({"ok": true})),
+            reruns: Some(Vec::new()),
+            ..fresh
+        };
+        assert_eq!(event_snapshot(&ended), None);
+        let read = snapshot_from_json(None, &ended, 3, State::Succeeded, ended.updated_at).unwrap();
+        assert_eq!(
+            read,
+            Operation {
+                input: None,
+                reruns: None,
+                ..ended.clone()
+            }
+        );
+        assert_eq!(
+            snapshot_from_json(None, &ended, 2, State::Running, ended.updated_at),
+            None
+        );
+    }
+
+    /// A snapshot written before snapshots left fields out (every field
+    /// present, `null`s included) reads back as it did.
+    #[test]
+    fn a_snapshot_with_every_field_reads_back_the_same() {
+        let params = crate::conformance::accept_params("t1", "k", Some("key-1"), json!({"n": 1}));
+        let fresh = created_operation(&params);
+        let old = json!({
+            "id": fresh.id.as_str(), "tenant": "t1", "kind": "k", "state": "queued", "version": 1,
+            "attempt": 0, "callback_url": null, "cost_units": 0.0, "labels": {}, "progress": null,
+            "result": null, "error": null, "cancel": null, "cancellable": true, "idempotency_key": "key-1",
+            "created_at": fresh.created_at.0, "started_at": null, "completed_at": null,
+            "updated_at": fresh.updated_at.0, "expires_at": null
+        });
+        // The base and the event say otherwise: the old snapshot's own fields win.
+        let other = Operation {
+            id: Id::from_trusted("op_other".into()),
+            tenant: "t9".into(),
+            kind: "other".into(),
+            idempotency_key: None,
+            created_at: Timestamp(1),
+            ..fresh.clone()
+        };
+        let read = snapshot_from_json(Some(&old), &other, 9, State::Failed, Timestamp(2)).unwrap();
         assert_eq!(read, Operation { input: None, ..fresh });
     }
 
@@ -774,7 +837,17 @@ mod tests {
             priority: 8,
         };
         let text = snapshot_text(&op);
-        let read = snapshot_from_json(&serde_json::from_str(&text).unwrap()).unwrap();
+        for fixed in [
+            "op_snapshot",
+            "acme",
+            "k-1",
+            "\"version\"",
+            "\"state\"",
+            "\"updated_at\":6000",
+        ] {
+            assert!(!text.contains(fixed), "{fixed} in {text}");
+        }
+        let read = read_back(&text, &op);
         assert_eq!(
             read,
             Operation {
@@ -791,7 +864,7 @@ mod tests {
             artifacts: BTreeMap::new(),
             ..op
         };
-        let read = snapshot_from_json(&serde_json::from_str(&snapshot_text(&bare)).unwrap()).unwrap();
+        let read = read_back(&snapshot_text(&bare), &bare);
         assert_eq!(read, Operation { input: None, ..bare });
     }
 

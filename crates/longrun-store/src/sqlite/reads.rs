@@ -126,9 +126,9 @@ pub(super) fn operation_events_after(
     after_version: i64,
     limit: u32,
 ) -> Result<Option<Vec<Event>>> {
-    if !owns(c, tenant, id)? {
+    let Some(row) = operation_by_id(c, id.as_str())?.filter(|row| row.tenant == tenant) else {
         return Ok(None);
-    }
+    };
     let mut stmt = c.prepare_cached(
         "SELECT version, type, state, at, data, snapshot FROM operation_events
           WHERE op_seq = (SELECT seq FROM operations WHERE id = ?1) AND version > ?2
@@ -136,14 +136,15 @@ pub(super) fn operation_events_after(
     )?;
     let events = stmt
         .query_map(params![id.as_str(), after_version, limit], |r| {
+            let (version, state, at) = (r.get(0)?, state_column(r, 2)?, Timestamp(r.get(3)?));
             Ok(Event {
                 operation_id: id.clone(),
-                version: r.get(0)?,
+                version,
                 event_type: r.get(1)?,
-                state: state_column(r, 2)?,
-                at: Timestamp(r.get(3)?),
+                state,
+                at,
                 data: json_column(r, 4)?.unwrap_or(Value::Null),
-                snapshot: json_column(r, 5)?.as_ref().and_then(snapshot_from_json),
+                snapshot: snapshot_from_json(json_column(r, 5)?.as_ref(), &row, version, state, at),
             })
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;

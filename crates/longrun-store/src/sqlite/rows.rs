@@ -116,7 +116,7 @@ pub(super) fn event_insert_at(
         op.state.as_str(),
         op.updated_at.0,
         data.to_string(),
-        snapshot_text(op),
+        event_snapshot(op),
         seq
     ])?;
     super::changes::record(op, event_type);

@@ -1,0 +1,202 @@
+//! Bytes per stored operation, and where they go, on both stores.
+//!
+//! `cargo bench -p longrun-cli --bench footprint` (`LONGRUN_FOOTPRINT_OPS`,
+//! default 100,000).
+//!
+//! The case of the scaling issue: `sleep` operations with no result and one
+//! progress step, submitted through the batch endpoint (100 per request,
+//! each with an idempotency key) to a release `longrun serve` whose built-in
+//! workers run them all to `succeeded`. The server is then stopped and every
+//! table and index is measured: on SQLite with the `dbstat` table (pages in
+//! use, and the file's free pages), on PostgreSQL with `pg_relation_size`
+//! (its TOAST and free-space map counted with the table) after a
+//! `CHECKPOINT`, as found and after a plain `VACUUM`. Bytes per operation
+//! are the whole database's bytes over the operations stored.
+
+mod processes;
+mod record;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use processes::{free_port, prepare, serve};
+use record::Record;
+use serde_json::{Value, json};
+use sqlx::{Connection, Row};
+
+fn env_number(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// Submits `n` one-step `sleep` operations and waits until every one ended.
+async fn fill(store: &[String], n: usize) -> f64 {
+    let (client, _worker) = prepare(store);
+    let port = free_port();
+    let mut args = vec!["--builtin-workers=true".to_owned()];
+    args.extend(store.iter().cloned());
+    let mut server = serve(port, &args).await;
+    let base = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    let started = Instant::now();
+    let per_client = n.div_ceil(4);
+    let mut clients = Vec::new();
+    for c in 0..4 {
+        let (http, base, token) = (http.clone(), base.clone(), client.clone());
+        let count = per_client.min(n.saturating_sub(c * per_client));
+        clients.push(tokio::spawn(async move {
+            for start in (0..count).step_by(100) {
+                let items: Vec<Value> = (start..(start + 100).min(count))
+                    .map(|i| {
+                        json!({"kind": "sleep", "input": {"duration_ms": 0, "steps": 1},
+                               "idempotency_key": format!("fill-{c}-{i}")})
+                    })
+                    .collect();
+                let answer: Value = http
+                    .post(format!("{base}/v1/operations/batch"))
+                    .bearer_auth(&token)
+                    .json(&json!({ "operations": items }))
+                    .send()
+                    .await
+                    .unwrap()
+                    .json()
+                    .await
+                    .unwrap();
+                assert!(
+                    answer["results"].as_array().unwrap().iter().all(|r| r["status"] == 202),
+                    "{answer}"
+                );
+            }
+        }));
+    }
+    for c in clients {
+        c.await.unwrap();
+    }
+    loop {
+        let page: Value = http
+            .get(format!("{base}/v1/operations?state=succeeded&page_size=1"))
+            .bearer_auth(&client)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let mut live = false;
+        for state in ["queued", "running"] {
+            let page: Value = http
+                .get(format!("{base}/v1/operations?state={state}&page_size=1"))
+                .bearer_auth(&client)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            live |= !page["operations"].as_array().unwrap().is_empty();
+        }
+        if !live && !page["operations"].as_array().unwrap().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let _ = server.kill().await;
+    let _ = server.wait().await;
+    seconds
+}
+
+/// Bytes of each table and index, by name.
+type Sizes = BTreeMap<String, i64>;
+
+fn sqlite_sizes(path: &std::path::Path) -> (Sizes, i64) {
+    let db = rusqlite::Connection::open(path).unwrap();
+    db.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(())).unwrap();
+    let mut sizes = Sizes::new();
+    let mut by_name = db
+        .prepare("SELECT name, SUM(pgsize) FROM dbstat GROUP BY name")
+        .unwrap();
+    for row in by_name
+        .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))
+        .unwrap()
+    {
+        let (name, bytes) = row.unwrap();
+        sizes.insert(name, bytes);
+    }
+    let page_size: i64 = db.query_row("PRAGMA page_size", [], |r| r.get(0)).unwrap();
+    let free: i64 = db.query_row("PRAGMA freelist_count", [], |r| r.get(0)).unwrap();
+    sizes.insert("(free pages)".into(), free * page_size);
+    (sizes, std::fs::metadata(path).unwrap().len() as i64)
+}
+
+async fn postgres_sizes(url: &str, vacuum: bool) -> (Sizes, i64) {
+    let mut db = sqlx::PgConnection::connect(url).await.unwrap();
+    if vacuum {
+        sqlx::query("VACUUM").execute(&mut db).await.unwrap();
+    }
+    sqlx::query("CHECKPOINT").execute(&mut db).await.unwrap();
+    let mut sizes = Sizes::new();
+    for row in sqlx::query(
+        "SELECT c.relname::text,
+                CASE WHEN c.relkind = 'r' THEN pg_table_size(c.oid) ELSE pg_relation_size(c.oid) END
+           FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+          WHERE n.nspname = 'public' AND c.relkind IN ('r', 'i', 'S')",
+    )
+    .fetch_all(&mut db)
+    .await
+    .unwrap()
+    {
+        sizes.insert(row.get(0), row.get(1));
+    }
+    let total: i64 = sizes.values().sum();
+    db.close().await.unwrap();
+    (sizes, total)
+}
+
+fn print_sizes(record: &mut Record, title: &str, sizes: &Sizes, total: i64, n: usize) {
+    record.line(format!(
+        "\n{title}: {total} bytes, {:.0} bytes per operation\n",
+        total as f64 / n as f64
+    ));
+    record.line("| table or index | bytes per operation |");
+    record.line("|---|---|");
+    let mut rows: Vec<_> = sizes.iter().filter(|(_, b)| **b as f64 / n as f64 >= 0.5).collect();
+    rows.sort_by_key(|(_, b)| -**b);
+    for (name, bytes) in rows {
+        record.line(format!("| {name} | {:.0} |", *bytes as f64 / n as f64));
+    }
+}
+
+fn main() {
+    let n = env_number("LONGRUN_FOOTPRINT_OPS", 100_000);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async move {
+        let mut record = Record::new("footprint");
+        record.line(format!(
+            "{n} `sleep` operations (one progress step, no result), batch-submitted with idempotency keys, all succeeded"
+        ));
+        let dir = tempfile::tempdir().unwrap();
+        let store = vec!["--data-dir".to_owned(), dir.path().display().to_string()];
+        let seconds = fill(&store, n).await;
+        record.line(format!("SQLite filled in {seconds:.1} s"));
+        let (sizes, file) = sqlite_sizes(&dir.path().join("longrun.db"));
+        print_sizes(&mut record, "SQLite file", &sizes, file, n);
+        match longrun_store::pgtest::start_durable() {
+            Ok(cluster) => {
+                let url = cluster.database().await;
+                let seconds = fill(&["--database".to_owned(), url.clone()], n).await;
+                record.line(format!("\nPostgreSQL filled in {seconds:.1} s"));
+                let (sizes, total) = postgres_sizes(&url, false).await;
+                print_sizes(&mut record, "PostgreSQL, as found", &sizes, total, n);
+                let (sizes, total) = postgres_sizes(&url, true).await;
+                print_sizes(&mut record, "PostgreSQL, after VACUUM", &sizes, total, n);
+            }
+            Err(why) => record.line(format!("PostgreSQL is not available here ({why}); its rows are skipped")),
+        }
+        if let Some(path) = record.write() {
+            println!("\nrecorded in {}", path.display());
+        }
+    });
+}
