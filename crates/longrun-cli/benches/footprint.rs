@@ -152,6 +152,25 @@ async fn postgres_sizes(url: &str, vacuum: bool) -> (Sizes, i64) {
     (sizes, total)
 }
 
+/// The bytes the live rows of the history's tables hold (`pg_column_size`
+/// of each row, without page and tuple headers): what a table would shrink
+/// to with no free space and no dead versions.
+async fn postgres_live_rows(url: &str) -> Sizes {
+    let mut db = sqlx::PgConnection::connect(url).await.unwrap();
+    let mut sizes = Sizes::new();
+    for table in ["operations", "operation_events", "idempotency_keys", "tasks"] {
+        let bytes: i64 = sqlx::query_scalar(&format!(
+            "SELECT COALESCE(SUM(pg_column_size(t.*)), 0)::BIGINT FROM {table} t"
+        ))
+        .fetch_one(&mut db)
+        .await
+        .unwrap();
+        sizes.insert(table.to_owned(), bytes);
+    }
+    db.close().await.unwrap();
+    sizes
+}
+
 fn print_sizes(record: &mut Record, title: &str, sizes: &Sizes, total: i64, n: usize) {
     record.line(format!(
         "\n{title}: {total} bytes, {:.0} bytes per operation\n",
@@ -192,6 +211,9 @@ fn main() {
                 print_sizes(&mut record, "PostgreSQL, as found", &sizes, total, n);
                 let (sizes, total) = postgres_sizes(&url, true).await;
                 print_sizes(&mut record, "PostgreSQL, after VACUUM", &sizes, total, n);
+                let live = postgres_live_rows(&url).await;
+                let total = live.values().sum();
+                print_sizes(&mut record, "PostgreSQL, the live rows' own bytes (no headers, free space or indexes)", &live, total, n);
             }
             Err(why) => record.line(format!("PostgreSQL is not available here ({why}); its rows are skipped")),
         }

@@ -800,12 +800,8 @@ fn history_sql(rows: usize, now_ms: i64, postgres: bool) -> String {
             "randomblob(32)",
         )
     };
-    // SQLite keys an operation's events by its `seq`, PostgreSQL by its id.
-    let (event_column, event_value) = if postgres {
-        ("operation_id", id.to_owned())
-    } else {
-        ("op_seq", format!("(SELECT seq FROM operations WHERE id = {id})"))
-    };
+    // Both stores key an operation's events by its `seq`.
+    let event_value = format!("(SELECT seq FROM operations WHERE id = {id})");
     let at = format!("({now_ms} - ({rows} - i) * 1000)");
     format!(
         "INSERT INTO operations (id, tenant, kind, state, version, attempt, labels, result, idempotency_key,
@@ -814,7 +810,7 @@ fn history_sql(rows: usize, now_ms: i64, postgres: bool) -> String {
                 {at}, {at} + 1, {at} + 2, {at} + 2, 4102444800000 FROM ({series}) s;
          INSERT INTO idempotency_keys (tenant, kind, key, fingerprint, operation_id, created_at)
          SELECT 'bench', 'noop', 'h-' || i, {fingerprint}, {id}, {at} FROM ({series}) s;
-         INSERT INTO operation_events ({event_column}, version, type, state, at, data, snapshot)
+         INSERT INTO operation_events (op_seq, version, type, state, at, data, snapshot)
          SELECT {event_value}, v.n, v.type, v.state, {at} + v.n, '{{}}', '{{}}' FROM ({series}) s,
                 (SELECT 1 AS n, 'created' AS type, 'queued' AS state UNION ALL SELECT 2, 'started', 'running'
                  UNION ALL SELECT 3, 'succeeded', 'succeeded') v;

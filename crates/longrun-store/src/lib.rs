@@ -226,6 +226,16 @@ pub trait Store: Tables + Send + Sync + 'static {
     /// One batched, idempotent pass of retention.
     async fn retention_sweep(&self, params: RetentionParams) -> Result<RetentionCounts>;
 
+    /// Keeps the history's partitions, once per retention pass: makes the
+    /// next one ahead, drops those of which no operation remains, and
+    /// deletes up to `limit` events of removed operations that landed
+    /// outside every partition. A store that keeps its history in one table
+    /// (SQLite) has nothing to do: retention removed it row by row.
+    async fn history_upkeep(&self, now: longrun_core::Timestamp, limit: u32) -> Result<HistoryUpkeep> {
+        let _ = (now, limit);
+        Ok(HistoryUpkeep::default())
+    }
+
     /// Storage keys of objects to delete.
     async fn artifact_garbage(&self, limit: u32) -> Result<Vec<String>>;
 

@@ -38,6 +38,7 @@ pub(crate) mod webhooks;
 pub(crate) use driver::{Driver, EndRow, Lock};
 pub(crate) use effects::{Effect, apply};
 pub(crate) use event::{EventType, WebhookType};
+pub(crate) use retention::Removal;
 
 use std::time::Duration;
 

@@ -28,7 +28,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{Connection as _, PgConnection, PgPool, Row};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
-use crate::plan::{self, Effect, EndRow, EventType, Lock, Policy, WebhookType};
+use crate::plan::{self, Effect, EndRow, EventType, Lock, Policy, Removal, WebhookType};
 use crate::reads::ReadCache;
 use crate::shared::*;
 use crate::*;
@@ -49,6 +49,7 @@ mod driver;
 mod ending;
 mod finish;
 mod group_commit;
+mod history;
 mod notify;
 mod reads;
 mod retention;
@@ -138,6 +139,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (13, include_str!("postgres/0013_upload_appends.sql")),
     (14, include_str!("postgres/0014_not_before_priority.sql")),
     (15, include_str!("postgres/0015_schedules.sql")),
+    (16, include_str!("postgres/0016_partitioned_history.sql")),
 ];
 
 /// How to reach and use a PostgreSQL database.

@@ -867,6 +867,19 @@ impl RetentionCounts {
     }
 }
 
+/// What one upkeep of the history's partitions did (PostgreSQL, schema 16;
+/// a store that keeps its history in one table does nothing).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HistoryUpkeep {
+    /// Partitions made ahead.
+    pub partitions_created: u64,
+    /// Partitions dropped, no operation of their range remaining.
+    pub partitions_dropped: u64,
+    /// Events of removed operations that had landed outside every
+    /// partition, deleted.
+    pub strays_removed: u64,
+}
+
 /// What `longrun tenants delete` removed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TenantDeleteCounts {

@@ -481,12 +481,15 @@ async fn an_outcome_raced_by_a_change_is_decided_again_from_the_change() {
     .execute(&mut *change)
     .await
     .unwrap();
-    sqlx::query("INSERT INTO operation_events (operation_id, version, type, state, at) VALUES ($1, 3, 'cancel_requested', 'running', $2)")
-        .bind(op.id.as_str())
-        .bind(now.0)
-        .execute(&mut *change)
-        .await
-        .unwrap();
+    sqlx::query(
+        "INSERT INTO operation_events (op_seq, version, type, state, at)
+         SELECT seq, 3, 'cancel_requested', 'running', $2 FROM operations WHERE id = $1",
+    )
+    .bind(op.id.as_str())
+    .bind(now.0)
+    .execute(&mut *change)
+    .await
+    .unwrap();
     // The worker acknowledges a cancel it never saw requested: read without
     // locks, that ends `cancelled`; its write waits for the row.
     let finishing = tokio::spawn({
@@ -548,11 +551,13 @@ async fn only_the_history_tables_are_vacuumed_gently() {
     .fetch_all(&mut c)
     .await
     .unwrap();
+    // The history (operation_events) is partitioned since schema 16: its
+    // partitions take inserts only and are dropped whole, so no vacuum
+    // follows its retention.
     assert_eq!(
         gentle,
         [
             "idempotency_keys",
-            "operation_events",
             "operations",
             "webhook_attempts",
             "webhook_deliveries"
@@ -574,6 +579,7 @@ async fn a_tombstone_from_before_schema_12_still_frees_its_key() {
     let mut c = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await.unwrap();
     // Back to schema 11 (undoing 15, 14, 13 and 12), with what retention
     // left of an operation then: its idempotency record and its tombstone.
+    sqlx::raw_sql(UNDO_16).execute(&mut c).await.unwrap();
     sqlx::raw_sql(
         "DELETE FROM schema_migrations WHERE version >= 12;
          DROP TABLE schedule_fires, schedules;
@@ -593,7 +599,7 @@ async fn a_tombstone_from_before_schema_12_still_frees_its_key() {
     .await
     .unwrap();
 
-    assert_eq!(longrun_store::postgres::migrate(&url).await.unwrap(), 4);
+    assert_eq!(longrun_store::postgres::migrate(&url).await.unwrap(), 5);
     let store = PostgresStore::open(PostgresConfig::new(url.clone())).await.unwrap();
     longrun_store::conformance::bury_and_reuse_old_key(&store).await;
 }
@@ -609,6 +615,7 @@ async fn work_queued_before_schema_14_is_claimed_after_it() {
     let url = cluster.database().await;
     longrun_store::postgres::migrate(&url).await.unwrap();
     let mut c = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await.unwrap();
+    sqlx::raw_sql(UNDO_16).execute(&mut c).await.unwrap();
     sqlx::raw_sql(
         "DELETE FROM schema_migrations WHERE version >= 14;
          DROP TABLE schedule_fires, schedules;
@@ -642,7 +649,7 @@ async fn work_queued_before_schema_14_is_claimed_after_it() {
         .await
         .unwrap();
     }
-    assert_eq!(longrun_store::postgres::migrate(&url).await.unwrap(), 2);
+    assert_eq!(longrun_store::postgres::migrate(&url).await.unwrap(), 3);
     let store = PostgresStore::open(PostgresConfig::new(url.clone())).await.unwrap();
     let before = store
         .operation_get("t1", &longrun_core::Id::from_trusted("op_before_1".into()))
@@ -662,4 +669,208 @@ async fn work_queued_before_schema_14_is_claimed_after_it() {
         .unwrap();
     let ids: Vec<&str> = tasks.iter().map(|t| t.operation_id.as_str()).collect();
     assert_eq!(ids, ["op_before_1", "op_before_2"]);
+}
+
+/// Back to schema 15: the history in one table keyed by operation id.
+const UNDO_16: &str = "DELETE FROM schema_migrations WHERE version >= 16;
+     DROP TABLE operation_events, history_partitions;
+     CREATE TABLE operation_events (
+         operation_id TEXT NOT NULL, version BIGINT NOT NULL, type TEXT NOT NULL, state TEXT NOT NULL,
+         at BIGINT NOT NULL, data TEXT NOT NULL DEFAULT '{}', snapshot TEXT,
+         PRIMARY KEY (operation_id, version));";
+
+/// Schema 16 moves the history into partitions keyed by the operation's
+/// `seq`: a store written before it keeps every operation's history, in
+/// version order, and drops only events no operation owns.
+#[tokio::test]
+async fn history_written_before_schema_16_reads_back_after_it() {
+    let Some(cluster) = longrun_store::pgtest::cluster() else {
+        return;
+    };
+    let url = cluster.database().await;
+    longrun_store::postgres::migrate(&url).await.unwrap();
+    let mut c = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await.unwrap();
+    sqlx::raw_sql(UNDO_16).execute(&mut c).await.unwrap();
+    sqlx::raw_sql(
+        "INSERT INTO operations (id, tenant, kind, state, version, attempt, labels, result, created_at,
+                                 started_at, completed_at, updated_at)
+         VALUES ('op_older', 't1', 'noop', 'succeeded', 3, 1, '{}', 'null', 1, 2, 3, 3),
+                ('op_newer', 't1', 'noop', 'running', 2, 1, '{}', NULL, 4, 5, NULL, 5);
+         INSERT INTO operation_events (operation_id, version, type, state, at, data, snapshot) VALUES
+           ('op_newer', 2, 'started', 'running', 5, '{}', '{\"attempt\":1,\"started_at\":5}'),
+           ('op_older', 1, 'created', 'queued', 1, '{}', NULL),
+           ('op_newer', 1, 'created', 'queued', 4, '{}', '{}'),
+           ('op_older', 3, 'succeeded', 'succeeded', 3, '{}', NULL),
+           ('op_older', 2, 'started', 'running', 2, '{}', NULL),
+           ('op_gone', 1, 'created', 'queued', 1, '{}', NULL);",
+    )
+    .execute(&mut c)
+    .await
+    .unwrap();
+    assert_eq!(longrun_store::postgres::migrate(&url).await.unwrap(), 1);
+    let store = PostgresStore::open(PostgresConfig::new(url.clone())).await.unwrap();
+    let id = |s: &str| longrun_core::Id::from_trusted(s.into());
+    let versions = |events: Vec<longrun_store::Event>| {
+        events
+            .iter()
+            .map(|e| (e.version, e.event_type.clone()))
+            .collect::<Vec<_>>()
+    };
+    let older = store.operation_history("t1", &id("op_older")).await.unwrap().unwrap();
+    assert_eq!(
+        versions(older),
+        [(1, "created".into()), (2, "started".into()), (3, "succeeded".into())]
+    );
+    let newer = store
+        .operation_events_after("t1", &id("op_newer"), 1, 10)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(versions(newer.clone()), [(2, "started".into())]);
+    let snapshot = newer[0].snapshot.as_ref().unwrap();
+    assert_eq!(
+        (snapshot.attempt, snapshot.started_at),
+        (1, Some(longrun_core::Timestamp(5)))
+    );
+    let kept: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM operation_events")
+        .fetch_one(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(kept, 5);
+    let partitions: Vec<(i64, i64)> = sqlx::query_as("SELECT lo, hi FROM history_partitions")
+        .fetch_all(&mut c)
+        .await
+        .unwrap();
+    let max_seq: i64 = sqlx::query_scalar("SELECT last_value FROM operations_seq_seq")
+        .fetch_one(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(partitions, [(0, max_seq + 100_000)]);
+}
+
+/// Retention leaves an expired operation's events in its partition, and
+/// the upkeep drops a partition once no operation of its range remains,
+/// never while one does; it makes the next partition ahead once the newest
+/// is half used; events of a range without a partition go to the default
+/// partition, read back like any, and go once their operation has.
+#[tokio::test]
+async fn history_goes_a_partition_at_a_time() {
+    let Some(cluster) = longrun_store::pgtest::cluster() else {
+        return;
+    };
+    let url = cluster.database().await;
+    let mut config = PostgresConfig::new(url.clone());
+    config.operation_retention = std::time::Duration::ZERO;
+    let store = PostgresStore::open(config).await.unwrap();
+    let mut c = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await.unwrap();
+    // An hour after the conformance suite's operations are made.
+    let now = longrun_core::Timestamp(1_800_000_000_000 + 3_600_000);
+    let ended = async |store: &PostgresStore| {
+        let op = longrun_store::conformance::create(store, "t1", "k").await;
+        store.operation_cancel(cancel(&op)).await.unwrap();
+        op.id
+    };
+    let next_seq = async |c: &mut sqlx::PgConnection, seq: i64| {
+        sqlx::query("SELECT setval('operations_seq_seq', $1 - 1)")
+            .bind(seq)
+            .execute(&mut *c)
+            .await
+            .unwrap();
+    };
+    let history = async |store: &PostgresStore, id: &longrun_core::Id| {
+        store
+            .operation_history("t1", id)
+            .await
+            .unwrap()
+            .map(|events| events.len())
+    };
+    let partitions = async |c: &mut sqlx::PgConnection| -> Vec<(i64, i64)> {
+        sqlx::query_as("SELECT lo, hi FROM history_partitions ORDER BY lo")
+            .fetch_all(&mut *c)
+            .await
+            .unwrap()
+    };
+    let sweep = async |store: &PostgresStore| {
+        store
+            .retention_sweep(longrun_store::RetentionParams {
+                now,
+                tombstone_retention: std::time::Duration::from_secs(3600),
+                delivery_retention: std::time::Duration::from_secs(3600),
+                limit: 1000,
+            })
+            .await
+            .unwrap()
+    };
+
+    let early = [ended(&store).await, ended(&store).await];
+    let live = longrun_store::conformance::create(&store, "t1", "k").await.id;
+    let upkeep = store.history_upkeep(now, 1000).await.unwrap();
+    assert_eq!(upkeep, longrun_store::HistoryUpkeep::default());
+
+    // Half of the first partition used: the next is made ahead.
+    next_seq(&mut c, 60_000).await;
+    let middle = ended(&store).await;
+    let upkeep = store.history_upkeep(now, 1000).await.unwrap();
+    assert_eq!(upkeep.partitions_created, 1);
+    let made = partitions(&mut c).await;
+    let first = made[0];
+    assert_eq!((made.len(), first.0, made[1].0), (2, 0, first.1));
+    let second_hi = made[1].1;
+
+    // Past every partition: the default one takes the events.
+    next_seq(&mut c, second_hi + 10).await;
+    let stray = ended(&store).await;
+    assert_eq!(history(&store, &stray).await, Some(2));
+    let in_default: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM operation_events_default")
+        .fetch_one(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(in_default, 2);
+
+    // Retention removes the ended operations but not their events.
+    assert_eq!(sweep(&store).await.operations_removed, 4);
+    assert_eq!(history(&store, &early[0]).await, None);
+    let kept: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM operation_events_0")
+        .fetch_one(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(kept, 7, "2 events of each ended operation and the live one's");
+
+    // The first partition holds a live operation: kept. The second has
+    // none: dropped. The strays go; the next partition begins above them.
+    let upkeep = store.history_upkeep(now, 1000).await.unwrap();
+    assert_eq!(
+        upkeep,
+        longrun_store::HistoryUpkeep {
+            partitions_created: 1,
+            partitions_dropped: 1,
+            strays_removed: 2,
+        }
+    );
+    let made = partitions(&mut c).await;
+    assert_eq!((made.len(), made[0], made[1].0), (2, first, second_hi + 11));
+    assert_eq!(history(&store, &live).await, Some(1));
+    let after = ended(&store).await;
+    assert_eq!(history(&store, &after).await, Some(2));
+    let _ = middle;
+
+    // Once the live operation has ended and expired, its partition goes.
+    let op = store.operation_get("t1", &live).await.unwrap().unwrap();
+    store.operation_cancel(cancel(&op)).await.unwrap();
+    assert_eq!(sweep(&store).await.operations_removed, 2);
+    let upkeep = store.history_upkeep(now, 1000).await.unwrap();
+    assert_eq!(upkeep.partitions_dropped, 1);
+    let gone: Option<String> = sqlx::query_scalar("SELECT to_regclass('operation_events_0')::text")
+        .fetch_one(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(gone, None);
+    assert_eq!(partitions(&mut c).await.len(), 1);
+    let left: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM operation_events")
+        .fetch_one(&mut c)
+        .await
+        .unwrap();
+    // The newest partition is still being filled: the last ended
+    // operation's events wait for it to close.
+    assert_eq!(left, 2);
 }

@@ -63,6 +63,8 @@ pub struct Report {
     pub objects_deleted: u64,
     /// Orphaned objects (named by no row) deleted.
     pub orphans_deleted: u64,
+    /// The history's partitions made and dropped (PostgreSQL).
+    pub history: longrun_store::HistoryUpkeep,
 }
 
 /// Removes expired operations, results, uploads and records, and their objects.
@@ -114,6 +116,7 @@ impl Retention {
                 break;
             }
         }
+        report.history = self.store.history_upkeep(self.clock.now(), self.config.batch).await?;
         report.objects_deleted = self.collect_garbage().await?;
         if self.orphan_sweep_due() {
             report.orphans_deleted = self.sweep_orphans().await?;
@@ -127,6 +130,8 @@ impl Retention {
         removed("deliveries", report.records.deliveries_removed);
         removed("objects", report.objects_deleted);
         removed("orphans", report.orphans_deleted);
+        removed("history_partitions", report.history.partitions_dropped);
+        removed("history_strays", report.history.strays_removed);
         if report != Report::default() {
             tracing::info!(?report, "retention pass");
         }

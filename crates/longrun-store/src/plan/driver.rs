@@ -10,7 +10,7 @@ use longrun_core::{State, Timestamp};
 use serde_json::Value;
 
 use super::fetches;
-use super::retention::{Expiring, Tombstone};
+use super::retention::{Expiring, Removal, Tombstone};
 use super::{EventType, WebhookType};
 use crate::shared::{Ending, Fenced, Holder, Lapsed, Script, UpdateChange, UploadLease};
 use crate::{Id, Operation, Progress, Result};
@@ -210,8 +210,12 @@ pub(crate) trait Driver {
     }
 
     /// Deletes everything of one operation but its idempotency record; its
-    /// result objects become garbage, and read caches forget it.
-    async fn operation_remove(&mut self, id: &str, now: Timestamp) -> Result<()>;
+    /// result objects become garbage, and read caches forget it. Its
+    /// history goes too, except an expired operation's where the driver
+    /// drops history a partition at a time (PostgreSQL): nothing can read
+    /// the events of a removed operation, and the partition's drop takes
+    /// them.
+    async fn operation_remove(&mut self, id: &str, removal: Removal, now: Timestamp) -> Result<()>;
 
     /// Stores (or replaces) a tombstone.
     async fn tombstone_set(&mut self, tombstone: &Tombstone) -> Result<()> {

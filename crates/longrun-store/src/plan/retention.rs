@@ -27,6 +27,15 @@ const TENANT_ROWS: [(&str, &str, &str); 10] = [
     ("tenants", "name", ""),
 ];
 
+/// Why an operation is removed (see `Driver::operation_remove`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Removal {
+    /// Past its retention: its history may go later, with its partition.
+    Expired,
+    /// Its tenant is deleted: everything goes now.
+    Erased,
+}
+
 /// An operation past its retention, as the sweep reads it.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Expiring {
@@ -76,7 +85,7 @@ pub(crate) async fn retention_sweep<D: Driver>(d: &mut D, p: &RetentionParams) -
 
     // Operations past their retention: removed, with a tombstone.
     for op in d.operations_expiring(p.now, p.limit).await? {
-        d.operation_remove(&op.id, p.now).await?;
+        d.operation_remove(&op.id, Removal::Expired, p.now).await?;
         d.tombstone_set(&tombstone_of(&op, p.tombstone_retention)).await?;
         counts.operations_removed += 1;
     }
@@ -110,7 +119,7 @@ pub(crate) async fn tenant_delete<D: Driver>(d: &mut D, tenant: &str, now: Times
     let (results, deliveries) = d.tenant_counts(tenant).await?;
     let operations = d.tenant_operations(tenant).await?;
     for id in &operations {
-        d.operation_remove(id, now).await?;
+        d.operation_remove(id, Removal::Erased, now).await?;
     }
     let uploads = d.tenant_uploads(tenant).await?;
     for id in &uploads {

@@ -120,8 +120,8 @@ pub(super) const SUBMIT_LEASED: &str = "WITH q AS (
            FROM o
          RETURNING lease_token
      ), e AS (
-         INSERT INTO operation_events (operation_id, version, type, state, at, data, snapshot)
-         SELECT o.id, v.version, v.type, v.state, $10, v.data, v.snapshot
+         INSERT INTO operation_events (op_seq, version, type, state, at, data, snapshot)
+         SELECT o.seq, v.version, v.type, v.state, $10, v.data, v.snapshot
            FROM o CROSS JOIN (VALUES (1::BIGINT, $19::TEXT, 'queued', '{}', $14::TEXT),
                                      (2::BIGINT, $20::TEXT, 'running', $15::TEXT, $16::TEXT))
                 AS v(version, type, state, data, snapshot)
@@ -239,8 +239,8 @@ macro_rules! submit_ctes {
              INSERT INTO tasks (operation_id, seq, tenant, kind, status, available_at, priority)
              SELECT o.id, o.seq, q.tenant, q.kind, 'ready', q.available_at, q.priority FROM o JOIN q USING (id)
          ), e AS (
-             INSERT INTO operation_events (operation_id, version, type, state, at, data, snapshot)
-             SELECT o.id, 1, $18, 'queued', q.now, '{}', q.snapshot FROM o JOIN q USING (id)
+             INSERT INTO operation_events (op_seq, version, type, state, at, data, snapshot)
+             SELECT o.seq, 1, $18, 'queued', q.now, '{}', q.snapshot FROM o JOIN q USING (id)
          ), pc AS (
              INSERT INTO artifact_pieces (operation_id, name, piece_offset, storage_key, size_bytes)
              SELECT o.id, p.name, p.piece_offset, p.storage_key, p.size_bytes

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use super::*;
-use crate::plan::{Driver, EndRow, Lock};
+use crate::plan::{Driver, EndRow, Lock, Removal};
 
 /// A transaction, with what it changed so far, as a [`Driver`].
 pub(super) struct PgDriver<'c> {
@@ -282,8 +282,8 @@ impl Driver for PgDriver<'_> {
         update_returning(self.c, query).await?.ok_or(StoreError::LeaseLost)
     }
 
-    async fn operation_remove(&mut self, id: &str, now: Timestamp) -> Result<()> {
-        operation_remove(self.c, self.ch, id, now).await
+    async fn operation_remove(&mut self, id: &str, removal: Removal, now: Timestamp) -> Result<()> {
+        operation_remove(self.c, self.ch, id, removal, now).await
     }
 
     /// One statement: the due tombstones (locked, skipping what another

@@ -131,7 +131,8 @@ pub(super) async fn events_of(
     };
     let rows = sqlx::query(
         "SELECT version, type, state, at, data, snapshot FROM operation_events
-          WHERE operation_id = $1 AND version > $2 ORDER BY version LIMIT $3",
+          WHERE op_seq = (SELECT seq FROM operations WHERE id = $1) AND version > $2
+          ORDER BY version LIMIT $3",
     )
     .bind(id.as_str())
     .bind(after)

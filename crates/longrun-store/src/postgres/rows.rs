@@ -207,8 +207,11 @@ pub(super) async fn events_insert(
     // the commit sends no NOTIFY statement of its own (a round trip less).
     sqlx::query(
         "WITH inserted AS (
-             INSERT INTO operation_events (operation_id, version, type, state, at, data, snapshot)
-             SELECT * FROM unnest($1::TEXT[], $2::BIGINT[], $3::TEXT[], $4::TEXT[], $5::BIGINT[], $6::TEXT[], $7::TEXT[]))
+             INSERT INTO operation_events (op_seq, version, type, state, at, data, snapshot)
+             SELECT o.seq, e.version, e.type, e.state, e.at, e.data, e.snapshot
+               FROM unnest($1::TEXT[], $2::BIGINT[], $3::TEXT[], $4::TEXT[], $5::BIGINT[], $6::TEXT[], $7::TEXT[])
+                    AS e(id, version, type, state, at, data, snapshot)
+               JOIN operations o ON o.id = e.id)
          SELECT pg_notify($8, payload) FROM unnest($9::TEXT[]) AS p(payload)",
     )
     .bind(&ids)

@@ -124,6 +124,15 @@ crate::plan::store::impl_store!(PostgresStore, run_plan, {
         self.changes.subscribe()
     }
 
+    async fn history_upkeep(&self, now: Timestamp, limit: u32) -> Result<HistoryUpkeep> {
+        // In a task of its own: a caller that goes away does not cut a
+        // step between its DDL and its bookkeeping.
+        let pool = self.pool.clone();
+        tokio::spawn(async move { history::history_upkeep(&pool, now, limit).await })
+            .await
+            .map_err(|_| StoreError::Stopped("the history upkeep"))?
+    }
+
     async fn artifact_garbage(&self, limit: u32) -> Result<Vec<String>> {
         sqlx::query_scalar("SELECT storage_key FROM artifact_garbage ORDER BY created_at LIMIT $1")
             .bind(i64::from(limit))

@@ -9,7 +9,7 @@ use std::future::Future;
 use futures_util::FutureExt as _;
 
 use super::*;
-use crate::plan::{Driver, EndRow, Lock};
+use crate::plan::{Driver, EndRow, Lock, Removal};
 
 /// The writer thread's connection, as a [`Driver`].
 pub(super) struct SqliteDriver<'c> {
@@ -291,7 +291,9 @@ impl Driver for SqliteDriver<'_> {
         .ok_or(StoreError::LeaseLost)
     }
 
-    async fn operation_remove(&mut self, id: &str, now: Timestamp) -> Result<()> {
+    /// The history goes with the operation whatever the reason: SQLite
+    /// has no partitions to drop it later.
+    async fn operation_remove(&mut self, id: &str, _removal: Removal, now: Timestamp) -> Result<()> {
         self.forget(id);
         operation_remove(self.c, id, now)
     }

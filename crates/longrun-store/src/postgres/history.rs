@@ -1,0 +1,196 @@
+//! The history's partitions (schema 16): `operation_events` is partitioned
+//! by the operation's `seq`; the retention pass makes the next partition
+//! ahead and drops a partition once no operation of its range remains.
+//!
+//! Each step is its own transaction under an advisory lock (one node at a
+//! time) and a short `lock_timeout`: creating or dropping a partition takes
+//! the parent table's `ACCESS EXCLUSIVE` lock, which holds every history
+//! read and write for the few milliseconds the DDL takes; a step that cannot
+//! get it within the timeout gives up until the next pass rather than queue
+//! the job path behind it.
+
+use super::*;
+
+/// Taken for each step, so that nodes do not make or drop partitions at once.
+const UPKEEP_LOCK: i64 = 7_723_002;
+/// The narrowest and widest partition, in `seq` numbers.
+const MIN_WIDTH: i64 = 100_000;
+const MAX_WIDTH: i64 = 50_000_000;
+const DAY_MS: i64 = 86_400_000;
+const HOUR_MS: i64 = 3_600_000;
+/// The highest `seq` handed out so far (whether its operation is still
+/// there or not; retention removes the newest too).
+const HIGHEST_SEQ: &str = "SELECT last_value FROM operations_seq_seq";
+
+/// Begins a step: `None` when another node holds the upkeep.
+async fn step(pool: &PgPool) -> Result<Option<sqlx::Transaction<'static, sqlx::Postgres>>> {
+    let mut tx = pool
+        .begin_with("BEGIN; SET LOCAL lock_timeout = '100ms'")
+        .await
+        .map_err(db)?;
+    let mine: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
+        .bind(UPKEEP_LOCK)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(db)?;
+    Ok(mine.then_some(tx))
+}
+
+/// Whether `e` is the `lock_timeout` of a step (or a row that reached the
+/// default partition meanwhile): the step waits for the next pass.
+fn deferred(e: &StoreError) -> bool {
+    let StoreError::Postgres(e) = e else { return false };
+    let sqlx::Error::Database(d) = e.as_ref() else {
+        return false;
+    };
+    // lock_not_available; check_violation (of the default partition's new
+    // bound, by a row that reached it after the range was chosen).
+    matches!(d.code().as_deref(), Some(LOCK_NOT_AVAILABLE | "23514"))
+}
+
+/// The partition that holds `lo..`.
+fn partition(lo: i64) -> String {
+    format!("operation_events_{lo}")
+}
+
+/// The width of the next partition: about a day of submissions at the pace
+/// the newest one filled, within bounds.
+pub(super) fn next_width(newest_lo: i64, newest_created_at: i64, max_seq: i64, now: Timestamp) -> i64 {
+    let age = (now.0 - newest_created_at).max(HOUR_MS);
+    let per_day = i128::from((max_seq - newest_lo).max(0)) * i128::from(DAY_MS) / i128::from(age);
+    i64::try_from(per_day).unwrap_or(MAX_WIDTH).clamp(MIN_WIDTH, MAX_WIDTH)
+}
+
+pub(super) async fn history_upkeep(pool: &PgPool, now: Timestamp, limit: u32) -> Result<HistoryUpkeep> {
+    let mut done = HistoryUpkeep::default();
+    match make_ahead(pool, now).await {
+        Ok(made) => done.partitions_created = made,
+        Err(e) if deferred(&e) => {}
+        Err(e) => return Err(e),
+    }
+    let max_seq: i64 = sqlx::query_scalar(HIGHEST_SEQ).fetch_one(pool).await.map_err(db)?;
+    let closed: Vec<(i64, i64)> = sqlx::query_as("SELECT lo, hi FROM history_partitions WHERE hi <= $1 ORDER BY lo")
+        .bind(max_seq)
+        .fetch_all(pool)
+        .await
+        .map_err(db)?;
+    for (lo, hi) in closed {
+        match drop_if_gone(pool, lo, hi).await {
+            Ok(dropped) => done.partitions_dropped += u64::from(dropped),
+            Err(e) if deferred(&e) => break,
+            Err(e) => return Err(e),
+        }
+    }
+    // Rows outside every partition, of operations removed since.
+    done.strays_removed = sqlx::query(
+        "DELETE FROM operation_events_default WHERE ctid IN (
+             SELECT d.ctid FROM operation_events_default d
+              WHERE NOT EXISTS (SELECT 1 FROM operations o WHERE o.seq = d.op_seq) LIMIT $1)",
+    )
+    .bind(i64::from(limit))
+    .execute(pool)
+    .await
+    .map_err(db)?
+    .rows_affected();
+    Ok(done)
+}
+
+/// Makes the next partition once the newest is half used; returns how many
+/// it made (0 or 1).
+async fn make_ahead(pool: &PgPool, now: Timestamp) -> Result<u64> {
+    let Some(mut tx) = step(pool).await? else {
+        return Ok(0);
+    };
+    let max_seq: i64 = sqlx::query_scalar(HIGHEST_SEQ).fetch_one(&mut *tx).await.map_err(db)?;
+    let (lo, hi, created_at): (i64, i64, i64) =
+        sqlx::query_as("SELECT lo, hi, created_at FROM history_partitions ORDER BY lo DESC LIMIT 1")
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(db)?
+            .unwrap_or((0, 0, now.0));
+    if hi > 0 && max_seq < lo + (hi - lo) / 2 {
+        return Ok(0);
+    }
+    let width = next_width(lo, created_at, max_seq, now);
+    // Rows that reached the default partition (a burst past `hi`) stay
+    // there: the new range begins above them.
+    let strays_top: i64 = sqlx::query_scalar("SELECT COALESCE(MAX(op_seq) + 1, 0) FROM operation_events_default")
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(db)?;
+    let new_lo = hi.max(strays_top);
+    let new_hi = (new_lo + width).max(max_seq + width);
+    let create = format!(
+        "CREATE TABLE {} PARTITION OF operation_events FOR VALUES FROM ({new_lo}) TO ({new_hi})",
+        partition(new_lo)
+    );
+    sqlx::query(&create).execute(&mut *tx).await.map_err(db)?;
+    sqlx::query("INSERT INTO history_partitions (lo, hi, created_at) VALUES ($1, $2, $3)")
+        .bind(new_lo)
+        .bind(new_hi)
+        .bind(now.0)
+        .execute(&mut *tx)
+        .await
+        .map_err(db)?;
+    tx.commit().await.map_err(db)?;
+    Ok(1)
+}
+
+/// Drops the partition of `lo..hi` if no operation of that range remains.
+///
+/// The parent is locked before the range is checked: a transaction that
+/// already wrote an event there holds it, so its operation is seen; one
+/// that writes after the drop finds no partition for its row, which goes
+/// to the default partition.
+async fn drop_if_gone(pool: &PgPool, lo: i64, hi: i64) -> Result<bool> {
+    let Some(mut tx) = step(pool).await? else {
+        return Ok(false);
+    };
+    let live: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM operations WHERE seq >= $1 AND seq < $2)")
+        .bind(lo)
+        .bind(hi)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(db)?;
+    if live {
+        return Ok(false);
+    }
+    sqlx::query("LOCK TABLE operation_events IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *tx)
+        .await
+        .map_err(db)?;
+    let live: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM operations WHERE seq >= $1 AND seq < $2)")
+        .bind(lo)
+        .bind(hi)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(db)?;
+    if live {
+        return Ok(false);
+    }
+    let drop = format!("DROP TABLE {}", partition(lo));
+    sqlx::query(&drop).execute(&mut *tx).await.map_err(db)?;
+    sqlx::query("DELETE FROM history_partitions WHERE lo = $1")
+        .bind(lo)
+        .execute(&mut *tx)
+        .await
+        .map_err(db)?;
+    tx.commit().await.map_err(db)?;
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_partition_is_about_a_day_of_submissions_wide() {
+        let now = Timestamp(10 * DAY_MS);
+        // 2 M submissions in the 12 hours since the newest partition began.
+        assert_eq!(next_width(1_000, now.0 - DAY_MS / 2, 2_001_000, now), 4_000_000);
+        // A quiet store: the narrowest.
+        assert_eq!(next_width(0, now.0 - DAY_MS, 10, now), MIN_WIDTH);
+        // A burst in the first minutes counts as an hour's pace at most.
+        assert_eq!(next_width(0, now.0 - 60_000, 10_000_000, now), MAX_WIDTH);
+    }
+}
