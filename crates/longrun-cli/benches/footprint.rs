@@ -71,6 +71,7 @@ async fn fill(store: &[String], n: usize) -> f64 {
     for c in clients {
         c.await.unwrap();
     }
+    println!("submitted in {:.1} s", started.elapsed().as_secs_f64());
     loop {
         let page: Value = http
             .get(format!("{base}/v1/operations?state=succeeded&page_size=1"))

@@ -17,13 +17,16 @@
 -- where the operation id took 33, in the table and in its key.
 --
 -- The move copies the existing history into the first partition in this
--- migration's transaction: a pause of about a second per million events
+-- migration's transaction: a pause of about two seconds per million events
 -- on the machine of docs/benchmarks (the history is not readable or
 -- writable meanwhile; every other table is).
 CREATE TABLE history_partitions (
-    lo          BIGINT PRIMARY KEY,
-    hi          BIGINT NOT NULL CHECK (hi > lo),
-    created_at  BIGINT NOT NULL
+    lo           BIGINT PRIMARY KEY,
+    hi           BIGINT NOT NULL CHECK (hi > lo),
+    created_at   BIGINT NOT NULL,
+    -- The highest seq handed out when it was made: the next width is
+    -- the pace of submissions since (seqs per day).
+    made_at_seq  BIGINT NOT NULL
 );
 
 ALTER TABLE operation_events RENAME TO operation_events_before_16;
@@ -43,11 +46,12 @@ CREATE TABLE operation_events_default PARTITION OF operation_events DEFAULT;
 
 DO $$
 DECLARE
-    top BIGINT := (SELECT last_value FROM operations_seq_seq) + 100000;
+    highest BIGINT := (SELECT last_value FROM operations_seq_seq);
 BEGIN
-    EXECUTE format('CREATE TABLE operation_events_0 PARTITION OF operation_events FOR VALUES FROM (0) TO (%s)', top);
-    INSERT INTO history_partitions (lo, hi, created_at)
-    VALUES (0, top, (extract(epoch FROM clock_timestamp()) * 1000)::BIGINT);
+    EXECUTE format('CREATE TABLE operation_events_0 PARTITION OF operation_events FOR VALUES FROM (0) TO (%s)',
+                   highest + 100000);
+    INSERT INTO history_partitions (lo, hi, created_at, made_at_seq)
+    VALUES (0, highest + 100000, (extract(epoch FROM clock_timestamp()) * 1000)::BIGINT, highest);
 END $$;
 
 INSERT INTO operation_events (op_seq, version, type, state, at, data, snapshot)

@@ -54,10 +54,11 @@ fn partition(lo: i64) -> String {
 }
 
 /// The width of the next partition: about a day of submissions at the pace
-/// the newest one filled, within bounds.
-pub(super) fn next_width(newest_lo: i64, newest_created_at: i64, max_seq: i64, now: Timestamp) -> i64 {
-    let age = (now.0 - newest_created_at).max(HOUR_MS);
-    let per_day = i128::from((max_seq - newest_lo).max(0)) * i128::from(DAY_MS) / i128::from(age);
+/// since the newest was made (`made_at_seq` handed out then, `made_at`
+/// when), within bounds.
+pub(super) fn next_width(made_at_seq: i64, made_at: i64, max_seq: i64, now: Timestamp) -> i64 {
+    let age = (now.0 - made_at).max(HOUR_MS);
+    let per_day = i128::from((max_seq - made_at_seq).max(0)) * i128::from(DAY_MS) / i128::from(age);
     i64::try_from(per_day).unwrap_or(MAX_WIDTH).clamp(MIN_WIDTH, MAX_WIDTH)
 }
 
@@ -102,16 +103,16 @@ async fn make_ahead(pool: &PgPool, now: Timestamp) -> Result<u64> {
         return Ok(0);
     };
     let max_seq: i64 = sqlx::query_scalar(HIGHEST_SEQ).fetch_one(&mut *tx).await.map_err(db)?;
-    let (lo, hi, created_at): (i64, i64, i64) =
-        sqlx::query_as("SELECT lo, hi, created_at FROM history_partitions ORDER BY lo DESC LIMIT 1")
+    let (lo, hi, made_at, made_at_seq): (i64, i64, i64, i64) =
+        sqlx::query_as("SELECT lo, hi, created_at, made_at_seq FROM history_partitions ORDER BY lo DESC LIMIT 1")
             .fetch_optional(&mut *tx)
             .await
             .map_err(db)?
-            .unwrap_or((0, 0, now.0));
+            .unwrap_or((0, 0, now.0, 0));
     if hi > 0 && max_seq < lo + (hi - lo) / 2 {
         return Ok(0);
     }
-    let width = next_width(lo, created_at, max_seq, now);
+    let width = next_width(made_at_seq, made_at, max_seq, now);
     // Rows that reached the default partition (a burst past `hi`) stay
     // there: the new range begins above them.
     let strays_top: i64 = sqlx::query_scalar("SELECT COALESCE(MAX(op_seq) + 1, 0) FROM operation_events_default")
@@ -125,10 +126,11 @@ async fn make_ahead(pool: &PgPool, now: Timestamp) -> Result<u64> {
         partition(new_lo)
     );
     sqlx::query(&create).execute(&mut *tx).await.map_err(db)?;
-    sqlx::query("INSERT INTO history_partitions (lo, hi, created_at) VALUES ($1, $2, $3)")
+    sqlx::query("INSERT INTO history_partitions (lo, hi, created_at, made_at_seq) VALUES ($1, $2, $3, $4)")
         .bind(new_lo)
         .bind(new_hi)
         .bind(now.0)
+        .bind(max_seq)
         .execute(&mut *tx)
         .await
         .map_err(db)?;
@@ -186,7 +188,7 @@ mod tests {
     #[test]
     fn a_partition_is_about_a_day_of_submissions_wide() {
         let now = Timestamp(10 * DAY_MS);
-        // 2 M submissions in the 12 hours since the newest partition began.
+        // 2 M submissions in the 12 hours since the newest partition was made.
         assert_eq!(next_width(1_000, now.0 - DAY_MS / 2, 2_001_000, now), 4_000_000);
         // A quiet store: the narrowest.
         assert_eq!(next_width(0, now.0 - DAY_MS, 10, now), MIN_WIDTH);

@@ -202,16 +202,19 @@ pub(super) async fn events_insert(
     for (op, event_type, _) in events {
         ch.record(op, *event_type);
     }
+    // Each event's `seq` is a lookup by primary key per item (a scalar
+    // subquery, never a join the planner could turn into a scan of
+    // `operations`; see ARCHITECTURE.md, "hot paths do not grow").
     // What the transaction changed so far is announced by the same
     // statement: most transactions record their last change here, and then
     // the commit sends no NOTIFY statement of its own (a round trip less).
     sqlx::query(
         "WITH inserted AS (
              INSERT INTO operation_events (op_seq, version, type, state, at, data, snapshot)
-             SELECT o.seq, e.version, e.type, e.state, e.at, e.data, e.snapshot
+             SELECT (SELECT o.seq FROM operations o WHERE o.id = e.id), e.version, e.type, e.state, e.at, e.data,
+                    e.snapshot
                FROM unnest($1::TEXT[], $2::BIGINT[], $3::TEXT[], $4::TEXT[], $5::BIGINT[], $6::TEXT[], $7::TEXT[])
-                    AS e(id, version, type, state, at, data, snapshot)
-               JOIN operations o ON o.id = e.id)
+                    AS e(id, version, type, state, at, data, snapshot))
          SELECT pg_notify($8, payload) FROM unnest($9::TEXT[]) AS p(payload)",
     )
     .bind(&ids)
