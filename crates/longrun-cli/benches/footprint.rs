@@ -13,15 +13,16 @@
 //! `CHECKPOINT`, as found and after a plain `VACUUM`. Bytes per operation
 //! are the whole database's bytes over the operations stored.
 
+mod batches;
 mod processes;
 mod record;
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use processes::{free_port, prepare, serve};
 use record::Record;
-use serde_json::{Value, json};
+use serde_json::json;
 use sqlx::{Connection, Row};
 
 fn env_number(name: &str, default: usize) -> usize {
@@ -38,68 +39,10 @@ async fn fill(store: &[String], n: usize) -> f64 {
     let base = format!("http://127.0.0.1:{port}");
     let http = reqwest::Client::new();
     let started = Instant::now();
-    let per_client = n.div_ceil(4);
-    let mut clients = Vec::new();
-    for c in 0..4 {
-        let (http, base, token) = (http.clone(), base.clone(), client.clone());
-        let count = per_client.min(n.saturating_sub(c * per_client));
-        clients.push(tokio::spawn(async move {
-            for start in (0..count).step_by(100) {
-                let items: Vec<Value> = (start..(start + 100).min(count))
-                    .map(|i| {
-                        json!({"kind": "sleep", "input": {"duration_ms": 0, "steps": 1},
-                               "idempotency_key": format!("fill-{c}-{i}")})
-                    })
-                    .collect();
-                let answer: Value = http
-                    .post(format!("{base}/v1/operations/batch"))
-                    .bearer_auth(&token)
-                    .json(&json!({ "operations": items }))
-                    .send()
-                    .await
-                    .unwrap()
-                    .json()
-                    .await
-                    .unwrap();
-                assert!(
-                    answer["results"].as_array().unwrap().iter().all(|r| r["status"] == 202),
-                    "{answer}"
-                );
-            }
-        }));
-    }
-    for c in clients {
-        c.await.unwrap();
-    }
+    let body = json!({"kind": "sleep", "input": {"duration_ms": 0, "steps": 1}});
+    batches::submit(&http, &base, &client, &body, n).await;
     println!("submitted in {:.1} s", started.elapsed().as_secs_f64());
-    loop {
-        let page: Value = http
-            .get(format!("{base}/v1/operations?state=succeeded&page_size=1"))
-            .bearer_auth(&client)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        let mut live = false;
-        for state in ["queued", "running"] {
-            let page: Value = http
-                .get(format!("{base}/v1/operations?state={state}&page_size=1"))
-                .bearer_auth(&client)
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            live |= !page["operations"].as_array().unwrap().is_empty();
-        }
-        if !live && !page["operations"].as_array().unwrap().is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    batches::drained(&http, &base, &client).await;
     let seconds = started.elapsed().as_secs_f64();
     let _ = server.kill().await;
     let _ = server.wait().await;

@@ -72,6 +72,7 @@ use serde_json::{Value, json};
 use tokio::process::{Child, Command};
 use tokio_util::sync::CancellationToken;
 
+mod batches;
 mod processes;
 mod record;
 
@@ -292,78 +293,14 @@ impl Longrun {
         (jobs - warm) as f64 / started.elapsed().as_secs_f64()
     }
 
-    /// Submits `jobs` operations of `body` through the batch endpoint, 100
-    /// per request, 4 clients at once.
+    /// Submits `jobs` operations of `body` through the batch endpoint.
     async fn batches(&self, base: &str, body: &Value, jobs: usize) {
-        let per_client = jobs.div_ceil(4);
-        let mut clients = Vec::new();
-        for c in 0..4 {
-            let (http, base, token, body) = (self.http.clone(), base.to_owned(), self.client.clone(), body.clone());
-            let n = per_client.min(jobs.saturating_sub(c * per_client));
-            clients.push(tokio::spawn(async move {
-                let prefix = longrun_core::id::random_base32::<8>();
-                for chunk in (0..n).collect::<Vec<_>>().chunks(100) {
-                    let items: Vec<Value> = chunk
-                        .iter()
-                        .map(|i| {
-                            let mut item = body.clone();
-                            item["idempotency_key"] = json!(format!("{prefix}-{c}-{i}"));
-                            item
-                        })
-                        .collect();
-                    let answer: Value = http
-                        .post(format!("{base}/v1/operations/batch"))
-                        .bearer_auth(&token)
-                        .json(&json!({"operations": items}))
-                        .send()
-                        .await
-                        .unwrap()
-                        .json()
-                        .await
-                        .unwrap();
-                    assert!(
-                        answer["results"].as_array().unwrap().iter().all(|r| r["status"] == 202),
-                        "{answer}"
-                    );
-                }
-            }));
-        }
-        for c in clients {
-            c.await.unwrap();
-        }
+        batches::submit(&self.http, base, &self.client, body, jobs).await;
     }
 
-    /// Waits until nothing is queued or running.
-    /// Until nothing that may run now is queued or running. Work that
-    /// starts later (the `scheduled` fill, created before anything measured)
-    /// does not count: the newest queued operation is then one of it.
+    /// Until nothing that may run now is queued or running.
     async fn drained(&self, base: &str) {
-        loop {
-            let mut busy = false;
-            for state in ["queued", "running"] {
-                let page: Value = self
-                    .http
-                    .get(format!("{base}/v1/operations?state={state}&page_size=1"))
-                    .bearer_auth(&self.client)
-                    .send()
-                    .await
-                    .unwrap()
-                    .json()
-                    .await
-                    .unwrap();
-                // Both in the server's one RFC 3339 form: as text, in time order.
-                let now = longrun_core::Clock::now(&longrun_core::SystemClock).to_rfc3339();
-                busy |= page["operations"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .any(|op| op["not_before"].as_str().is_none_or(|at| at <= now.as_str()));
-            }
-            if !busy {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        batches::drained(&self.http, base, &self.client).await;
     }
 
     /// Built-in workers on a full queue: (batch submissions/s, jobs/s).
@@ -789,7 +726,7 @@ impl Handler for Noop {
 fn history_sql(rows: usize, now_ms: i64, postgres: bool) -> String {
     let (series, id, fingerprint) = if postgres {
         (
-            format!("SELECT i FROM generate_series(1, {rows}) AS g(i)"),
+            format!("SELECT i FROM generate_series(1::BIGINT, {rows}) AS g(i)"),
             "'op_h' || lpad(i::text, 25, '0')",
             "decode(md5(i::text) || md5(i::text), 'hex')",
         )
@@ -800,8 +737,25 @@ fn history_sql(rows: usize, now_ms: i64, postgres: bool) -> String {
             "randomblob(32)",
         )
     };
-    // Both stores key an operation's events by its `seq`.
+    // Both stores key an operation's events by its `seq`. PostgreSQL's are
+    // partitioned by it: the range filled gets its partition, as the
+    // store's upkeep would have made them while it grew (without one, the
+    // events would land in the default partition, which the upkeep looks
+    // through a batch a pass).
     let event_value = format!("(SELECT seq FROM operations WHERE id = {id})");
+    let partition = if postgres {
+        format!(
+            "DO $$ DECLARE lo BIGINT := (SELECT MAX(hi) FROM history_partitions);
+                          top BIGINT := (SELECT last_value FROM operations_seq_seq) + 100000;
+             BEGIN
+                 EXECUTE format('CREATE TABLE operation_events_%s PARTITION OF operation_events
+                                 FOR VALUES FROM (%s) TO (%s)', lo, lo, top);
+                 INSERT INTO history_partitions (lo, hi, created_at, made_at_seq) VALUES (lo, top, {now_ms}, top - 100000);
+             END $$;"
+        )
+    } else {
+        String::new()
+    };
     let at = format!("({now_ms} - ({rows} - i) * 1000)");
     format!(
         "INSERT INTO operations (id, tenant, kind, state, version, attempt, labels, result, idempotency_key,
@@ -810,6 +764,7 @@ fn history_sql(rows: usize, now_ms: i64, postgres: bool) -> String {
                 {at}, {at} + 1, {at} + 2, {at} + 2, 4102444800000 FROM ({series}) s;
          INSERT INTO idempotency_keys (tenant, kind, key, fingerprint, operation_id, created_at)
          SELECT 'bench', 'noop', 'h-' || i, {fingerprint}, {id}, {at} FROM ({series}) s;
+         {partition}
          INSERT INTO operation_events (op_seq, version, type, state, at, data, snapshot)
          SELECT {event_value}, v.n, v.type, v.state, {at} + v.n, '{{}}', '{{}}' FROM ({series}) s,
                 (SELECT 1 AS n, 'created' AS type, 'queued' AS state UNION ALL SELECT 2, 'started', 'running'
@@ -856,7 +811,7 @@ impl Fill {
 fn scheduled_sql(rows: usize, now_ms: i64, postgres: bool) -> String {
     let (series, id, fingerprint) = if postgres {
         (
-            format!("SELECT i FROM generate_series(1, {rows}) AS g(i)"),
+            format!("SELECT i FROM generate_series(1::BIGINT, {rows}) AS g(i)"),
             "'op_s' || lpad(i::text, 25, '0')",
             "decode(md5(i::text) || md5(i::text), 'hex')",
         )

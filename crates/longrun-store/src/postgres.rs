@@ -179,6 +179,9 @@ pub struct PostgresStore {
     reads: Arc<ReadCache>,
     finishes: GroupCommit<FinishParams, Operation>,
     accepts: GroupCommit<AcceptParams, AcceptOutcome>,
+    /// Where the history upkeep's look through the default partition
+    /// goes on (`history.rs`).
+    strays_from: Arc<std::sync::atomic::AtomicI64>,
 }
 
 /// How long a call waits for a pool connection before it is refused as
@@ -248,6 +251,7 @@ impl PostgresStore {
             reads,
             finishes,
             accepts,
+            strays_from: Arc::default(),
         })
     }
 

@@ -3,11 +3,18 @@
 //! ahead and drops a partition once no operation of its range remains.
 //!
 //! Each step is its own transaction under an advisory lock (one node at a
-//! time) and a short `lock_timeout`: creating or dropping a partition takes
-//! the parent table's `ACCESS EXCLUSIVE` lock, which holds every history
-//! read and write for the few milliseconds the DDL takes; a step that cannot
-//! get it within the timeout gives up until the next pass rather than queue
-//! the job path behind it.
+//! time), a short `lock_timeout` and a `statement_timeout`: creating or
+//! dropping a partition takes the parent table's `ACCESS EXCLUSIVE` lock,
+//! which holds every history read and write for the few milliseconds the
+//! DDL takes; a step that cannot get it within the timeout gives up until
+//! the next pass rather than queue the job path behind it. Creating a
+//! partition also scans the default partition (PostgreSQL checks that no
+//! row there belongs to the new range): normally empty, but should rows
+//! pile up there (an upkeep that could not run for long), the scan is cut
+//! at 1 s and the history lives on in the default partition, its removed
+//! operations' rows deleted a batch a pass, as before partitioning.
+
+use std::sync::atomic::{AtomicI64, Ordering};
 
 use super::*;
 
@@ -22,10 +29,12 @@ const HOUR_MS: i64 = 3_600_000;
 /// there or not; retention removes the newest too).
 const HIGHEST_SEQ: &str = "SELECT last_value FROM operations_seq_seq";
 
-/// Begins a step: `None` when another node holds the upkeep.
+/// Begins a step: `None` when another node holds the upkeep. A step that
+/// ends early rolls back there and then: a transaction merely dropped is
+/// rolled back later, its advisory lock held until then.
 async fn step(pool: &PgPool) -> Result<Option<sqlx::Transaction<'static, sqlx::Postgres>>> {
     let mut tx = pool
-        .begin_with("BEGIN; SET LOCAL lock_timeout = '100ms'")
+        .begin_with("BEGIN; SET LOCAL lock_timeout = '100ms'; SET LOCAL statement_timeout = '1s'")
         .await
         .map_err(db)?;
     let mine: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
@@ -43,9 +52,10 @@ fn deferred(e: &StoreError) -> bool {
     let sqlx::Error::Database(d) = e.as_ref() else {
         return false;
     };
-    // lock_not_available; check_violation (of the default partition's new
-    // bound, by a row that reached it after the range was chosen).
-    matches!(d.code().as_deref(), Some(LOCK_NOT_AVAILABLE | "23514"))
+    // lock_not_available; query_canceled (the statement timeout);
+    // check_violation (of the default partition's new bound, by a row that
+    // reached it after the range was chosen).
+    matches!(d.code().as_deref(), Some(LOCK_NOT_AVAILABLE | "57014" | "23514"))
 }
 
 /// The partition that holds `lo..`.
@@ -62,7 +72,12 @@ pub(super) fn next_width(made_at_seq: i64, made_at: i64, max_seq: i64, now: Time
     i64::try_from(per_day).unwrap_or(MAX_WIDTH).clamp(MIN_WIDTH, MAX_WIDTH)
 }
 
-pub(super) async fn history_upkeep(pool: &PgPool, now: Timestamp, limit: u32) -> Result<HistoryUpkeep> {
+pub(super) async fn history_upkeep(
+    pool: &PgPool,
+    strays_from: &AtomicI64,
+    now: Timestamp,
+    limit: u32,
+) -> Result<HistoryUpkeep> {
     let mut done = HistoryUpkeep::default();
     match make_ahead(pool, now).await {
         Ok(made) => done.partitions_created = made,
@@ -82,18 +97,33 @@ pub(super) async fn history_upkeep(pool: &PgPool, now: Timestamp, limit: u32) ->
             Err(e) => return Err(e),
         }
     }
-    // Rows outside every partition, of operations removed since.
-    done.strays_removed = sqlx::query(
-        "DELETE FROM operation_events_default WHERE ctid IN (
-             SELECT d.ctid FROM operation_events_default d
-              WHERE NOT EXISTS (SELECT 1 FROM operations o WHERE o.seq = d.op_seq) LIMIT $1)",
-    )
-    .bind(i64::from(limit))
-    .execute(pool)
-    .await
-    .map_err(db)?
-    .rows_affected();
+    done.strays_removed = strays_remove(pool, strays_from, limit).await?;
     Ok(done)
+}
+
+/// Deletes the default partition's rows of removed operations, looking at
+/// `limit` operations' rows a call from where the last call stopped (its
+/// key order; back to the start once through): a call costs as much
+/// whatever the default partition holds.
+async fn strays_remove(pool: &PgPool, strays_from: &AtomicI64, limit: u32) -> Result<u64> {
+    let (last, seen, removed): (Option<i64>, i64, i64) = sqlx::query_as(
+        "WITH seen AS (
+             SELECT DISTINCT op_seq FROM operation_events_default WHERE op_seq > $1 ORDER BY op_seq LIMIT $2
+         ), gone AS (
+             SELECT s.op_seq FROM seen s WHERE NOT EXISTS (SELECT 1 FROM operations o WHERE o.seq = s.op_seq)
+         ), removed AS (
+             DELETE FROM operation_events_default d USING gone g WHERE d.op_seq = g.op_seq RETURNING 1
+         )
+         SELECT (SELECT MAX(op_seq) FROM seen), (SELECT COUNT(*) FROM seen), (SELECT COUNT(*) FROM removed)",
+    )
+    .bind(strays_from.load(Ordering::Relaxed))
+    .bind(i64::from(limit))
+    .fetch_one(pool)
+    .await
+    .map_err(db)?;
+    let through = seen < i64::from(limit);
+    strays_from.store(if through { -1 } else { last.unwrap_or(-1) }, Ordering::Relaxed);
+    Ok(u64::try_from(removed).unwrap_or(0))
 }
 
 /// Makes the next partition once the newest is half used; returns how many
@@ -110,6 +140,8 @@ async fn make_ahead(pool: &PgPool, now: Timestamp) -> Result<u64> {
             .map_err(db)?
             .unwrap_or((0, 0, now.0, 0));
     if hi > 0 && max_seq < lo + (hi - lo) / 2 {
+        // Ended here, not when dropped: the advisory lock goes with it now.
+        tx.rollback().await.map_err(db)?;
         return Ok(0);
     }
     let width = next_width(made_at_seq, made_at, max_seq, now);
@@ -155,6 +187,7 @@ async fn drop_if_gone(pool: &PgPool, lo: i64, hi: i64) -> Result<bool> {
         .await
         .map_err(db)?;
     if live {
+        tx.rollback().await.map_err(db)?;
         return Ok(false);
     }
     sqlx::query("LOCK TABLE operation_events IN ACCESS EXCLUSIVE MODE")
@@ -168,6 +201,7 @@ async fn drop_if_gone(pool: &PgPool, lo: i64, hi: i64) -> Result<bool> {
         .await
         .map_err(db)?;
     if live {
+        tx.rollback().await.map_err(db)?;
         return Ok(false);
     }
     let drop = format!("DROP TABLE {}", partition(lo));

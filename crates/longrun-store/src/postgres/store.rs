@@ -127,8 +127,8 @@ crate::plan::store::impl_store!(PostgresStore, run_plan, {
     async fn history_upkeep(&self, now: Timestamp, limit: u32) -> Result<HistoryUpkeep> {
         // In a task of its own: a caller that goes away does not cut a
         // step between its DDL and its bookkeeping.
-        let pool = self.pool.clone();
-        tokio::spawn(async move { history::history_upkeep(&pool, now, limit).await })
+        let (pool, strays_from) = (self.pool.clone(), self.strays_from.clone());
+        tokio::spawn(async move { history::history_upkeep(&pool, &strays_from, now, limit).await })
             .await
             .map_err(|_| StoreError::Stopped("the history upkeep"))?
     }
