@@ -874,3 +874,59 @@ async fn history_goes_a_partition_at_a_time() {
     // operation's events wait for it to close.
     assert_eq!(left, 2);
 }
+
+/// The default partition is looked through a batch of operations a pass,
+/// each pass going on from where the last stopped: its cost does not grow
+/// with what the default partition holds, and every stray goes in the end.
+#[tokio::test]
+async fn strays_go_a_batch_a_pass() {
+    let Some(cluster) = longrun_store::pgtest::cluster() else {
+        return;
+    };
+    let url = cluster.database().await;
+    let mut config = PostgresConfig::new(url.clone());
+    config.operation_retention = std::time::Duration::ZERO;
+    let store = PostgresStore::open(config).await.unwrap();
+    let mut c = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await.unwrap();
+    // Past the first partition: every event goes to the default one.
+    sqlx::query("SELECT setval('operations_seq_seq', (SELECT MAX(hi) FROM history_partitions) + 10)")
+        .execute(&mut c)
+        .await
+        .unwrap();
+    let live = longrun_store::conformance::create(&store, "t1", "k").await;
+    for _ in 0..3 {
+        let op = longrun_store::conformance::create(&store, "t1", "k").await;
+        store.operation_cancel(cancel(&op)).await.unwrap();
+    }
+    let now = longrun_core::Timestamp(1_800_000_000_000 + 3_600_000);
+    let removed = store
+        .retention_sweep(longrun_store::RetentionParams {
+            now,
+            tombstone_retention: std::time::Duration::from_secs(3600),
+            delivery_retention: std::time::Duration::from_secs(3600),
+            limit: 1000,
+        })
+        .await
+        .unwrap()
+        .operations_removed;
+    assert_eq!(removed, 3);
+    // Two operations a pass: the live one and the first removed, then the
+    // other two removed, then none left to remove.
+    let strays: Vec<u64> = {
+        let mut passes = Vec::new();
+        for _ in 0..3 {
+            passes.push(store.history_upkeep(now, 2).await.unwrap().strays_removed);
+        }
+        passes
+    };
+    assert_eq!(strays, [2, 4, 0], "events (2 each) removed per pass");
+    let left: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM operation_events_default")
+        .fetch_one(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(left, 1, "the live operation's one event");
+    assert_eq!(
+        store.operation_history("t1", &live.id).await.unwrap().map(|e| e.len()),
+        Some(1)
+    );
+}

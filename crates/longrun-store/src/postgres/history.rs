@@ -180,13 +180,9 @@ async fn drop_if_gone(pool: &PgPool, lo: i64, hi: i64) -> Result<bool> {
     let Some(mut tx) = step(pool).await? else {
         return Ok(false);
     };
-    let live: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM operations WHERE seq >= $1 AND seq < $2)")
-        .bind(lo)
-        .bind(hi)
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(db)?;
-    if live {
+    // Once without the lock, so that a partition still in use is passed
+    // over without holding up the history.
+    if range_live(&mut tx, lo, hi).await? {
         tx.rollback().await.map_err(db)?;
         return Ok(false);
     }
@@ -194,13 +190,7 @@ async fn drop_if_gone(pool: &PgPool, lo: i64, hi: i64) -> Result<bool> {
         .execute(&mut *tx)
         .await
         .map_err(db)?;
-    let live: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM operations WHERE seq >= $1 AND seq < $2)")
-        .bind(lo)
-        .bind(hi)
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(db)?;
-    if live {
+    if range_live(&mut tx, lo, hi).await? {
         tx.rollback().await.map_err(db)?;
         return Ok(false);
     }
@@ -213,6 +203,16 @@ async fn drop_if_gone(pool: &PgPool, lo: i64, hi: i64) -> Result<bool> {
         .map_err(db)?;
     tx.commit().await.map_err(db)?;
     Ok(true)
+}
+
+/// Whether any operation of `lo..hi` remains.
+async fn range_live(c: &mut PgConnection, lo: i64, hi: i64) -> Result<bool> {
+    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM operations WHERE seq >= $1 AND seq < $2)")
+        .bind(lo)
+        .bind(hi)
+        .fetch_one(c)
+        .await
+        .map_err(db)
 }
 
 #[cfg(test)]
