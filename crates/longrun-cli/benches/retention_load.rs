@@ -1,0 +1,290 @@
+//! A day's expiry on PostgreSQL with a month stored: how long the retention
+//! pass takes, what it does to the hot paths' p99 while it runs, and what
+//! it leaves for vacuum.
+//!
+//! `cargo bench -p longrun-cli --bench retention_load`
+//! (`LONGRUN_RETENTION_DAYS`, default 30; `LONGRUN_RETENTION_DAY`, the
+//! operations of one day, default 100,000 — the width of the store's first
+//! history partition, so that the oldest day is exactly that partition).
+//!
+//! The store is filled with SQL as thirty days of ended operations (each
+//! with its idempotency record and three events; every later day in a
+//! history partition of its own, as the store's upkeep would have made
+//! them), vacuumed and checkpointed. A release `longrun serve` runs on it;
+//! the oldest day is then set to expire in 20 s (and vacuumed again), and
+//! the server's next retention pass (they run every 60 s) removes it. All
+//! along, 4 clients submit and 4 read one operation, each at most 200
+//! requests a second, every request labelled by what retention was doing
+//! when it ended.
+
+mod processes;
+mod record;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use processes::{free_port, prepare, serve};
+use record::Record;
+use serde_json::{Value, json};
+use sqlx::{Connection, PgConnection};
+
+fn env_number(name: &str, default: i64) -> i64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn p99(samples: &mut [f64]) -> f64 {
+    if samples.is_empty() {
+        return f64::NAN;
+    }
+    samples.sort_by(f64::total_cmp);
+    samples[((samples.len() as f64 * 0.99).ceil() as usize).min(samples.len()) - 1]
+}
+
+async fn sql(db: &mut PgConnection, statement: &str) {
+    sqlx::raw_sql(statement).execute(&mut *db).await.unwrap();
+}
+
+fn fill_sql(days: i64, day: i64, now_ms: i64) -> String {
+    let n = days * day;
+    let id = "'op_r' || lpad(i::text, 25, '0')";
+    let at = format!("({now_ms} - ({n} - i) * 26)");
+    format!(
+        "INSERT INTO operations (id, tenant, kind, state, version, attempt, labels, result, idempotency_key,
+                                 created_at, started_at, completed_at, updated_at, expires_at)
+         SELECT {id}, 'bench', 'noop', 'succeeded', 3, 1, '{{}}', '{{\"ok\":true}}', 'r-' || i,
+                {at}, {at} + 1, {at} + 2, {at} + 2, 4102444800000 FROM generate_series(1::BIGINT, {n}) AS g(i);
+         INSERT INTO idempotency_keys (tenant, kind, key, fingerprint, operation_id, created_at)
+         SELECT 'bench', 'noop', 'r-' || i, decode(md5(i::text) || md5(i::text), 'hex'), {id}, {at}
+           FROM generate_series(1::BIGINT, {n}) AS g(i);
+         DO $$ DECLARE lo BIGINT := (SELECT MAX(hi) FROM history_partitions);
+         BEGIN
+             WHILE lo <= {n} LOOP
+                 EXECUTE format('CREATE TABLE operation_events_%s PARTITION OF operation_events
+                                 FOR VALUES FROM (%s) TO (%s)', lo, lo, lo + {day});
+                 INSERT INTO history_partitions (lo, hi, created_at, made_at_seq) VALUES (lo, lo + {day}, {now_ms}, lo);
+                 lo := lo + {day};
+             END LOOP;
+         END $$;
+         INSERT INTO operation_events (op_seq, version, type, state, at, data, snapshot)
+         SELECT i, v.n, v.type, v.state, {at} + v.n, '{{}}', CASE WHEN v.n < 3 THEN '{{}}' END
+           FROM generate_series(1::BIGINT, {n}) AS g(i),
+                (SELECT 1 AS n, 'created' AS type, 'queued' AS state UNION ALL SELECT 2, 'started', 'running'
+                 UNION ALL SELECT 3, 'succeeded', 'succeeded') v;"
+    )
+}
+
+/// When a request ended, which path, and its time in milliseconds.
+type Sample = (Instant, &'static str, f64);
+
+/// What retention is doing, as a window sees it.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
+enum Phase {
+    Before,
+    During,
+    After,
+}
+
+fn main() {
+    let days = env_number("LONGRUN_RETENTION_DAYS", 30);
+    let day = env_number("LONGRUN_RETENTION_DAY", 100_000);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async move {
+        let cluster = match longrun_store::pgtest::start_durable() {
+            Ok(c) => c,
+            Err(why) => {
+                println!("PostgreSQL is not available here ({why}); nothing to measure");
+                return;
+            }
+        };
+        let url = cluster.database().await;
+        let store = vec!["--database".to_owned(), url.clone()];
+        let (client, _) = prepare(&store);
+        let mut db = PgConnection::connect(&url).await.unwrap();
+        let first_hi: i64 = sqlx::query_scalar("SELECT MAX(hi) FROM history_partitions")
+            .fetch_one(&mut db)
+            .await
+            .unwrap();
+        assert_eq!(first_hi, day + 1, "the first partition is one day wide");
+        let now_ms = longrun_core::Clock::now(&longrun_core::SystemClock).0;
+        let started = Instant::now();
+        sql(&mut db, &fill_sql(days, day, now_ms)).await;
+        sql(&mut db, "VACUUM ANALYZE").await;
+        sql(&mut db, "CHECKPOINT").await;
+        let mut record = Record::new("retention");
+        record.line(format!(
+            "PostgreSQL, {} ended operations stored ({days} days of {day}, 3 events and a key each), filled in {:.0} s",
+            days * day,
+            started.elapsed().as_secs_f64()
+        ));
+
+        let port = free_port();
+        let mut args = vec!["--builtin-workers=true".to_owned()];
+        args.extend(store.iter().cloned());
+        let server = serve(port, &args).await;
+        let base = format!("http://127.0.0.1:{port}");
+        let http = reqwest::Client::new();
+        let submit = async |http: &reqwest::Client, key: String| {
+            let answer = http
+                .post(format!("{base}/v1/operations"))
+                .bearer_auth(&client)
+                .header("idempotency-key", key)
+                .json(&json!({"kind": "sleep", "input": {"duration_ms": 0}}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(answer.status(), 202);
+            answer.json::<Value>().await.unwrap()
+        };
+        let watched = submit(&http, "watched".into()).await["id"].as_str().unwrap().to_owned();
+
+        // The oldest day expires in 20 s; the rows this update leaves dead
+        // are vacuumed before anything is measured.
+        let expire_at = longrun_core::Clock::now(&longrun_core::SystemClock).0 + 20_000;
+        sql(&mut db, &format!("UPDATE operations SET expires_at = {expire_at} WHERE seq < {first_hi}")).await;
+        sql(&mut db, "VACUUM ANALYZE operations").await;
+        sql(&mut db, "CHECKPOINT").await;
+
+        let stop = Arc::new(AtomicBool::new(false));
+        let samples: Arc<std::sync::Mutex<Vec<Sample>>> = Arc::default();
+        let mut load = Vec::new();
+        for c in 0..8 {
+            let (http, base, client, watched) = (http.clone(), base.clone(), client.clone(), watched.clone());
+            let (stop, samples) = (stop.clone(), samples.clone());
+            load.push(tokio::spawn(async move {
+                // Paced, 200 requests a second a client: the p99s are the
+                // server's latency at a moderate load, not a saturated
+                // machine's queue.
+                let mut pace = tokio::time::interval(Duration::from_millis(5));
+                pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    pace.tick().await;
+                    let begun = Instant::now();
+                    let what = if c < 4 {
+                        n += 1;
+                        let answer = http
+                            .post(format!("{base}/v1/operations"))
+                            .bearer_auth(&client)
+                            .header("idempotency-key", format!("load-{c}-{n}"))
+                            .json(&json!({"kind": "sleep", "input": {"duration_ms": 0}}))
+                            .send()
+                            .await
+                            .unwrap();
+                        assert_eq!(answer.status(), 202);
+                        "accept"
+                    } else {
+                        let answer = http
+                            .get(format!("{base}/v1/operations/{watched}"))
+                            .bearer_auth(&client)
+                            .send()
+                            .await
+                            .unwrap();
+                        assert_eq!(answer.status(), 200);
+                        "GET"
+                    };
+                    let ms = begun.elapsed().as_secs_f64() * 1000.0;
+                    samples.lock().unwrap().push((Instant::now(), what, ms));
+                }
+            }));
+        }
+
+        // Watch retention: the oldest day's operations, and its partition.
+        let mut phases: Vec<(Instant, Phase)> = Vec::new();
+        let (mut pass_began, mut pass_ended) = (None, None);
+        let deadline = Instant::now() + Duration::from_secs(240);
+        loop {
+            let left: i64 = sqlx::query_scalar(&format!("SELECT COUNT(*) FROM operations WHERE seq < {first_hi}"))
+                .fetch_one(&mut db)
+                .await
+                .unwrap();
+            let partition: bool = sqlx::query_scalar("SELECT to_regclass('operation_events_0') IS NOT NULL")
+                .fetch_one(&mut db)
+                .await
+                .unwrap();
+            let phase = if left == day {
+                Phase::Before
+            } else if partition {
+                Phase::During
+            } else {
+                Phase::After
+            };
+            let now = Instant::now();
+            if phase != Phase::Before && pass_began.is_none() {
+                pass_began = Some(now);
+            }
+            if phase == Phase::After && pass_ended.is_none() {
+                pass_ended = Some(now);
+            }
+            phases.push((now, phase));
+            if pass_ended.is_some_and(|at| now.duration_since(at) > Duration::from_secs(10)) || now > deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        stop.store(true, Ordering::Relaxed);
+        for l in load {
+            l.await.unwrap();
+        }
+        drop(server);
+
+        let phase_at = |at: Instant| {
+            phases
+                .iter()
+                .take_while(|(t, _)| *t <= at)
+                .last()
+                .map_or(Phase::Before, |(_, p)| *p)
+        };
+        let samples = std::mem::take(&mut *samples.lock().unwrap());
+        record.line(String::new());
+        match (pass_began, pass_ended) {
+            (Some(a), Some(b)) => record.line(format!(
+                "The pass removed {day} operations and dropped their history partition in {:.1} s.",
+                b.duration_since(a).as_secs_f64()
+            )),
+            _ => record.line("The pass did not end within 240 s."),
+        };
+        record.line(String::new());
+        record.line("| p99 (requests), 4 clients of 200/s each | before the pass | during it | after it |");
+        record.line("|---|---|---|---|");
+        for what in ["accept", "GET"] {
+            let mut by_phase = [Vec::new(), Vec::new(), Vec::new()];
+            for (at, w, ms) in &samples {
+                if *w == what {
+                    by_phase[phase_at(*at) as usize].push(*ms);
+                }
+            }
+            let counts: Vec<usize> = by_phase.iter().map(Vec::len).collect();
+            let [b, d, a] = by_phase.map(|mut v| p99(&mut v));
+            record.line(format!(
+                "| {what} | {b:.1} ms ({}) | {d:.1} ms ({}) | {a:.1} ms ({}) |",
+                counts[0], counts[1], counts[2]
+            ));
+        }
+        // The statistics of the last commits reach the views within a second.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        record.line(String::new());
+        record.line("| table | dead tuples after the pass | live |");
+        record.line("|---|---|---|");
+        for row in sqlx::query_as::<_, (String, i64, i64)>(
+            "SELECT relname::text, n_dead_tup, n_live_tup FROM pg_stat_user_tables
+              WHERE relname IN ('operations', 'idempotency_keys', 'tombstones')
+                 OR relname LIKE 'operation_events%'
+              ORDER BY n_dead_tup DESC, relname LIMIT 8",
+        )
+        .fetch_all(&mut db)
+        .await
+        .unwrap()
+        {
+            record.line(format!("| {} | {} | {} |", row.0, row.1, row.2));
+        }
+        record.line(String::new());
+        record.line("Load from the bench's own process (paced clients, not wrk): the columns compare with each other, not with the peers bench.");
+        if let Some(path) = record.write() {
+            println!("\nrecorded in {}", path.display());
+        }
+    });
+}
