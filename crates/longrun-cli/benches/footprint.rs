@@ -13,6 +13,7 @@
 //! `CHECKPOINT`, as found and after a plain `VACUUM`. Bytes per operation
 //! are the whole database's bytes over the operations stored.
 
+#[allow(dead_code)]
 mod batches;
 mod processes;
 mod record;

@@ -744,14 +744,10 @@ fn history_sql(rows: usize, now_ms: i64, postgres: bool) -> String {
     // through a batch a pass).
     let event_value = format!("(SELECT seq FROM operations WHERE id = {id})");
     let partition = if postgres {
-        format!(
-            "DO $$ DECLARE lo BIGINT := (SELECT MAX(hi) FROM history_partitions);
-                          top BIGINT := (SELECT last_value FROM operations_seq_seq) + 100000;
-             BEGIN
-                 EXECUTE format('CREATE TABLE operation_events_%s PARTITION OF operation_events
-                                 FOR VALUES FROM (%s) TO (%s)', lo, lo, top);
-                 INSERT INTO history_partitions (lo, hi, created_at, made_at_seq) VALUES (lo, top, {now_ms}, top - 100000);
-             END $$;"
+        batches::history_partitions_sql(
+            "(SELECT last_value FROM operations_seq_seq) + 100000",
+            "top - lo",
+            now_ms,
         )
     } else {
         String::new()

@@ -17,6 +17,8 @@
 //! requests a second, every request labelled by what retention was doing
 //! when it ended.
 
+#[allow(dead_code)]
+mod batches;
 mod processes;
 mod record;
 
@@ -49,6 +51,7 @@ fn fill_sql(days: i64, day: i64, now_ms: i64) -> String {
     let n = days * day;
     let id = "'op_r' || lpad(i::text, 25, '0')";
     let at = format!("({now_ms} - ({n} - i) * 26)");
+    let partitions = batches::history_partitions_sql(&(n + 1).to_string(), &day.to_string(), now_ms);
     format!(
         "INSERT INTO operations (id, tenant, kind, state, version, attempt, labels, result, idempotency_key,
                                  created_at, started_at, completed_at, updated_at, expires_at)
@@ -57,21 +60,27 @@ fn fill_sql(days: i64, day: i64, now_ms: i64) -> String {
          INSERT INTO idempotency_keys (tenant, kind, key, fingerprint, operation_id, created_at)
          SELECT 'bench', 'noop', 'r-' || i, decode(md5(i::text) || md5(i::text), 'hex'), {id}, {at}
            FROM generate_series(1::BIGINT, {n}) AS g(i);
-         DO $$ DECLARE lo BIGINT := (SELECT MAX(hi) FROM history_partitions);
-         BEGIN
-             WHILE lo <= {n} LOOP
-                 EXECUTE format('CREATE TABLE operation_events_%s PARTITION OF operation_events
-                                 FOR VALUES FROM (%s) TO (%s)', lo, lo, lo + {day});
-                 INSERT INTO history_partitions (lo, hi, created_at, made_at_seq) VALUES (lo, lo + {day}, {now_ms}, lo);
-                 lo := lo + {day};
-             END LOOP;
-         END $$;
+         {partitions}
          INSERT INTO operation_events (op_seq, version, type, state, at, data, snapshot)
          SELECT i, v.n, v.type, v.state, {at} + v.n, '{{}}', CASE WHEN v.n < 3 THEN '{{}}' END
            FROM generate_series(1::BIGINT, {n}) AS g(i),
                 (SELECT 1 AS n, 'created' AS type, 'queued' AS state UNION ALL SELECT 2, 'started', 'running'
                  UNION ALL SELECT 3, 'succeeded', 'succeeded') v;"
     )
+}
+
+/// One `sleep` operation submitted with `key`; its representation.
+async fn submit(http: &reqwest::Client, base: &str, token: &str, key: &str) -> Value {
+    let answer = http
+        .post(format!("{base}/v1/operations"))
+        .bearer_auth(token)
+        .header("idempotency-key", key)
+        .json(&json!({"kind": "sleep", "input": {"duration_ms": 0}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 202);
+    answer.json().await.unwrap()
 }
 
 /// When a request ended, which path, and its time in milliseconds.
@@ -127,19 +136,10 @@ fn main() {
         let server = serve(port, &args).await;
         let base = format!("http://127.0.0.1:{port}");
         let http = reqwest::Client::new();
-        let submit = async |http: &reqwest::Client, key: String| {
-            let answer = http
-                .post(format!("{base}/v1/operations"))
-                .bearer_auth(&client)
-                .header("idempotency-key", key)
-                .json(&json!({"kind": "sleep", "input": {"duration_ms": 0}}))
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(answer.status(), 202);
-            answer.json::<Value>().await.unwrap()
-        };
-        let watched = submit(&http, "watched".into()).await["id"].as_str().unwrap().to_owned();
+        let watched = submit(&http, &base, &client, "watched").await["id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
 
         // The oldest day expires in 20 s; the rows this update leaves dead
         // are vacuumed before anything is measured.
@@ -166,15 +166,7 @@ fn main() {
                     let begun = Instant::now();
                     let what = if c < 4 {
                         n += 1;
-                        let answer = http
-                            .post(format!("{base}/v1/operations"))
-                            .bearer_auth(&client)
-                            .header("idempotency-key", format!("load-{c}-{n}"))
-                            .json(&json!({"kind": "sleep", "input": {"duration_ms": 0}}))
-                            .send()
-                            .await
-                            .unwrap();
-                        assert_eq!(answer.status(), 202);
+                        submit(&http, &base, &client, &format!("load-{c}-{n}")).await;
                         "accept"
                     } else {
                         let answer = http

@@ -1,5 +1,6 @@
-//! Filling a running server through its batch endpoint, and waiting until
-//! it has run what it holds (`peers`, `footprint`).
+//! Filling a store: through a running server's batch endpoint, waiting
+//! until it has run what it holds (`peers`, `footprint`), or straight into
+//! PostgreSQL's history partitions (`peers`, `retention_load`).
 
 use std::time::Duration;
 
@@ -75,4 +76,26 @@ pub async fn drained(http: &reqwest::Client, base: &str, token: &str) {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// PostgreSQL's history partitions, as the store's upkeep would have made
+/// them while it grew: from the newest one's end up to `top`, each `width`
+/// wide (SQL expressions; `width` may name `lo`, the partition's start,
+/// and `top`).
+pub fn history_partitions_sql(top: &str, width: &str, now_ms: i64) -> String {
+    format!(
+        "DO $$ DECLARE lo BIGINT := (SELECT MAX(hi) FROM history_partitions);
+                      top BIGINT := {top};
+                      width BIGINT;
+         BEGIN
+             WHILE lo < top LOOP
+                 width := {width};
+                 EXECUTE format('CREATE TABLE operation_events_%s PARTITION OF operation_events
+                                 FOR VALUES FROM (%s) TO (%s)', lo, lo, lo + width);
+                 INSERT INTO history_partitions (lo, hi, created_at, made_at_seq)
+                 VALUES (lo, lo + width, {now_ms}, lo);
+                 lo := lo + width;
+             END LOOP;
+         END $$;"
+    )
 }
