@@ -59,6 +59,26 @@ pub async fn every_event_keeps_the_representation_at_its_version(store: &dyn Sto
             .unwrap()
             .is_none()
     );
+
+    // A cancel asked of the ended operation moves no version; the replay of
+    // its last version is what a read shows at that version (one ETag, one
+    // representation).
+    store.operation_cancel(cancel("t1", &op.id, at(4))).await.unwrap();
+    let read = store.operation_get("t1", &op.id).await.unwrap().unwrap();
+    assert_eq!(read.version, 4);
+    let replayed = store
+        .operation_events_after("t1", &op.id, 3, 100)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        replayed[0].snapshot.as_ref(),
+        Some(&Operation {
+            input: None,
+            reruns: None,
+            ..read
+        })
+    );
 }
 
 pub async fn committed_changes_are_published_and_rolled_back_ones_are_not(store: &dyn Store) {

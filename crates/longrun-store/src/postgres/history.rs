@@ -79,12 +79,14 @@ pub(super) async fn history_upkeep(
     limit: u32,
 ) -> Result<HistoryUpkeep> {
     let mut done = HistoryUpkeep::default();
-    match make_ahead(pool, now).await {
+    // Read once for the pass: a sequence only grows, and a partition made
+    // or passed over on a value a moment old is made or dropped next pass.
+    let max_seq: i64 = sqlx::query_scalar(HIGHEST_SEQ).fetch_one(pool).await.map_err(db)?;
+    match make_ahead(pool, max_seq, now).await {
         Ok(made) => done.partitions_created = made,
         Err(e) if deferred(&e) => {}
         Err(e) => return Err(e),
     }
-    let max_seq: i64 = sqlx::query_scalar(HIGHEST_SEQ).fetch_one(pool).await.map_err(db)?;
     let closed: Vec<(i64, i64)> = sqlx::query_as("SELECT lo, hi FROM history_partitions WHERE hi <= $1 ORDER BY lo")
         .bind(max_seq)
         .fetch_all(pool)
@@ -128,11 +130,10 @@ async fn strays_remove(pool: &PgPool, strays_from: &AtomicI64, limit: u32) -> Re
 
 /// Makes the next partition once the newest is half used; returns how many
 /// it made (0 or 1).
-async fn make_ahead(pool: &PgPool, now: Timestamp) -> Result<u64> {
+async fn make_ahead(pool: &PgPool, max_seq: i64, now: Timestamp) -> Result<u64> {
     let Some(mut tx) = step(pool).await? else {
         return Ok(0);
     };
-    let max_seq: i64 = sqlx::query_scalar(HIGHEST_SEQ).fetch_one(&mut *tx).await.map_err(db)?;
     let (lo, hi, made_at, made_at_seq): (i64, i64, i64, i64) =
         sqlx::query_as("SELECT lo, hi, created_at, made_at_seq FROM history_partitions ORDER BY lo DESC LIMIT 1")
             .fetch_optional(&mut *tx)
