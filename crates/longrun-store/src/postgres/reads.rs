@@ -120,9 +120,9 @@ pub(super) async fn events_of(
     snapshots: bool,
 ) -> Result<Option<Vec<Event>>> {
     let row = if snapshots {
-        match operation_by_id(c, id.as_str()).await? {
-            Some(row) if row.tenant == tenant => Some(row),
-            _ => return Ok(None),
+        match operation_for_replay(c, tenant, id).await? {
+            Some(row) => Some(row),
+            None => return Ok(None),
         }
     } else if owned(c, tenant, id.as_str()).await? {
         None

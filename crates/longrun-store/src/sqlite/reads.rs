@@ -126,7 +126,7 @@ pub(super) fn operation_events_after(
     after_version: i64,
     limit: u32,
 ) -> Result<Option<Vec<Event>>> {
-    let Some(row) = operation_by_id(c, id.as_str())?.filter(|row| row.tenant == tenant) else {
+    let Some(row) = operation_for_replay(c, tenant, id)? else {
         return Ok(None);
     };
     let mut stmt = c.prepare_cached(

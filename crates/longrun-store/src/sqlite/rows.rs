@@ -154,6 +154,17 @@ pub(super) fn operation_by_id(c: &Connection, id: &str) -> Result<Option<Operati
         .optional()?)
 }
 
+/// `tenant`'s operation `id` as an event replay needs it: every column
+/// but the input (no snapshot carries it, and it may be large), scoped by
+/// tenant in the query.
+pub(super) fn operation_for_replay(c: &Connection, tenant: &str, id: &Id) -> Result<Option<Operation>> {
+    let columns = OP_COLUMNS.replacen(", input,", ", NULL AS input,", 1);
+    let sql = format!("SELECT {columns} FROM operations WHERE id = ?1 AND tenant = ?2");
+    Ok(c.prepare_cached(&sql)?
+        .query_row(params![id.as_str(), tenant], operation_from_row)
+        .optional()?)
+}
+
 /// Whether `id` is an operation of `tenant` (another tenant's id is unknown).
 pub(super) fn owns(c: &Connection, tenant: &str, id: &Id) -> Result<bool> {
     Ok(
