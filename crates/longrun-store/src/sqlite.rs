@@ -643,6 +643,47 @@ mod tests {
         assert_eq!(after.labels.get("held").map(String::as_str), Some("yes"));
     }
 
+    /// The console's and operators' summaries of live work read the tasks
+    /// (live work only), never every stored operation, even when SQLite's
+    /// statistics were taken while the queue was empty: on such a store the
+    /// overview page took 292 ms at p99 with 100 k operations stored and
+    /// 2.5 ms with none (`peers`' history group).
+    #[tokio::test]
+    async fn summaries_of_live_work_never_read_every_stored_operation() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("longrun.db");
+        drop(SqliteStore::open(SqliteConfig::new(path.clone())).unwrap());
+        let conn = open_connection(&path, false).unwrap();
+        conn.execute_batch(
+            "WITH RECURSIVE g(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM g WHERE i < 5000)
+             INSERT INTO operations (id, tenant, kind, state, version, attempt, labels, result,
+                                     created_at, started_at, completed_at, updated_at)
+             SELECT 'op_' || i, 't1', 'noop', 'succeeded', 3, 1, '{}', 'null', i, i, i, i FROM g;
+             ANALYZE;",
+        )
+        .unwrap();
+        let now = Timestamp::from_millis(10_000);
+        let mut stmts = Vec::new();
+        stmts.extend(active_summary(Some("t1")).stmts);
+        stmts.extend(active_summary(None).stmts);
+        stmts.extend(backlog(now).stmts);
+        stmts.extend(lease_list(None, 50).stmts);
+        stmts.extend(tenant_usage().stmts);
+        for stmt in stmts {
+            let sql = format!("EXPLAIN QUERY PLAN {}", sqlite_sql(stmt.sql));
+            let mut st = conn.prepare(&sql).unwrap();
+            let plan: Vec<String> = st
+                .query_map(rusqlite::params_from_iter(stmt.args.iter()), |r| r.get(3))
+                .unwrap()
+                .collect::<rusqlite::Result<_>>()
+                .unwrap();
+            let reads_all = plan
+                .iter()
+                .any(|step| step == "SCAN o" || step == "SCAN operations" || step.starts_with("SCAN o USING"));
+            assert!(!reads_all, "{}\nreads every stored operation: {plan:?}", stmt.sql);
+        }
+    }
+
     /// Migration 0013 re-keys events by the operation's `seq`: a store
     /// written before it keeps every operation's history, in version order,
     /// and drops only events no operation owns.
