@@ -28,8 +28,10 @@
 //! - pickup latency: an idle remote worker waiting in a claim, one
 //!   submission at a time, from the request's send to the handler's start.
 //!
-//! - once, after the rounds: the p99 of single submits, GETs and idle
-//!   pickup on a nearly empty store and on one to which
+//! - once, after the rounds: the p99 of single submits, GETs, idle
+//!   pickup, the tenant's list (first page, a page halfway down, the first
+//!   page of one state) and the console (overview, one operation's page)
+//!   on a nearly empty store and on one to which
 //!   `LONGRUN_PEER_HISTORY` (1,000,000) ended operations with their keys
 //!   and events were added (written straight into the tables, then
 //!   vacuumed and analyzed on PostgreSQL and checkpointed on SQLite; needs
@@ -722,18 +724,22 @@ impl Handler for Noop {
 /// The stored history the `history` groups add: `rows` ended operations of
 /// the bench tenant, each with its idempotency record and 3 events, written
 /// straight into the store's tables (through the API it would take longer
-/// than the rest of the bench), created over the last `rows` seconds.
+/// than the rest of the bench), created over the last `rows` seconds. Their
+/// ids are well-formed (the digits of `i` spelled `a`–`j`), so the API and
+/// the console open them as they open any other.
 fn history_sql(rows: usize, now_ms: i64, postgres: bool) -> String {
     let (series, id, fingerprint) = if postgres {
         (
             format!("SELECT i FROM generate_series(1::BIGINT, {rows}) AS g(i)"),
-            "'op_h' || lpad(i::text, 25, '0')",
+            "'op_h' || translate(lpad(i::text, 25, '0'), '0123456789', 'abcdefghij')",
             "decode(md5(i::text) || md5(i::text), 'hex')",
         )
     } else {
         (
             format!("WITH RECURSIVE g(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM g WHERE i < {rows}) SELECT i FROM g"),
-            "'op_h' || printf('%025d', i)",
+            "'op_h' || replace(replace(replace(replace(replace(replace(replace(replace(replace(replace(
+                 printf('%025d', i), '0', 'a'), '1', 'b'), '2', 'c'), '3', 'd'), '4', 'e'),
+                 '5', 'f'), '6', 'g'), '7', 'h'), '8', 'i'), '9', 'j')",
             "randomblob(32)",
         )
     };
@@ -870,12 +876,96 @@ impl Longrun {
     }
 
     /// The p99 (ms) of single submits, plain GETs and idle pickup.
-    async fn hot_p99s(&self, seconds: u64) -> [(&'static str, f64); 3] {
+    async fn hot_p99s(&self, seconds: u64) -> Vec<(&'static str, f64)> {
         let accept = self.single_submits(seconds).await.1;
         let get = self.gets(seconds).await.0.1;
         // 300 pickups: a p99 of 100 is nearly their maximum, one stalled flush.
         let pickup = self.pickup(300).await.1;
-        [("accept", accept), ("GET", get), ("pickup", pickup)]
+        let mut p99s = vec![("accept", accept), ("GET", get), ("pickup", pickup)];
+        p99s.extend(self.pages(seconds).await);
+        p99s
+    }
+
+    /// The pages people and integrations read, each under 32 connections
+    /// for `seconds`: p99 ms of the tenant's list (first page of 50, a page
+    /// halfway down it, the first page of one state) and of the console's
+    /// overview and its page of one operation.
+    async fn pages(&self, seconds: u64) -> [(&'static str, f64); 5] {
+        use longrun_server::app::reads::{decode_page_token, encode_page_token};
+        let port = free_port();
+        let base = format!("http://127.0.0.1:{port}");
+        let server = serve_store(&self.store, port, false).await;
+        let first: Value = self
+            .http
+            .get(format!("{base}/v1/operations?page_size=50"))
+            .bearer_auth(&self.client)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        // A page halfway down: the token the server hands out there (a
+        // token names the position it continues before).
+        let top = first["next_page_token"]
+            .as_str()
+            .map_or(0, |token| decode_page_token(token).unwrap());
+        let halfway = encode_page_token(top / 2);
+        // The console shows an operation from there (with its history),
+        // else the newest.
+        let there: Value = self
+            .http
+            .get(format!("{base}/v1/operations?page_size=1&page_token={halfway}"))
+            .bearer_auth(&self.client)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let id = [&there, &first]
+            .iter()
+            .find_map(|page| page["operations"][0]["id"].as_str())
+            .unwrap()
+            .to_owned();
+        // The console's session, as its sign-in form makes one.
+        let signed_in = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap()
+            .post(format!("{base}/ui/sign-in"))
+            .form(&[("key", self.client.as_str()), ("next", "/ui/")])
+            .send()
+            .await
+            .unwrap();
+        let cookie = signed_in.headers()["set-cookie"].to_str().unwrap();
+        let cookie = cookie.split(';').next().unwrap().to_owned();
+        let bearer = format!("Bearer {}", self.client);
+        let api = || Load::get().header("Authorization", bearer.clone());
+        let console = || Load::get().header("Cookie", cookie.clone());
+        let list = wrk(&format!("{base}/v1/operations?page_size=50"), api(), seconds).await;
+        let deep = wrk(
+            &format!("{base}/v1/operations?page_size=50&page_token={halfway}"),
+            api(),
+            seconds,
+        )
+        .await;
+        let by_state = wrk(
+            &format!("{base}/v1/operations?page_size=50&state=succeeded"),
+            api(),
+            seconds,
+        )
+        .await;
+        let overview = wrk(&format!("{base}/ui/"), console(), seconds).await;
+        let operation = wrk(&format!("{base}/ui/operations/{id}"), console(), seconds).await;
+        stopped(server).await;
+        [
+            ("list", list.1),
+            ("list halfway", deep.1),
+            ("list by state", by_state.1),
+            ("console overview", overview.1),
+            ("console operation", operation.1),
+        ]
     }
 }
 
@@ -1049,7 +1139,16 @@ fn main() {
                     }
                 }
             }
-            for path in ["accept", "GET", "pickup"] {
+            for path in [
+                "accept",
+                "GET",
+                "pickup",
+                "list",
+                "list halfway",
+                "list by state",
+                "console overview",
+                "console operation",
+            ] {
                 history_ratios.push((
                     format!("longrun {path} p99 ms {store}, {stored}"),
                     format!("longrun {path} p99 ms {store}, empty"),
