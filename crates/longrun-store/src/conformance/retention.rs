@@ -118,6 +118,71 @@ pub async fn retention_expires_results_removes_operations_and_buries_tombstones(
     );
 }
 
+/// A sweep removes the operations due a batch at a time, at most its limit
+/// of them, each with a tombstone dated from its own expiry and its result
+/// object given to garbage collection; work not due stays.
+pub async fn a_sweep_removes_what_is_due_a_batch_at_a_time(store: &dyn Store) {
+    let mut ended = Vec::new();
+    for (i, kind) in ["batch-a", "batch-b", "batch-c"].into_iter().enumerate() {
+        let AcceptOutcome::Created(op) = store
+            .operation_accept(accept_params("t1", kind, Some(kind), json!({})))
+            .await
+            .unwrap()
+        else {
+            panic!()
+        };
+        let task = claim_one(store, kind, at(1)).await;
+        store
+            .result_upload(upload(&task, &format!("k-{kind}"), at(2)))
+            .await
+            .unwrap();
+        let done = store
+            .task_finish(finish(&task, Outcome::Succeeded { result: None }, at(3 + i as u64)))
+            .await
+            .unwrap();
+        ended.push((op, done.expires_at.unwrap()));
+    }
+    let AcceptOutcome::Created(waiting) = store
+        .operation_accept(accept_params("t1", "batch-waiting", None, json!({})))
+        .await
+        .unwrap()
+    else {
+        panic!()
+    };
+    let late = ended.iter().map(|(_, expiry)| *expiry).max().unwrap();
+    let (mut removed, mut sweeps) = (0, 0);
+    loop {
+        let counts = store
+            .retention_sweep(RetentionParams {
+                limit: 2,
+                ..sweep(late)
+            })
+            .await
+            .unwrap();
+        assert!(counts.operations_removed <= 2, "at most the limit a sweep: {counts:?}");
+        if counts.total() == 0 {
+            break;
+        }
+        removed += counts.operations_removed;
+        sweeps += 1;
+    }
+    assert_eq!(removed, 3);
+    assert!(sweeps >= 2, "three operations due, two a sweep");
+    for (op, expiry) in &ended {
+        assert!(store.operation_get("t1", &op.id).await.unwrap().is_none());
+        assert!(store.operation_history("t1", &op.id).await.unwrap().is_none());
+        assert_eq!(store.operation_tombstone("t1", &op.id).await.unwrap(), Some(*expiry));
+        let replay = store
+            .operation_accept(accept_params("t1", &op.kind, Some(&op.kind), json!({})))
+            .await;
+        assert!(matches!(replay, Err(StoreError::Gone)), "{replay:?}");
+    }
+    let mut garbage = store.artifact_garbage(10).await.unwrap();
+    garbage.sort();
+    assert_eq!(garbage, ["k-batch-a", "k-batch-b", "k-batch-c"]);
+    assert_eq!(get(store, &waiting).await.state, State::Queued, "work not due stays");
+}
+
 pub async fn deleting_a_tenant_leaves_nothing_of_it(store: &dyn Store) {
     let key = NewApiKey::generate();
     store

@@ -209,17 +209,20 @@ pub(crate) trait Driver {
         self.script(&fetches::operations_expiring(now, limit)).await
     }
 
-    /// Deletes everything of one operation but its idempotency record; its
-    /// result objects become garbage, and read caches forget it. Its
-    /// history goes too, except an expired operation's where the driver
-    /// drops history a partition at a time (PostgreSQL): nothing can read
-    /// the events of a removed operation, and the partition's drop takes
-    /// them.
-    async fn operation_remove(&mut self, id: &str, removal: Removal, now: Timestamp) -> Result<()>;
+    /// Deletes everything of the operations `ids` but their idempotency
+    /// records; their result objects become garbage, and read caches forget
+    /// them. Their history goes too, except expired operations' where the
+    /// driver drops history a partition at a time (PostgreSQL): nothing can
+    /// read the events of a removed operation, and the partition's drop
+    /// takes them. PostgreSQL removes the batch a statement per table.
+    async fn operations_remove(&mut self, ids: &[&str], removal: Removal, now: Timestamp) -> Result<()>;
 
-    /// Stores (or replaces) a tombstone.
-    async fn tombstone_set(&mut self, tombstone: &Tombstone) -> Result<()> {
-        self.script(&fetches::tombstone_set(tombstone)).await
+    /// Stores (or replaces) tombstones, each of a different operation.
+    async fn tombstones_set(&mut self, tombstones: &[Tombstone]) -> Result<()> {
+        for tombstone in tombstones {
+            self.script(&fetches::tombstone_set(tombstone)).await?;
+        }
+        Ok(())
     }
 
     /// Deletes up to `limit` tombstones past their window and the
@@ -264,10 +267,10 @@ pub(crate) trait Driver {
         self.script(&fetches::tenant_results_to_garbage(tenant, now)).await
     }
 
-    /// `DELETE FROM {table} WHERE {column} = value{and}`: one of the plan's
-    /// fixed lists of rows to remove (`and` is a condition, empty or
+    /// `DELETE FROM {table} WHERE {column} IN values{and}`: one of the
+    /// plan's fixed lists of rows to remove (`and` is a condition, empty or
     /// starting with ` AND`, that lets an index find them). Returns how many.
-    async fn rows_delete(&mut self, table: &str, column: &str, and: &str, value: &str) -> Result<u64>;
+    async fn rows_delete(&mut self, table: &str, column: &str, and: &str, values: &[&str]) -> Result<u64>;
 
     // Uploads.
 

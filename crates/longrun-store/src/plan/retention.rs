@@ -27,7 +27,7 @@ const TENANT_ROWS: [(&str, &str, &str); 10] = [
     ("tenants", "name", ""),
 ];
 
-/// Why an operation is removed (see `Driver::operation_remove`).
+/// Why an operation is removed (see `Driver::operations_remove`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Removal {
     /// Past its retention: its history may go later, with its partition.
@@ -83,25 +83,32 @@ pub(crate) async fn retention_sweep<D: Driver>(d: &mut D, p: &RetentionParams) -
         counts.results_expired += 1;
     }
 
-    // Operations past their retention: removed, with a tombstone.
-    for op in d.operations_expiring(p.now, p.limit).await? {
-        d.operation_remove(&op.id, Removal::Expired, p.now).await?;
-        d.tombstone_set(&tombstone_of(&op, p.tombstone_retention)).await?;
-        counts.operations_removed += 1;
+    // Operations past their retention: removed, each with a tombstone.
+    let expiring = d.operations_expiring(p.now, p.limit).await?;
+    if !expiring.is_empty() {
+        let ids: Vec<&str> = expiring.iter().map(|op| op.id.as_str()).collect();
+        d.operations_remove(&ids, Removal::Expired, p.now).await?;
+        let tombstones: Vec<Tombstone> = expiring
+            .iter()
+            .map(|op| tombstone_of(op, p.tombstone_retention))
+            .collect();
+        d.tombstones_set(&tombstones).await?;
+        counts.operations_removed = expiring.len() as u64;
     }
 
     // Tombstones past their window: the id is forgotten, its key freed.
     counts.tombstones_removed = d.tombstones_bury(p.now, p.limit).await?;
 
     // Finished deliveries and their log, past the delivery retention.
-    for event_id in d
+    let finished = d
         .deliveries_finished(p.now.minus(p.delivery_retention), p.limit)
-        .await?
-    {
+        .await?;
+    if !finished.is_empty() {
+        let event_ids: Vec<&str> = finished.iter().map(String::as_str).collect();
         for table in ["webhook_attempts", "webhook_deliveries"] {
-            d.rows_delete(table, "event_id", "", &event_id).await?;
+            d.rows_delete(table, "event_id", "", &event_ids).await?;
         }
-        counts.deliveries_removed += 1;
+        counts.deliveries_removed = finished.len() as u64;
     }
 
     // Uploads past their expiry that no operation names.
@@ -112,23 +119,27 @@ pub(crate) async fn retention_sweep<D: Driver>(d: &mut D, p: &RetentionParams) -
     Ok(counts)
 }
 
+/// How many of a deleted tenant's operations are removed a batch.
+const ERASE_BATCH: usize = 500;
+
 /// Removes everything of the tenant (see `Store::tenant_delete`): its
-/// operations one by one as retention removes them (no tombstones), its
+/// operations in batches as retention removes them (no tombstones), its
 /// uploads, then the rest of its rows; result objects become garbage.
 pub(crate) async fn tenant_delete<D: Driver>(d: &mut D, tenant: &str, now: Timestamp) -> Result<TenantDeleteCounts> {
     let (results, deliveries) = d.tenant_counts(tenant).await?;
     let operations = d.tenant_operations(tenant).await?;
-    for id in &operations {
-        d.operation_remove(id, Removal::Erased, now).await?;
+    for batch in operations.chunks(ERASE_BATCH) {
+        let ids: Vec<&str> = batch.iter().map(String::as_str).collect();
+        d.operations_remove(&ids, Removal::Erased, now).await?;
     }
     let uploads = d.tenant_uploads(tenant).await?;
     for id in &uploads {
         d.upload_drop(id, now).await?;
     }
     d.tenant_results_to_garbage(tenant, now).await?;
-    let keys = d.rows_delete("api_keys", "tenant", "", tenant).await?;
+    let keys = d.rows_delete("api_keys", "tenant", "", &[tenant]).await?;
     for (table, column, and) in TENANT_ROWS {
-        d.rows_delete(table, column, and, tenant).await?;
+        d.rows_delete(table, column, and, &[tenant]).await?;
     }
     Ok(TenantDeleteCounts {
         operations: operations.len() as u64,

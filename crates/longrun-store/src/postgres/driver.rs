@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use super::*;
-use crate::plan::{Driver, EndRow, Lock, Removal};
+use crate::plan::{Driver, EndRow, Lock, Removal, Tombstone};
 
 /// A transaction, with what it changed so far, as a [`Driver`].
 pub(super) struct PgDriver<'c> {
@@ -282,8 +282,12 @@ impl Driver for PgDriver<'_> {
         update_returning(self.c, query).await?.ok_or(StoreError::LeaseLost)
     }
 
-    async fn operation_remove(&mut self, id: &str, removal: Removal, now: Timestamp) -> Result<()> {
-        operation_remove(self.c, self.ch, id, removal, now).await
+    async fn operations_remove(&mut self, ids: &[&str], removal: Removal, now: Timestamp) -> Result<()> {
+        operations_remove(self.c, self.ch, ids, removal, now).await
+    }
+
+    async fn tombstones_set(&mut self, tombstones: &[Tombstone]) -> Result<()> {
+        tombstones_set(self.c, tombstones).await
     }
 
     /// One statement: the due tombstones (locked, skipping what another
@@ -313,10 +317,10 @@ impl Driver for PgDriver<'_> {
         upload_drop(self.c, id, now).await
     }
 
-    async fn rows_delete(&mut self, table: &str, column: &str, and: &str, value: &str) -> Result<u64> {
-        let sql = format!("DELETE FROM {table} WHERE {column} = $1{and}");
+    async fn rows_delete(&mut self, table: &str, column: &str, and: &str, values: &[&str]) -> Result<u64> {
+        let sql = format!("DELETE FROM {table} WHERE {column} = ANY($1){and}");
         Ok(sqlx::query(&sql)
-            .bind(value)
+            .bind(values)
             .execute(&mut *self.c)
             .await
             .map_err(db)?

@@ -1,44 +1,98 @@
-//! Removing one operation and everything of it but its idempotency record
-//! (retention and tenant deletion, `plan::retention`, call it).
+//! Removing operations and everything of them but their idempotency
+//! records, a batch at a time (retention and tenant deletion,
+//! `plan::retention`, call it): a statement per table for the whole batch.
+//! Row by row, a pass of 500 operations was 5,500 statements (≈ 0.3 ms an
+//! operation, `retention_load`).
 
 use super::*;
+use crate::plan::Tombstone;
 
-pub(super) async fn operation_remove(
+pub(super) async fn operations_remove(
     c: &mut PgConnection,
     ch: &mut Changes,
-    id: &str,
+    ids: &[&str],
     removal: Removal,
     now: Timestamp,
 ) -> Result<()> {
-    ch.touch(id);
+    if ids.is_empty() {
+        return Ok(());
+    }
+    for id in ids {
+        ch.touch(id);
+    }
+    // Result objects and uploaded pieces become garbage; a piece another
+    // operation still names stays (the statement sees the pieces as they
+    // were before its own delete, hence the batch's own are left out).
     sqlx::query(
         "INSERT INTO artifact_garbage (storage_key, created_at)
-         SELECT storage_key, $2 FROM results WHERE operation_id = $1 AND state <> 'expired' ON CONFLICT DO NOTHING",
+         SELECT storage_key, $2 FROM results WHERE operation_id = ANY($1) AND state <> 'expired'
+         ON CONFLICT DO NOTHING",
     )
-    .bind(id)
+    .bind(ids)
     .bind(now.0)
     .execute(&mut *c)
     .await
     .map_err(db)?;
-    pieces_drop(c, id, None, None, now).await?;
+    sqlx::query(
+        "WITH gone AS (DELETE FROM artifact_pieces WHERE operation_id = ANY($1) RETURNING storage_key)
+         INSERT INTO artifact_garbage (storage_key, created_at)
+         SELECT DISTINCT storage_key, $2 FROM gone
+          WHERE NOT EXISTS (SELECT 1 FROM artifact_pieces p
+                             WHERE p.storage_key = gone.storage_key AND p.operation_id <> ALL($1))
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(ids)
+    .bind(now.0)
+    .execute(&mut *c)
+    .await
+    .map_err(db)?;
     // An expired operation's events stay for their partition's drop
     // (`history.rs`); nothing reads the events of a removed operation.
     if removal == Removal::Erased {
-        sqlx::query("DELETE FROM operation_events WHERE op_seq = (SELECT seq FROM operations WHERE id = $1)")
-            .bind(id)
+        sqlx::query("DELETE FROM operation_events WHERE op_seq IN (SELECT seq FROM operations WHERE id = ANY($1))")
+            .bind(ids)
             .execute(&mut *c)
             .await
             .map_err(db)?;
     }
     for sql in [
-        "DELETE FROM results WHERE operation_id = $1",
-        "DELETE FROM operation_uploads WHERE operation_id = $1",
-        "DELETE FROM webhook_attempts WHERE operation_id = $1",
-        "DELETE FROM webhook_deliveries WHERE operation_id = $1",
-        "DELETE FROM tasks WHERE operation_id = $1",
-        "DELETE FROM operations WHERE id = $1",
+        "DELETE FROM results WHERE operation_id = ANY($1)",
+        "DELETE FROM operation_uploads WHERE operation_id = ANY($1)",
+        "DELETE FROM webhook_attempts WHERE operation_id = ANY($1)",
+        "DELETE FROM webhook_deliveries WHERE operation_id = ANY($1)",
+        "DELETE FROM tasks WHERE operation_id = ANY($1)",
+        "DELETE FROM operations WHERE id = ANY($1)",
     ] {
-        sqlx::query(sql).bind(id).execute(&mut *c).await.map_err(db)?;
+        sqlx::query(sql).bind(ids).execute(&mut *c).await.map_err(db)?;
     }
+    Ok(())
+}
+
+/// The batch's tombstones in one statement.
+pub(super) async fn tombstones_set(c: &mut PgConnection, tombstones: &[Tombstone]) -> Result<()> {
+    if tombstones.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<&str> = tombstones.iter().map(|t| t.operation_id.as_str()).collect();
+    let tenants: Vec<&str> = tombstones.iter().map(|t| t.tenant.as_str()).collect();
+    let removed: Vec<i64> = tombstones.iter().map(|t| t.removed_at.0).collect();
+    let expires: Vec<i64> = tombstones.iter().map(|t| t.expires_at.0).collect();
+    let kinds: Vec<&str> = tombstones.iter().map(|t| t.kind.as_str()).collect();
+    let keys: Vec<Option<&str>> = tombstones.iter().map(|t| t.idempotency_key.as_deref()).collect();
+    sqlx::query(
+        "INSERT INTO tombstones (operation_id, tenant, removed_at, expires_at, kind, idempotency_key)
+         SELECT * FROM unnest($1::TEXT[], $2::TEXT[], $3::BIGINT[], $4::BIGINT[], $5::TEXT[], $6::TEXT[])
+         ON CONFLICT (operation_id) DO UPDATE SET removed_at = excluded.removed_at, expires_at = excluded.expires_at,
+                                                  kind = excluded.kind, idempotency_key = excluded.idempotency_key",
+    )
+    .bind(&ids)
+    .bind(&tenants)
+    .bind(&removed)
+    .bind(&expires)
+    .bind(&kinds)
+    .bind(&keys)
+    .execute(&mut *c)
+    .await
+    .map_err(db)?;
     Ok(())
 }

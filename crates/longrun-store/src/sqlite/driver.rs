@@ -293,9 +293,13 @@ impl Driver for SqliteDriver<'_> {
 
     /// The history goes with the operation whatever the reason: SQLite
     /// has no partitions to drop it later.
-    async fn operation_remove(&mut self, id: &str, _removal: Removal, now: Timestamp) -> Result<()> {
-        self.forget(id);
-        operation_remove(self.c, id, now)
+    /// Row by row: the statements run in-process.
+    async fn operations_remove(&mut self, ids: &[&str], _removal: Removal, now: Timestamp) -> Result<()> {
+        for id in ids {
+            self.forget(id);
+            operation_remove(self.c, id, now)?;
+        }
+        Ok(())
     }
 
     /// Row by row: the statements run in-process, and two set statements
@@ -329,9 +333,13 @@ impl Driver for SqliteDriver<'_> {
         upload_drop(self.c, id, now)
     }
 
-    async fn rows_delete(&mut self, table: &str, column: &str, and: &str, value: &str) -> Result<u64> {
+    async fn rows_delete(&mut self, table: &str, column: &str, and: &str, values: &[&str]) -> Result<u64> {
         let sql = format!("DELETE FROM {table} WHERE {column} = ?1{and}");
-        Ok(self.c.prepare_cached(&sql)?.execute(params![value])? as u64)
+        let mut deleted = 0;
+        for value in values {
+            deleted += self.c.prepare_cached(&sql)?.execute(params![value])? as u64;
+        }
+        Ok(deleted)
     }
 
     async fn events_insert(&mut self, events: &[(&Operation, EventType, Value)]) -> Result<()> {
