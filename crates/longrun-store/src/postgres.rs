@@ -142,6 +142,31 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (16, include_str!("postgres/0016_partitioned_history.sql")),
 ];
 
+/// The database's collation when it compares text by a locale rather than
+/// by bytes: its libc collation is not `C` or `POSIX` (PostgreSQL compares
+/// by bytes without a locale only for those two names, `C.UTF-8` included
+/// in the cost), or it is an ICU database (`'a' < 'B'` holds under a
+/// locale, not under `C`). Every key of Longrun (ids, tenants, kinds,
+/// idempotency keys) is ASCII, compared for equality or by its bytes, and a
+/// locale's comparison costs each index lookup: drains of 20,000 jobs here
+/// ran 5–7 % faster on a `C` database than on `C.UTF-8` or ICU `en-US`
+/// ones (`scripts/drain`, alternating pairs).
+async fn compares_by_locale(pool: &PgPool) -> Result<Option<String>> {
+    let (collation, by_locale): (String, bool) = sqlx::query_as(
+        "SELECT datcollate::TEXT, datcollate NOT IN ('C', 'POSIX') OR 'a' < 'B'
+           FROM pg_database WHERE datname = current_database()",
+    )
+    .fetch_one(pool)
+    .await
+    .map_err(db)?;
+    Ok(by_locale.then_some(collation))
+}
+
+/// Logged once at start when [`compares_by_locale`].
+const COLLATION_ADVICE: &str = "the database compares text by a locale; Longrun's keys compare faster in a \
+    database created with the C collation (CREATE DATABASE ... TEMPLATE template0 LC_COLLATE 'C' LC_CTYPE 'C'; \
+    docs/operations.md)";
+
 /// How to reach and use a PostgreSQL database.
 #[derive(Debug, Clone)]
 pub struct PostgresConfig {
@@ -210,6 +235,9 @@ impl PostgresStore {
             .await
             .map_err(db)?;
         migrate_pool(&pool).await?;
+        if let Some(collation) = compares_by_locale(&pool).await? {
+            tracing::info!(collation, "{COLLATION_ADVICE}");
+        }
         let (changes, _) = broadcast::channel(4096);
         let listener = listen(&pool).await.map_err(db)?;
         let reads = Arc::new(ReadCache::default());
@@ -353,3 +381,37 @@ const LOCK_NOT_AVAILABLE: &str = "55P03";
 
 /// The channel every node listens on for committed changes.
 const CHANNEL: &str = "longrun_changes";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The start-up advice is given on a database that compares by a
+    /// locale (libc or ICU) and not on one that compares bytes.
+    #[tokio::test]
+    async fn a_database_that_compares_by_a_locale_is_told_apart() {
+        let Some(cluster) = crate::pgtest::cluster() else {
+            return;
+        };
+        let url = cluster.database().await;
+        let pool = PgPool::connect(&url).await.unwrap();
+        assert_eq!(compares_by_locale(&pool).await.unwrap(), None, "the test cluster is C");
+        for (name, locale) in [
+            ("collate_libc", "LC_COLLATE 'C.UTF-8' LC_CTYPE 'C.UTF-8'"),
+            (
+                "collate_icu",
+                "LOCALE_PROVIDER icu ICU_LOCALE 'en-US' LC_COLLATE 'C' LC_CTYPE 'C'",
+            ),
+        ] {
+            let name = format!("{name}_{}", std::process::id());
+            sqlx::query(&format!("CREATE DATABASE {name} TEMPLATE template0 {locale}"))
+                .execute(&pool)
+                .await
+                .unwrap();
+            let other = PgPool::connect(&url.replace(url.rsplit('/').next().unwrap(), &name))
+                .await
+                .unwrap();
+            assert!(compares_by_locale(&other).await.unwrap().is_some(), "{locale}");
+        }
+    }
+}
