@@ -895,16 +895,12 @@ impl Longrun {
         let port = free_port();
         let base = format!("http://127.0.0.1:{port}");
         let server = serve_store(&self.store, port, false).await;
-        let first: Value = self
-            .http
-            .get(format!("{base}/v1/operations?page_size=50"))
-            .bearer_auth(&self.client)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let page = async |query: &str| -> Value {
+            let url = format!("{base}/v1/operations?{query}");
+            let answer = self.http.get(url).bearer_auth(&self.client).send().await.unwrap();
+            answer.json().await.unwrap()
+        };
+        let first = page("page_size=50").await;
         // A page halfway down: the token the server hands out there (a
         // token names the position it continues before).
         let top = first["next_page_token"]
@@ -913,16 +909,7 @@ impl Longrun {
         let halfway = encode_page_token(top / 2);
         // The console shows an operation from there (with its history),
         // else the newest.
-        let there: Value = self
-            .http
-            .get(format!("{base}/v1/operations?page_size=1&page_token={halfway}"))
-            .bearer_auth(&self.client)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let there = page(&format!("page_size=1&page_token={halfway}")).await;
         let id = [&there, &first]
             .iter()
             .find_map(|page| page["operations"][0]["id"].as_str())

@@ -23,29 +23,24 @@ pub(super) async fn operations_remove(
     // Result objects and uploaded pieces become garbage; a piece another
     // operation still names stays (the statement sees the pieces as they
     // were before its own delete, hence the batch's own are left out).
-    sqlx::query(
+    for sql in [
         "INSERT INTO artifact_garbage (storage_key, created_at)
          SELECT storage_key, $2 FROM results WHERE operation_id = ANY($1) AND state <> 'expired'
          ON CONFLICT DO NOTHING",
-    )
-    .bind(ids)
-    .bind(now.0)
-    .execute(&mut *c)
-    .await
-    .map_err(db)?;
-    sqlx::query(
         "WITH gone AS (DELETE FROM artifact_pieces WHERE operation_id = ANY($1) RETURNING storage_key)
          INSERT INTO artifact_garbage (storage_key, created_at)
          SELECT DISTINCT storage_key, $2 FROM gone
           WHERE NOT EXISTS (SELECT 1 FROM artifact_pieces p
                              WHERE p.storage_key = gone.storage_key AND p.operation_id <> ALL($1))
          ON CONFLICT DO NOTHING",
-    )
-    .bind(ids)
-    .bind(now.0)
-    .execute(&mut *c)
-    .await
-    .map_err(db)?;
+    ] {
+        sqlx::query(sql)
+            .bind(ids)
+            .bind(now.0)
+            .execute(&mut *c)
+            .await
+            .map_err(db)?;
+    }
     // An expired operation's events stay for their partition's drop
     // (`history.rs`); nothing reads the events of a removed operation.
     if removal == Removal::Erased {
