@@ -878,6 +878,10 @@ pub struct HistoryUpkeep {
     /// Events of removed operations that had landed outside every
     /// partition, deleted.
     pub strays_removed: u64,
+    /// Steps (making partitions ahead, dropping one) left for the next
+    /// pass: their lock was not granted within 100 ms beside the load, or
+    /// a statement ran past its second.
+    pub steps_deferred: u64,
 }
 
 /// What `longrun tenants delete` removed.

@@ -845,6 +845,7 @@ async fn history_goes_a_partition_at_a_time() {
             partitions_created: 1,
             partitions_dropped: 1,
             strays_removed: 2,
+            steps_deferred: 0,
         }
     );
     let made = partitions(&mut c).await;
@@ -858,6 +859,19 @@ async fn history_goes_a_partition_at_a_time() {
     let op = store.operation_get("t1", &live).await.unwrap().unwrap();
     store.operation_cancel(cancel(&op)).await.unwrap();
     assert_eq!(sweep(&store).await.operations_removed, 2);
+    // A reader of the history holds its lock past the drop's 100 ms: the
+    // drop waits for the next pass, counted, and nothing is lost meanwhile.
+    let mut reader = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await.unwrap();
+    sqlx::query("BEGIN").execute(&mut reader).await.unwrap();
+    sqlx::query("SELECT 1 FROM operation_events LIMIT 1")
+        .execute(&mut reader)
+        .await
+        .unwrap();
+    let upkeep = store.history_upkeep(now, 1000).await.unwrap();
+    assert_eq!(upkeep.partitions_dropped, 0);
+    assert!(upkeep.steps_deferred >= 1, "{upkeep:?}");
+    assert_eq!(partitions(&mut c).await[0], first, "still there");
+    sqlx::query("COMMIT").execute(&mut reader).await.unwrap();
     let upkeep = store.history_upkeep(now, 1000).await.unwrap();
     assert_eq!(upkeep.partitions_dropped, 1);
     let gone: Option<String> = sqlx::query_scalar("SELECT to_regclass('operation_events_0')::text")

@@ -145,6 +145,7 @@ impl Retention {
         removed("orphans", report.orphans_deleted);
         removed("history_partitions", report.history.partitions_dropped);
         removed("history_strays", report.history.strays_removed);
+        metrics::counter!("longrun_retention_history_deferred_total").increment(report.history.steps_deferred);
         if report != Report::default() {
             tracing::info!(?report, "retention pass");
         }

@@ -84,7 +84,10 @@ pub(super) async fn history_upkeep(
     let max_seq: i64 = sqlx::query_scalar(HIGHEST_SEQ).fetch_one(pool).await.map_err(db)?;
     match make_ahead(pool, max_seq, now).await {
         Ok(made) => done.partitions_created = made,
-        Err(e) if deferred(&e) => {}
+        Err(e) if deferred(&e) => {
+            tracing::info!(error = %e, "history: making partitions ahead waits for the next pass");
+            done.steps_deferred += 1;
+        }
         Err(e) => return Err(e),
     }
     let closed: Vec<(i64, i64)> = sqlx::query_as("SELECT lo, hi FROM history_partitions WHERE hi <= $1 ORDER BY lo")
@@ -95,7 +98,11 @@ pub(super) async fn history_upkeep(
     for (lo, hi) in closed {
         match drop_if_gone(pool, lo, hi).await {
             Ok(dropped) => done.partitions_dropped += u64::from(dropped),
-            Err(e) if deferred(&e) => break,
+            Err(e) if deferred(&e) => {
+                tracing::info!(error = %e, partition = partition(lo), "history: a drop waits for the next pass");
+                done.steps_deferred += 1;
+                break;
+            }
             Err(e) => return Err(e),
         }
     }
