@@ -119,15 +119,17 @@ pub(super) async fn operation_by_id(c: &mut PgConnection, id: &str) -> Result<Op
 /// but the input (no snapshot carries it, and it may be large), scoped by
 /// tenant in the query.
 pub(super) async fn operation_for_replay(c: &mut PgConnection, tenant: &str, id: &Id) -> Result<Option<Operation>> {
-    let columns = OP_COLUMNS.replacen(", input,", ", NULL::TEXT AS input,", 1);
-    let row = sqlx::query(&format!(
-        "SELECT {columns} FROM operations WHERE id = $1 AND tenant = $2"
-    ))
-    .bind(id.as_str())
-    .bind(tenant)
-    .fetch_optional(&mut *c)
-    .await
-    .map_err(db)?;
+    // Made once (an event stream reads a page per change it is woken for).
+    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        let columns = OP_COLUMNS.replacen(", input,", ", NULL::TEXT AS input,", 1);
+        format!("SELECT {columns} FROM operations WHERE id = $1 AND tenant = $2")
+    });
+    let row = sqlx::query(SQL.as_str())
+        .bind(id.as_str())
+        .bind(tenant)
+        .fetch_optional(&mut *c)
+        .await
+        .map_err(db)?;
     row.as_ref().map(operation_from_row).transpose()
 }
 

@@ -158,9 +158,12 @@ pub(super) fn operation_by_id(c: &Connection, id: &str) -> Result<Option<Operati
 /// but the input (no snapshot carries it, and it may be large), scoped by
 /// tenant in the query.
 pub(super) fn operation_for_replay(c: &Connection, tenant: &str, id: &Id) -> Result<Option<Operation>> {
-    let columns = OP_COLUMNS.replacen(", input,", ", NULL AS input,", 1);
-    let sql = format!("SELECT {columns} FROM operations WHERE id = ?1 AND tenant = ?2");
-    Ok(c.prepare_cached(&sql)?
+    // Made once (an event stream reads a page per change it is woken for).
+    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        let columns = OP_COLUMNS.replacen(", input,", ", NULL AS input,", 1);
+        format!("SELECT {columns} FROM operations WHERE id = ?1 AND tenant = ?2")
+    });
+    Ok(c.prepare_cached(SQL.as_str())?
         .query_row(params![id.as_str(), tenant], operation_from_row)
         .optional()?)
 }
