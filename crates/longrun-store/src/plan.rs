@@ -38,7 +38,7 @@ pub(crate) mod webhooks;
 pub(crate) use driver::{Driver, EndRow, Lock};
 pub(crate) use effects::{Effect, apply};
 pub(crate) use event::{EventType, WebhookType};
-pub(crate) use retention::{Removal, Tombstone};
+pub(crate) use retention::Tombstone;
 
 use std::time::Duration;
 

@@ -10,7 +10,7 @@ use longrun_core::{State, Timestamp};
 use serde_json::Value;
 
 use super::fetches;
-use super::retention::{Expiring, Removal, Tombstone};
+use super::retention::{Expiring, Tombstone};
 use super::{EventType, WebhookType};
 use crate::shared::{Ending, Fenced, Holder, Lapsed, Script, UpdateChange, UploadLease};
 use crate::{Id, Operation, Progress, Result};
@@ -70,6 +70,10 @@ pub(crate) trait Driver {
     /// use case ends, locked or not (SQLite's writer thread). A use case
     /// then needs no second, locking read before it writes.
     const SERIAL: bool;
+
+    /// Whether history is dropped a partition at a time (PostgreSQL): an
+    /// expired operation's events then stay for their partition's drop.
+    const HISTORY_BY_PARTITION: bool;
 
     /// Runs a script of shared statements in the use case's transaction.
     async fn script<T>(&mut self, script: &Script<T>) -> Result<T>;
@@ -209,13 +213,14 @@ pub(crate) trait Driver {
         self.script(&fetches::operations_expiring(now, limit)).await
     }
 
-    /// Deletes everything of the operations `ids` but their idempotency
-    /// records; their result objects become garbage, and read caches forget
-    /// them. Their history goes too, except expired operations' where the
-    /// driver drops history a partition at a time (PostgreSQL): nothing can
-    /// read the events of a removed operation, and the partition's drop
-    /// takes them. PostgreSQL removes the batch a statement per table.
-    async fn operations_remove(&mut self, ids: &[&str], removal: Removal, now: Timestamp) -> Result<()>;
+    /// Before operations `ids` are removed (`plan::retention`): read caches
+    /// forget them, and their result objects and uploaded pieces become
+    /// garbage (a piece another operation still names stays).
+    async fn operations_release(&mut self, ids: &[&str], now: Timestamp) -> Result<()>;
+
+    /// Deletes the events of operations `ids`, found through their rows
+    /// (so before those go).
+    async fn events_remove(&mut self, ids: &[&str]) -> Result<()>;
 
     /// Stores (or replaces) tombstones, each of a different operation.
     async fn tombstones_set(&mut self, tombstones: &[Tombstone]) -> Result<()> {

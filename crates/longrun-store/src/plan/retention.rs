@@ -27,7 +27,18 @@ const TENANT_ROWS: [(&str, &str, &str); 10] = [
     ("tenants", "name", ""),
 ];
 
-/// Why an operation is removed (see `Driver::operations_remove`).
+/// What of an operation goes with it besides its events, each table by
+/// the column naming the operation (its idempotency record stays, kept by
+/// its tombstone or freed by the tenant's deletion).
+const OPERATION_ROWS: [&str; 5] = [
+    "results",
+    "operation_uploads",
+    "webhook_attempts",
+    "webhook_deliveries",
+    "tasks",
+];
+
+/// Why an operation is removed (see `operations_remove`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Removal {
     /// Past its retention: its history may go later, with its partition.
@@ -87,7 +98,7 @@ pub(crate) async fn retention_sweep<D: Driver>(d: &mut D, p: &RetentionParams) -
     let expiring = d.operations_expiring(p.now, p.limit).await?;
     if !expiring.is_empty() {
         let ids: Vec<&str> = expiring.iter().map(|op| op.id.as_str()).collect();
-        d.operations_remove(&ids, Removal::Expired, p.now).await?;
+        operations_remove(d, &ids, Removal::Expired, p.now).await?;
         let tombstones: Vec<Tombstone> = expiring
             .iter()
             .map(|op| tombstone_of(op, p.tombstone_retention))
@@ -119,6 +130,23 @@ pub(crate) async fn retention_sweep<D: Driver>(d: &mut D, p: &RetentionParams) -
     Ok(counts)
 }
 
+/// Deletes everything of the operations `ids` but their idempotency
+/// records: their objects become garbage, then their history, the rows
+/// that name them and their own rows go. Nothing can read the events of a
+/// removed operation: where history goes a partition at a time, an expired
+/// operation's events wait for their partition's drop.
+async fn operations_remove<D: Driver>(d: &mut D, ids: &[&str], removal: Removal, now: Timestamp) -> Result<()> {
+    d.operations_release(ids, now).await?;
+    if removal == Removal::Erased || !D::HISTORY_BY_PARTITION {
+        d.events_remove(ids).await?;
+    }
+    for table in OPERATION_ROWS {
+        d.rows_delete(table, "operation_id", "", ids).await?;
+    }
+    d.rows_delete("operations", "id", "", ids).await?;
+    Ok(())
+}
+
 /// How many of a deleted tenant's operations are removed a batch.
 const ERASE_BATCH: usize = 500;
 
@@ -130,7 +158,7 @@ pub(crate) async fn tenant_delete<D: Driver>(d: &mut D, tenant: &str, now: Times
     let operations = d.tenant_operations(tenant).await?;
     for batch in operations.chunks(ERASE_BATCH) {
         let ids: Vec<&str> = batch.iter().map(String::as_str).collect();
-        d.operations_remove(&ids, Removal::Erased, now).await?;
+        operations_remove(d, &ids, Removal::Erased, now).await?;
     }
     let uploads = d.tenant_uploads(tenant).await?;
     for id in &uploads {

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use super::*;
-use crate::plan::{Driver, EndRow, Lock, Removal, Tombstone};
+use crate::plan::{Driver, EndRow, Lock, Tombstone};
 
 /// A transaction, with what it changed so far, as a [`Driver`].
 pub(super) struct PgDriver<'c> {
@@ -27,6 +27,7 @@ impl PgDriver<'_> {
 
 impl Driver for PgDriver<'_> {
     const SERIAL: bool = false;
+    const HISTORY_BY_PARTITION: bool = true;
 
     async fn script<T>(&mut self, script: &Script<T>) -> Result<T> {
         super::script::run(self.c, script).await
@@ -282,8 +283,12 @@ impl Driver for PgDriver<'_> {
         update_returning(self.c, query).await?.ok_or(StoreError::LeaseLost)
     }
 
-    async fn operations_remove(&mut self, ids: &[&str], removal: Removal, now: Timestamp) -> Result<()> {
-        operations_remove(self.c, self.ch, ids, removal, now).await
+    async fn operations_release(&mut self, ids: &[&str], now: Timestamp) -> Result<()> {
+        operations_release(self.c, self.ch, ids, now).await
+    }
+
+    async fn events_remove(&mut self, ids: &[&str]) -> Result<()> {
+        events_remove(self.c, ids).await
     }
 
     async fn tombstones_set(&mut self, tombstones: &[Tombstone]) -> Result<()> {

@@ -1,28 +1,24 @@
-//! Removing operations and everything of them but their idempotency
-//! records, a batch at a time (retention and tenant deletion,
-//! `plan::retention`, call it): a statement per table for the whole batch.
-//! Row by row, a pass of 500 operations was 5,500 statements (≈ 0.3 ms an
-//! operation, `retention_load`).
+//! The primitives of removing operations a batch at a time
+//! (`plan::retention`): a statement for the whole batch. Row by row, a pass
+//! of 500 operations was 5,500 statements (≈ 0.3 ms an operation,
+//! `retention_load`).
 
 use super::*;
 use crate::plan::Tombstone;
 
-pub(super) async fn operations_remove(
+/// Read caches forget the batch; its result objects and pieces become
+/// garbage, a piece another operation still names staying (the statement
+/// sees the pieces as they were before its own delete, hence the batch's
+/// own are left out).
+pub(super) async fn operations_release(
     c: &mut PgConnection,
     ch: &mut Changes,
     ids: &[&str],
-    removal: Removal,
     now: Timestamp,
 ) -> Result<()> {
-    if ids.is_empty() {
-        return Ok(());
-    }
     for id in ids {
         ch.touch(id);
     }
-    // Result objects and uploaded pieces become garbage; a piece another
-    // operation still names stays (the statement sees the pieces as they
-    // were before its own delete, hence the batch's own are left out).
     for sql in [
         "INSERT INTO artifact_garbage (storage_key, created_at)
          SELECT storage_key, $2 FROM results WHERE operation_id = ANY($1) AND state <> 'expired'
@@ -41,25 +37,15 @@ pub(super) async fn operations_remove(
             .await
             .map_err(db)?;
     }
-    // An expired operation's events stay for their partition's drop
-    // (`history.rs`); nothing reads the events of a removed operation.
-    if removal == Removal::Erased {
-        sqlx::query("DELETE FROM operation_events WHERE op_seq IN (SELECT seq FROM operations WHERE id = ANY($1))")
-            .bind(ids)
-            .execute(&mut *c)
-            .await
-            .map_err(db)?;
-    }
-    for sql in [
-        "DELETE FROM results WHERE operation_id = ANY($1)",
-        "DELETE FROM operation_uploads WHERE operation_id = ANY($1)",
-        "DELETE FROM webhook_attempts WHERE operation_id = ANY($1)",
-        "DELETE FROM webhook_deliveries WHERE operation_id = ANY($1)",
-        "DELETE FROM tasks WHERE operation_id = ANY($1)",
-        "DELETE FROM operations WHERE id = ANY($1)",
-    ] {
-        sqlx::query(sql).bind(ids).execute(&mut *c).await.map_err(db)?;
-    }
+    Ok(())
+}
+
+pub(super) async fn events_remove(c: &mut PgConnection, ids: &[&str]) -> Result<()> {
+    sqlx::query("DELETE FROM operation_events WHERE op_seq IN (SELECT seq FROM operations WHERE id = ANY($1))")
+        .bind(ids)
+        .execute(&mut *c)
+        .await
+        .map_err(db)?;
     Ok(())
 }
 

@@ -9,7 +9,7 @@ use std::future::Future;
 use futures_util::FutureExt as _;
 
 use super::*;
-use crate::plan::{Driver, EndRow, Lock, Removal};
+use crate::plan::{Driver, EndRow, Lock};
 
 /// The writer thread's connection, as a [`Driver`].
 pub(super) struct SqliteDriver<'c> {
@@ -63,6 +63,7 @@ impl Driver for SqliteDriver<'_> {
     // The writer thread is the only writer: a row read in its job stays as
     // read until the job ends.
     const SERIAL: bool = true;
+    const HISTORY_BY_PARTITION: bool = false;
 
     async fn script<T>(&mut self, script: &Script<T>) -> Result<T> {
         super::script::run(self.c, script)
@@ -294,10 +295,20 @@ impl Driver for SqliteDriver<'_> {
     /// The history goes with the operation whatever the reason: SQLite
     /// has no partitions to drop it later.
     /// Row by row: the statements run in-process.
-    async fn operations_remove(&mut self, ids: &[&str], _removal: Removal, now: Timestamp) -> Result<()> {
+    async fn operations_release(&mut self, ids: &[&str], now: Timestamp) -> Result<()> {
         for id in ids {
             self.forget(id);
-            operation_remove(self.c, id, now)?;
+            operation_release(self.c, id, now)?;
+        }
+        Ok(())
+    }
+
+    async fn events_remove(&mut self, ids: &[&str]) -> Result<()> {
+        let mut delete = self
+            .c
+            .prepare_cached("DELETE FROM operation_events WHERE op_seq = (SELECT seq FROM operations WHERE id = ?1)")?;
+        for id in ids {
+            delete.execute(params![id])?;
         }
         Ok(())
     }
