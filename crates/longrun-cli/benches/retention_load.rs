@@ -228,20 +228,12 @@ fn main() {
         }
         // History steps the server left for a later pass (a drop whose lock
         // was not granted in time), from its own count.
-        let metrics = http
-            .get(format!("http://127.0.0.1:{metrics_port}/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        let deferred = metrics
-            .lines()
-            .find_map(|l| l.strip_prefix("longrun_retention_history_deferred_total "))
-            .unwrap_or("0")
-            .trim()
-            .to_owned();
+        let deferred = processes::metric(
+            &http,
+            &format!("127.0.0.1:{metrics_port}"),
+            "longrun_retention_history_deferred_total",
+        )
+        .await;
         drop(server);
 
         let phase_at = |at: Instant| {

@@ -125,7 +125,7 @@ async fn measure(n: usize) -> String {
     // Held: the server counts them all as waiting.
     let until = Instant::now() + Duration::from_secs(50);
     loop {
-        let waiting = waiters(&http, &metrics_addr).await;
+        let waiting = processes::metric(&http, &metrics_addr, "longrun_http_waiters").await;
         if waiting >= n as f64 {
             break;
         }
@@ -162,20 +162,4 @@ async fn measure(n: usize) -> String {
         at(0.5),
         at(0.99)
     )
-}
-
-/// The server's `longrun_http_waiters` gauge.
-async fn waiters(http: &reqwest::Client, metrics_addr: &str) -> f64 {
-    let text = http
-        .get(format!("http://{metrics_addr}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix("longrun_http_waiters "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0.0)
 }

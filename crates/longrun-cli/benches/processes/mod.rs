@@ -64,3 +64,21 @@ pub async fn listening(mut command: Command, ready: &str) -> Child {
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     child
 }
+
+/// The value of an unlabelled metric on a server's `/metrics` (served
+/// without a key at `metrics_addr`, `--metrics-listen`), 0 if absent.
+#[allow(dead_code)] // not every bench reads metrics
+pub async fn metric(http: &reqwest::Client, metrics_addr: &str, name: &str) -> f64 {
+    let text = http
+        .get(format!("http://{metrics_addr}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
