@@ -944,3 +944,56 @@ async fn strays_go_a_batch_a_pass() {
         Some(1)
     );
 }
+
+/// Retention runs on every node: sweeps racing over the same expired
+/// operations split them (each batch locked, the others skipped), remove
+/// each once with its tombstone, and none fails on another's batch.
+#[tokio::test]
+async fn racing_sweeps_remove_each_expired_operation_once() {
+    let Some(cluster) = longrun_store::pgtest::cluster() else {
+        return;
+    };
+    let mut config = PostgresConfig::new(cluster.database().await);
+    config.operation_retention = std::time::Duration::ZERO;
+    let store = Arc::new(PostgresStore::open(config).await.unwrap());
+    let now = longrun_core::Timestamp(1_800_000_000_000 + 3_600_000);
+    let mut ended = Vec::new();
+    for i in 0..60 {
+        let op = longrun_store::conformance::create(store.as_ref(), "t1", &format!("k{i}")).await;
+        store.operation_cancel(cancel(&op)).await.unwrap();
+        ended.push(op.id);
+    }
+    let sweeper = |store: Arc<PostgresStore>| async move {
+        let mut removed = 0;
+        loop {
+            let counts = store
+                .retention_sweep(longrun_store::RetentionParams {
+                    now,
+                    tombstone_retention: std::time::Duration::from_secs(24 * 3600),
+                    delivery_retention: std::time::Duration::from_secs(3600),
+                    limit: 7,
+                })
+                .await
+                .unwrap();
+            if counts.total() == 0 {
+                return removed;
+            }
+            removed += counts.operations_removed;
+        }
+    };
+    let sweeps: Vec<_> = (0..4).map(|_| tokio::spawn(sweeper(store.clone()))).collect();
+    let mut removed = 0;
+    for sweep in sweeps {
+        removed += sweep.await.unwrap();
+    }
+    assert_eq!(removed, 60, "each removed once");
+    for id in &ended {
+        assert!(store.operation_get("t1", id).await.unwrap().is_none());
+        assert!(
+            longrun_store::Tables::operation_tombstone(store.as_ref(), "t1", id)
+                .await
+                .unwrap()
+                .is_some()
+        );
+    }
+}
