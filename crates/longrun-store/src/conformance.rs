@@ -65,6 +65,7 @@ macro_rules! store_conformance {
             concurrent_first_requests_converge_on_one_operation,
             operations_are_invisible_to_other_tenants,
             list_is_newest_first_filtered_and_paginated,
+            every_state_lists_exactly_its_operations,
             claim_heartbeat_complete_walks_the_state_machine,
             stale_lease_tokens_are_fenced_out,
             an_operation_completes_at_most_once,

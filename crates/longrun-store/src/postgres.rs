@@ -140,6 +140,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (14, include_str!("postgres/0014_not_before_priority.sql")),
     (15, include_str!("postgres/0015_schedules.sql")),
     (16, include_str!("postgres/0016_partitioned_history.sql")),
+    (17, include_str!("postgres/0017_live_work_from_tasks.sql")),
 ];
 
 /// The database's collation when it compares text by a locale rather than

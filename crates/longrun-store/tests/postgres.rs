@@ -599,7 +599,7 @@ async fn a_tombstone_from_before_schema_12_still_frees_its_key() {
     .await
     .unwrap();
 
-    assert_eq!(longrun_store::postgres::migrate(&url).await.unwrap(), 5);
+    assert_eq!(longrun_store::postgres::migrate(&url).await.unwrap(), 6);
     let store = PostgresStore::open(PostgresConfig::new(url.clone())).await.unwrap();
     longrun_store::conformance::bury_and_reuse_old_key(&store).await;
 }
@@ -649,7 +649,7 @@ async fn work_queued_before_schema_14_is_claimed_after_it() {
         .await
         .unwrap();
     }
-    assert_eq!(longrun_store::postgres::migrate(&url).await.unwrap(), 3);
+    assert_eq!(longrun_store::postgres::migrate(&url).await.unwrap(), 4);
     let store = PostgresStore::open(PostgresConfig::new(url.clone())).await.unwrap();
     let before = store
         .operation_get("t1", &longrun_core::Id::from_trusted("op_before_1".into()))
@@ -671,8 +671,38 @@ async fn work_queued_before_schema_14_is_claimed_after_it() {
     assert_eq!(ids, ["op_before_1", "op_before_2"]);
 }
 
-/// Back to schema 15: the history in one table keyed by operation id.
+/// Back to schema 16: every operation in `operations_by_tenant_state`, and
+/// leased tasks counted by an index of their own.
+const UNDO_17: &str = "DELETE FROM schema_migrations WHERE version >= 17;
+     DROP INDEX tasks_by_tenant, operations_by_tenant_state;
+     CREATE INDEX tasks_leased_by_tenant ON tasks (tenant) WHERE status = 'leased';
+     CREATE INDEX operations_by_tenant_state ON operations (tenant, state, seq);";
+
+/// Schema 17 moved the pages of queued and running work to the tasks and
+/// left only paused and ended work in `operations_by_tenant_state`: work in
+/// every state before it is listed after it as before.
+#[tokio::test]
+async fn work_in_every_state_before_schema_17_is_listed_after_it() {
+    let Some(cluster) = longrun_store::pgtest::cluster() else {
+        return;
+    };
+    let url = cluster.database().await;
+    let store = PostgresStore::open(PostgresConfig::new(url.clone())).await.unwrap();
+    let created = longrun_store::conformance::work_in_every_state(&store).await;
+    drop(store);
+    let mut c = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await.unwrap();
+    sqlx::raw_sql(UNDO_17).execute(&mut c).await.unwrap();
+    assert_eq!(longrun_store::postgres::migrate(&url).await.unwrap(), 1);
+    let store = PostgresStore::open(PostgresConfig::new(url.clone())).await.unwrap();
+    longrun_store::conformance::every_state_lists(&store, &created).await;
+}
+
+/// Back to schema 15 (undoing 17 first): the history in one table keyed by
+/// operation id.
 const UNDO_16: &str = "DELETE FROM schema_migrations WHERE version >= 16;
+     DROP INDEX tasks_by_tenant, operations_by_tenant_state;
+     CREATE INDEX tasks_leased_by_tenant ON tasks (tenant) WHERE status = 'leased';
+     CREATE INDEX operations_by_tenant_state ON operations (tenant, state, seq);
      DROP TABLE operation_events, history_partitions;
      CREATE TABLE operation_events (
          operation_id TEXT NOT NULL, version BIGINT NOT NULL, type TEXT NOT NULL, state TEXT NOT NULL,
@@ -707,7 +737,7 @@ async fn history_written_before_schema_16_reads_back_after_it() {
     .execute(&mut c)
     .await
     .unwrap();
-    assert_eq!(longrun_store::postgres::migrate(&url).await.unwrap(), 1);
+    assert_eq!(longrun_store::postgres::migrate(&url).await.unwrap(), 2);
     let store = PostgresStore::open(PostgresConfig::new(url.clone())).await.unwrap();
     let id = |s: &str| longrun_core::Id::from_trusted(s.into());
     let versions = |events: Vec<longrun_store::Event>| {

@@ -178,6 +178,98 @@ pub async fn list_is_newest_first_filtered_and_paginated(store: &dyn Store) {
     );
 }
 
+/// A page of one state holds exactly the operations in that state, newest
+/// first across pages, alone or with a kind, for one tenant or all: the
+/// stores read live and ended work from different places (PostgreSQL pages
+/// queued and running work from its tasks).
+pub async fn every_state_lists_exactly_its_operations(store: &dyn Store) {
+    let created = work_in_every_state(store).await;
+    every_state_lists(store, &created).await;
+}
+
+/// Fourteen operations of kinds `a` and `b` over tenants `t1` and `t2`, left
+/// in every state.
+pub async fn work_in_every_state(store: &dyn Store) -> Vec<Operation> {
+    let mut created = Vec::new();
+    for i in 0..14 {
+        let tenant = if i % 5 == 4 { "t2" } else { "t1" };
+        created.push(create(store, tenant, if i % 2 == 0 { "a" } else { "b" }).await);
+    }
+    let running = claim(store, "a", 4, at(1)).await;
+    assert_eq!(running.len(), 4);
+    store
+        .task_finish(finish(&running[0], Outcome::Succeeded { result: None }, at(2)))
+        .await
+        .unwrap();
+    let error = OperationError {
+        code: "broken".into(),
+        message: "no".into(),
+        retryable: false,
+    };
+    store
+        .task_finish(finish(&running[1], Outcome::Failed { error }, at(2)))
+        .await
+        .unwrap();
+    let queued_b: Vec<&Operation> = created.iter().filter(|o| o.kind == "b").collect();
+    store
+        .operation_cancel(cancel(&queued_b[0].tenant, &queued_b[0].id, at(3)))
+        .await
+        .unwrap();
+    let paused = store
+        .operation_intent(intent(queued_b[1], DesiredState::Paused, 1, at(3)))
+        .await
+        .unwrap();
+    assert_eq!(paused.state, State::Paused);
+    created
+}
+
+/// Every page of every state, kind and tenant (and of all tenants) holds
+/// exactly those of `created` that match it, newest first.
+pub async fn every_state_lists(store: &dyn Store, created: &[Operation]) {
+    let mut now = Vec::new();
+    for op in created {
+        now.push(get(store, op).await);
+    }
+    for state in State::ALL.map(Some).into_iter().chain([None]) {
+        for kind in [None, Some("a"), Some("b")] {
+            for tenant in [Some("t1"), Some("t2"), None] {
+                let expected: Vec<Id> = now
+                    .iter()
+                    .rev()
+                    .filter(|o| state.is_none_or(|s| o.state == s))
+                    .filter(|o| kind.is_none_or(|k| o.kind == k))
+                    .filter(|o| tenant.is_none_or(|t| o.tenant == t))
+                    .map(|o| o.id.clone())
+                    .collect();
+                let (mut listed, mut before) = (Vec::new(), None);
+                loop {
+                    let page = store
+                        .operation_list(ListParams {
+                            tenant: tenant.map(str::to_owned),
+                            state,
+                            kind: kind.map(str::to_owned),
+                            page_size: 2,
+                            before_seq: before,
+                            ..Default::default()
+                        })
+                        .await
+                        .unwrap();
+                    listed.extend(page.operations.into_iter().map(|o| o.id));
+                    match page.next_before_seq {
+                        Some(next) => before = Some(next),
+                        None => break,
+                    }
+                }
+                assert_eq!(listed, expected, "state {state:?}, kind {kind:?}, tenant {tenant:?}");
+            }
+        }
+    }
+    assert!(
+        State::ALL.iter().all(|s| now.iter().any(|o| o.state == *s)),
+        "every state is listed"
+    );
+}
+
 pub async fn max_active_refuses_new_work_but_replays_still_answer(store: &dyn Store) {
     store
         .tenant_set(TenantLimits {

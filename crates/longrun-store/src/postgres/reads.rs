@@ -5,83 +5,10 @@ use super::*;
 
 pub(super) async fn operation_list(c: &mut PgConnection, p: &ListParams) -> Result<OperationPage> {
     let page_size = i64::from(p.page_size.max(1));
-    // The text names only the filters given (as SQLite's does), never
-    // `$n IS NULL OR …`, and the limit is in the text (at most 101 of them).
-    let limit = page_size + 1;
-    let mut sql = String::new();
-    let mut n = 0;
-    let mut arg = |sql: &mut String, clause: &str| {
-        n += 1;
-        sql.push_str(&clause.replace("$?", &format!("${n}")));
-    };
-    if p.tenant.is_some() {
-        arg(&mut sql, " AND tenant = $?");
-    }
-    if p.state.is_some() {
-        arg(&mut sql, " AND state = $?");
-    }
-    if p.kind.is_some() {
-        arg(&mut sql, " AND kind = $?");
-    }
-    if p.label.is_some() {
-        arg(&mut sql, " AND (labels::jsonb ->> $?)");
-        arg(&mut sql, " = $?");
-    }
-    if p.before_seq.is_some() {
-        arg(&mut sql, " AND seq < $?");
-    }
-    if p.visible_at.is_some() {
-        arg(&mut sql, " AND (expires_at IS NULL OR expires_at > $?)");
-    }
-    if p.created_from.is_some() {
-        arg(&mut sql, " AND created_at >= $?");
-    }
-    if p.created_before.is_some() {
-        arg(&mut sql, " AND created_at < $?");
-    }
-    // One tenant's newest: by `operations_by_tenant_state` or
-    // `operations_by_tenant_kind` when a state or a kind is given, else
-    // merged from the newest of each state's range of the first (no index
-    // orders a tenant's operations by `seq` alone: one would cost every
-    // state change an index write). `tenant` is the condition on the
-    // tenant that `sql` does not hold.
-    let newest_of = |tenant: &str| {
-        if p.state.is_some() || p.kind.is_some() {
-            format!("SELECT {OP_COLUMNS}, seq FROM operations WHERE TRUE{tenant}{sql} ORDER BY seq DESC LIMIT {limit}")
-        } else {
-            let states = State::ALL.map(|s| format!("'{}'", s.as_str())).join(", ");
-            format!(
-                "SELECT o.* FROM unnest(ARRAY[{states}]) AS s(state) CROSS JOIN LATERAL (
-                     SELECT {OP_COLUMNS}, seq FROM operations
-                      WHERE state = s.state{tenant}{sql} ORDER BY seq DESC LIMIT {limit}) o
-                  ORDER BY o.seq DESC LIMIT {limit}"
-            )
-        }
-    };
-    let sql = if p.tenant.is_some() {
-        newest_of("")
-    } else {
-        // Every tenant's (the admin console): each tenant's newest, merged,
-        // the tenants found by skipping through the index's leading column —
-        // a probe per tenant, never a read of every operation (which took
-        // 330 ms at a million of them).
-        format!(
-            "WITH RECURSIVE t(name) AS (
-                 SELECT min(tenant) FROM operations
-                 UNION ALL
-                 SELECT (SELECT min(tenant) FROM operations WHERE tenant > t.name) FROM t WHERE t.name IS NOT NULL)
-             SELECT n.* FROM t CROSS JOIN LATERAL ({}) n
-              WHERE t.name IS NOT NULL
-             ORDER BY n.seq DESC LIMIT {limit}",
-            newest_of(" AND tenant = t.name")
-        )
-    };
+    let sql = operation_list_sql(p, page_size + 1);
     let mut query = sqlx::query(&sql);
     if let Some(tenant) = &p.tenant {
         query = query.bind(tenant);
-    }
-    if let Some(state) = p.state {
-        query = query.bind(state.as_str());
     }
     if let Some(kind) = &p.kind {
         query = query.bind(kind);
@@ -109,6 +36,114 @@ pub(super) async fn operation_list(c: &mut PgConnection, p: &ListParams) -> Resu
         seqs.push(row.try_get::<i64, _>(OP_COLUMN_COUNT).map_err(db)?);
     }
     Ok(crate::shared::page(operations, &seqs, page_size))
+}
+
+/// The statement of a list page of at most `limit` rows, its arguments
+/// bound in [`operation_list`]'s order.
+///
+/// The text names only the filters given (as SQLite's does), never `$n IS
+/// NULL OR …`; the state and the limit are in the text. A page of one
+/// state reads:
+///
+/// - queued or running work from its tasks (`tasks_by_tenant`: tenant,
+///   status, seq), each joined to its operation: a claim and a finish move
+///   an operation out of those states with an update that cannot be HOT,
+///   and an index of operations by state would keep a dead entry for each
+///   (schema 17 says what that cost);
+/// - paused and ended work from `operations_by_tenant_state`, which holds
+///   only those states (so its predicate is in the text).
+///
+/// A page of one kind reads `operations_by_tenant_kind`; a page with
+/// neither merges the newest of each state (at most six probes of `limit`
+/// rows, whatever is stored: no index orders a tenant's operations by
+/// `seq` alone, which would cost every state change an index write).
+pub(super) fn operation_list_sql(p: &ListParams, limit: i64) -> String {
+    // The conditions on the tenant and on `seq`, which a task's page asks
+    // of the task (`@` stands for its table) and the rest of the operation.
+    let (mut keyed, mut rest) = (String::new(), String::new());
+    let mut n = 0;
+    let mut arg = |sql: &mut String, clause: &str| {
+        n += 1;
+        sql.push_str(&clause.replace("$?", &format!("${n}")));
+    };
+    if p.tenant.is_some() {
+        arg(&mut keyed, " AND @tenant = $?");
+    }
+    if p.kind.is_some() {
+        arg(&mut rest, " AND kind = $?");
+    }
+    if p.label.is_some() {
+        arg(&mut rest, " AND (labels::jsonb ->> $?)");
+        arg(&mut rest, " = $?");
+    }
+    if p.before_seq.is_some() {
+        arg(&mut keyed, " AND @seq < $?");
+    }
+    if p.visible_at.is_some() {
+        arg(&mut rest, " AND (expires_at IS NULL OR expires_at > $?)");
+    }
+    if p.created_from.is_some() {
+        arg(&mut rest, " AND created_at >= $?");
+    }
+    if p.created_before.is_some() {
+        arg(&mut rest, " AND created_at < $?");
+    }
+    // One tenant's newest; `tenant` is the condition on the tenant that
+    // `keyed` does not hold.
+    let newest_of = |tenant: &str| {
+        let keyed = format!("{tenant}{keyed}");
+        let probe = |state: State| {
+            let status = match state {
+                State::Queued => "ready",
+                State::Running => "leased",
+                _ => {
+                    return format!(
+                        "SELECT {OP_COLUMNS}, seq FROM operations
+                          WHERE state = '{state}' AND state NOT IN ('queued', 'running'){keyed}{rest}
+                          ORDER BY seq DESC LIMIT {limit}",
+                        keyed = keyed.replace('@', "")
+                    );
+                }
+            };
+            format!(
+                "SELECT x.* FROM tasks t CROSS JOIN LATERAL (
+                     SELECT {OP_COLUMNS}, seq FROM operations
+                      WHERE id = t.operation_id AND state = '{state}'{rest}) x
+                  WHERE t.status = '{status}'{keyed}
+                  ORDER BY t.seq DESC LIMIT {limit}",
+                keyed = keyed.replace('@', "t.")
+            )
+        };
+        match (p.state, &p.kind) {
+            (Some(state), _) => probe(state),
+            (None, Some(_)) => format!(
+                "SELECT {OP_COLUMNS}, seq FROM operations WHERE TRUE{keyed}{rest} ORDER BY seq DESC LIMIT {limit}",
+                keyed = keyed.replace('@', "")
+            ),
+            (None, None) => {
+                let probes: Vec<String> = State::ALL.map(|s| format!("({})", probe(s))).into();
+                format!("{} ORDER BY seq DESC LIMIT {limit}", probes.join(" UNION ALL "))
+            }
+        }
+    };
+    if p.tenant.is_some() {
+        newest_of("")
+    } else {
+        // Every tenant's (the admin console): each tenant's newest, merged,
+        // the tenants found by skipping through the leading column of
+        // `operations_by_tenant_kind` — a probe per tenant, never a read of
+        // every operation (which took 330 ms at a million of them).
+        format!(
+            "WITH RECURSIVE tn(name) AS (
+                 SELECT min(tenant) FROM operations
+                 UNION ALL
+                 SELECT (SELECT min(tenant) FROM operations WHERE tenant > tn.name) FROM tn WHERE tn.name IS NOT NULL)
+             SELECT n.* FROM tn CROSS JOIN LATERAL ({}) n
+              WHERE tn.name IS NOT NULL
+             ORDER BY n.seq DESC LIMIT {limit}",
+            newest_of(" AND @tenant = tn.name")
+        )
+    }
 }
 
 pub(super) async fn events_of(
@@ -183,4 +218,60 @@ pub(super) async fn operation_read(pool: &PgPool, tenant: &str, id: &Id) -> Resu
     op.reruns = Some(reruns.into_iter().map(Id::from_trusted).collect());
     let json_bytes: i32 = row.try_get(OP_COLUMN_COUNT + 1).map_err(db)?;
     Ok(Some((op, usize::try_from(json_bytes).unwrap_or(usize::MAX))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A page of queued or running work reads the tasks, never the
+    /// operations' index by state (whose dead entries it would walk); a
+    /// page of paused or ended work reads that index, whose predicate the
+    /// statement proves; a page with neither does both, for one tenant
+    /// and for all. Seq scans are off so that the plans of these near-empty
+    /// tables are the ones a full store gets.
+    #[tokio::test]
+    async fn live_work_is_paged_from_the_tasks_and_ended_work_from_its_index() {
+        let Some(cluster) = crate::pgtest::cluster() else {
+            return;
+        };
+        let url = cluster.database().await;
+        super::super::migrate(&url).await.unwrap();
+        let mut c = <PgConnection as sqlx::Connection>::connect(&url).await.unwrap();
+        sqlx::query("SET enable_seqscan = off").execute(&mut c).await.unwrap();
+        let plan = async |c: &mut PgConnection, tenant: Option<&str>, state: Option<State>| {
+            let p = ListParams {
+                tenant: tenant.map(str::to_owned),
+                state,
+                page_size: 50,
+                before_seq: Some(1_000),
+                ..Default::default()
+            };
+            let sql = format!("EXPLAIN {}", operation_list_sql(&p, 51));
+            let mut query = sqlx::query_scalar::<_, String>(&sql);
+            if let Some(tenant) = tenant {
+                query = query.bind(tenant);
+            }
+            query.bind(1_000_i64).fetch_all(&mut *c).await.unwrap().join("\n")
+        };
+        for live in [State::Queued, State::Running] {
+            let plan = plan(&mut c, Some("t1"), Some(live)).await;
+            assert!(plan.contains("tasks_by_tenant"), "{live}: {plan}");
+            assert!(!plan.contains("operations_by_tenant_state"), "{live}: {plan}");
+        }
+        for rests in [State::Paused, State::Succeeded, State::Failed, State::Cancelled] {
+            let plan = plan(&mut c, Some("t1"), Some(rests)).await;
+            assert!(plan.contains("operations_by_tenant_state"), "{rests}: {plan}");
+            assert!(!plan.contains("tasks"), "{rests}: {plan}");
+        }
+        for tenant in [Some("t1"), None] {
+            let plan = plan(&mut c, tenant, None).await;
+            assert_eq!(plan.matches("using tasks_by_tenant").count(), 2, "{tenant:?}: {plan}");
+            assert_eq!(
+                plan.matches("using operations_by_tenant_state").count(),
+                4,
+                "{tenant:?}: {plan}"
+            );
+        }
+    }
 }
