@@ -10,8 +10,10 @@
 //! table and index is measured: on SQLite with the `dbstat` table (pages in
 //! use, and the file's free pages), on PostgreSQL with `pg_relation_size`
 //! (its TOAST and free-space map counted with the table) after a
-//! `CHECKPOINT`, as found and after a plain `VACUUM`. Bytes per operation
-//! are the whole database's bytes over the operations stored.
+//! `CHECKPOINT`, as found and after a plain `VACUUM`, then after a second
+//! fill of as many on top and a `VACUUM` (the space the first fill's dead
+//! row versions left, reused). Bytes per operation are the whole
+//! database's bytes over the operations stored.
 
 #[allow(dead_code)]
 mod batches;
@@ -159,6 +161,13 @@ fn main() {
                 let live = postgres_live_rows(&url).await;
                 let total = live.values().sum();
                 print_sizes(&mut record, "PostgreSQL, the live rows' own bytes (no headers, free space or indexes)", &live, total, n);
+                // A store that keeps running reuses what VACUUM freed: the
+                // same fill again, on top, shows what a steady flow costs.
+                let seconds = fill(&["--database".to_owned(), url.clone()], n).await;
+                record.line(format!("\nPostgreSQL filled again ({n} more) in {seconds:.1} s"));
+                let (sizes, total) = postgres_sizes(&url, true).await;
+                let title = format!("PostgreSQL, both fills after VACUUM (per operation of {})", 2 * n);
+                print_sizes(&mut record, &title, &sizes, total, 2 * n);
             }
             Err(why) => record.line(format!("PostgreSQL is not available here ({why}); its rows are skipped")),
         }
