@@ -281,14 +281,23 @@ fn at(seconds: u64) -> Timestamp {
 /// The ids of `tenant`'s operations (every tenant's with `None`), read two
 /// to a page by following each page's cursor to the end.
 async fn every_page(store: &dyn Store, tenant: Option<&str>) -> Vec<Id> {
+    let list = ListParams {
+        tenant: tenant.map(str::to_owned),
+        ..Default::default()
+    };
+    every_page_of(store, list).await
+}
+
+/// The ids `list` finds, read two to a page by following each page's
+/// cursor to the end.
+async fn every_page_of(store: &dyn Store, list: ListParams) -> Vec<Id> {
     let (mut seen, mut before) = (Vec::new(), None);
     loop {
         let page = store
             .operation_list(ListParams {
-                tenant: tenant.map(str::to_owned),
                 page_size: 2,
                 before_seq: before,
-                ..Default::default()
+                ..list.clone()
             })
             .await
             .unwrap();

@@ -241,25 +241,13 @@ pub async fn every_state_lists(store: &dyn Store, created: &[Operation]) {
                     .filter(|o| tenant.is_none_or(|t| o.tenant == t))
                     .map(|o| o.id.clone())
                     .collect();
-                let (mut listed, mut before) = (Vec::new(), None);
-                loop {
-                    let page = store
-                        .operation_list(ListParams {
-                            tenant: tenant.map(str::to_owned),
-                            state,
-                            kind: kind.map(str::to_owned),
-                            page_size: 2,
-                            before_seq: before,
-                            ..Default::default()
-                        })
-                        .await
-                        .unwrap();
-                    listed.extend(page.operations.into_iter().map(|o| o.id));
-                    match page.next_before_seq {
-                        Some(next) => before = Some(next),
-                        None => break,
-                    }
-                }
+                let list = ListParams {
+                    tenant: tenant.map(str::to_owned),
+                    state,
+                    kind: kind.map(str::to_owned),
+                    ..Default::default()
+                };
+                let listed = every_page_of(store, list).await;
                 assert_eq!(listed, expected, "state {state:?}, kind {kind:?}, tenant {tenant:?}");
             }
         }
