@@ -58,8 +58,9 @@ pub(super) async fn operation_list(c: &mut PgConnection, p: &ListParams) -> Resu
 /// rows, whatever is stored: no index orders a tenant's operations by
 /// `seq` alone, which would cost every state change an index write).
 pub(super) fn operation_list_sql(p: &ListParams, limit: i64) -> String {
-    // The conditions on the tenant and on `seq`, which a task's page asks
-    // of the task (`@` stands for its table) and the rest of the operation.
+    // The conditions on the tenant, the kind and `seq`, which a task's page
+    // asks of the task (`@` stands for its table; a task has its
+    // operation's), and the rest, of the operation.
     let (mut keyed, mut rest) = (String::new(), String::new());
     let mut n = 0;
     let mut arg = |sql: &mut String, clause: &str| {
@@ -70,7 +71,7 @@ pub(super) fn operation_list_sql(p: &ListParams, limit: i64) -> String {
         arg(&mut keyed, " AND @tenant = $?");
     }
     if p.kind.is_some() {
-        arg(&mut rest, " AND kind = $?");
+        arg(&mut keyed, " AND @kind = $?");
     }
     if p.label.is_some() {
         arg(&mut rest, " AND (labels::jsonb ->> $?)");
