@@ -671,16 +671,19 @@ async fn work_queued_before_schema_14_is_claimed_after_it() {
     assert_eq!(ids, ["op_before_1", "op_before_2"]);
 }
 
-/// Back to schema 16: every operation in `operations_by_tenant_state`, and
-/// leased tasks counted by an index of their own.
+/// Back to schema 16: every operation in `operations_by_tenant_state`,
+/// leased tasks counted by an index of their own, and no `tasks.started`.
 const UNDO_17: &str = "DELETE FROM schema_migrations WHERE version >= 17;
      DROP INDEX tasks_by_tenant, operations_by_tenant_state;
+     ALTER TABLE tasks DROP COLUMN started;
      CREATE INDEX tasks_leased_by_tenant ON tasks (tenant) WHERE status = 'leased';
      CREATE INDEX operations_by_tenant_state ON operations (tenant, state, seq);";
 
 /// Schema 17 moved the pages of queued and running work to the tasks and
 /// left only paused and ended work in `operations_by_tenant_state`: work in
-/// every state before it is listed after it as before.
+/// every state before it (a running operation waiting for its next
+/// attempt among it: the migration marks its `ready` task started) is
+/// listed after it as before.
 #[tokio::test]
 async fn work_in_every_state_before_schema_17_is_listed_after_it() {
     let Some(cluster) = longrun_store::pgtest::cluster() else {
@@ -701,6 +704,7 @@ async fn work_in_every_state_before_schema_17_is_listed_after_it() {
 /// operation id.
 const UNDO_16: &str = "DELETE FROM schema_migrations WHERE version >= 16;
      DROP INDEX tasks_by_tenant, operations_by_tenant_state;
+     ALTER TABLE tasks DROP COLUMN started;
      CREATE INDEX tasks_leased_by_tenant ON tasks (tenant) WHERE status = 'leased';
      CREATE INDEX operations_by_tenant_state ON operations (tenant, state, seq);
      DROP TABLE operation_events, history_partitions;

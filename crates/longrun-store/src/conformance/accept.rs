@@ -188,8 +188,10 @@ pub async fn every_state_lists_exactly_its_operations(store: &dyn Store) {
 }
 
 /// Fourteen operations of kinds `a` and `b` over tenants `t1` and `t2`, left
-/// in every state.
+/// in every state; one of the running ones waits for its next attempt (its
+/// task is back in the queue).
 pub async fn work_in_every_state(store: &dyn Store) -> Vec<Operation> {
+    declare(store, "a", false, 3).await;
     let mut created = Vec::new();
     for i in 0..14 {
         let tenant = if i % 5 == 4 { "t2" } else { "t1" };
@@ -210,6 +212,11 @@ pub async fn work_in_every_state(store: &dyn Store) -> Vec<Operation> {
         .task_finish(finish(&running[1], Outcome::Failed { error }, at(2)))
         .await
         .unwrap();
+    let retrying = store
+        .task_finish(finish(&running[2], retryable("flaky"), at(2)))
+        .await
+        .unwrap();
+    assert_eq!((retrying.state, retrying.attempt), (State::Running, 2), "{retrying:?}");
     let queued_b: Vec<&Operation> = created.iter().filter(|o| o.kind == "b").collect();
     store
         .operation_cancel(cancel(&queued_b[0].tenant, &queued_b[0].id, at(3)))

@@ -10,19 +10,25 @@
 -- 2 % of its pages: "index scan bypassed"). At 10 M stored, the probe of an
 -- empty queued range read 446 pages to find nothing.
 --
--- Queued and running operations are exactly those with a task (`ready`,
--- `leased`). The tasks table holds nothing else and is vacuumed often, so
--- their pages read it by (tenant, status, seq), and the operations' index
--- keeps paused and ended work, which an operation enters once (ended) or
--- seldom (paused). A job writes one index entry fewer: its accept and its
--- claim add none to operations_by_tenant_state; its task's claim writes one
--- into tasks_by_tenant where it wrote one into tasks_leased_by_tenant,
--- whose counts tasks_by_tenant now serves.
+-- Queued and running operations are exactly those with a task, and the
+-- tasks table holds nothing else and is vacuumed often, so their pages
+-- read it by (tenant, started, seq), and the operations' index keeps
+-- paused and ended work, which an operation enters once (ended) or seldom
+-- (paused). A task's `status` does not say its operation's state: a
+-- running operation waiting for its next attempt has a `ready` task. Its
+-- new `started` does: set when the task is first leased (the operation
+-- starts), never cleared (running is never left for queued). A job writes
+-- one index entry fewer: its accept and its claim add none to
+-- operations_by_tenant_state; its task's claim writes one into
+-- tasks_by_tenant where it wrote one into tasks_leased_by_tenant, whose
+-- counts tasks_by_tenant now serves (by its tenant).
 --
 -- Building the partial index holds writes to `operations` (not reads) for
 -- as long as it takes: 5.0 s at 10 M operations here (docs/scaling.md).
 DROP INDEX tasks_leased_by_tenant;
-CREATE INDEX tasks_by_tenant ON tasks (tenant, status, seq);
+ALTER TABLE tasks ADD COLUMN started BOOLEAN NOT NULL DEFAULT FALSE;
+UPDATE tasks t SET started = TRUE FROM operations o WHERE o.id = t.operation_id AND o.state = 'running';
+CREATE INDEX tasks_by_tenant ON tasks (tenant, started, seq);
 DROP INDEX operations_by_tenant_state;
 CREATE INDEX operations_by_tenant_state ON operations (tenant, state, seq)
     WHERE state NOT IN ('queued', 'running');

@@ -115,8 +115,9 @@ pub(super) const SUBMIT_LEASED: &str = "WITH q AS (
          RETURNING id, seq
      ), t AS (
          INSERT INTO tasks (operation_id, seq, tenant, kind, status, available_at, lease_token, lease_expires_at,
-                            worker_id, lease_ms, priority)
-         SELECT o.id, o.seq, $2, $3, 'leased', $10, replace(gen_random_uuid()::TEXT, '-', ''), $11, $12, $13, $21
+                            worker_id, lease_ms, priority, started)
+         SELECT o.id, o.seq, $2, $3, 'leased', $10, replace(gen_random_uuid()::TEXT, '-', ''), $11, $12, $13, $21,
+                TRUE
            FROM o
          RETURNING lease_token
      ), e AS (

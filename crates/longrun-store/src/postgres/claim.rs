@@ -269,7 +269,7 @@ pub(super) async fn lease_tasks(
     // read every live operation for each claim).
     let rows = sqlx::query(&format!(
         "WITH t AS (UPDATE tasks SET status = 'leased', lease_expires_at = $2, worker_id = $3, lease_ms = $4,
-                                     lease_token = replace(gen_random_uuid()::TEXT, '-', '')
+                                     lease_token = replace(gen_random_uuid()::TEXT, '-', ''), started = TRUE
                       WHERE ctid = ANY($1::TID[])
                  RETURNING operation_id AS op_id, lease_token AS token)
          UPDATE operations

@@ -46,7 +46,9 @@ pub(super) async fn operation_list(c: &mut PgConnection, p: &ListParams) -> Resu
 /// state reads:
 ///
 /// - queued or running work from its tasks (`tasks_by_tenant`: tenant,
-///   status, seq): a claim and a finish move an operation out of those
+///   started, seq; a task is `started` once its operation is running, and
+///   its `status` does not say that: a running operation waiting for its
+///   next attempt has a `ready` task): a claim and a finish move an operation out of those
 ///   states with an update that cannot be HOT, and an index of operations
 ///   by state would keep a dead entry for each (schema 17 says what that
 ///   cost). Each task's operation is looked up by id, in a LATERAL with a
@@ -98,9 +100,9 @@ pub(super) fn operation_list_sql(p: &ListParams, limit: i64) -> String {
     let newest_of = |tenant: &str| {
         let keyed = format!("{tenant}{keyed}");
         let probe = |state: State| {
-            let status = match state {
-                State::Queued => "ready",
-                State::Running => "leased",
+            let started = match state {
+                State::Queued => "NOT t.started",
+                State::Running => "t.started",
                 _ => {
                     return format!(
                         "SELECT {OP_COLUMNS}, seq FROM operations
@@ -114,7 +116,7 @@ pub(super) fn operation_list_sql(p: &ListParams, limit: i64) -> String {
                 "SELECT x.* FROM tasks t CROSS JOIN LATERAL (
                      SELECT {OP_COLUMNS}, seq FROM operations
                       WHERE id = t.operation_id AND state = '{state}'{rest} LIMIT 1) x
-                  WHERE t.status = '{status}'{keyed}
+                  WHERE {started}{keyed}
                   ORDER BY t.seq DESC LIMIT {limit}",
                 keyed = keyed.replace('@', "t.")
             )
