@@ -231,6 +231,35 @@ pub(super) async fn operation_read(pool: &PgPool, tenant: &str, id: &Id) -> Resu
 mod tests {
     use super::*;
 
+    /// A connection to a new database with the schema (`None` where no
+    /// PostgreSQL can run).
+    async fn migrated() -> Option<PgConnection> {
+        let url = crate::pgtest::cluster()?.database().await;
+        super::super::migrate(&url).await.unwrap();
+        Some(<PgConnection as sqlx::Connection>::connect(&url).await.unwrap())
+    }
+
+    /// The plan of the page `tenant`'s (every tenant's with `None`) in
+    /// `state` (any with `None`), before `before_seq` when given.
+    async fn plan(c: &mut PgConnection, tenant: Option<&str>, state: Option<State>, before_seq: Option<i64>) -> String {
+        let p = ListParams {
+            tenant: tenant.map(str::to_owned),
+            state,
+            page_size: 50,
+            before_seq,
+            ..Default::default()
+        };
+        let sql = format!("EXPLAIN {}", operation_list_sql(&p, 51));
+        let mut query = sqlx::query_scalar::<_, String>(&sql);
+        if let Some(tenant) = tenant {
+            query = query.bind(tenant);
+        }
+        if let Some(before) = before_seq {
+            query = query.bind(before);
+        }
+        query.fetch_all(&mut *c).await.unwrap().join("\n")
+    }
+
     /// Statistics taken while nothing was queued (every stored operation
     /// ended) and a queue that has grown since cannot make a page of
     /// queued work read every stored operation: the 10 M bench's first
@@ -238,12 +267,9 @@ mod tests {
     /// scanned `operations` for the queued ones and joined their tasks.
     #[tokio::test]
     async fn stale_statistics_never_make_a_page_of_queued_work_scan_the_operations() {
-        let Some(cluster) = crate::pgtest::cluster() else {
+        let Some(mut c) = migrated().await else {
             return;
         };
-        let url = cluster.database().await;
-        super::super::migrate(&url).await.unwrap();
-        let mut c = <PgConnection as sqlx::Connection>::connect(&url).await.unwrap();
         sqlx::raw_sql(
             "INSERT INTO operations (id, tenant, kind, state, version, attempt, labels, result, created_at,
                                      started_at, completed_at, updated_at)
@@ -260,15 +286,7 @@ mod tests {
         .await
         .unwrap();
         for state in [Some(State::Queued), None] {
-            let p = ListParams {
-                tenant: Some("t1".into()),
-                state,
-                page_size: 50,
-                ..Default::default()
-            };
-            let sql = format!("EXPLAIN {}", operation_list_sql(&p, 51));
-            let plan: Vec<String> = sqlx::query_scalar(&sql).bind("t1").fetch_all(&mut c).await.unwrap();
-            let plan = plan.join("\n");
+            let plan = plan(&mut c, Some("t1"), state, None).await;
             assert!(!plan.contains("Seq Scan on operations"), "{state:?}: {plan}");
         }
     }
@@ -281,40 +299,23 @@ mod tests {
     /// tables are the ones a full store gets.
     #[tokio::test]
     async fn live_work_is_paged_from_the_tasks_and_ended_work_from_its_index() {
-        let Some(cluster) = crate::pgtest::cluster() else {
+        let Some(mut c) = migrated().await else {
             return;
         };
-        let url = cluster.database().await;
-        super::super::migrate(&url).await.unwrap();
-        let mut c = <PgConnection as sqlx::Connection>::connect(&url).await.unwrap();
         sqlx::query("SET enable_seqscan = off").execute(&mut c).await.unwrap();
-        let plan = async |c: &mut PgConnection, tenant: Option<&str>, state: Option<State>| {
-            let p = ListParams {
-                tenant: tenant.map(str::to_owned),
-                state,
-                page_size: 50,
-                before_seq: Some(1_000),
-                ..Default::default()
-            };
-            let sql = format!("EXPLAIN {}", operation_list_sql(&p, 51));
-            let mut query = sqlx::query_scalar::<_, String>(&sql);
-            if let Some(tenant) = tenant {
-                query = query.bind(tenant);
-            }
-            query.bind(1_000_i64).fetch_all(&mut *c).await.unwrap().join("\n")
-        };
+        let before = Some(1_000);
         for live in [State::Queued, State::Running] {
-            let plan = plan(&mut c, Some("t1"), Some(live)).await;
+            let plan = plan(&mut c, Some("t1"), Some(live), before).await;
             assert!(plan.contains("tasks_by_tenant"), "{live}: {plan}");
             assert!(!plan.contains("operations_by_tenant_state"), "{live}: {plan}");
         }
         for rests in [State::Paused, State::Succeeded, State::Failed, State::Cancelled] {
-            let plan = plan(&mut c, Some("t1"), Some(rests)).await;
+            let plan = plan(&mut c, Some("t1"), Some(rests), before).await;
             assert!(plan.contains("operations_by_tenant_state"), "{rests}: {plan}");
             assert!(!plan.contains("tasks"), "{rests}: {plan}");
         }
         for tenant in [Some("t1"), None] {
-            let plan = plan(&mut c, tenant, None).await;
+            let plan = plan(&mut c, tenant, None, before).await;
             assert_eq!(plan.matches("using tasks_by_tenant").count(), 2, "{tenant:?}: {plan}");
             assert_eq!(
                 plan.matches("using operations_by_tenant_state").count(),
