@@ -40,7 +40,7 @@ impl Driver for PgDriver<'_> {
         keep: Option<&str>,
         now: Timestamp,
     ) -> Result<()> {
-        pieces_drop(self.c, operation_id, only, keep, now).await
+        pieces_drop(self.c, &[operation_id], only, keep, now).await
     }
 
     async fn fenced(&mut self, leases: &[(&str, &str)], lock: Lock) -> Result<Vec<Option<Fenced>>> {

@@ -115,7 +115,7 @@ pub(super) async fn operations_end(
     // for a `from_checkpoint` re-run.
     for (id, ending, at) in &endings {
         if ending.to == State::Cancelled && ended.contains_key(*id) {
-            pieces_drop(c, id, None, None, *at).await?;
+            pieces_drop(c, &[id], None, None, *at).await?;
         }
     }
     Ok(ended)

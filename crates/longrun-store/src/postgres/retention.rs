@@ -7,9 +7,7 @@ use super::*;
 use crate::plan::Tombstone;
 
 /// Read caches forget the batch; its result objects and pieces become
-/// garbage, a piece another operation still names staying (the statement
-/// sees the pieces as they were before its own delete, hence the batch's
-/// own are left out).
+/// garbage, a piece another operation still names staying (`pieces_drop`).
 pub(super) async fn operations_release(
     c: &mut PgConnection,
     ch: &mut Changes,
@@ -19,25 +17,17 @@ pub(super) async fn operations_release(
     for id in ids {
         ch.touch(id);
     }
-    for sql in [
+    sqlx::query(
         "INSERT INTO artifact_garbage (storage_key, created_at)
          SELECT storage_key, $2 FROM results WHERE operation_id = ANY($1) AND state <> 'expired'
          ON CONFLICT DO NOTHING",
-        "WITH gone AS (DELETE FROM artifact_pieces WHERE operation_id = ANY($1) RETURNING storage_key)
-         INSERT INTO artifact_garbage (storage_key, created_at)
-         SELECT DISTINCT storage_key, $2 FROM gone
-          WHERE NOT EXISTS (SELECT 1 FROM artifact_pieces p
-                             WHERE p.storage_key = gone.storage_key AND p.operation_id <> ALL($1))
-         ON CONFLICT DO NOTHING",
-    ] {
-        sqlx::query(sql)
-            .bind(ids)
-            .bind(now.0)
-            .execute(&mut *c)
-            .await
-            .map_err(db)?;
-    }
-    Ok(())
+    )
+    .bind(ids)
+    .bind(now.0)
+    .execute(&mut *c)
+    .await
+    .map_err(db)?;
+    pieces_drop(c, ids, None, None, now).await
 }
 
 pub(super) async fn events_remove(c: &mut PgConnection, ids: &[&str]) -> Result<()> {

@@ -32,12 +32,14 @@ pub(super) async fn garbage_insert(c: &mut PgConnection, keys: &[String], now: T
     Ok(())
 }
 
-/// Drops the piece rows of `operation_id` (of `name`, at or past `from`,
-/// when given); each object becomes garbage once no row names it, unless
-/// it is `keep` (a single piece that became the result itself).
+/// Drops the piece rows of `operation_ids` (of `name`, at or past `from`,
+/// when given); each object becomes garbage once no row of another
+/// operation names it (the statement sees the rows as they were before
+/// its own delete), unless it is `keep` (a single piece that became the
+/// result itself).
 pub(super) async fn pieces_drop(
     c: &mut PgConnection,
-    operation_id: &str,
+    operation_ids: &[&str],
     only: Option<(&str, i64)>,
     keep: Option<&str>,
     now: Timestamp,
@@ -45,16 +47,16 @@ pub(super) async fn pieces_drop(
     let (name, from) = only.map_or((None, 0), |(n, f)| (Some(n), f));
     sqlx::query(
         "WITH gone AS (DELETE FROM artifact_pieces
-                        WHERE operation_id = $1 AND ($2::TEXT IS NULL OR name = $2) AND piece_offset >= $3
+                        WHERE operation_id = ANY($1) AND ($2::TEXT IS NULL OR name = $2) AND piece_offset >= $3
                     RETURNING storage_key)
          INSERT INTO artifact_garbage (storage_key, created_at)
          SELECT DISTINCT storage_key, $4 FROM gone
           WHERE storage_key IS DISTINCT FROM $5
             AND NOT EXISTS (SELECT 1 FROM artifact_pieces p
-                             WHERE p.storage_key = gone.storage_key AND p.operation_id <> $1)
+                             WHERE p.storage_key = gone.storage_key AND p.operation_id <> ALL($1))
          ON CONFLICT DO NOTHING",
     )
-    .bind(operation_id)
+    .bind(operation_ids)
     .bind(name)
     .bind(from)
     .bind(now.0)

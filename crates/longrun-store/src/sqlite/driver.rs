@@ -345,10 +345,12 @@ impl Driver for SqliteDriver<'_> {
     }
 
     async fn rows_delete(&mut self, table: &str, column: &str, and: &str, values: &[&str]) -> Result<u64> {
-        let sql = format!("DELETE FROM {table} WHERE {column} = ?1{and}");
+        let mut delete = self
+            .c
+            .prepare_cached(&format!("DELETE FROM {table} WHERE {column} = ?1{and}"))?;
         let mut deleted = 0;
         for value in values {
-            deleted += self.c.prepare_cached(&sql)?.execute(params![value])? as u64;
+            deleted += delete.execute(params![value])? as u64;
         }
         Ok(deleted)
     }
