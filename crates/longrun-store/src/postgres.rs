@@ -141,6 +141,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (15, include_str!("postgres/0015_schedules.sql")),
     (16, include_str!("postgres/0016_partitioned_history.sql")),
     (17, include_str!("postgres/0017_live_work_from_tasks.sql")),
+    (18, include_str!("postgres/0018_hot_claims.sql")),
 ];
 
 /// The database's collation when it compares text by a locale rather than

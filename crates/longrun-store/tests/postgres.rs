@@ -599,7 +599,7 @@ async fn a_tombstone_from_before_schema_12_still_frees_its_key() {
     .await
     .unwrap();
 
-    assert_eq!(longrun_store::postgres::migrate(&url).await.unwrap(), 6);
+    assert_eq!(longrun_store::postgres::migrate(&url).await.unwrap(), 7);
     let store = PostgresStore::open(PostgresConfig::new(url.clone())).await.unwrap();
     longrun_store::conformance::bury_and_reuse_old_key(&store).await;
 }
@@ -649,7 +649,7 @@ async fn work_queued_before_schema_14_is_claimed_after_it() {
         .await
         .unwrap();
     }
-    assert_eq!(longrun_store::postgres::migrate(&url).await.unwrap(), 4);
+    assert_eq!(longrun_store::postgres::migrate(&url).await.unwrap(), 5);
     let store = PostgresStore::open(PostgresConfig::new(url.clone())).await.unwrap();
     let before = store
         .operation_get("t1", &longrun_core::Id::from_trusted("op_before_1".into()))
@@ -671,13 +671,110 @@ async fn work_queued_before_schema_14_is_claimed_after_it() {
     assert_eq!(ids, ["op_before_1", "op_before_2"]);
 }
 
+/// Back to schema 17: the indexes of operations read `state`, and its
+/// pages are filled.
+macro_rules! undo_18 {
+    () => {
+        "DELETE FROM schema_migrations WHERE version >= 18;
+     ALTER TABLE operations DROP COLUMN rest_state;
+     CREATE INDEX operations_by_tenant_state ON operations (tenant, state, seq)
+         WHERE state NOT IN ('queued', 'running');
+     CREATE INDEX operations_live_deadline ON operations (deadline_at)
+         WHERE deadline_at IS NOT NULL AND state IN ('queued', 'running');
+     CREATE INDEX operations_system_cancel ON operations (cancel_requested_at)
+         WHERE state = 'running' AND cancel_requested_by = 'system';
+     CREATE INDEX operations_pause_asked ON operations (pause_requested_at)
+         WHERE state = 'running' AND pause_requested_at IS NOT NULL;
+     CREATE INDEX operations_succeeded_by_kind ON operations (kind, completed_at) WHERE state = 'succeeded';"
+    };
+}
+const UNDO_18: &str = undo_18!();
+
+/// Schema 18 keyed the indexes of operations by `rest_state`, a column the
+/// migration computes for every stored row: work in every state before it
+/// is listed after it as before, and the enforcer finds through the new
+/// indexes what it found through the old.
+#[tokio::test]
+async fn work_in_every_state_before_schema_18_is_listed_after_it() {
+    let Some(cluster) = longrun_store::pgtest::cluster() else {
+        return;
+    };
+    let url = cluster.database().await;
+    let store = PostgresStore::open(PostgresConfig::new(url.clone())).await.unwrap();
+    let created = longrun_store::conformance::work_in_every_state(&store).await;
+    drop(store);
+    let mut c = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await.unwrap();
+    sqlx::raw_sql(UNDO_18).execute(&mut c).await.unwrap();
+    assert_eq!(longrun_store::postgres::migrate(&url).await.unwrap(), 1);
+    let store = PostgresStore::open(PostgresConfig::new(url.clone())).await.unwrap();
+    longrun_store::conformance::every_state_lists(&store, &created).await;
+}
+
+/// Schema 18: a claim writes its operation's new version on the same page
+/// as a heap-only tuple (HOT), so no index of `operations` gains an entry
+/// for it: none reads a column a claim changes. Read from the page itself
+/// (pageinspect, shipped with PostgreSQL). The finish that follows is not
+/// HOT (`rest_state`, `completed_at` and `expires_at` are indexed).
+#[tokio::test]
+async fn a_claim_writes_no_index_entry_of_its_operation() {
+    let Some(cluster) = longrun_store::pgtest::cluster() else {
+        return;
+    };
+    let url = cluster.database().await;
+    let store = PostgresStore::open(PostgresConfig::new(url.clone())).await.unwrap();
+    let op = longrun_store::conformance::create(&store, "t1", "k").await;
+    let tasks = store
+        .task_claim(longrun_store::ClaimParams {
+            kinds: vec!["k".into()],
+            max_tasks: 1,
+            lease: std::time::Duration::from_secs(30),
+            worker_id: "w".into(),
+            now: longrun_core::Timestamp(1_800_000_001_000),
+        })
+        .await
+        .unwrap();
+    assert_eq!(tasks.len(), 1);
+    let mut c = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await.unwrap();
+    sqlx::raw_sql("CREATE EXTENSION IF NOT EXISTS pageinspect")
+        .execute(&mut c)
+        .await
+        .unwrap();
+    // The operation's versions on its page, in line-pointer order: the
+    // queued one, updated HOT (HEAP_HOT_UPDATED, 0x4000 in t_infomask2),
+    // then the running one, a heap-only tuple (HEAP_ONLY_TUPLE, 0x8000),
+    // which no index points at.
+    let versions: Vec<(bool, bool)> = sqlx::query_as(
+        "SELECT (i.t_infomask2 & 16384) <> 0, (i.t_infomask2 & 32768) <> 0
+           FROM operations o, heap_page_items(get_raw_page('operations', (o.ctid::text::point)[0]::int)) i
+          WHERE o.id = $1 AND i.t_ctid IS NOT NULL
+          ORDER BY i.lp",
+    )
+    .bind(op.id.as_str())
+    .fetch_all(&mut c)
+    .await
+    .unwrap();
+    assert_eq!(
+        versions,
+        [(true, false), (false, true)],
+        "the queued version is HOT-updated into the running one"
+    );
+}
+
 /// Back to schema 16: every operation in `operations_by_tenant_state`,
 /// leased tasks counted by an index of their own, and no `tasks.started`.
-const UNDO_17: &str = "DELETE FROM schema_migrations WHERE version >= 17;
-     DROP INDEX tasks_by_tenant, operations_by_tenant_state;
-     ALTER TABLE tasks DROP COLUMN started;
-     CREATE INDEX tasks_leased_by_tenant ON tasks (tenant) WHERE status = 'leased';
-     CREATE INDEX operations_by_tenant_state ON operations (tenant, state, seq);";
+macro_rules! undo_17 {
+    () => {
+        concat!(
+            undo_18!(),
+            "DELETE FROM schema_migrations WHERE version >= 17;
+             DROP INDEX tasks_by_tenant, operations_by_tenant_state;
+             ALTER TABLE tasks DROP COLUMN started;
+             CREATE INDEX tasks_leased_by_tenant ON tasks (tenant) WHERE status = 'leased';
+             CREATE INDEX operations_by_tenant_state ON operations (tenant, state, seq);"
+        )
+    };
+}
+const UNDO_17: &str = undo_17!();
 
 /// Schema 17 moved the pages of queued and running work to the tasks and
 /// left only paused and ended work in `operations_by_tenant_state`: work in
@@ -695,23 +792,22 @@ async fn work_in_every_state_before_schema_17_is_listed_after_it() {
     drop(store);
     let mut c = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await.unwrap();
     sqlx::raw_sql(UNDO_17).execute(&mut c).await.unwrap();
-    assert_eq!(longrun_store::postgres::migrate(&url).await.unwrap(), 1);
+    assert_eq!(longrun_store::postgres::migrate(&url).await.unwrap(), 2);
     let store = PostgresStore::open(PostgresConfig::new(url.clone())).await.unwrap();
     longrun_store::conformance::every_state_lists(&store, &created).await;
 }
 
 /// Back to schema 15 (undoing 17 first): the history in one table keyed by
 /// operation id.
-const UNDO_16: &str = "DELETE FROM schema_migrations WHERE version >= 16;
-     DROP INDEX tasks_by_tenant, operations_by_tenant_state;
-     ALTER TABLE tasks DROP COLUMN started;
-     CREATE INDEX tasks_leased_by_tenant ON tasks (tenant) WHERE status = 'leased';
-     CREATE INDEX operations_by_tenant_state ON operations (tenant, state, seq);
+const UNDO_16: &str = concat!(
+    undo_17!(),
+    "DELETE FROM schema_migrations WHERE version >= 16;
      DROP TABLE operation_events, history_partitions;
      CREATE TABLE operation_events (
          operation_id TEXT NOT NULL, version BIGINT NOT NULL, type TEXT NOT NULL, state TEXT NOT NULL,
          at BIGINT NOT NULL, data TEXT NOT NULL DEFAULT '{}', snapshot TEXT,
-         PRIMARY KEY (operation_id, version));";
+         PRIMARY KEY (operation_id, version));"
+);
 
 /// Schema 16 moves the history into partitions keyed by the operation's
 /// `seq`: a store written before it keeps every operation's history, in
@@ -741,7 +837,7 @@ async fn history_written_before_schema_16_reads_back_after_it() {
     .execute(&mut c)
     .await
     .unwrap();
-    assert_eq!(longrun_store::postgres::migrate(&url).await.unwrap(), 2);
+    assert_eq!(longrun_store::postgres::migrate(&url).await.unwrap(), 3);
     let store = PostgresStore::open(PostgresConfig::new(url.clone())).await.unwrap();
     let id = |s: &str| longrun_core::Id::from_trusted(s.into());
     let versions = |events: Vec<longrun_store::Event>| {

@@ -3,7 +3,9 @@
 //! [`Script`]s: the [`Driver`](super::Driver)'s default methods run them,
 //! so a backend writes none of them. On PostgreSQL each fetch of shared
 //! work locks what it returns and skips what another node holds; SQLite's
-//! one writer needs neither.
+//! one writer needs neither. PostgreSQL's partial indexes of live work
+//! filter on `rest_state IS NULL` (schema 18: no index reads `state`, so a
+//! claim is a HOT update), SQLite's on `state`: each fetch names its own.
 
 use longrun_core::{Id, Timestamp};
 
@@ -19,7 +21,8 @@ fn ids(d: Done) -> Result<Vec<String>> {
 pub(super) fn overdue_waiting(now: Timestamp, limit: u32) -> Script<Vec<OverdueWaiting>> {
     Script::one(
         "SELECT o.id, o.state FROM operations o JOIN tasks t ON t.operation_id = o.id
-          WHERE o.deadline_at IS NOT NULL AND o.deadline_at <= ?1 AND o.state IN ('queued', 'running')
+          WHERE o.deadline_at IS NOT NULL AND o.deadline_at <= ?1
+            AND {pg: o.rest_state IS NULL}{sqlite: o.state IN ('queued', 'running')}
             AND t.status = 'ready'
           ORDER BY o.deadline_at LIMIT ?2 {pg: FOR UPDATE OF o, t SKIP LOCKED}",
         vec![now.into(), i64::from(limit).into()],
@@ -40,7 +43,8 @@ pub(super) fn overdue_waiting(now: Timestamp, limit: u32) -> Script<Vec<OverdueW
 pub(super) fn overdue_running(now: Timestamp, limit: u32) -> Script<Vec<String>> {
     Script::one(
         "SELECT o.id FROM operations o JOIN tasks t ON t.operation_id = o.id
-          WHERE o.deadline_at IS NOT NULL AND o.deadline_at <= ?1 AND o.state IN ('queued', 'running')
+          WHERE o.deadline_at IS NOT NULL AND o.deadline_at <= ?1
+            AND {pg: o.rest_state IS NULL}{sqlite: o.state IN ('queued', 'running')}
             AND t.status = 'leased' AND o.cancel_requested_at IS NULL AND o.cancellable
           ORDER BY o.deadline_at LIMIT ?2 {pg: FOR UPDATE OF o, t SKIP LOCKED}",
         vec![now.into(), i64::from(limit).into()],
@@ -51,7 +55,8 @@ pub(super) fn overdue_running(now: Timestamp, limit: u32) -> Script<Vec<String>>
 pub(super) fn stops_unacknowledged(cutoff: Timestamp, limit: u32) -> Script<Vec<StopRequested>> {
     Script::one(
         "SELECT id, cancel_reason FROM operations
-          WHERE state = 'running' AND cancel_requested_by = 'system' AND cancel_requested_at <= ?1
+          WHERE {pg: rest_state IS NULL AND} state = 'running' AND cancel_requested_by = 'system'
+            AND cancel_requested_at <= ?1
           ORDER BY cancel_requested_at LIMIT ?2 {skip_locked}",
         vec![cutoff.into(), i64::from(limit).into()],
         |d| {
@@ -68,7 +73,7 @@ pub(super) fn stops_unacknowledged(cutoff: Timestamp, limit: u32) -> Script<Vec<
 pub(super) fn pauses_unanswered(cutoff: Timestamp, limit: u32) -> Script<Vec<PauseRequested>> {
     Script::one(
         "SELECT id, pause_requested_at FROM operations
-          WHERE state = 'running' AND pause_requested_at <= ?1
+          WHERE {pg: rest_state IS NULL AND} state = 'running' AND pause_requested_at <= ?1
           ORDER BY pause_requested_at LIMIT ?2 {skip_locked}",
         vec![cutoff.into(), i64::from(limit).into()],
         |d| {
@@ -249,4 +254,55 @@ pub(super) fn upload_lease_set(id: &Id, lease: &UploadLease) -> Script<()> {
         vec![id.as_str().into(), lease.token.as_deref().into(), lease.until.into()],
         nothing,
     )
+}
+
+#[cfg(all(test, feature = "postgres"))]
+mod tests {
+    use sqlx::{Connection, PgConnection};
+
+    use super::*;
+    use crate::shared::{Val, kind_typical_duration, pg};
+
+    /// The plan of `stmt` on PostgreSQL, its arguments bound.
+    async fn plan(c: &mut PgConnection, stmt: &Stmt) -> String {
+        let sql = format!("EXPLAIN {}", pg(stmt.sql));
+        let mut query = sqlx::query_scalar::<_, String>(&sql);
+        for arg in &stmt.args {
+            query = match arg {
+                Val::Int(v) => query.bind(*v),
+                Val::Text(v) => query.bind(v.as_str()),
+                other => panic!("no binding here for {other:?}"),
+            };
+        }
+        query.fetch_all(&mut *c).await.unwrap().join("\n")
+    }
+
+    /// Schema 18 keyed the partial indexes of live work by `rest_state`:
+    /// the enforcer's searches and the kind's typical duration still read
+    /// them (each names the predicate PostgreSQL must prove), never every
+    /// stored operation. Seq scans are off so that the plans of these
+    /// near-empty tables are the ones a full store gets.
+    #[tokio::test]
+    async fn the_searches_of_live_work_read_their_partial_indexes() {
+        let Some(cluster) = crate::pgtest::cluster() else {
+            return;
+        };
+        let url = cluster.database().await;
+        crate::postgres::migrate(&url).await.unwrap();
+        let mut c = PgConnection::connect(&url).await.unwrap();
+        sqlx::query("SET enable_seqscan = off").execute(&mut c).await.unwrap();
+        let now = Timestamp(1_800_000_000_000);
+        let searches = [
+            (overdue_waiting(now, 10).stmts, "operations_live_deadline"),
+            (overdue_running(now, 10).stmts, "operations_live_deadline"),
+            (stops_unacknowledged(now, 10).stmts, "operations_system_cancel"),
+            (pauses_unanswered(now, 10).stmts, "operations_pause_asked"),
+            (kind_typical_duration("k").stmts, "operations_succeeded_by_kind"),
+        ];
+        for (stmts, index) in searches {
+            let plan = plan(&mut c, &stmts[0]).await;
+            assert!(plan.contains(index), "{}\n{plan}", stmts[0].sql);
+            assert!(!plan.contains("Seq Scan on operations"), "{}\n{plan}", stmts[0].sql);
+        }
+    }
 }

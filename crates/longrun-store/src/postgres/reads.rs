@@ -48,16 +48,17 @@ pub(super) async fn operation_list(c: &mut PgConnection, p: &ListParams) -> Resu
 /// - queued or running work from its tasks (`tasks_by_tenant`: tenant,
 ///   started, seq; a task is `started` once its operation is running, and
 ///   its `status` does not say that: a running operation waiting for its
-///   next attempt has a `ready` task): a claim and a finish move an
-///   operation out of those states with an update that cannot be HOT, and
-///   an index of operations by state would keep a dead entry for each
-///   (schema 17 says what that cost). Each task's operation is looked up
+///   next attempt has a `ready` task): a finish moves an operation out of
+///   those states with an update that cannot be HOT, and an index of
+///   operations by state would keep a dead entry for each (schema 17 says
+///   what that cost). Each task's operation is looked up
 ///   by id, in a LATERAL with a LIMIT, which the planner never turns into
 ///   a join: as a join, statistics taken while nothing was queued made it
 ///   scan every stored operation for the queued ones (the 10 M bench's
 ///   first page timed out);
-/// - paused and ended work from `operations_by_tenant_state`, which holds
-///   only those states (so its predicate is in the text).
+/// - paused and ended work from `operations_by_tenant_state`, keyed by
+///   `rest_state`, the state of paused and ended work and NULL otherwise
+///   (schema 18: no index reads `state`, so a claim is HOT).
 ///
 /// A page of one kind reads `operations_by_tenant_kind`; a page with
 /// neither merges the newest of each state (at most six probes of `limit`
@@ -106,7 +107,7 @@ pub(super) fn operation_list_sql(p: &ListParams, limit: i64) -> String {
                 _ => {
                     return format!(
                         "SELECT {OP_COLUMNS}, seq FROM operations
-                          WHERE state = '{state}' AND state NOT IN ('queued', 'running'){keyed}{rest}
+                          WHERE rest_state = '{state}'{keyed}{rest}
                           ORDER BY seq DESC LIMIT {limit}",
                         keyed = keyed.replace('@', "")
                     );

@@ -81,7 +81,7 @@ pub(crate) fn idempotency_record(tenant: &str, id: &Id) -> Script<Option<Idempot
 /// The median time to success of the kind's last 101 successes.
 pub(crate) fn kind_typical_duration(kind: &str) -> Script<Option<Duration>> {
     Script::one(
-        "SELECT completed_at - created_at FROM operations WHERE state = 'succeeded' AND kind = ?1
+        "SELECT completed_at - created_at FROM operations WHERE {pg: rest_state}{sqlite: state} = 'succeeded' AND kind = ?1
           ORDER BY completed_at DESC LIMIT 101",
         vec![kind.into()],
         |d| {
