@@ -690,12 +690,10 @@ macro_rules! undo_18 {
 }
 const UNDO_18: &str = undo_18!();
 
-/// Schema 18 keyed the indexes of operations by `rest_state`, a column the
-/// migration computes for every stored row: work in every state before it
-/// is listed after it as before, and the enforcer finds through the new
-/// indexes what it found through the old.
-#[tokio::test]
-async fn work_in_every_state_before_schema_18_is_listed_after_it() {
+/// Work in every state, written by the current schema, taken back by
+/// `undo` to the schema before its last `migrations`, is listed as before
+/// once migrated again.
+async fn work_in_every_state_is_listed_after_migrating_from(undo: &str, migrations: usize) {
     let Some(cluster) = longrun_store::pgtest::cluster() else {
         return;
     };
@@ -704,10 +702,18 @@ async fn work_in_every_state_before_schema_18_is_listed_after_it() {
     let created = longrun_store::conformance::work_in_every_state(&store).await;
     drop(store);
     let mut c = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await.unwrap();
-    sqlx::raw_sql(UNDO_18).execute(&mut c).await.unwrap();
-    assert_eq!(longrun_store::postgres::migrate(&url).await.unwrap(), 1);
+    sqlx::raw_sql(undo).execute(&mut c).await.unwrap();
+    assert_eq!(longrun_store::postgres::migrate(&url).await.unwrap(), migrations);
     let store = PostgresStore::open(PostgresConfig::new(url.clone())).await.unwrap();
     longrun_store::conformance::every_state_lists(&store, &created).await;
+}
+
+/// Schema 18 keyed the indexes of operations by `rest_state`, a column the
+/// migration computes for every stored row: work in every state before it
+/// is listed after it as before.
+#[tokio::test]
+async fn work_in_every_state_before_schema_18_is_listed_after_it() {
+    work_in_every_state_is_listed_after_migrating_from(UNDO_18, 1).await;
 }
 
 /// Schema 18: a claim writes its operation's new version on the same page
@@ -783,18 +789,7 @@ const UNDO_17: &str = undo_17!();
 /// listed after it as before.
 #[tokio::test]
 async fn work_in_every_state_before_schema_17_is_listed_after_it() {
-    let Some(cluster) = longrun_store::pgtest::cluster() else {
-        return;
-    };
-    let url = cluster.database().await;
-    let store = PostgresStore::open(PostgresConfig::new(url.clone())).await.unwrap();
-    let created = longrun_store::conformance::work_in_every_state(&store).await;
-    drop(store);
-    let mut c = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await.unwrap();
-    sqlx::raw_sql(UNDO_17).execute(&mut c).await.unwrap();
-    assert_eq!(longrun_store::postgres::migrate(&url).await.unwrap(), 2);
-    let store = PostgresStore::open(PostgresConfig::new(url.clone())).await.unwrap();
-    longrun_store::conformance::every_state_lists(&store, &created).await;
+    work_in_every_state_is_listed_after_migrating_from(UNDO_17, 2).await;
 }
 
 /// Back to schema 15 (undoing 17 first): the history in one table keyed by
