@@ -126,6 +126,7 @@ macro_rules! store_conformance {
             a_pause_the_worker_does_not_honour_is_withdrawn_after_the_grace,
             a_checkpoint_survives_a_lapsed_lease_and_is_copied_by_a_rerun,
             artifact_pieces_outlive_attempts_and_are_joined_once,
+            shared_pieces_outlive_a_sweep_that_removes_only_their_writer,
             console_sessions_expire_and_end,
             the_console_reads_are_bounded_by_live_work_and_keys,
             a_read_after_each_kind_of_write_sees_it,

@@ -393,6 +393,65 @@ pub async fn artifact_pieces_outlive_attempts_and_are_joined_once(store: &dyn St
     assert!(!garbage.contains(&"p-forged".to_owned()) && !garbage.contains(&"p-bad".to_owned()));
 }
 
+/// Pieces a live `from_checkpoint` re-run still names outlive the
+/// retention of the operation that wrote them: the sweep that removes the
+/// original (a batch the re-run is not in) leaves them, and they are
+/// garbage once the re-run goes too.
+pub async fn shared_pieces_outlive_a_sweep_that_removes_only_their_writer(store: &dyn Store) {
+    declare_pausable(store, "shared-pieces").await;
+    let op = create(store, "t1", "shared-pieces").await;
+    let task = claim_one(store, "shared-pieces", at(1)).await;
+    for (offset, key, size) in [(0, "s0", 10), (10, "s1", 5)] {
+        store
+            .artifact_piece_add(piece(&task, offset, key, size, at(2)))
+            .await
+            .unwrap();
+    }
+    let error = OperationError {
+        code: "boom".into(),
+        message: String::new(),
+        retryable: false,
+    };
+    let failed = store
+        .task_finish(finish(&task, Outcome::Failed { error }, at(3)))
+        .await
+        .unwrap();
+    let mut params = accept_params("t1", "shared-pieces", None, json!({"n": 1}));
+    params.rerun_of = Some(op.id.clone());
+    params.from_checkpoint = true;
+    let AcceptOutcome::Created(rerun_op) = store.operation_accept(params).await.unwrap() else {
+        panic!("the re-run is created");
+    };
+    let rerun = claim_one(store, "shared-pieces", at(4)).await;
+
+    let counts = store.retention_sweep(sweep(failed.expires_at.unwrap())).await.unwrap();
+    assert_eq!(counts.operations_removed, 1, "the original, not the running re-run");
+    assert!(store.operation_get("t1", &op.id).await.unwrap().is_none());
+    let garbage = store.artifact_garbage(100).await.unwrap();
+    assert!(
+        !garbage.contains(&"s0".to_owned()) && !garbage.contains(&"s1".to_owned()),
+        "the re-run still names them: {garbage:?}"
+    );
+    assert_eq!(
+        store
+            .artifact_pieces(&rerun.operation_id, &rerun.lease_token, DEFAULT_ARTIFACT)
+            .await
+            .unwrap(),
+        vec![chunk("s0", 10), chunk("s1", 5)]
+    );
+
+    let done = store
+        .task_finish(finish(&rerun, Outcome::Succeeded { result: None }, at(5)))
+        .await
+        .unwrap();
+    store.retention_sweep(sweep(done.expires_at.unwrap())).await.unwrap();
+    assert!(store.operation_get("t1", &rerun_op.id).await.unwrap().is_none());
+    let garbage = store.artifact_garbage(100).await.unwrap();
+    for key in ["s0", "s1"] {
+        assert!(garbage.contains(&key.to_owned()), "{key}: {garbage:?}");
+    }
+}
+
 /// An object is named while a row names it — a result, a piece of a
 /// resumable artifact, an upload's piece or its joined object — and is an
 /// orphan otherwise (what a crash between storing and recording leaves).
