@@ -74,6 +74,30 @@ pub struct Report {
     pub history: longrun_store::HistoryUpkeep,
 }
 
+/// Runs `sweep` until one removes nothing, resting after each that removed
+/// something as long as it took (at most [`MAX_REST`]); what they removed,
+/// summed.
+async fn paced<F, Fut>(mut sweep: F) -> Result<RetentionCounts, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<RetentionCounts, StoreError>>,
+{
+    let mut sum = RetentionCounts::default();
+    loop {
+        let started = tokio::time::Instant::now();
+        let counts = sweep().await?;
+        sum.results_expired += counts.results_expired;
+        sum.operations_removed += counts.operations_removed;
+        sum.tombstones_removed += counts.tombstones_removed;
+        sum.deliveries_removed += counts.deliveries_removed;
+        sum.uploads_removed += counts.uploads_removed;
+        if counts.total() == 0 {
+            return Ok(sum);
+        }
+        tokio::time::sleep(started.elapsed().min(MAX_REST)).await;
+    }
+}
+
 /// Removes expired operations, results, uploads and records, and their objects.
 pub struct Retention {
     store: Arc<dyn Store>,
@@ -104,27 +128,18 @@ impl Retention {
     /// Works until nothing is due now.
     #[tracing::instrument(name = "retention", skip_all)]
     pub async fn run_once(&self) -> Result<Report, StoreError> {
-        let mut report = Report::default();
-        loop {
-            let started = std::time::Instant::now();
-            let counts = self
-                .store
-                .retention_sweep(RetentionParams {
+        let mut report = Report {
+            records: paced(|| {
+                self.store.retention_sweep(RetentionParams {
                     now: self.clock.now(),
                     tombstone_retention: self.config.tombstone_retention,
                     delivery_retention: self.config.delivery_retention,
                     limit: self.config.batch,
                 })
-                .await?;
-            report.records.results_expired += counts.results_expired;
-            report.records.operations_removed += counts.operations_removed;
-            report.records.tombstones_removed += counts.tombstones_removed;
-            report.records.deliveries_removed += counts.deliveries_removed;
-            if counts.total() == 0 {
-                break;
-            }
-            tokio::time::sleep(started.elapsed().min(MAX_REST)).await;
-        }
+            })
+            .await?,
+            ..Report::default()
+        };
         report.history = self.store.history_upkeep(self.clock.now(), self.config.batch).await?;
         report.objects_deleted = self.collect_garbage().await?;
         if self.orphan_sweep_due() {
@@ -234,5 +249,45 @@ pub async fn collect_garbage(store: &dyn Store, artifacts: &dyn ArtifactStore, b
         }
         deleted += done.len() as u64;
         store.artifact_garbage_done(done).await?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+
+    use super::*;
+
+    /// A pass rests after each sweep that removed something, as long as the
+    /// sweep took, and never longer than `MAX_REST`; it does not rest after
+    /// the sweep that found nothing. Time is tokio's paused clock: the
+    /// sweeps "take" their time by sleeping on it.
+    #[tokio::test(start_paused = true)]
+    async fn a_pass_rests_as_long_as_each_sweep_that_removed_something_took() {
+        for (took, rest) in [
+            (Duration::from_millis(300), Duration::from_millis(300)),
+            (Duration::from_secs(3), MAX_REST),
+        ] {
+            let mut calls = 0_u64;
+            let started = Instant::now();
+            let sum = paced(|| {
+                calls += 1;
+                let removed = u64::from(calls <= 3);
+                async move {
+                    tokio::time::sleep(took).await;
+                    Ok(RetentionCounts {
+                        operations_removed: removed,
+                        ..RetentionCounts::default()
+                    })
+                }
+            })
+            .await
+            .unwrap();
+            assert_eq!(sum.operations_removed, 3);
+            assert_eq!(calls, 4, "three sweeps removed something, the fourth nothing");
+            assert_eq!(started.elapsed(), took * 4 + rest * 3, "a sweep of {took:?}");
+        }
     }
 }
