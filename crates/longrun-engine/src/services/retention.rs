@@ -152,6 +152,7 @@ impl Retention {
         removed("operations", report.records.operations_removed);
         removed("tombstones", report.records.tombstones_removed);
         removed("deliveries", report.records.deliveries_removed);
+        removed("uploads", report.records.uploads_removed);
         removed("objects", report.objects_deleted);
         removed("orphans", report.orphans_deleted);
         removed("history_partitions", report.history.partitions_dropped);
