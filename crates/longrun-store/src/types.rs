@@ -867,6 +867,17 @@ impl RetentionCounts {
     }
 }
 
+impl std::ops::AddAssign for RetentionCounts {
+    /// Sums two passes' counts, field by field.
+    fn add_assign(&mut self, other: Self) {
+        self.results_expired += other.results_expired;
+        self.operations_removed += other.operations_removed;
+        self.tombstones_removed += other.tombstones_removed;
+        self.deliveries_removed += other.deliveries_removed;
+        self.uploads_removed += other.uploads_removed;
+    }
+}
+
 /// What one upkeep of the history's partitions did (PostgreSQL, schema 16;
 /// a store that keeps its history in one table does nothing).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -86,11 +86,7 @@ where
     loop {
         let started = tokio::time::Instant::now();
         let counts = sweep().await?;
-        sum.results_expired += counts.results_expired;
-        sum.operations_removed += counts.operations_removed;
-        sum.tombstones_removed += counts.tombstones_removed;
-        sum.deliveries_removed += counts.deliveries_removed;
-        sum.uploads_removed += counts.uploads_removed;
+        sum += counts;
         if counts.total() == 0 {
             return Ok(sum);
         }
