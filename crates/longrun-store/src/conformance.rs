@@ -326,6 +326,17 @@ async fn declare(store: &dyn Store, name: &str, rerun_safe: bool, max_attempts: 
         .unwrap();
 }
 
+/// A failure the worker reports as final, with `code` and no message.
+fn failure(code: &str) -> Outcome {
+    Outcome::Failed {
+        error: OperationError {
+            code: code.into(),
+            message: String::new(),
+            retryable: false,
+        },
+    }
+}
+
 fn retryable(code: &str) -> Outcome {
     Outcome::Failed {
         error: OperationError {

@@ -508,15 +508,7 @@ pub async fn racing_submissions_with_one_key_make_one_operation_handed_or_not(st
 pub async fn reruns_link_both_ways_and_leave_the_original_unchanged(store: &dyn Store) {
     let first = create(store, "t1", "chain").await;
     let task = claim_one(store, "chain", at(1)).await;
-    let error = OperationError {
-        code: "boom".into(),
-        message: "".into(),
-        retryable: false,
-    };
-    let failed = store
-        .task_finish(finish(&task, Outcome::Failed { error }, at(2)))
-        .await
-        .unwrap();
+    let failed = store.task_finish(finish(&task, failure("boom"), at(2))).await.unwrap();
     assert_eq!(
         failed.input,
         Some(json!({"n": 1})),

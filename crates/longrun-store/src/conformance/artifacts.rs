@@ -50,15 +50,7 @@ pub async fn an_uploaded_artifact_is_published_by_complete_and_discarded_otherwi
     let failed = create(store, "t1", "artifacts").await;
     let task = claim_one(store, "artifacts", at(5)).await;
     store.result_upload(upload(&task, "k-failed", at(6))).await.unwrap();
-    let error = OperationError {
-        code: "boom".into(),
-        message: "".into(),
-        retryable: false,
-    };
-    let ended = store
-        .task_finish(finish(&task, Outcome::Failed { error }, at(7)))
-        .await
-        .unwrap();
+    let ended = store.task_finish(finish(&task, failure("boom"), at(7))).await.unwrap();
     assert!(ended.artifact.is_some(), "a worker's failure publishes its uploads");
     assert_eq!(store.result_for_operation("t1", &failed.id).await.unwrap().len(), 1);
 
@@ -342,15 +334,7 @@ pub async fn artifact_pieces_outlive_attempts_and_are_joined_once(store: &dyn St
     );
 
     // The attempt fails; a from_checkpoint re-run shares the pieces.
-    let error = OperationError {
-        code: "boom".into(),
-        message: String::new(),
-        retryable: false,
-    };
-    store
-        .task_finish(finish(&retry, Outcome::Failed { error }, now))
-        .await
-        .unwrap();
+    store.task_finish(finish(&retry, failure("boom"), now)).await.unwrap();
     let mut params = accept_params("t1", "pieces", None, json!({"n": 1}));
     params.rerun_of = Some(op.id.clone());
     params.from_checkpoint = true;
@@ -407,15 +391,7 @@ pub async fn shared_pieces_outlive_a_sweep_that_removes_only_their_writer(store:
             .await
             .unwrap();
     }
-    let error = OperationError {
-        code: "boom".into(),
-        message: String::new(),
-        retryable: false,
-    };
-    let failed = store
-        .task_finish(finish(&task, Outcome::Failed { error }, at(3)))
-        .await
-        .unwrap();
+    let failed = store.task_finish(finish(&task, failure("boom"), at(3))).await.unwrap();
     let mut params = accept_params("t1", "shared-pieces", None, json!({"n": 1}));
     params.rerun_of = Some(op.id.clone());
     params.from_checkpoint = true;

@@ -474,15 +474,7 @@ pub async fn a_checkpoint_survives_a_lapsed_lease_and_is_copied_by_a_rerun(store
         .task_heartbeat(with_checkpoint(&task, json!({"row": 7}), gone))
         .await
         .unwrap();
-    let error = OperationError {
-        code: "boom".into(),
-        message: String::new(),
-        retryable: false,
-    };
-    store
-        .task_finish(finish(&task, Outcome::Failed { error }, gone))
-        .await
-        .unwrap();
+    store.task_finish(finish(&task, failure("boom"), gone)).await.unwrap();
     for from_checkpoint in [true, false] {
         let mut params = accept_params("t1", "pausable", None, json!({"n": 1}));
         params.rerun_of = Some(failing.id.clone());
