@@ -385,6 +385,18 @@ const LOCK_NOT_AVAILABLE: &str = "55P03";
 const CHANNEL: &str = "longrun_changes";
 
 #[cfg(test)]
+pub(crate) use script::explain;
+
+/// A connection to a new database of the test cluster, migrated (`None`
+/// where no PostgreSQL can run).
+#[cfg(test)]
+pub(crate) async fn migrated_connection() -> Option<PgConnection> {
+    let url = crate::pgtest::cluster()?.database().await;
+    migrate(&url).await.unwrap();
+    Some(PgConnection::connect(&url).await.unwrap())
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -258,24 +258,9 @@ pub(super) fn upload_lease_set(id: &Id, lease: &UploadLease) -> Script<()> {
 
 #[cfg(all(test, feature = "postgres"))]
 mod tests {
-    use sqlx::{Connection, PgConnection};
-
     use super::*;
-    use crate::shared::{Val, kind_typical_duration, pg};
-
-    /// The plan of `stmt` on PostgreSQL, its arguments bound.
-    async fn plan(c: &mut PgConnection, stmt: &Stmt) -> String {
-        let sql = format!("EXPLAIN {}", pg(stmt.sql));
-        let mut query = sqlx::query_scalar::<_, String>(&sql);
-        for arg in &stmt.args {
-            query = match arg {
-                Val::Int(v) => query.bind(*v),
-                Val::Text(v) => query.bind(v.as_str()),
-                other => panic!("no binding here for {other:?}"),
-            };
-        }
-        query.fetch_all(&mut *c).await.unwrap().join("\n")
-    }
+    use crate::postgres::{explain, migrated_connection};
+    use crate::shared::kind_typical_duration;
 
     /// Schema 18 keyed the partial indexes of live work by `rest_state`:
     /// the enforcer's searches and the kind's typical duration still read
@@ -284,12 +269,9 @@ mod tests {
     /// near-empty tables are the ones a full store gets.
     #[tokio::test]
     async fn the_searches_of_live_work_read_their_partial_indexes() {
-        let Some(cluster) = crate::pgtest::cluster() else {
+        let Some(mut c) = migrated_connection().await else {
             return;
         };
-        let url = cluster.database().await;
-        crate::postgres::migrate(&url).await.unwrap();
-        let mut c = PgConnection::connect(&url).await.unwrap();
         sqlx::query("SET enable_seqscan = off").execute(&mut c).await.unwrap();
         let now = Timestamp(1_800_000_000_000);
         let searches = [
@@ -300,7 +282,7 @@ mod tests {
             (kind_typical_duration("k").stmts, "operations_succeeded_by_kind"),
         ];
         for (stmts, index) in searches {
-            let plan = plan(&mut c, &stmts[0]).await;
+            let plan = explain(&mut c, &stmts[0]).await;
             assert!(plan.contains(index), "{}\n{plan}", stmts[0].sql);
             assert!(!plan.contains("Seq Scan on operations"), "{}\n{plan}", stmts[0].sql);
         }

@@ -232,14 +232,6 @@ pub(super) async fn operation_read(pool: &PgPool, tenant: &str, id: &Id) -> Resu
 mod tests {
     use super::*;
 
-    /// A connection to a new database with the schema (`None` where no
-    /// PostgreSQL can run).
-    async fn migrated() -> Option<PgConnection> {
-        let url = crate::pgtest::cluster()?.database().await;
-        super::super::migrate(&url).await.unwrap();
-        Some(<PgConnection as sqlx::Connection>::connect(&url).await.unwrap())
-    }
-
     /// The plan of the page `tenant`'s (every tenant's with `None`) in
     /// `state` (any with `None`), before `before_seq` when given.
     async fn plan(c: &mut PgConnection, tenant: Option<&str>, state: Option<State>, before_seq: Option<i64>) -> String {
@@ -268,7 +260,7 @@ mod tests {
     /// scanned `operations` for the queued ones and joined their tasks.
     #[tokio::test]
     async fn stale_statistics_never_make_a_page_of_queued_work_scan_the_operations() {
-        let Some(mut c) = migrated().await else {
+        let Some(mut c) = super::super::migrated_connection().await else {
             return;
         };
         sqlx::raw_sql(
@@ -300,7 +292,7 @@ mod tests {
     /// tables are the ones a full store gets.
     #[tokio::test]
     async fn live_work_is_paged_from_the_tasks_and_ended_work_from_its_index() {
-        let Some(mut c) = migrated().await else {
+        let Some(mut c) = super::super::migrated_connection().await else {
             return;
         };
         sqlx::query("SET enable_seqscan = off").execute(&mut c).await.unwrap();

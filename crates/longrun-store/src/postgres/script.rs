@@ -79,6 +79,24 @@ pub(super) async fn run<T>(c: &mut PgConnection, script: &Script<T>) -> Result<T
     (script.decode)(last)
 }
 
+/// The plan PostgreSQL makes for `stmt`, its arguments bound (for the
+/// tests of which index a statement reads).
+#[cfg(test)]
+pub(crate) async fn explain(c: &mut PgConnection, stmt: &Stmt) -> String {
+    let sql = format!("EXPLAIN {}", pg(stmt.sql));
+    let rows = stmt
+        .args
+        .iter()
+        .fold(sqlx::query(&sql), bind)
+        .fetch_all(c)
+        .await
+        .unwrap();
+    rows.iter()
+        .map(|r| r.get::<String, _>(0))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 impl PostgresStore {
     /// Runs a shared script: a single statement on a connection of the
     /// pool, several in one transaction.
