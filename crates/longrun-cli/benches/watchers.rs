@@ -38,6 +38,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::task::JoinSet;
 
 const OPERATIONS: usize = 100;
 
@@ -134,39 +135,17 @@ async fn measure(n: usize) -> (f64, f64, String) {
     let before = server.rss_kib();
 
     let addr = server.base.trim_start_matches("http://").to_owned();
-    let mut watchers = tokio::task::JoinSet::new();
-    let connecting = connecting();
-    for i in 0..n {
-        let request = format!(
+    let requests = (0..n).map(|i| {
+        format!(
             "GET /v1/operations/{} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {}\r\n\
              Prefer: wait=60\r\nIf-None-Match: {}\r\n\r\n",
             watched[i % OPERATIONS],
             server.token,
             etags[i % OPERATIONS]
-        );
-        let addr = addr.clone();
-        let connecting = connecting.clone();
-        watchers.spawn(async move {
-            let permit = connecting.acquire_owned().await.unwrap();
-            let mut stream = tokio::net::TcpStream::connect(&addr).await.expect("a watcher connects");
-            stream.write_all(request.as_bytes()).await.unwrap();
-            drop(permit);
-            let mut first = [0u8; 12];
-            stream.read_exact(&mut first).await.unwrap();
-            let answered = Instant::now();
-            (i % OPERATIONS, answered, first)
-        });
-    }
-    // Held: the server counts them all as waiting.
-    let until = Instant::now() + Duration::from_secs(50);
-    loop {
-        let waiting = processes::metric(&http, &metrics_addr, "longrun_http_waiters").await;
-        if waiting >= n as f64 {
-            break;
-        }
-        assert!(Instant::now() < until, "only {waiting} of {n} watchers are held");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        )
+    });
+    let mut watchers = hold(&addr, requests);
+    held_by(&http, &metrics_addr, n).await;
     let held = server.rss_kib();
 
     let mut cancelled_at = Vec::new();
@@ -183,9 +162,10 @@ async fn measure(n: usize) -> (f64, f64, String) {
     }
     let mut wakes = Vec::new();
     while let Some(done) = watchers.join_next().await {
-        let (op, answered, first) = done.unwrap();
-        assert_eq!(&first[..12], b"HTTP/1.1 200", "a woken watcher reads the new version");
-        wakes.push(answered.saturating_duration_since(cancelled_at[op]).as_secs_f64() * 1000.0);
+        let (i, answered, first) = done.unwrap();
+        assert_eq!(&first, b"HTTP/1.1 200", "a woken watcher reads the new version");
+        let cancelled = cancelled_at[i % OPERATIONS];
+        wakes.push(answered.saturating_duration_since(cancelled).as_secs_f64() * 1000.0);
     }
     wakes.sort_by(f64::total_cmp);
     let at = |q: f64| wakes[((wakes.len() as f64 * q) as usize).min(wakes.len() - 1)];
@@ -202,54 +182,59 @@ async fn bare(n: usize) -> f64 {
     let mut command = tokio::process::Command::new(std::env::current_exe().unwrap());
     command.env(BARE_PORT, port.to_string());
     let server = processes::listening(command, "bare listening").await;
-    let pid = server.id().unwrap();
+    let rss = || own_server::status_kib(&server.id().unwrap().to_string(), "VmRSS");
     let http = reqwest::Client::new();
-    let base = format!("http://127.0.0.1:{port}");
-    let waiting = |http: reqwest::Client, base: String| async move {
-        let text = http
-            .get(format!("{base}/waiting"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        text.parse::<usize>().unwrap()
-    };
+    let addr = format!("127.0.0.1:{port}");
     // One request first, as Longrun's figure starts after its setup's.
-    assert_eq!(waiting(http.clone(), base.clone()).await, 0);
-    let before = rss_kib(pid);
-    let mut watchers = tokio::task::JoinSet::new();
+    held_by(&http, &addr, 0).await;
+    let before = rss();
+    let mut watchers = hold(
+        &addr,
+        (0..n).map(|_| format!("GET /wait HTTP/1.1\r\nHost: {addr}\r\n\r\n")),
+    );
+    held_by(&http, &addr, n).await;
+    let held = rss();
+    http.post(format!("http://{addr}/release")).send().await.unwrap();
+    while let Some(done) = watchers.join_next().await {
+        assert_eq!(&done.unwrap().2, b"HTTP/1.1 200", "a released watcher is answered");
+    }
+    (held - before) / n as f64
+}
+
+/// One watcher per request, each a plain TCP connection to `addr` that
+/// sends its request and waits for the first bytes of the answer: (its
+/// index, when they came, the status line's first 12 bytes).
+fn hold(addr: &str, requests: impl Iterator<Item = String>) -> JoinSet<(usize, Instant, [u8; 12])> {
+    let mut watchers = JoinSet::new();
     let connecting = connecting();
-    for _ in 0..n {
-        let addr = format!("127.0.0.1:{port}");
+    for (i, request) in requests.enumerate() {
+        let addr = addr.to_owned();
         let connecting = connecting.clone();
         watchers.spawn(async move {
             let permit = connecting.acquire_owned().await.unwrap();
             let mut stream = tokio::net::TcpStream::connect(&addr).await.expect("a watcher connects");
-            let request = format!("GET /wait HTTP/1.1\r\nHost: {addr}\r\n\r\n");
             stream.write_all(request.as_bytes()).await.unwrap();
             drop(permit);
             let mut first = [0u8; 12];
             stream.read_exact(&mut first).await.unwrap();
-            first
+            (i, Instant::now(), first)
         });
     }
+    watchers
+}
+
+/// Returns once the server whose metrics `metrics_addr` serves counts at
+/// least `n` requests waiting (`longrun_http_waiters`); panics after 50 s.
+async fn held_by(http: &reqwest::Client, metrics_addr: &str, n: usize) {
     let until = Instant::now() + Duration::from_secs(50);
     loop {
-        let held = waiting(http.clone(), base.clone()).await;
-        if held >= n {
-            break;
+        let waiting = processes::metric(http, metrics_addr, "longrun_http_waiters").await;
+        if waiting >= n as f64 {
+            return;
         }
-        assert!(Instant::now() < until, "the bare server holds {held} of {n}");
+        assert!(Instant::now() < until, "only {waiting} of {n} watchers are held");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let held = rss_kib(pid);
-    http.post(format!("{base}/release")).send().await.unwrap();
-    while let Some(first) = watchers.join_next().await {
-        assert_eq!(&first.unwrap(), b"HTTP/1.1 200", "a released watcher is answered");
-    }
-    (held - before) / n as f64
 }
 
 /// How many watchers connect at once. All 10,000 at once overflow the
@@ -261,18 +246,10 @@ fn connecting() -> Arc<tokio::sync::Semaphore> {
     Arc::new(tokio::sync::Semaphore::new(256))
 }
 
-fn rss_kib(pid: u32) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0.0)
-}
-
 /// The bare long-poll server: `GET /wait` answers once `POST /release`
-/// is called; `GET /waiting` counts the held ones. Each connection is
-/// served as `longrun_server::listen` serves one.
+/// is called; `GET /metrics` counts the held ones under the name of
+/// Longrun's gauge, so one poll reads both. Each connection is served as
+/// `longrun_server::listen` serves one.
 async fn serve_bare(port: u16) {
     use axum::routing::{get, post};
     use hyper_util::rt::{TokioIo, TokioTimer};
@@ -296,8 +273,8 @@ async fn serve_bare(port: u16) {
             }),
         )
         .route(
-            "/waiting",
-            get(move || async move { count.load(Ordering::Relaxed).to_string() }),
+            "/metrics",
+            get(move || async move { format!("longrun_http_waiters {}\n", count.load(Ordering::Relaxed)) }),
         )
         .route(
             "/release",

@@ -88,7 +88,7 @@ pub fn peak_rss_mib(pid: &str) -> f64 {
 }
 
 /// A memory field of `/proc/{pid}/status`, in KiB (0 when unreadable).
-fn status_kib(pid: &str, field: &str) -> f64 {
+pub fn status_kib(pid: &str, field: &str) -> f64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     status
         .lines()
