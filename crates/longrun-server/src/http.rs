@@ -18,9 +18,13 @@ pub mod workers;
 use std::time::Instant;
 
 use axum::body::Body;
-use axum::extract::{Request, State};
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use axum::extract::Request;
 use axum::http::{HeaderValue, header};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use longrun_core::{Id, IdKind};
 use tracing::Instrument;
@@ -29,9 +33,21 @@ use crate::app::ApiError;
 use crate::app::AppState;
 use error::Problem;
 
-/// The id of the request being handled, as an extension.
+/// The id of the request being handled, as an extension: the value of its
+/// `X-Request-Id` header, shared with it rather than copied.
 #[derive(Debug, Clone)]
-pub struct RequestId(pub String);
+pub struct RequestId(HeaderValue);
+
+impl RequestId {
+    fn generate() -> Self {
+        let id = axum::body::Bytes::from(Id::generate(IdKind::Request).into_string());
+        Self(HeaderValue::from_maybe_shared(id).expect("request ids are header-safe"))
+    }
+
+    pub fn as_str(&self) -> &str {
+        self.0.to_str().expect("request ids are ASCII")
+    }
+}
 
 const PROBLEM_JSON: &str = "application/problem+json";
 
@@ -42,8 +58,12 @@ const PROBLEM_JSON: &str = "application/problem+json";
 /// Shedding: past `max_in_flight` requests being handled, one more is
 /// answered `503` with `Retry-After` at once rather than queued, so the
 /// requests already in keep their latency and memory stays bounded.
-pub async fn edge(State(app): State<AppState>, mut req: Request, next: Next) -> Response {
-    let request_id = Id::generate(IdKind::Request).into_string();
+async fn edge<S>(app: AppState, mut req: Request, inner: S) -> Response
+where
+    S: tower::Service<Request, Error = Infallible>,
+    S::Response: IntoResponse,
+{
+    let request_id = RequestId::generate();
     // The request's span is for following a request through the server
     // (`--log longrun_server=debug`, or any subscriber that records debug
     // spans): at the default level no event inside a request needs it, and
@@ -55,7 +75,7 @@ pub async fn edge(State(app): State<AppState>, mut req: Request, next: Next) -> 
         "http",
         method = %req.method(),
         path = %req.uri().path(),
-        request_id = %request_id,
+        request_id = request_id.as_str(),
         source = tracing::field::Empty,
         tenant = tracing::field::Empty,
         op.id = tracing::field::Empty,
@@ -74,11 +94,13 @@ pub async fn edge(State(app): State<AppState>, mut req: Request, next: Next) -> 
     }
     // Cheap to keep (shared bytes), for the error line.
     let (method, uri) = (req.method().clone(), req.uri().clone());
-    req.extensions_mut().insert(RequestId(request_id.clone()));
+    req.extensions_mut().insert(request_id.clone());
     let metrics = EdgeMetrics::get();
     let started = Instant::now();
     let mut response = match app.in_flight.try_enter() {
-        Some(_place) => next.run(req).instrument(span.clone()).await,
+        // A disabled span is not entered at every poll.
+        Some(_place) if span.is_disabled() => answer(inner, req).await,
+        Some(_place) => answer(inner, req).instrument(span.clone()).await,
         None => {
             metrics.shed.increment(1);
             ApiError::TemporarilyUnavailable {
@@ -105,16 +127,15 @@ pub async fn edge(State(app): State<AppState>, mut req: Request, next: Next) -> 
         }
         None => None,
     };
-    let request_header = HeaderValue::try_from(request_id.as_str()).expect("request ids are header-safe");
     if let Some(mut problem) = problem {
-        problem.request_id = request_id.clone();
+        problem.request_id = request_id.as_str().to_owned();
         let body = serde_json::to_vec(&problem).expect("a problem serializes");
         let headers = response.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
         headers.remove(header::CONTENT_LENGTH);
         *response.body_mut() = Body::from(body);
     }
-    response.headers_mut().insert("x-request-id", request_header);
+    response.headers_mut().insert("x-request-id", request_id.0.clone());
 
     let class = usize::from(status.as_u16() / 100).clamp(1, 5) - 1;
     metrics.responses[class].increment(1);
@@ -129,7 +150,7 @@ pub async fn edge(State(app): State<AppState>, mut req: Request, next: Next) -> 
     if status.is_server_error() && status != axum::http::StatusCode::SERVICE_UNAVAILABLE {
         let path = uri.path();
         tracing::error!(
-            request_id,
+            request_id = request_id.as_str(),
             %method,
             path,
             op.id = operation_in_path(path),
@@ -142,6 +163,65 @@ pub async fn edge(State(app): State<AppState>, mut req: Request, next: Next) -> 
         tracing::debug!(status = status.as_u16(), elapsed_ms, "request handled");
     }
     response
+}
+
+/// `inner`'s answer to `req`.
+async fn answer<S>(inner: S, req: Request) -> Response
+where
+    S: tower::Service<Request, Error = Infallible>,
+    S::Response: IntoResponse,
+{
+    match tower::ServiceExt::oneshot(inner, req).await {
+        Ok(response) => response.into_response(),
+        Err(never) => match never {},
+    }
+}
+
+/// [`edge`] as the outermost service of the stack (see `crate::router`).
+///
+/// A service of its own rather than `axum::middleware::from_fn`, which
+/// boxes the inner stack again for every request (`Next`) and clones it
+/// through a box: the edge is on the path of every request, `/healthz`
+/// included.
+#[derive(Clone)]
+pub struct Edge<S> {
+    app: AppState,
+    inner: S,
+}
+
+impl<S> Edge<S> {
+    pub fn new(app: AppState, inner: S) -> Self {
+        Self { app, inner }
+    }
+}
+
+impl<S> tower::Service<Request> for Edge<S>
+where
+    S: tower::Service<Request, Error = Infallible> + Clone + Send + 'static,
+    S::Response: IntoResponse,
+    S::Future: Send,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        // `answer` waits for the inner stack's readiness itself.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request) -> Self::Future {
+        let inner = self.inner.clone();
+        Box::pin(edge_ok(self.app.clone(), req, inner))
+    }
+}
+
+async fn edge_ok<S>(app: AppState, req: Request, inner: S) -> Result<Response, Infallible>
+where
+    S: tower::Service<Request, Error = Infallible>,
+    S::Response: IntoResponse,
+{
+    Ok(edge(app, req, inner).await)
 }
 
 /// The edge's metrics, resolved once (a lookup by name and labels per

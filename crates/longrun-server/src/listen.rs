@@ -19,7 +19,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
 use axum::extract::ConnectInfo;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
@@ -39,7 +38,7 @@ const REFUSAL_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Serves `router` on `listener` until `stop`, then drains.
 pub async fn serve(
     listener: TcpListener,
-    router: Router,
+    stack: impl crate::router::Served,
     limits: Limits,
     stop: CancellationToken,
 ) -> std::io::Result<()> {
@@ -65,7 +64,7 @@ pub async fn serve(
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let service = router
+        let service = stack
             .clone()
             .map_request(move |mut req: axum::extract::Request<hyper::body::Incoming>| {
                 req.extensions_mut().insert(ConnectInfo(peer));

@@ -4,7 +4,11 @@
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
+use std::convert::Infallible;
 use tower::ServiceBuilder;
+
+use axum::extract::Request;
+use axum::response::{IntoResponse, Response};
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::timeout::RequestBodyTimeoutLayer;
 
@@ -17,6 +21,36 @@ use crate::{console, http};
 /// route (what `Router::layer` does): a request then clones one boxed
 /// stack, not one per layer.
 pub fn app(state: AppState) -> Router {
+    Router::new().fallback_service(stack(state))
+}
+
+/// The stack [`app`] serves, as the listener serves it: the edge outermost,
+/// then panic catching, body limits, the routes. Served as it is, not
+/// through a router of its own, a request is routed once.
+pub fn stack(state: AppState) -> impl Served {
+    http::Edge::new(state.clone(), inner(state))
+}
+
+/// What the listener serves: the stack, cloned per connection and per
+/// request as it is (its routes are a `Router`, a pointer), not boxed.
+pub trait Served:
+    tower::Service<Request, Response = Response, Error = Infallible, Future: Send> + Clone + Send + Sync + 'static
+{
+}
+
+impl<S> Served for S where
+    S: tower::Service<Request, Response = Response, Error = Infallible, Future: Send> + Clone + Send + Sync + 'static
+{
+}
+
+/// The routes under panic catching and body limits.
+fn inner(
+    state: AppState,
+) -> impl tower::Service<Request, Response = impl IntoResponse, Error = Infallible, Future: Send>
++ Clone
++ Send
++ Sync
++ 'static {
     let max_body = state.config.max_body_bytes;
     let body_stall = state.config.limits.body_stall_timeout;
     let routes = Router::new()
@@ -33,11 +67,9 @@ pub fn app(state: AppState) -> Router {
         .fallback(http::not_found)
         .method_not_allowed_fallback(http::method_not_allowed)
         .with_state(state.clone());
-    let stack = ServiceBuilder::new()
-        .layer(axum::middleware::from_fn_with_state(state, http::edge))
+    ServiceBuilder::new()
         .layer(CatchPanicLayer::new())
         .layer(RequestBodyTimeoutLayer::new(body_stall))
         .layer(DefaultBodyLimit::max(max_body))
-        .service(routes);
-    Router::new().fallback_service(stack)
+        .service(routes)
 }

@@ -23,7 +23,6 @@ use longrun_store::{ApiKeyCreateParams, SqliteConfig, SqliteStore, Store};
 use tokio::task::JoinHandle;
 
 use crate::app::{AppState, Config};
-use crate::router::app;
 
 /// How `longrun serve` runs: every flag, as the CLI parsed it.
 pub struct ServeOptions {
@@ -300,11 +299,11 @@ pub async fn start(options: ServeOptions) -> anyhow::Result<RunningServer> {
         services.push(tokio::spawn(deliverer.run(services_stop.clone())));
     }
 
-    let router = app(state.clone());
+    let stack = crate::router::stack(state.clone());
     let limits = options.http.limits.clone();
     let stop = shutdown.clone();
     let handle = tokio::spawn(async move {
-        let served = crate::listen::serve(listener, router, limits, stop).await;
+        let served = crate::listen::serve(listener, stack, limits, stop).await;
         // Requests are done: nothing more can be accepted. Now stop claiming
         // and let running tasks finish within their grace period.
         services_stop.cancel();

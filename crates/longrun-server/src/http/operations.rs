@@ -408,7 +408,7 @@ async fn submit_batch(
             Err(e) => {
                 results[i] = Some(item_refused(
                     &ApiError::InvalidRequest(format!("idempotency_key: {e}")),
-                    &request_id.0,
+                    request_id.as_str(),
                 ));
                 continue;
             }
@@ -418,7 +418,7 @@ async fn submit_batch(
                 slots.push(i);
                 accepts.push(params);
             }
-            Err(e) => results[i] = Some(item_refused(&e, &request_id.0)),
+            Err(e) => results[i] = Some(item_refused(&e, request_id.as_str())),
         }
     }
     for (slot, outcome) in slots.into_iter().zip(app.store.operation_accept_many(accepts).await) {
@@ -426,7 +426,7 @@ async fn submit_batch(
             // A replay of an ended operation is 200, as a single submission's.
             Ok((op, replayed)) if replayed && op.state.is_terminal() => item_accepted(StatusCode::OK, &op, true),
             Ok((op, replayed)) => item_accepted(StatusCode::ACCEPTED, &op, replayed),
-            Err(e) => item_refused(&e, &request_id.0),
+            Err(e) => item_refused(&e, request_id.as_str()),
         });
     }
     Ok(Json(BatchSubmitResponse {

@@ -460,12 +460,12 @@ async fn outcomes(
                 finishes.push((slot, p));
                 OutcomeItemResult::default()
             }
-            Err(e) => refused_item(operation_id, &e, &request_id.0),
+            Err(e) => refused_item(operation_id, &e, request_id.as_str()),
         });
     }
     let refused = |id: &Id, e: StoreError| {
         let error = lease_error(id)(e);
-        refused_item(id.to_string(), &error, &request_id.0)
+        refused_item(id.to_string(), &error, request_id.as_str())
     };
     let (slots, params): (Vec<usize>, Vec<HeartbeatParams>) = heartbeats.into_iter().unzip();
     let ids: Vec<Id> = params.iter().map(|p| p.operation_id.clone()).collect();
