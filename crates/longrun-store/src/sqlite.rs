@@ -48,7 +48,7 @@ use std::time::Duration;
 
 use longrun_core::fingerprint::Fingerprint;
 use longrun_core::id::random_base32;
-use longrun_core::{Id, IdKind, State, Timestamp};
+use longrun_core::{Id, State, Timestamp};
 use rusqlite::types::Type;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params};
 use serde_json::{Value, json};

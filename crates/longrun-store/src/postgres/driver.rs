@@ -337,6 +337,9 @@ impl Driver for PgDriver<'_> {
     }
 
     async fn webhook_queue(&mut self, op: &Operation, webhook: WebhookType) -> Result<()> {
-        outbox_insert_as(self.c, op, webhook).await
+        match crate::shared::delivery_queued(op, webhook) {
+            Some(queued) => super::script::run(self.c, &queued).await,
+            None => Ok(()),
+        }
     }
 }

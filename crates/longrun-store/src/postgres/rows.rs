@@ -152,33 +152,6 @@ pub(super) async fn update_returning(
     row.as_ref().map(operation_from_row).transpose()
 }
 
-pub(super) async fn outbox_insert(c: &mut PgConnection, op: &Operation) -> Result<()> {
-    outbox_insert_as(c, op, WebhookType::Reached(op.state)).await
-}
-
-/// The webhook of a change, of type `event_type` (see the SQLite backend).
-pub(super) async fn outbox_insert_as(c: &mut PgConnection, op: &Operation, webhook: WebhookType) -> Result<()> {
-    let Some(url) = &op.callback_url else { return Ok(()) };
-    let event_id = Id::generate(IdKind::Event);
-    let event_type = webhook.as_str();
-    let payload = crate::shared::webhook_payload(op, event_type);
-    sqlx::query(
-        "INSERT INTO webhook_deliveries (event_id, operation_id, tenant, url, type, payload, created_at, status, next_attempt_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', $7)",
-    )
-    .bind(event_id.as_str())
-    .bind(op.id.as_str())
-    .bind(&op.tenant)
-    .bind(url)
-    .bind(event_type)
-    .bind(payload)
-    .bind(op.updated_at.0)
-    .execute(&mut *c)
-    .await
-    .map_err(db)?;
-    Ok(())
-}
-
 /// The tenant's operation, locked for the rest of the transaction.
 pub(super) async fn lock_operation(c: &mut PgConnection, tenant: &str, id: &Id) -> Result<Operation> {
     let row = sqlx::query(&format!(

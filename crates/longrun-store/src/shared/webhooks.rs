@@ -17,6 +17,28 @@ fn delivery(r: &Row) -> Result<Delivery> {
     })
 }
 
+/// Queues the webhook `webhook` of `op`'s change, in the change's
+/// transaction; `None` when `op` has no callback URL.
+pub(crate) fn delivery_queued(op: &Operation, webhook: crate::plan::WebhookType) -> Option<Script<()>> {
+    let url = op.callback_url.as_deref()?;
+    let event_type = webhook.as_str();
+    Some(Script::one(
+        "INSERT INTO webhook_deliveries (event_id, operation_id, tenant, url, type, payload, created_at, status,
+                                         next_attempt_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'pending', ?7)",
+        vec![
+            Id::generate(longrun_core::IdKind::Event).into_string().into(),
+            op.id.as_str().into(),
+            op.tenant.as_str().into(),
+            url.into(),
+            event_type.into(),
+            webhook_payload(op, event_type).into(),
+            op.updated_at.into(),
+        ],
+        nothing,
+    ))
+}
+
 /// Deliveries due at `now` that no node holds, soonest first; on
 /// PostgreSQL locked, skipping those another node's transaction holds.
 pub(crate) fn deliveries_due(now: Timestamp, limit: u32) -> Script<Vec<Delivery>> {

@@ -166,8 +166,8 @@ pub(super) fn lease_task(
     }
     let data = json!({"attempt": started.attempt, "worker_id": p.worker_id});
     event_insert(c, &started, EventType::Started, &data)?;
-    if was_queued {
-        outbox_insert(c, &started)?;
+    if was_queued && let Some(queued) = crate::shared::delivery_queued(&started, WebhookType::Reached(started.state)) {
+        super::script::run(c, &queued)?;
     }
     Ok(Some(Task {
         operation_id: started.id,

@@ -363,6 +363,9 @@ impl Driver for SqliteDriver<'_> {
     }
 
     async fn webhook_queue(&mut self, op: &Operation, webhook: WebhookType) -> Result<()> {
-        outbox_insert_as(self.c, op, webhook)
+        match crate::shared::delivery_queued(op, webhook) {
+            Some(queued) => super::script::run(self.c, &queued),
+            None => Ok(()),
+        }
     }
 }

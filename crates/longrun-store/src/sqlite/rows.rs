@@ -177,32 +177,3 @@ pub(super) fn owns(c: &Connection, tenant: &str, id: &Id) -> Result<bool> {
             .is_some(),
     )
 }
-
-/// Queues the webhook of a state transition, in the transition's transaction.
-pub(super) fn outbox_insert(c: &Connection, op: &Operation) -> Result<()> {
-    outbox_insert_as(c, op, WebhookType::Reached(op.state))
-}
-
-/// The webhook of a change, of type `event_type` (`operation.resumed` is a
-/// move to `queued` that is not a creation).
-pub(super) fn outbox_insert_as(c: &Connection, op: &Operation, webhook: WebhookType) -> Result<()> {
-    let Some(url) = &op.callback_url else { return Ok(()) };
-    let event_id = Id::generate(IdKind::Event);
-    let event_type = webhook.as_str();
-    let payload = crate::shared::webhook_payload(op, event_type);
-    c.prepare_cached(
-        "INSERT INTO webhook_deliveries (event_id, operation_id, tenant, url, type, payload, created_at, status,
-                                         next_attempt_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'pending', ?7)",
-    )?
-    .execute(params![
-        event_id.as_str(),
-        op.id.as_str(),
-        op.tenant,
-        url,
-        event_type,
-        payload,
-        op.updated_at.0
-    ])?;
-    Ok(())
-}
