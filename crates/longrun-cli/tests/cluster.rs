@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use std::process::Stdio;
 use std::time::Duration;
 
-use longrun_store::Store as _;
+use longrun_store::Tables as _;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};

@@ -268,16 +268,6 @@ pub trait Store: Tables + Send + Sync + 'static {
     /// Gives back the right to append, if `token` still holds it.
     async fn upload_append_release(&self, id: &Id, token: &str) -> Result<()>;
 
-    /// When the right to append that a request holds on the tenant's upload
-    /// `id` ends, if one holds it at `now`; `None` when no append is under
-    /// way (or the upload is unknown).
-    async fn upload_appending(
-        &self,
-        tenant: &str,
-        id: &Id,
-        now: longrun_core::Timestamp,
-    ) -> Result<Option<longrun_core::Timestamp>>;
-
     /// Completes an upload whose pieces the caller joined into one object.
     async fn upload_complete(&self, params: UploadCompleteParams) -> Result<UploadRecord>;
 

@@ -553,11 +553,6 @@ crate::plan::store::impl_store!(SqliteStore, run_plan, {
         self.writer.write(move |c| artifact_garbage_done(c, &keys)).await
     }
 
-    async fn upload_appending(&self, tenant: &str, id: &Id, now: Timestamp) -> Result<Option<Timestamp>> {
-        let lease = self.read_now(|c| upload_lease(c, Some(tenant), id))?;
-        Ok(lease.and_then(|l| l.live_until(now)))
-    }
-
     async fn artifact_keys_named(&self, keys: Vec<String>) -> Result<Vec<String>> {
         self.read(move |c| artifact_keys_named(c, &keys)).await
     }

@@ -48,6 +48,16 @@ pub trait Tables: Send + Sync {
     /// The operation submitted with idempotency key `key` for one of `kinds`.
     async fn operation_by_key(&self, tenant: &str, kinds: Vec<String>, key: &str) -> Result<Option<Id>>;
 
+    /// When the right to append that a request holds on the tenant's upload
+    /// `id` ends, if one holds it at `now`; `None` when no append is under
+    /// way (or the upload is unknown).
+    async fn upload_appending(
+        &self,
+        tenant: &str,
+        id: &Id,
+        now: longrun_core::Timestamp,
+    ) -> Result<Option<longrun_core::Timestamp>>;
+
     /// The tenant's upload `id`; `None` for an unknown or foreign id.
     async fn upload_get(&self, tenant: &str, id: &Id) -> Result<Option<UploadRecord>>;
 

@@ -283,7 +283,7 @@ pub(crate) trait Driver {
     /// given), locked for the rest of the transaction; `None` if no such
     /// upload.
     async fn upload_lease_locked(&mut self, tenant: Option<&str>, id: &Id) -> Result<Option<UploadLease>> {
-        self.script(&fetches::upload_lease_locked(tenant, id)).await
+        self.script(&crate::shared::upload_lease(tenant, id, true)).await
     }
 
     /// Sets who holds the right to append to upload `id`.

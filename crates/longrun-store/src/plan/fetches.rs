@@ -12,7 +12,7 @@ use longrun_core::{Id, Timestamp};
 use super::driver::{OverdueWaiting, PauseRequested, StopRequested};
 use super::retention::{Expiring, Tombstone};
 use crate::Result;
-use crate::shared::{Done, Lapsed, Script, Stmt, UploadLease, all, nothing, one, optional};
+use crate::shared::{Done, Lapsed, Script, Stmt, UploadLease, all, nothing, one};
 
 fn ids(d: Done) -> Result<Vec<String>> {
     all(d, |r| r.text(0))
@@ -229,22 +229,6 @@ pub(super) fn tenant_results_to_garbage(tenant: &str, now: Timestamp) -> Script<
          SELECT storage_key, ?2 FROM results WHERE tenant = ?1 AND state <> 'expired' ON CONFLICT DO NOTHING",
         vec![tenant.into(), now.into()],
         nothing,
-    )
-}
-
-pub(super) fn upload_lease_locked(tenant: Option<&str>, id: &Id) -> Script<Option<UploadLease>> {
-    Script::one(
-        "SELECT appending_token, appending_until FROM uploads WHERE id = ?1 AND (?2 IS NULL OR tenant = ?2)
-          {for_update}",
-        vec![id.as_str().into(), tenant.into()],
-        |d| {
-            optional(d, |r| {
-                Ok(UploadLease {
-                    token: r.opt_text(0)?,
-                    until: r.opt_ts(1)?,
-                })
-            })
-        },
     )
 }
 

@@ -150,12 +150,6 @@ crate::plan::store::impl_store!(PostgresStore, run_plan, {
         Ok(())
     }
 
-    async fn upload_appending(&self, tenant: &str, id: &Id, now: Timestamp) -> Result<Option<Timestamp>> {
-        let mut c = self.pool.acquire().await.map_err(db)?;
-        let lease = upload_lease(&mut c, Some(tenant), id, false).await?;
-        Ok(lease.and_then(|l| l.live_until(now)))
-    }
-
     /// One statement for all of `keys`, each looked up by the indexes that
     /// name objects (see the SQLite backend).
     async fn artifact_keys_named(&self, keys: Vec<String>) -> Result<Vec<String>> {

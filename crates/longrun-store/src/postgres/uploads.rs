@@ -66,32 +66,3 @@ pub(super) async fn pieces_drop(
     .map_err(db)?;
     Ok(())
 }
-
-/// Who holds the right to append to upload `id` (the tenant's, when given),
-/// locked for the transaction when `lock`.
-pub(super) async fn upload_lease(
-    c: &mut PgConnection,
-    tenant: Option<&str>,
-    id: &Id,
-    lock: bool,
-) -> Result<Option<UploadLease>> {
-    let sql = if lock {
-        "SELECT appending_token, appending_until FROM uploads WHERE id = $1 AND ($2::TEXT IS NULL OR tenant = $2)
-            FOR UPDATE"
-    } else {
-        "SELECT appending_token, appending_until FROM uploads WHERE id = $1 AND ($2::TEXT IS NULL OR tenant = $2)"
-    };
-    let row = sqlx::query(sql)
-        .bind(id.as_str())
-        .bind(tenant)
-        .fetch_optional(&mut *c)
-        .await
-        .map_err(db)?;
-    row.map(|r| {
-        Ok(UploadLease {
-            token: r.try_get(0).map_err(db)?,
-            until: r.try_get::<Option<i64>, _>(1).map_err(db)?.map(Timestamp),
-        })
-    })
-    .transpose()
-}

@@ -19,6 +19,26 @@ fn upload(r: &Row) -> Result<UploadRecord> {
     })
 }
 
+/// Who holds the right to append to upload `id` (the tenant's, when one is
+/// named); on PostgreSQL locked for the rest of the transaction when
+/// `locked` (the plan's appends take it so).
+pub(crate) fn upload_lease(tenant: Option<&str>, id: &Id, locked: bool) -> Script<Option<UploadLease>> {
+    let sql = if locked {
+        "SELECT appending_token, appending_until FROM uploads WHERE id = ?1 AND (?2 IS NULL OR tenant = ?2)
+          {for_update}"
+    } else {
+        "SELECT appending_token, appending_until FROM uploads WHERE id = ?1 AND (?2 IS NULL OR tenant = ?2)"
+    };
+    Script::one(sql, vec![id.as_str().into(), tenant.into()], |d| {
+        optional(d, |r| {
+            Ok(UploadLease {
+                token: r.opt_text(0)?,
+                until: r.opt_ts(1)?,
+            })
+        })
+    })
+}
+
 /// The tenant's upload.
 pub(crate) fn upload_get(tenant: &str, id: &Id) -> Script<Option<UploadRecord>> {
     Script::one(

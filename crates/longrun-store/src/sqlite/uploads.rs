@@ -89,17 +89,3 @@ pub(super) fn artifact_keys_named(c: &Connection, keys: &[String]) -> Result<Vec
     }
     Ok(named)
 }
-
-/// Who holds the right to append to upload `id` (the tenant's, when given).
-pub(super) fn upload_lease(c: &Connection, tenant: Option<&str>, id: &Id) -> Result<Option<UploadLease>> {
-    Ok(c.prepare_cached(
-        "SELECT appending_token, appending_until FROM uploads WHERE id = ?1 AND (?2 IS NULL OR tenant = ?2)",
-    )?
-    .query_row(params![id.as_str(), tenant], |r| {
-        Ok(UploadLease {
-            token: r.get(0)?,
-            until: r.get::<_, Option<i64>>(1)?.map(Timestamp),
-        })
-    })
-    .optional()?)
-}

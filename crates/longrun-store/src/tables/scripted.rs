@@ -60,6 +60,16 @@ impl<S: RunScripts> Tables for S {
         self.read_now(shared::operation_by_key(tenant, &kinds, key)).await
     }
 
+    async fn upload_appending(
+        &self,
+        tenant: &str,
+        id: &Id,
+        now: longrun_core::Timestamp,
+    ) -> Result<Option<longrun_core::Timestamp>> {
+        let lease = self.read_now(shared::upload_lease(Some(tenant), id, false)).await?;
+        Ok(lease.and_then(|l| l.live_until(now)))
+    }
+
     async fn upload_get(&self, tenant: &str, id: &Id) -> Result<Option<UploadRecord>> {
         self.read_now(shared::upload_get(tenant, id)).await
     }
