@@ -236,12 +236,6 @@ pub trait Store: Tables + Send + Sync + 'static {
         Ok(HistoryUpkeep::default())
     }
 
-    /// Storage keys of objects to delete.
-    async fn artifact_garbage(&self, limit: u32) -> Result<Vec<String>>;
-
-    /// Forgets garbage whose objects were deleted.
-    async fn artifact_garbage_done(&self, keys: Vec<String>) -> Result<()>;
-
     /// Which of `keys` (storage keys of objects) a row names: a result, a
     /// piece of a resumable artifact, or an upload (its pieces, or its
     /// joined object). An object no row names is an orphan: a crash between

@@ -545,14 +545,6 @@ crate::plan::store::impl_store!(SqliteStore, run_plan, {
         self.changes.subscribe()
     }
 
-    async fn artifact_garbage(&self, limit: u32) -> Result<Vec<String>> {
-        self.read(move |c| artifact_garbage(c, limit)).await
-    }
-
-    async fn artifact_garbage_done(&self, keys: Vec<String>) -> Result<()> {
-        self.writer.write(move |c| artifact_garbage_done(c, &keys)).await
-    }
-
     async fn artifact_keys_named(&self, keys: Vec<String>) -> Result<Vec<String>> {
         self.read(move |c| artifact_keys_named(c, &keys)).await
     }

@@ -48,6 +48,12 @@ pub trait Tables: Send + Sync {
     /// The operation submitted with idempotency key `key` for one of `kinds`.
     async fn operation_by_key(&self, tenant: &str, kinds: Vec<String>, key: &str) -> Result<Option<Id>>;
 
+    /// Storage keys of objects to delete, oldest garbage first.
+    async fn artifact_garbage(&self, limit: u32) -> Result<Vec<String>>;
+
+    /// Forgets garbage whose objects were deleted.
+    async fn artifact_garbage_done(&self, keys: Vec<String>) -> Result<()>;
+
     /// When the right to append that a request holds on the tenant's upload
     /// `id` ends, if one holds it at `now`; `None` when no append is under
     /// way (or the upload is unknown).

@@ -133,23 +133,6 @@ crate::plan::store::impl_store!(PostgresStore, run_plan, {
             .map_err(|_| StoreError::Stopped("the history upkeep"))?
     }
 
-    async fn artifact_garbage(&self, limit: u32) -> Result<Vec<String>> {
-        sqlx::query_scalar("SELECT storage_key FROM artifact_garbage ORDER BY created_at LIMIT $1")
-            .bind(i64::from(limit))
-            .fetch_all(&self.pool)
-            .await
-            .map_err(db)
-    }
-
-    async fn artifact_garbage_done(&self, keys: Vec<String>) -> Result<()> {
-        sqlx::query("DELETE FROM artifact_garbage WHERE storage_key = ANY($1)")
-            .bind(&keys)
-            .execute(&self.pool)
-            .await
-            .map_err(db)?;
-        Ok(())
-    }
-
     /// One statement for all of `keys`, each looked up by the indexes that
     /// name objects (see the SQLite backend).
     async fn artifact_keys_named(&self, keys: Vec<String>) -> Result<Vec<String>> {

@@ -19,6 +19,26 @@ fn upload(r: &Row) -> Result<UploadRecord> {
     })
 }
 
+/// Storage keys of objects to delete, oldest garbage first.
+pub(crate) fn artifact_garbage(limit: u32) -> Script<Vec<String>> {
+    Script::one(
+        "SELECT storage_key FROM artifact_garbage ORDER BY created_at LIMIT ?1",
+        vec![i64::from(limit).into()],
+        |d| all(d, |r| r.text(0)),
+    )
+}
+
+/// Forgets the garbage of `keys`, in one statement however many there
+/// are (they go as one JSON array).
+pub(crate) fn artifact_garbage_done(keys: &[String]) -> Script<()> {
+    Script::one(
+        "DELETE FROM artifact_garbage WHERE storage_key IN
+           (SELECT value FROM {sqlite: json_each(?1)}{pg: json_array_elements_text(?1::JSON)})",
+        vec![serde_json::to_string(keys).expect("strings serialize").into()],
+        nothing,
+    )
+}
+
 /// Who holds the right to append to upload `id` (the tenant's, when one is
 /// named); on PostgreSQL locked for the rest of the transaction when
 /// `locked` (the plan's appends take it so).

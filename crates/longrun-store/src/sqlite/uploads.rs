@@ -31,22 +31,6 @@ pub(super) fn pieces_drop(
     Ok(())
 }
 
-pub(super) fn artifact_garbage(c: &Connection, limit: u32) -> Result<Vec<String>> {
-    Ok(
-        c.prepare_cached("SELECT storage_key FROM artifact_garbage ORDER BY created_at LIMIT ?1")?
-            .query_map(params![limit], |r| r.get(0))?
-            .collect::<rusqlite::Result<_>>()?,
-    )
-}
-
-pub(super) fn artifact_garbage_done(c: &Connection, keys: &[String]) -> Result<()> {
-    for key in keys {
-        c.prepare_cached("DELETE FROM artifact_garbage WHERE storage_key = ?1")?
-            .execute(params![key])?;
-    }
-    Ok(())
-}
-
 /// Deletes an upload's row; its objects become garbage.
 pub(super) fn upload_drop(c: &Connection, id: &str, now: Timestamp) -> Result<()> {
     let chunks: Option<String> = c

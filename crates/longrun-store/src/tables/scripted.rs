@@ -60,6 +60,14 @@ impl<S: RunScripts> Tables for S {
         self.read_now(shared::operation_by_key(tenant, &kinds, key)).await
     }
 
+    async fn artifact_garbage(&self, limit: u32) -> Result<Vec<String>> {
+        self.read(shared::artifact_garbage(limit)).await
+    }
+
+    async fn artifact_garbage_done(&self, keys: Vec<String>) -> Result<()> {
+        self.write(shared::artifact_garbage_done(&keys)).await
+    }
+
     async fn upload_appending(
         &self,
         tenant: &str,
