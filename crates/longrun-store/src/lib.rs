@@ -157,12 +157,6 @@ pub trait Store: Tables + Send + Sync + 'static {
         futures_util::future::join_all(params.into_iter().map(|p| self.task_heartbeat(p))).await
     }
 
-    /// Ends now every lease held by `worker_id` (a worker known to be gone,
-    /// such as this node's in-process workers before a restart), so the
-    /// reaper handles them at once instead of after the lease time. Returns
-    /// how many.
-    async fn task_expire_worker(&self, worker_id: &str, now: longrun_core::Timestamp) -> Result<u64>;
-
     /// Handles leases that were not renewed in time: re-queues rerun-safe
     /// kinds with attempts left, fails the others with `outcome_unknown`.
     async fn task_reap(&self, params: ReapParams) -> Result<ReapCounts>;

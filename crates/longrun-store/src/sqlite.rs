@@ -526,11 +526,6 @@ crate::plan::store::impl_store!(SqliteStore, run_plan, {
         self.write_each(params, move |c, p| task_heartbeat(c, policy, p)).await
     }
 
-    async fn task_expire_worker(&self, worker_id: &str, now: Timestamp) -> Result<u64> {
-        let worker_id = worker_id.to_owned();
-        self.writer.write(move |c| task_expire_worker(c, &worker_id, now)).await
-    }
-
     async fn operation_events_after(
         &self,
         tenant: &str,

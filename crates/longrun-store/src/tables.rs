@@ -1,7 +1,8 @@
 //! [`Tables`]: the store's small tables and its reads off the job path —
 //! keys, kinds, tenants, secrets, console sessions, acceptance pauses,
 //! results, tombstones, idempotency records, webhook secrets and the
-//! delivery log, the console's summaries, schedules — implemented once for every
+//! delivery log, the console's summaries, schedules, artifact garbage,
+//! upload append leases, a gone worker's leases — implemented once for every
 //! backend over the shared scripts (`shared/admin.rs`, `shared/lookups.rs`,
 //! `shared/webhooks.rs`, `shared/uploads.rs`). A backend only says how it
 //! runs a script ([`RunScripts`]).
@@ -47,6 +48,12 @@ pub trait Tables: Send + Sync {
 
     /// The operation submitted with idempotency key `key` for one of `kinds`.
     async fn operation_by_key(&self, tenant: &str, kinds: Vec<String>, key: &str) -> Result<Option<Id>>;
+
+    /// Ends now every lease held by `worker_id` (a worker known to be gone,
+    /// such as this node's in-process workers before a restart), so the
+    /// reaper handles them at once instead of after the lease time. Returns
+    /// how many.
+    async fn task_expire_worker(&self, worker_id: &str, now: longrun_core::Timestamp) -> Result<u64>;
 
     /// Storage keys of objects to delete, oldest garbage first.
     async fn artifact_garbage(&self, limit: u32) -> Result<Vec<String>>;

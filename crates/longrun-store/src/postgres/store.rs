@@ -97,18 +97,6 @@ crate::plan::store::impl_store!(PostgresStore, run_plan, {
         tokio::join!(self.task_finish_many(outcomes), self.task_claim(claim))
     }
 
-    async fn task_expire_worker(&self, worker_id: &str, now: Timestamp) -> Result<u64> {
-        let n = sqlx::query(
-            "UPDATE tasks SET lease_expires_at = $2 WHERE status = 'leased' AND worker_id = $1 AND lease_expires_at >= $2",
-        )
-        .bind(worker_id)
-        .bind(now.0 - 1)
-        .execute(&self.pool)
-        .await
-        .map_err(db)?;
-        Ok(n.rows_affected())
-    }
-
     async fn operation_events_after(
         &self,
         tenant: &str,

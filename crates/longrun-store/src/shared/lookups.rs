@@ -232,3 +232,13 @@ pub(crate) fn operation_by_key(tenant: &str, kinds: &[String], key: &str) -> Scr
         },
     }
 }
+
+/// Ends now the leases `worker_id` holds (its process is gone), so the
+/// reaper takes their tasks at once; how many.
+pub(crate) fn leases_of_worker_expired(worker_id: &str, now: Timestamp) -> Script<u64> {
+    Script::one(
+        "UPDATE tasks SET lease_expires_at = ?2 WHERE status = 'leased' AND worker_id = ?1 AND lease_expires_at >= ?2",
+        vec![worker_id.into(), (now.0 - 1).into()],
+        |d| Ok(d.changed),
+    )
+}

@@ -1,5 +1,5 @@
 //! Fenced reads of leased tasks (the plan layer's heartbeats, outcomes and
-//! reaper start from them), and ending a gone worker's leases.
+//! reaper start from them).
 
 use super::*;
 
@@ -69,15 +69,6 @@ pub(super) fn fenced(c: &Connection, operation_id: &Id, lease_token: &str) -> Re
         .optional()?
         .flatten()
         .ok_or(StoreError::LeaseLost)
-}
-
-pub(super) fn task_expire_worker(c: &Connection, worker_id: &str, now: Timestamp) -> Result<u64> {
-    let n = c
-        .prepare_cached(
-            "UPDATE tasks SET lease_expires_at = ?2 WHERE status = 'leased' AND worker_id = ?1 AND lease_expires_at >= ?2",
-        )?
-        .execute(params![worker_id, now.0 - 1])?;
-    Ok(n as u64)
 }
 
 #[cfg(test)]

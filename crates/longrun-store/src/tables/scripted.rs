@@ -60,6 +60,10 @@ impl<S: RunScripts> Tables for S {
         self.read_now(shared::operation_by_key(tenant, &kinds, key)).await
     }
 
+    async fn task_expire_worker(&self, worker_id: &str, now: longrun_core::Timestamp) -> Result<u64> {
+        self.write(shared::leases_of_worker_expired(worker_id, now)).await
+    }
+
     async fn artifact_garbage(&self, limit: u32) -> Result<Vec<String>> {
         self.read(shared::artifact_garbage(limit)).await
     }
