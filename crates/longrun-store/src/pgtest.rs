@@ -163,6 +163,16 @@ fn start_with(durable: bool, name: &str) -> Result<Cluster, String> {
     Ok(cluster)
 }
 
+/// A test that needs more than the cluster (a contrib extension) and
+/// cannot have it: said loudly, and a failure with `LONGRUN_REQUIRE_PEERS`.
+pub fn skipped(test: &str, why: &str) {
+    assert!(
+        !peers_required(),
+        "LONGRUN_REQUIRE_PEERS is set but {test} cannot run: {why}"
+    );
+    eprintln!("SKIPPED: {test} ({why})");
+}
+
 /// The process's cluster, started on first use; `None` (said loudly) when it
 /// cannot run here.
 pub fn cluster() -> Option<&'static Cluster> {

@@ -741,10 +741,15 @@ async fn a_claim_writes_no_index_entry_of_its_operation() {
         .unwrap();
     assert_eq!(tasks.len(), 1);
     let mut c = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await.unwrap();
-    sqlx::raw_sql("CREATE EXTENSION IF NOT EXISTS pageinspect")
+    // A contrib extension: a cluster without the contrib files (or a role
+    // that may not create it) cannot read pages.
+    if let Err(e) = sqlx::raw_sql("CREATE EXTENSION IF NOT EXISTS pageinspect")
         .execute(&mut c)
         .await
-        .unwrap();
+    {
+        longrun_store::pgtest::skipped("the HOT claim test", &format!("pageinspect: {e}"));
+        return;
+    }
     // The operation's versions on its page, in line-pointer order: the
     // queued one, updated HOT (HEAP_HOT_UPDATED, 0x4000 in t_infomask2),
     // then the running one, a heap-only tuple (HEAP_ONLY_TUPLE, 0x8000),
