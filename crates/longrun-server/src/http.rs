@@ -15,14 +15,13 @@ pub mod uploads;
 pub mod wire;
 pub mod workers;
 
-use std::time::Instant;
-
-use axum::body::Body;
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Instant;
 
+use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
@@ -211,17 +210,9 @@ where
     }
 
     fn call(&mut self, req: Request) -> Self::Future {
-        let inner = self.inner.clone();
-        Box::pin(edge_ok(self.app.clone(), req, inner))
+        let (app, inner) = (self.app.clone(), self.inner.clone());
+        Box::pin(async move { Ok(edge(app, req, inner).await) })
     }
-}
-
-async fn edge_ok<S>(app: AppState, req: Request, inner: S) -> Result<Response, Infallible>
-where
-    S: tower::Service<Request, Error = Infallible>,
-    S::Response: IntoResponse,
-{
-    Ok(edge(app, req, inner).await)
 }
 
 /// The edge's metrics, resolved once (a lookup by name and labels per

@@ -35,7 +35,7 @@ use crate::app::Limits;
 /// How long a refused connection is given to take its `503`.
 const REFUSAL_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// Serves `router` on `listener` until `stop`, then drains.
+/// Serves `stack` on `listener` until `stop`, then drains.
 pub async fn serve(
     listener: TcpListener,
     stack: impl crate::router::Served,

@@ -2,31 +2,29 @@
 //! under the edge middleware (request ids, problems, logs, the in-flight
 //! shed), body limits and panic catching.
 
-use axum::Router;
-use axum::extract::DefaultBodyLimit;
 use std::convert::Infallible;
-use tower::ServiceBuilder;
 
-use axum::extract::Request;
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Request};
 use axum::response::{IntoResponse, Response};
+use tower::ServiceBuilder;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::timeout::RequestBodyTimeoutLayer;
 
 use crate::app::AppState;
 use crate::{console, http};
 
-/// The whole HTTP API as one router.
-///
-/// The middleware wraps the routes once, as one service, rather than each
-/// route (what `Router::layer` does): a request then clones one boxed
-/// stack, not one per layer.
+/// The whole HTTP API as one router (what tests and embedders drive): the
+/// [`stack`] the listener serves, behind a router of one fallback.
 pub fn app(state: AppState) -> Router {
     Router::new().fallback_service(stack(state))
 }
 
 /// The stack [`app`] serves, as the listener serves it: the edge outermost,
-/// then panic catching, body limits, the routes. Served as it is, not
-/// through a router of its own, a request is routed once.
+/// then panic catching, body limits, the routes. The layers wrap the routes
+/// once, as one service, rather than each route (what `Router::layer`
+/// does); served as it is, not through a router of its own, a request is
+/// routed once.
 pub fn stack(state: AppState) -> impl Served {
     http::Edge::new(state.clone(), inner(state))
 }
