@@ -216,7 +216,8 @@ async fn claim_one(store: &dyn Store, kind: &str, now: Timestamp) -> Task {
     tasks.remove(0)
 }
 
-async fn claim(store: &dyn Store, kind: &str, max_tasks: u32, now: Timestamp) -> Vec<Task> {
+/// Up to `max_tasks` of `kind`'s tasks, claimed at `now` by the suite's worker.
+pub async fn claim(store: &dyn Store, kind: &str, max_tasks: u32, now: Timestamp) -> Vec<Task> {
     store.task_claim(claim_params(kind, max_tasks, now)).await.unwrap()
 }
 

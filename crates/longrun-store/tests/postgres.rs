@@ -657,16 +657,7 @@ async fn work_queued_before_schema_14_is_claimed_after_it() {
         .unwrap()
         .unwrap();
     assert_eq!((before.priority, before.not_before), (5, None));
-    let tasks = store
-        .task_claim(longrun_store::ClaimParams {
-            kinds: vec!["old".into()],
-            max_tasks: 10,
-            lease: std::time::Duration::from_secs(30),
-            worker_id: "w".into(),
-            now: longrun_core::Timestamp(1_800_000_001_000),
-        })
-        .await
-        .unwrap();
+    let tasks = longrun_store::conformance::claim(&store, "old", 10, longrun_core::Timestamp(1_800_000_001_000)).await;
     let ids: Vec<&str> = tasks.iter().map(|t| t.operation_id.as_str()).collect();
     assert_eq!(ids, ["op_before_1", "op_before_2"]);
 }
@@ -729,16 +720,7 @@ async fn a_claim_writes_no_index_entry_of_its_operation() {
     let url = cluster.database().await;
     let store = PostgresStore::open(PostgresConfig::new(url.clone())).await.unwrap();
     let op = longrun_store::conformance::create(&store, "t1", "k").await;
-    let tasks = store
-        .task_claim(longrun_store::ClaimParams {
-            kinds: vec!["k".into()],
-            max_tasks: 1,
-            lease: std::time::Duration::from_secs(30),
-            worker_id: "w".into(),
-            now: longrun_core::Timestamp(1_800_000_001_000),
-        })
-        .await
-        .unwrap();
+    let tasks = longrun_store::conformance::claim(&store, "k", 1, longrun_core::Timestamp(1_800_000_001_000)).await;
     assert_eq!(tasks.len(), 1);
     let mut c = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await.unwrap();
     // A contrib extension: a cluster without the contrib files (or a role
