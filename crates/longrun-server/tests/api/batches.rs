@@ -94,6 +94,21 @@ async fn a_batch_answers_every_item_as_its_single_submission_would() {
     app.shutdown().await;
 }
 
+/// An item's problem names the request it came in (docs/api.md §6): the
+/// id of the batch's own `X-Request-Id`, not one of its own.
+#[tokio::test]
+async fn a_refused_item_carries_the_batch_requests_id() {
+    let app = no_workers().await;
+    let body = json!({"operations": [{"idempotency_key": "x", "kind": "nope"}]});
+    let response = post_batch(&app, &app.client_key, &body).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let header = response.headers()["x-request-id"].to_str().unwrap().to_owned();
+    let answer: Value = response.json().await.unwrap();
+    assert!(header.starts_with("req_"), "{header}");
+    assert_eq!(answer["results"][0]["problem"]["request_id"], header.as_str());
+    app.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_retried_batch_replays_what_it_accepted() {
     let app = no_workers().await;
