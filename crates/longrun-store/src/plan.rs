@@ -34,6 +34,7 @@ pub(crate) mod store;
 pub(crate) mod update;
 pub(crate) mod uploads;
 pub(crate) mod webhooks;
+mod writes;
 
 pub(crate) use driver::{Driver, EndRow, Lock};
 pub(crate) use effects::{Effect, apply};

@@ -2,18 +2,18 @@
 //! primitives, and the row writes [`apply`](super::apply) turns
 //! [`Effect`](super::Effect)s into. None of them decides anything; none
 //! records an event or queues a webhook of its own accord (the use case
-//! says which, with [`EventType`] and [`WebhookType`]).
+//! says which, with [`EventType`] and [`WebhookType`](super::WebhookType)).
 
 use std::collections::HashMap;
 
 use longrun_core::{State, Timestamp};
 use serde_json::Value;
 
+use super::EventType;
 use super::fetches;
 use super::retention::{Expiring, Tombstone};
-use super::{EventType, WebhookType};
-use crate::shared::{Ending, Fenced, Holder, Lapsed, Script, UpdateChange, UploadLease};
-use crate::{Id, Operation, Progress, Result};
+use crate::shared::{Ending, Fenced, Holder, Lapsed, Script, Stmt, UploadLease};
+use crate::{Id, Operation, Result};
 
 /// An operation past its deadline whose task waits in the queue (a first
 /// attempt, or a retry waiting for its backoff).
@@ -130,7 +130,9 @@ pub(crate) trait Driver {
     async fn operation_locked(&mut self, tenant: &str, id: &Id) -> Result<Option<Operation>>;
 
     /// Whether the operation's task is leased (`None`: it has no task).
-    async fn task_leased(&mut self, id: &str) -> Result<Option<bool>>;
+    async fn task_leased(&mut self, id: &str) -> Result<Option<bool>> {
+        self.script(&fetches::task_leased(id)).await
+    }
 
     /// What the workers of `op` can do, as a change of intent needs it.
     async fn intent_holder(&mut self, op: &Operation) -> Result<Holder>;
@@ -141,60 +143,10 @@ pub(crate) trait Driver {
     /// version): state, task, results, pieces. Returns the ended ones by id.
     async fn operations_end(&mut self, ends: &[&EndRow]) -> Result<HashMap<String, Operation>>;
 
-    /// Records a stop asked of running work, one version on.
-    async fn cancel_request(&mut self, id: &str, by: &str, reason: Option<&str>, now: Timestamp) -> Result<Operation>;
-
-    /// Records who cancelled work that ends at once (the same version; the
-    /// ending that follows moves it).
-    async fn cancel_record(&mut self, id: &str, by: &str, reason: Option<&str>, now: Timestamp) -> Result<()>;
-
-    /// Puts a running operation's task back in the queue until
-    /// `available_at`, for attempt `next_attempt`, one version on.
-    async fn retry_schedule(
-        &mut self,
-        id: &str,
-        next_attempt: i64,
-        available_at: Timestamp,
-        progress: Option<&Progress>,
-        now: Timestamp,
-    ) -> Result<Operation>;
-
-    /// Takes a live operation out of the queue as `paused` (its task row
-    /// goes), one version on.
-    async fn pause(
-        &mut self,
-        id: &str,
-        attempt: Option<i64>,
-        progress: Option<&Progress>,
-        checkpoint: Option<&Value>,
-        now: Timestamp,
-    ) -> Result<Operation>;
-
-    /// Puts a paused operation back in the queue, one version on, its task
-    /// claimable from `available_at`.
-    async fn resume(&mut self, id: &str, available_at: Timestamp, now: Timestamp) -> Result<Operation>;
-
-    /// Sets (or clears) a live operation's pause request, one version on.
-    async fn pause_request_set(&mut self, id: &str, at: Option<Timestamp>, now: Timestamp) -> Result<Operation>;
-
-    /// Sets a live operation's deadline and labels, one version on.
-    async fn deadline_and_labels_set(&mut self, id: &str, change: &UpdateChange, now: Timestamp) -> Result<Operation>;
-
-    /// Renews a lease until `until`.
-    async fn lease_renew(&mut self, id: &str, until: Timestamp) -> Result<()>;
-
-    /// Keeps a worker's checkpoint with the operation (no new version).
-    async fn checkpoint_save(&mut self, id: &str, checkpoint: &Value) -> Result<()>;
-
-    /// Stores what a worker reported of running work, one version on.
-    async fn progress_set(
-        &mut self,
-        id: &str,
-        progress: Option<&Progress>,
-        cost_units: f64,
-        cancellable: bool,
-        now: Timestamp,
-    ) -> Result<Operation>;
+    /// Runs `stmt`, an `UPDATE` of the one operation its `?1` names (a
+    /// statement of [`writes`](super::writes)), and reads the row back:
+    /// `None` when the statement matched no row.
+    async fn operation_update(&mut self, stmt: &Stmt) -> Result<Option<Operation>>;
 
     // Retention and tenant deletion: fetches of what is due, and removals.
 
@@ -245,7 +197,9 @@ pub(crate) trait Driver {
     }
 
     /// Deletes an upload; its objects become garbage.
-    async fn upload_drop(&mut self, id: &str, now: Timestamp) -> Result<()>;
+    async fn upload_drop(&mut self, id: &str, now: Timestamp) -> Result<()> {
+        self.script(&fetches::upload_drop(id, now)).await
+    }
 
     /// How many results and webhook deliveries the tenant has.
     async fn tenant_counts(&mut self, tenant: &str) -> Result<(u64, u64)> {
@@ -293,7 +247,4 @@ pub(crate) trait Driver {
 
     /// Records events, each of its operation's current version.
     async fn events_insert(&mut self, events: &[(&Operation, EventType, Value)]) -> Result<()>;
-
-    /// Queues the webhook `webhook` of `op`'s change, if it has a callback.
-    async fn webhook_queue(&mut self, op: &Operation, webhook: WebhookType) -> Result<()>;
 }

@@ -8,8 +8,8 @@ use longrun_core::lease::retry_backoff;
 use serde_json::{Value, json};
 
 use super::driver::EndRow;
-use super::{Driver, EventType, WebhookType};
-use crate::shared::UpdateChange;
+use super::{Driver, EventType, WebhookType, writes};
+use crate::shared::{Stmt, UpdateChange};
 use crate::{Operation, Progress, Result, StoreError};
 
 /// A change of one operation, as a use case decided it.
@@ -122,7 +122,7 @@ async fn end_all<D: Driver>(d: &mut D, effects: &[Effect]) -> Result<Vec<Option<
         .collect();
     d.events_insert(&recorded).await?;
     for (op, _, _) in &recorded {
-        d.webhook_queue(op, WebhookType::Reached(op.state)).await?;
+        webhook_queue(d, op, WebhookType::Reached(op.state)).await?;
     }
     Ok(answers)
 }
@@ -132,12 +132,13 @@ async fn apply_one<D: Driver>(d: &mut D, effect: &Effect, now: Timestamp) -> Res
     Ok(match effect {
         Effect::End(_) => unreachable!("endings go through end_all"),
         Effect::RequestCancel { id, by, reason } => {
-            let op = d.cancel_request(id, by, reason.as_deref(), now).await?;
+            let op = updated(d, writes::cancel_request(id, by, reason.as_deref(), now)).await?;
             let data = json!({"requested_by": by, "reason": reason});
             record(d, op, EventType::CancelRequested, data, None).await?
         }
         Effect::RecordCancel { id, by, reason } => {
-            d.cancel_record(id, by, reason.as_deref(), now).await?;
+            d.operation_update(&writes::cancel_record(id, by, reason.as_deref(), now))
+                .await?;
             None
         }
         Effect::Retry {
@@ -147,9 +148,8 @@ async fn apply_one<D: Driver>(d: &mut D, effect: &Effect, now: Timestamp) -> Res
             data,
         } => {
             let available_at = now.plus(retry_backoff(*next_attempt));
-            let op = d
-                .retry_schedule(id, *next_attempt, available_at, progress.as_ref(), now)
-                .await?;
+            d.script(&writes::task_requeue(id, available_at)).await?;
+            let op = updated(d, writes::retry_schedule(id, *next_attempt, progress.as_ref(), now)).await?;
             let mut data = data.clone();
             if let Some(fields) = data.as_object_mut() {
                 fields.insert("next_attempt".into(), json!(next_attempt));
@@ -164,29 +164,34 @@ async fn apply_one<D: Driver>(d: &mut D, effect: &Effect, now: Timestamp) -> Res
             checkpoint,
             data,
         } => {
-            let op = d
-                .pause(id, *attempt, progress.as_ref(), checkpoint.as_ref(), now)
-                .await?;
+            let paused = writes::pause(id, *attempt, progress.as_ref(), checkpoint.as_ref(), now);
+            let op = updated(d, paused).await?;
+            d.script(&writes::task_drop(id)).await?;
             record(d, op, EventType::Paused, data.clone(), Some(WebhookType::Paused)).await?
         }
         Effect::Resume { id, available_at } => {
-            let op = d.resume(id, *available_at, now).await?;
+            let op = updated(d, writes::resume(id, now)).await?;
+            d.script(&writes::task_restore(id, *available_at)).await?;
             record(d, op, EventType::Resumed, json!({}), Some(WebhookType::Resumed)).await?
         }
         Effect::SetPauseRequest { id, at, event, data } => {
-            let op = d.pause_request_set(id, *at, now).await?;
+            let op = updated(d, writes::pause_request_set(id, *at, now)).await?;
             record(d, op, *event, data.clone(), None).await?
         }
         Effect::SetDeadlineAndLabels { id, change } => {
-            let op = d.deadline_and_labels_set(id, change, now).await?;
+            let labels = serde_json::to_string(&change.labels).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            let op = updated(d, writes::deadline_and_labels_set(id, change, labels, now)).await?;
+            if let Some(at) = change.available_at {
+                d.script(&writes::task_available_at(id, at)).await?;
+            }
             record(d, op, EventType::Updated, change.data.clone(), None).await?
         }
         Effect::RenewLease { id, until } => {
-            d.lease_renew(id, *until).await?;
+            d.script(&writes::lease_renew(id, *until)).await?;
             None
         }
         Effect::SaveCheckpoint { id, checkpoint } => {
-            d.checkpoint_save(id, checkpoint).await?;
+            d.script(&writes::checkpoint_save(id, checkpoint)).await?;
             None
         }
         Effect::ReportProgress {
@@ -197,11 +202,31 @@ async fn apply_one<D: Driver>(d: &mut D, effect: &Effect, now: Timestamp) -> Res
             data,
         } => {
             let op = d
-                .progress_set(id, progress.as_ref(), *cost_units, *cancellable, now)
-                .await?;
+                .operation_update(&writes::progress_set(
+                    id,
+                    progress.as_ref(),
+                    *cost_units,
+                    *cancellable,
+                    now,
+                ))
+                .await?
+                .ok_or(StoreError::LeaseLost)?;
             record(d, op, EventType::Progress, data.clone(), None).await?
         }
     })
+}
+
+/// The operation `stmt` updates, read back; `NotFound` if it matched none.
+async fn updated<D: Driver>(d: &mut D, stmt: Stmt) -> Result<Operation> {
+    d.operation_update(&stmt).await?.ok_or(StoreError::NotFound)
+}
+
+/// Queues the webhook `webhook` of `op`'s change, if it has a callback.
+async fn webhook_queue<D: Driver>(d: &mut D, op: &Operation, webhook: WebhookType) -> Result<()> {
+    match crate::shared::delivery_queued(op, webhook) {
+        Some(queued) => d.script(&queued).await,
+        None => Ok(()),
+    }
 }
 
 /// Records `op`'s new version as `event` (and queues `webhook`); answers it.
@@ -214,7 +239,7 @@ async fn record<D: Driver>(
 ) -> Result<Option<Operation>> {
     d.events_insert(&[(&op, event, data)]).await?;
     if let Some(webhook) = webhook {
-        d.webhook_queue(&op, webhook).await?;
+        webhook_queue(d, &op, webhook).await?;
     }
     Ok(Some(op))
 }

@@ -12,10 +12,18 @@ use longrun_core::{Id, Timestamp};
 use super::driver::{OverdueWaiting, PauseRequested, StopRequested};
 use super::retention::{Expiring, Tombstone};
 use crate::Result;
-use crate::shared::{Done, Lapsed, Script, Stmt, UploadLease, all, nothing, one};
+use crate::shared::{Done, Lapsed, Script, Stmt, UploadLease, all, nothing, one, optional};
 
 fn ids(d: Done) -> Result<Vec<String>> {
     all(d, |r| r.text(0))
+}
+
+pub(super) fn task_leased(id: &str) -> Script<Option<bool>> {
+    Script::one(
+        "SELECT status = 'leased' FROM tasks WHERE operation_id = ?1",
+        vec![id.into()],
+        |d| optional(d, |r| r.bool(0)),
+    )
 }
 
 pub(super) fn overdue_waiting(now: Timestamp, limit: u32) -> Script<Vec<OverdueWaiting>> {
@@ -197,6 +205,26 @@ pub(super) fn uploads_unused(now: Timestamp, limit: u32) -> Script<Vec<String>> 
         vec![now.into(), i64::from(limit).into()],
         ids,
     )
+}
+
+/// Deletes an upload's row; its pieces' objects become garbage.
+pub(super) fn upload_drop(id: &str, now: Timestamp) -> Script<()> {
+    Script {
+        stmts: vec![
+            Stmt {
+                sql: "INSERT {sqlite: OR IGNORE} INTO artifact_garbage (storage_key, created_at)
+                      SELECT {sqlite: json_extract(c.value, '$.storage_key')}{pg: c.value ->> 'storage_key'}, ?2
+                        FROM uploads, {sqlite: json_each(uploads.chunks)}{pg: json_array_elements(uploads.chunks::JSON)} AS c
+                       WHERE uploads.id = ?1 {pg: ON CONFLICT DO NOTHING}",
+                args: vec![id.into(), now.into()],
+            },
+            Stmt {
+                sql: "DELETE FROM uploads WHERE id = ?1",
+                args: vec![id.into()],
+            },
+        ],
+        decode: nothing,
+    }
 }
 
 pub(super) fn tenant_results(tenant: &str) -> Script<u64> {

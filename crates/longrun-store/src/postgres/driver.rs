@@ -15,16 +15,6 @@ pub(super) struct PgDriver<'c> {
     pub policy: Policy,
 }
 
-impl PgDriver<'_> {
-    /// `UPDATE … RETURNING` every column of the one operation it matches.
-    async fn update(
-        &mut self,
-        query: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
-    ) -> Result<Operation> {
-        update_returning(self.c, query).await?.ok_or(StoreError::NotFound)
-    }
-}
-
 impl Driver for PgDriver<'_> {
     const SERIAL: bool = false;
     const HISTORY_BY_PARTITION: bool = true;
@@ -57,14 +47,6 @@ impl Driver for PgDriver<'_> {
             Err(StoreError::NotFound) => Ok(None),
             Err(e) => Err(e),
         }
-    }
-
-    async fn task_leased(&mut self, id: &str) -> Result<Option<bool>> {
-        sqlx::query_scalar("SELECT status = 'leased' FROM tasks WHERE operation_id = $1")
-            .bind(id)
-            .fetch_optional(&mut *self.c)
-            .await
-            .map_err(db)
     }
 
     /// The operation's row is locked first (`operation_locked`), as a cancel
@@ -109,178 +91,10 @@ impl Driver for PgDriver<'_> {
         operations_end(self.c, self.policy, ends).await
     }
 
-    async fn cancel_request(&mut self, id: &str, by: &str, reason: Option<&str>, now: Timestamp) -> Result<Operation> {
-        let sql = format!(
-            "UPDATE operations SET cancel_requested_at = $2, cancel_requested_by = $3, cancel_reason = $4,
-                    version = version + 1, updated_at = $2
-              WHERE id = $1 AND state = 'running' RETURNING {OP_COLUMNS}"
-        );
-        self.update(sqlx::query(&sql).bind(id).bind(now.0).bind(by).bind(reason))
-            .await
-    }
-
-    async fn cancel_record(&mut self, id: &str, by: &str, reason: Option<&str>, now: Timestamp) -> Result<()> {
-        sqlx::query(
-            "UPDATE operations SET cancel_requested_at = $2, cancel_requested_by = $3, cancel_reason = $4 WHERE id = $1",
-        )
-        .bind(id)
-        .bind(now.0)
-        .bind(by)
-        .bind(reason)
-        .execute(&mut *self.c)
-        .await
-        .map_err(db)?;
-        Ok(())
-    }
-
-    async fn retry_schedule(
-        &mut self,
-        id: &str,
-        next_attempt: i64,
-        available_at: Timestamp,
-        progress: Option<&Progress>,
-        now: Timestamp,
-    ) -> Result<Operation> {
-        sqlx::query(
-            "UPDATE tasks SET status = 'ready', lease_token = NULL, lease_expires_at = NULL, worker_id = NULL,
-                    available_at = $2
-              WHERE operation_id = $1",
-        )
-        .bind(id)
-        .bind(available_at.0)
-        .execute(&mut *self.c)
-        .await
-        .map_err(db)?;
-        let sql = format!(
-            "UPDATE operations SET attempt = $2, version = version + 1, updated_at = $3,
-                    progress = COALESCE($4, progress)
-              WHERE id = $1 AND state = 'running' RETURNING {OP_COLUMNS}"
-        );
-        let progress = progress.map(progress_text);
-        self.update(sqlx::query(&sql).bind(id).bind(next_attempt).bind(now.0).bind(progress))
-            .await
-    }
-
-    async fn pause(
-        &mut self,
-        id: &str,
-        attempt: Option<i64>,
-        progress: Option<&Progress>,
-        checkpoint: Option<&Value>,
-        now: Timestamp,
-    ) -> Result<Operation> {
-        let sql = format!(
-            "UPDATE operations SET state = 'paused', version = version + 1, updated_at = $2,
-                    attempt = COALESCE($3, attempt), progress = COALESCE($4, progress),
-                    checkpoint = COALESCE($5, checkpoint), pause_requested_at = NULL
-              WHERE id = $1 AND state IN ('queued', 'running') RETURNING {OP_COLUMNS}"
-        );
-        let query = sqlx::query(&sql)
-            .bind(id)
-            .bind(now.0)
-            .bind(attempt)
-            .bind(progress.map(progress_text))
-            .bind(checkpoint.map(Value::to_string));
-        let paused = self.update(query).await?;
-        sqlx::query("DELETE FROM tasks WHERE operation_id = $1")
-            .bind(id)
-            .execute(&mut *self.c)
-            .await
-            .map_err(db)?;
-        Ok(paused)
-    }
-
-    async fn resume(&mut self, id: &str, available_at: Timestamp, now: Timestamp) -> Result<Operation> {
-        let sql = format!(
-            "UPDATE operations SET state = 'queued', version = version + 1, updated_at = $2
-              WHERE id = $1 AND state = 'paused' RETURNING {OP_COLUMNS}"
-        );
-        let resumed = self.update(sqlx::query(&sql).bind(id).bind(now.0)).await?;
-        sqlx::query(
-            "INSERT INTO tasks (operation_id, seq, tenant, kind, status, available_at, priority)
-             SELECT id, seq, tenant, kind, 'ready', $2, priority FROM operations WHERE id = $1",
-        )
-        .bind(id)
-        .bind(available_at.0)
-        .execute(&mut *self.c)
-        .await
-        .map_err(db)?;
-        Ok(resumed)
-    }
-
-    async fn pause_request_set(&mut self, id: &str, at: Option<Timestamp>, now: Timestamp) -> Result<Operation> {
-        let sql = format!(
-            "UPDATE operations SET pause_requested_at = $2, version = version + 1, updated_at = $3
-              WHERE id = $1 AND state IN ('queued', 'running') RETURNING {OP_COLUMNS}"
-        );
-        self.update(sqlx::query(&sql).bind(id).bind(at.map(|t| t.0)).bind(now.0))
-            .await
-    }
-
-    async fn deadline_and_labels_set(&mut self, id: &str, change: &UpdateChange, now: Timestamp) -> Result<Operation> {
-        let labels = serde_json::to_string(&change.labels).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        let sql = format!(
-            "UPDATE operations SET deadline_at = $2, labels = $3, not_before = $5, version = version + 1, updated_at = $4
-              WHERE id = $1 AND state IN ('queued', 'running') RETURNING {OP_COLUMNS}"
-        );
-        let query = sqlx::query(&sql)
-            .bind(id)
-            .bind(change.deadline_at.map(|t| t.0))
-            .bind(labels)
-            .bind(now.0)
-            .bind(change.not_before.map(|t| t.0));
-        let updated = self.update(query).await?;
-        if let Some(at) = change.available_at {
-            sqlx::query("UPDATE tasks SET available_at = $2 WHERE operation_id = $1 AND status = 'ready'")
-                .bind(id)
-                .bind(at.0)
-                .execute(&mut *self.c)
-                .await
-                .map_err(db)?;
-        }
-        Ok(updated)
-    }
-
-    async fn lease_renew(&mut self, id: &str, until: Timestamp) -> Result<()> {
-        sqlx::query("UPDATE tasks SET lease_expires_at = $2 WHERE operation_id = $1")
-            .bind(id)
-            .bind(until.0)
-            .execute(&mut *self.c)
-            .await
-            .map_err(db)?;
-        Ok(())
-    }
-
-    async fn checkpoint_save(&mut self, id: &str, checkpoint: &Value) -> Result<()> {
-        sqlx::query("UPDATE operations SET checkpoint = $2 WHERE id = $1")
-            .bind(id)
-            .bind(checkpoint.to_string())
-            .execute(&mut *self.c)
-            .await
-            .map_err(db)?;
-        Ok(())
-    }
-
-    async fn progress_set(
-        &mut self,
-        id: &str,
-        progress: Option<&Progress>,
-        cost_units: f64,
-        cancellable: bool,
-        now: Timestamp,
-    ) -> Result<Operation> {
-        let sql = format!(
-            "UPDATE operations SET progress = $2, cost_units = $3, cancellable = $4, version = version + 1,
-                    updated_at = $5
-              WHERE id = $1 AND state = 'running' RETURNING {OP_COLUMNS}"
-        );
-        let query = sqlx::query(&sql)
-            .bind(id)
-            .bind(progress.map(progress_text))
-            .bind(cost_units)
-            .bind(cancellable)
-            .bind(now.0);
-        update_returning(self.c, query).await?.ok_or(StoreError::LeaseLost)
+    async fn operation_update(&mut self, stmt: &Stmt) -> Result<Option<Operation>> {
+        let sql = format!("{} RETURNING {OP_COLUMNS}", pg(stmt.sql));
+        let query = stmt.args.iter().fold(sqlx::query(&sql), super::script::bind);
+        update_returning(self.c, query).await
     }
 
     async fn operations_release(&mut self, ids: &[&str], now: Timestamp) -> Result<()> {
@@ -318,10 +132,6 @@ impl Driver for PgDriver<'_> {
         Ok(u64::try_from(buried).unwrap_or(0))
     }
 
-    async fn upload_drop(&mut self, id: &str, now: Timestamp) -> Result<()> {
-        upload_drop(self.c, id, now).await
-    }
-
     async fn rows_delete(&mut self, table: &str, column: &str, and: &str, values: &[&str]) -> Result<u64> {
         let sql = format!("DELETE FROM {table} WHERE {column} = ANY($1){and}");
         Ok(sqlx::query(&sql)
@@ -334,12 +144,5 @@ impl Driver for PgDriver<'_> {
 
     async fn events_insert(&mut self, events: &[(&Operation, EventType, Value)]) -> Result<()> {
         events_insert(self.c, self.ch, events).await
-    }
-
-    async fn webhook_queue(&mut self, op: &Operation, webhook: WebhookType) -> Result<()> {
-        match crate::shared::delivery_queued(op, webhook) {
-            Some(queued) => super::script::run(self.c, &queued).await,
-            None => Ok(()),
-        }
     }
 }

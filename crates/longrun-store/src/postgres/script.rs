@@ -6,7 +6,7 @@ use sqlx::{Column, Postgres, TypeInfo};
 
 use super::*;
 
-fn bind<'q>(q: Query<'q, Postgres, PgArguments>, v: &'q Val) -> Query<'q, Postgres, PgArguments> {
+pub(super) fn bind<'q>(q: Query<'q, Postgres, PgArguments>, v: &'q Val) -> Query<'q, Postgres, PgArguments> {
     match v {
         Val::Null(Kind::Int) => q.bind(None::<i64>),
         Val::Null(Kind::Real) => q.bind(None::<f64>),

@@ -3,35 +3,6 @@
 
 use super::*;
 
-/// Deletes an upload's row; its objects become garbage.
-pub(super) async fn upload_drop(c: &mut PgConnection, id: &str, now: Timestamp) -> Result<()> {
-    let chunks: Option<String> = sqlx::query_scalar("DELETE FROM uploads WHERE id = $1 RETURNING chunks")
-        .bind(id)
-        .fetch_optional(&mut *c)
-        .await
-        .map_err(db)?;
-    let keys: Vec<String> = chunks_from_json(chunks.as_deref().unwrap_or("[]"))
-        .into_iter()
-        .map(|chunk| chunk.storage_key)
-        .collect();
-    garbage_insert(c, &keys, now).await
-}
-
-pub(super) async fn garbage_insert(c: &mut PgConnection, keys: &[String], now: Timestamp) -> Result<()> {
-    if keys.is_empty() {
-        return Ok(());
-    }
-    sqlx::query(
-        "INSERT INTO artifact_garbage (storage_key, created_at) SELECT unnest($1::TEXT[]), $2 ON CONFLICT DO NOTHING",
-    )
-    .bind(keys)
-    .bind(now.0)
-    .execute(&mut *c)
-    .await
-    .map_err(db)?;
-    Ok(())
-}
-
 /// Drops the piece rows of `operation_ids` (of `name`, at or past `from`,
 /// when given); each object becomes garbage once no row of another
 /// operation names it (the statement sees the rows as they were before

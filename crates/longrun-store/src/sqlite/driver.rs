@@ -43,12 +43,6 @@ impl<'c> SqliteDriver<'c> {
     fn forget(&mut self, id: &str) {
         self.read.retain(|op| op.id.as_str() != id);
     }
-
-    /// `UPDATE … WHERE id = ?1` of one operation, read back.
-    fn update(&mut self, id: &str, sql: &str, rest: &[&dyn rusqlite::ToSql]) -> Result<Operation> {
-        self.forget(id);
-        update_and_read(self.c, id, sql, rest)?.ok_or(StoreError::NotFound)
-    }
 }
 
 /// Runs a use case on the writer thread: every statement of the SQLite
@@ -98,14 +92,6 @@ impl Driver for SqliteDriver<'_> {
         operation_get(self.c, tenant, id)
     }
 
-    async fn task_leased(&mut self, id: &str) -> Result<Option<bool>> {
-        Ok(self
-            .c
-            .prepare_cached("SELECT status = 'leased' FROM tasks WHERE operation_id = ?1")?
-            .query_row(params![id], |r| r.get(0))
-            .optional()?)
-    }
-
     async fn intent_holder(&mut self, op: &Operation) -> Result<Holder> {
         Ok(self
             .c
@@ -137,159 +123,20 @@ impl Driver for SqliteDriver<'_> {
         Ok(ended)
     }
 
-    async fn cancel_request(&mut self, id: &str, by: &str, reason: Option<&str>, now: Timestamp) -> Result<Operation> {
-        self.update(
-            id,
-            "UPDATE OR FAIL operations SET cancel_requested_at = ?2, cancel_requested_by = ?3, cancel_reason = ?4,
-                    version = version + 1, updated_at = ?2
-              WHERE id = ?1 AND state = 'running'",
-            params![now.0, by, reason],
-        )
-    }
-
-    async fn cancel_record(&mut self, id: &str, by: &str, reason: Option<&str>, now: Timestamp) -> Result<()> {
+    /// Read back by id rather than with `RETURNING`: SQLite gathers
+    /// returned rows in an ephemeral table, and opening and closing one (a
+    /// pager and page cache of its own) cost more than the indexed read — a
+    /// profile of the in-process drain put ~6 % of the writer there.
+    async fn operation_update(&mut self, stmt: &Stmt) -> Result<Option<Operation>> {
+        let Some(Val::Text(id)) = stmt.args.first() else {
+            return Err(StoreError::Corrupt("an update of an operation names it first".into()));
+        };
         self.forget(id);
-        self.c
-            .prepare_cached(
-                "UPDATE OR FAIL operations SET cancel_requested_at = ?2, cancel_requested_by = ?3, cancel_reason = ?4
-                  WHERE id = ?1",
-            )?
-            .execute(params![id, now.0, by, reason])?;
-        Ok(())
-    }
-
-    async fn retry_schedule(
-        &mut self,
-        id: &str,
-        next_attempt: i64,
-        available_at: Timestamp,
-        progress: Option<&Progress>,
-        now: Timestamp,
-    ) -> Result<Operation> {
-        self.c
-            .prepare_cached(
-                "UPDATE tasks SET status = 'ready', lease_token = NULL, lease_expires_at = NULL, worker_id = NULL,
-                        available_at = ?2
-                  WHERE operation_id = ?1",
-            )?
-            .execute(params![id, available_at.0])?;
-        self.update(
-            id,
-            "UPDATE OR FAIL operations SET attempt = ?2, version = version + 1, updated_at = ?3,
-                    progress = COALESCE(?4, progress)
-              WHERE id = ?1 AND state = 'running'",
-            params![next_attempt, now.0, progress.map(progress_text)],
-        )
-    }
-
-    async fn pause(
-        &mut self,
-        id: &str,
-        attempt: Option<i64>,
-        progress: Option<&Progress>,
-        checkpoint: Option<&Value>,
-        now: Timestamp,
-    ) -> Result<Operation> {
-        let paused = self.update(
-            id,
-            "UPDATE OR FAIL operations SET state = 'paused', version = version + 1, updated_at = ?2,
-                    attempt = COALESCE(?3, attempt), progress = COALESCE(?4, progress),
-                    checkpoint = COALESCE(?5, checkpoint), pause_requested_at = NULL
-              WHERE id = ?1 AND state IN ('queued', 'running')",
-            params![
-                now.0,
-                attempt,
-                progress.map(progress_text),
-                checkpoint.map(Value::to_string)
-            ],
-        )?;
-        self.c
-            .prepare_cached("DELETE FROM tasks WHERE operation_id = ?1")?
-            .execute(params![id])?;
-        Ok(paused)
-    }
-
-    async fn resume(&mut self, id: &str, available_at: Timestamp, now: Timestamp) -> Result<Operation> {
-        let resumed = self.update(
-            id,
-            "UPDATE OR FAIL operations SET state = 'queued', version = version + 1, updated_at = ?2
-              WHERE id = ?1 AND state = 'paused'",
-            params![now.0],
-        )?;
-        self.c
-            .prepare_cached(
-                "INSERT INTO tasks (operation_id, seq, tenant, kind, status, available_at, priority)
-                 SELECT id, seq, tenant, kind, 'ready', ?2, priority FROM operations WHERE id = ?1",
-            )?
-            .execute(params![id, available_at.0])?;
-        Ok(resumed)
-    }
-
-    async fn pause_request_set(&mut self, id: &str, at: Option<Timestamp>, now: Timestamp) -> Result<Operation> {
-        self.update(
-            id,
-            "UPDATE OR FAIL operations SET pause_requested_at = ?2, version = version + 1, updated_at = ?3
-              WHERE id = ?1 AND state IN ('queued', 'running')",
-            params![at.map(|t| t.0), now.0],
-        )
-    }
-
-    async fn deadline_and_labels_set(&mut self, id: &str, change: &UpdateChange, now: Timestamp) -> Result<Operation> {
-        let labels = serde_json::to_string(&change.labels).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        self.update(
-            id,
-            "UPDATE OR FAIL operations SET deadline_at = ?2, labels = ?3, not_before = ?5, version = version + 1,
-                                           updated_at = ?4
-              WHERE id = ?1 AND state IN ('queued', 'running')",
-            params![
-                change.deadline_at.map(|t| t.0),
-                labels,
-                now.0,
-                change.not_before.map(|t| t.0)
-            ],
-        )
-        .and_then(|updated| {
-            if let Some(at) = change.available_at {
-                self.c
-                    .prepare_cached("UPDATE tasks SET available_at = ?2 WHERE operation_id = ?1 AND status = 'ready'")?
-                    .execute(params![id, at.0])?;
-            }
-            Ok(updated)
-        })
-    }
-
-    async fn lease_renew(&mut self, id: &str, until: Timestamp) -> Result<()> {
-        self.c
-            .prepare_cached("UPDATE tasks SET lease_expires_at = ?2 WHERE operation_id = ?1")?
-            .execute(params![id, until.0])?;
-        Ok(())
-    }
-
-    async fn checkpoint_save(&mut self, id: &str, checkpoint: &Value) -> Result<()> {
-        self.c
-            .prepare_cached("UPDATE OR FAIL operations SET checkpoint = ?2 WHERE id = ?1")?
-            .execute(params![id, checkpoint.to_string()])?;
-        Ok(())
-    }
-
-    async fn progress_set(
-        &mut self,
-        id: &str,
-        progress: Option<&Progress>,
-        cost_units: f64,
-        cancellable: bool,
-        now: Timestamp,
-    ) -> Result<Operation> {
-        self.forget(id);
-        update_and_read(
-            self.c,
-            id,
-            "UPDATE OR FAIL operations SET progress = ?2, cost_units = ?3, cancellable = ?4, version = version + 1,
-                    updated_at = ?5
-              WHERE id = ?1 AND state = 'running'",
-            params![progress.map(progress_text), cost_units, cancellable, now.0],
-        )?
-        .ok_or(StoreError::LeaseLost)
+        let mut update = self.c.prepare_cached(&sqlite_sql(stmt.sql))?;
+        if update.execute(rusqlite::params_from_iter(stmt.args.iter()))? == 0 {
+            return Ok(None);
+        }
+        operation_by_id(self.c, id)
     }
 
     /// The history goes with the operation whatever the reason: SQLite
@@ -340,10 +187,6 @@ impl Driver for SqliteDriver<'_> {
         Ok(due.len() as u64)
     }
 
-    async fn upload_drop(&mut self, id: &str, now: Timestamp) -> Result<()> {
-        upload_drop(self.c, id, now)
-    }
-
     async fn rows_delete(&mut self, table: &str, column: &str, and: &str, values: &[&str]) -> Result<u64> {
         let mut delete = self
             .c
@@ -360,12 +203,5 @@ impl Driver for SqliteDriver<'_> {
             event_insert(self.c, op, *event_type, data)?;
         }
         Ok(())
-    }
-
-    async fn webhook_queue(&mut self, op: &Operation, webhook: WebhookType) -> Result<()> {
-        match crate::shared::delivery_queued(op, webhook) {
-            Some(queued) => super::script::run(self.c, &queued),
-            None => Ok(()),
-        }
     }
 }

@@ -70,7 +70,7 @@ pub(super) fn result_publish(c: &Connection, policy: WritePolicy, op: Operation,
     let expires_at = result_expires_at(now, policy.result_retention, policy.operation_retention);
     // Read, then updated (only if there is something to publish): most
     // operations have no artifact, and an UPDATE … RETURNING opens an
-    // ephemeral table even when it returns nothing (see `update_and_read`).
+    // ephemeral table even when it returns nothing (see the driver's `operation_update`).
     let published: Vec<(String, ArtifactRef)> = c
         .prepare_cached(
             "SELECT name, id, content_type, size_bytes, sha256 FROM results

@@ -123,30 +123,6 @@ pub(super) fn event_insert_at(
     Ok(())
 }
 
-/// Runs `sql`, an UPDATE of the one operation `WHERE id = ?1`, with `id`
-/// bound as `?1` and `rest` as `?2`…, and returns the new row, or `None` if
-/// the update matched nothing. The id is bound here, once, so the row
-/// updated and the row read back are the same one.
-///
-/// Read back by id rather than with `RETURNING`: SQLite gathers returned
-/// rows in an ephemeral table, and opening and closing one (a pager and
-/// page cache of its own) cost more than the indexed read — a profile of
-/// the in-process drain put ~6 % of the writer there.
-pub(super) fn update_and_read(
-    c: &Connection,
-    id: &str,
-    sql: &str,
-    rest: &[&dyn rusqlite::ToSql],
-) -> Result<Option<Operation>> {
-    let mut args: Vec<&dyn rusqlite::ToSql> = Vec::with_capacity(1 + rest.len());
-    args.push(&id);
-    args.extend_from_slice(rest);
-    if c.prepare_cached(sql)?.execute(&*args)? == 0 {
-        return Ok(None);
-    }
-    operation_by_id(c, id)
-}
-
 pub(super) fn operation_by_id(c: &Connection, id: &str) -> Result<Option<Operation>> {
     let sql = format!("SELECT {OP_COLUMNS} FROM operations WHERE id = ?1");
     Ok(c.prepare_cached(&sql)?

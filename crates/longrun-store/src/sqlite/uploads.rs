@@ -31,19 +31,6 @@ pub(super) fn pieces_drop(
     Ok(())
 }
 
-/// Deletes an upload's row; its objects become garbage.
-pub(super) fn upload_drop(c: &Connection, id: &str, now: Timestamp) -> Result<()> {
-    let chunks: Option<String> = c
-        .prepare_cached("DELETE FROM uploads WHERE id = ?1 RETURNING chunks")?
-        .query_row(params![id], |r| r.get(0))
-        .optional()?;
-    for chunk in chunks_from_json(chunks.as_deref().unwrap_or("[]")) {
-        c.prepare_cached("INSERT OR IGNORE INTO artifact_garbage (storage_key, created_at) VALUES (?1, ?2)")?
-            .execute(params![chunk.storage_key, now.0])?;
-    }
-    Ok(())
-}
-
 pub(super) fn upload_for_task(
     c: &Connection,
     operation_id: &Id,
