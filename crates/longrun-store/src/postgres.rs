@@ -18,7 +18,6 @@
 //! `retention`, `uploads`, `rows` (column codecs and shared statements),
 //! `notify` (the change feed) and `group_commit`.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -369,14 +368,6 @@ async fn migrate_pool(pool: &PgPool) -> Result<usize> {
     tx.commit().await.map_err(db)?;
     Ok(applied)
 }
-
-const OP_COLUMNS: &str = "id, tenant, kind, state, version, attempt, input, callback_url, deadline_at, \
-    budget_max_cost, cost_units, labels, progress, result, error_code, error_message, error_retryable, \
-    cancel_requested_at, cancel_requested_by, cancel_reason, cancellable, idempotency_key, created_at, \
-    started_at, completed_at, updated_at, expires_at, artifact, rerun_of, pause_requested_at, not_before, priority";
-
-/// How many columns `OP_COLUMNS` names: what a query selects after them starts here.
-const OP_COLUMN_COUNT: usize = 32;
 
 /// `FOR UPDATE NOWAIT` found the row locked.
 const LOCK_NOT_AVAILABLE: &str = "55P03";

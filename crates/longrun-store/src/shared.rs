@@ -17,6 +17,7 @@ use crate::*;
 
 mod admin;
 mod codec;
+mod columns;
 mod lookups;
 mod rules;
 mod schedules;
@@ -26,6 +27,7 @@ mod webhooks;
 
 pub(crate) use admin::*;
 pub(crate) use codec::*;
+pub(crate) use columns::*;
 pub(crate) use lookups::*;
 pub(crate) use rules::*;
 pub(crate) use schedules::*;

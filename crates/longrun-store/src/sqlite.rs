@@ -40,7 +40,6 @@ mod script;
 mod uploads;
 mod writer;
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

@@ -292,7 +292,7 @@ pub(super) async fn lease_tasks(
     let mut started: std::collections::HashMap<String, (Operation, String, Option<Value>)> =
         std::collections::HashMap::new();
     for row in &rows {
-        let op = operation_from_row(row)?;
+        let op = operation_of(row)?;
         let token: String = row.try_get(OP_COLUMN_COUNT).map_err(db)?;
         let checkpoint = json_text(row.try_get(OP_COLUMN_COUNT + 1).map_err(db)?)?;
         started.insert(op.id.as_str().to_owned(), (op, token, checkpoint));

@@ -86,7 +86,7 @@ pub(super) async fn operations_end(
     .map_err(db)?;
     let mut ended = std::collections::HashMap::with_capacity(rows.len());
     for row in &rows {
-        let op = operation_from_row(row)?;
+        let op = operation_of(row)?;
         ended.insert(op.id.as_str().to_owned(), op);
     }
     let ended_ids: Vec<&str> = ids.iter().copied().filter(|id| ended.contains_key(*id)).collect();

@@ -32,7 +32,7 @@ pub(super) async fn operation_list(c: &mut PgConnection, p: &ListParams) -> Resu
     let mut operations = Vec::with_capacity(rows.len());
     let mut seqs = Vec::with_capacity(rows.len());
     for row in &rows {
-        operations.push(operation_from_row(row)?);
+        operations.push(operation_of(row)?);
         seqs.push(row.try_get::<i64, _>(OP_COLUMN_COUNT).map_err(db)?);
     }
     Ok(crate::shared::page(operations, &seqs, page_size))
@@ -183,25 +183,10 @@ pub(super) async fn events_of(
     .fetch_all(&mut *c)
     .await
     .map_err(db)?;
-    let mut events = Vec::with_capacity(rows.len());
-    for r in &rows {
-        let version = r.try_get(0).map_err(db)?;
-        let state = state_of(r.try_get(2).map_err(db)?)?;
-        let at = Timestamp(r.try_get(3).map_err(db)?);
-        let snapshot = match &row {
-            Some(row) => snapshot_from_json(json_text(r.try_get(5).map_err(db)?)?.as_ref(), row, version, state, at),
-            None => None,
-        };
-        events.push(Event {
-            operation_id: id.clone(),
-            version,
-            event_type: r.try_get(1).map_err(db)?,
-            state,
-            at,
-            data: json_text(r.try_get(4).map_err(db)?)?.unwrap_or(Value::Null),
-            snapshot,
-        });
-    }
+    let events = rows
+        .iter()
+        .map(|r| event_of(r, id, row.as_ref()))
+        .collect::<Result<_>>()?;
     Ok(Some(events))
 }
 
@@ -221,7 +206,7 @@ pub(super) async fn operation_read(pool: &PgPool, tenant: &str, id: &Id) -> Resu
     .await
     .map_err(db)?;
     let Some(row) = row else { return Ok(None) };
-    let mut op = operation_from_row(&row)?;
+    let mut op = operation_of(&row)?;
     let reruns: Vec<String> = row.try_get(OP_COLUMN_COUNT).map_err(db)?;
     op.reruns = Some(reruns.into_iter().map(Id::from_trusted).collect());
     let json_bytes: i32 = row.try_get(OP_COLUMN_COUNT + 1).map_err(db)?;

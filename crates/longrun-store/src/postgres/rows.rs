@@ -41,69 +41,32 @@ pub(super) fn ts(ms: Option<i64>) -> Option<Timestamp> {
     ms.map(Timestamp)
 }
 
-pub(super) fn state_of(text: &str) -> Result<State> {
-    text.parse()
-        .map_err(|e: longrun_core::state::UnknownState| StoreError::Corrupt(e.to_string()))
-}
+impl Columns for PgRow {
+    type Error = StoreError;
 
-pub(super) fn operation_from_row(r: &PgRow) -> Result<Operation> {
-    let get = |e: sqlx::Error| db(e);
-    let labels: BTreeMap<String, String> = match json_text(r.try_get(11).map_err(get)?)? {
-        Some(v) => serde_json::from_value(v).map_err(|e| StoreError::Corrupt(e.to_string()))?,
-        None => BTreeMap::new(),
-    };
-    let error_code: Option<String> = r.try_get(14).map_err(get)?;
-    let cancel_requested_at: Option<i64> = r.try_get(17).map_err(get)?;
-    Ok(Operation {
-        id: Id::from_trusted(r.try_get(0).map_err(get)?),
-        tenant: r.try_get(1).map_err(get)?,
-        kind: r.try_get(2).map_err(get)?,
-        state: state_of(r.try_get(3).map_err(get)?)?,
-        version: r.try_get(4).map_err(get)?,
-        attempt: r.try_get(5).map_err(get)?,
-        input: json_text(r.try_get(6).map_err(get)?)?,
-        callback_url: r.try_get(7).map_err(get)?,
-        deadline_at: ts(r.try_get(8).map_err(get)?),
-        budget_max_cost: r.try_get(9).map_err(get)?,
-        cost_units: r.try_get(10).map_err(get)?,
-        labels,
-        progress: json_text(r.try_get(12).map_err(get)?)?.map(|v| progress_from_json(&v)),
-        result: json_text(r.try_get(13).map_err(get)?)?,
-        error: match error_code {
-            Some(code) => Some(OperationError {
-                code,
-                message: r.try_get::<Option<String>, _>(15).map_err(get)?.unwrap_or_default(),
-                retryable: r.try_get::<Option<bool>, _>(16).map_err(get)?.unwrap_or(false),
-            }),
-            None => None,
-        },
-        cancel: match cancel_requested_at {
-            Some(at) => Some(CancelRequest {
-                requested_at: Timestamp(at),
-                requested_by: r.try_get::<Option<String>, _>(18).map_err(get)?.unwrap_or_default(),
-                reason: r.try_get(19).map_err(get)?,
-            }),
-            None => None,
-        },
-        cancellable: r.try_get(20).map_err(get)?,
-        idempotency_key: r.try_get(21).map_err(get)?,
-        created_at: Timestamp(r.try_get(22).map_err(get)?),
-        started_at: ts(r.try_get(23).map_err(get)?),
-        completed_at: ts(r.try_get(24).map_err(get)?),
-        updated_at: Timestamp(r.try_get(25).map_err(get)?),
-        expires_at: ts(r.try_get(26).map_err(get)?),
-        artifact: None,
-        artifacts: std::collections::BTreeMap::new(),
-        rerun_of: r.try_get::<Option<String>, _>(28).map_err(get)?.map(Id::from_trusted),
-        reruns: None,
-        pause_requested_at: ts(r.try_get(29).map_err(get)?),
-        not_before: ts(r.try_get(30).map_err(get)?),
-        priority: r.try_get(31).map_err(get)?,
-    })
-    .and_then(|mut op| {
-        (op.artifact, op.artifacts) = artifacts_from_json(json_text(r.try_get(27).map_err(get)?)?.as_ref());
-        Ok(op)
-    })
+    fn text(&self, i: usize) -> Result<Option<String>> {
+        self.try_get(i).map_err(db)
+    }
+
+    fn int(&self, i: usize) -> Result<Option<i64>> {
+        self.try_get(i).map_err(db)
+    }
+
+    fn small(&self, i: usize) -> Result<i16> {
+        self.try_get(i).map_err(db)
+    }
+
+    fn real(&self, i: usize) -> Result<Option<f64>> {
+        self.try_get(i).map_err(db)
+    }
+
+    fn flag(&self, i: usize) -> Result<Option<bool>> {
+        self.try_get(i).map_err(db)
+    }
+
+    fn corrupt(&self, i: usize, why: String) -> StoreError {
+        StoreError::Corrupt(format!("column {i}: {why}"))
+    }
 }
 
 pub(super) async fn operation_by_id(c: &mut PgConnection, id: &str) -> Result<Option<Operation>> {
@@ -112,7 +75,7 @@ pub(super) async fn operation_by_id(c: &mut PgConnection, id: &str) -> Result<Op
         .fetch_optional(&mut *c)
         .await
         .map_err(db)?;
-    row.as_ref().map(operation_from_row).transpose()
+    row.as_ref().map(operation_of).transpose()
 }
 
 /// `tenant`'s operation `id` as an event replay needs it: every column
@@ -130,7 +93,7 @@ pub(super) async fn operation_for_replay(c: &mut PgConnection, tenant: &str, id:
         .fetch_optional(&mut *c)
         .await
         .map_err(db)?;
-    row.as_ref().map(operation_from_row).transpose()
+    row.as_ref().map(operation_of).transpose()
 }
 
 pub(super) async fn owned(c: &mut PgConnection, tenant: &str, id: &str) -> Result<bool> {
@@ -149,7 +112,7 @@ pub(super) async fn update_returning(
     query: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
 ) -> Result<Option<Operation>> {
     let row = query.fetch_optional(&mut *c).await.map_err(db)?;
-    row.as_ref().map(operation_from_row).transpose()
+    row.as_ref().map(operation_of).transpose()
 }
 
 /// The tenant's operation, locked for the rest of the transaction.
@@ -162,10 +125,7 @@ pub(super) async fn lock_operation(c: &mut PgConnection, tenant: &str, id: &Id) 
     .fetch_optional(&mut *c)
     .await
     .map_err(db)?;
-    row.as_ref()
-        .map(operation_from_row)
-        .transpose()?
-        .ok_or(StoreError::NotFound)
+    row.as_ref().map(operation_of).transpose()?.ok_or(StoreError::NotFound)
 }
 
 /// Records events, each with the representation at its version, and notes

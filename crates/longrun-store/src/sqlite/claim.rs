@@ -121,7 +121,7 @@ pub(super) fn lease_task(
     let sql = format!("SELECT {OP_COLUMNS}, checkpoint FROM operations WHERE id = ?1");
     let (current, checkpoint): (Operation, Option<String>) = c
         .prepare_cached(&sql)?
-        .query_row(params![id], |r| Ok((operation_from_row(r)?, r.get(OP_COLUMN_COUNT)?)))?;
+        .query_row(params![id], |r| Ok((operation_of(r)?, r.get(OP_COLUMN_COUNT)?)))?;
     if !matches!(current.state, State::Queued | State::Running) {
         return Err(StoreError::NotFound);
     }

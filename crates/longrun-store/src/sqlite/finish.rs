@@ -27,7 +27,7 @@ pub(super) fn fenced_operation(c: &Connection, operation_id: &str, lease_token: 
             let Some(lease_ms) = r.get::<_, Option<i64>>(OP_COLUMN_COUNT + 1)? else {
                 return Ok(None);
             };
-            let op = operation_from_row(r)?;
+            let op = operation_of(r)?;
             Ok(Some((Fenced::of(&op, r.get(OP_COLUMN_COUNT)?, lease_ms), op)))
         })
         .optional()?

@@ -7,7 +7,7 @@ pub(super) fn operation_get(c: &Connection, tenant: &str, id: &Id) -> Result<Opt
     // The tenant is part of the lookup: another tenant's id is simply absent.
     let sql = format!("SELECT {OP_COLUMNS} FROM operations WHERE id = ?1 AND tenant = ?2");
     Ok(c.prepare_cached(&sql)?
-        .query_row(params![id.as_str(), tenant], operation_from_row)
+        .query_row(params![id.as_str(), tenant], |r| operation_of(r))
         .optional()?)
 }
 
@@ -24,7 +24,7 @@ pub(super) fn operation_read(c: &Connection, tenant: &str, id: &Id) -> Result<Op
     );
     Ok(c.prepare_cached(&sql)?
         .query_row(params![id.as_str(), tenant], |r| {
-            let mut op = operation_from_row(r)?;
+            let mut op = operation_of(r)?;
             let reruns: Vec<String> = json_column(r, OP_COLUMN_COUNT)?
                 .and_then(|v| serde_json::from_value(v).ok())
                 .unwrap_or_default();
@@ -83,7 +83,7 @@ pub(super) fn operation_list(c: &Connection, p: &ListParams) -> Result<Operation
     let mut stmt = c.prepare_cached(&sql)?;
     let rows = stmt.query_map(rusqlite::params_from_iter(args.iter()), |r| {
         let seq: i64 = r.get(OP_COLUMN_COUNT)?;
-        Ok((seq, operation_from_row(r)?))
+        Ok((seq, operation_of(r)?))
     })?;
     let mut operations = Vec::new();
     let mut seqs = Vec::new();
@@ -104,17 +104,7 @@ pub(super) fn operation_history(c: &Connection, tenant: &str, id: &Id) -> Result
           WHERE op_seq = (SELECT seq FROM operations WHERE id = ?1) ORDER BY version",
     )?;
     let events = stmt
-        .query_map(params![id.as_str()], |r| {
-            Ok(Event {
-                operation_id: id.clone(),
-                version: r.get(0)?,
-                event_type: r.get(1)?,
-                state: state_column(r, 2)?,
-                at: Timestamp(r.get(3)?),
-                data: json_column(r, 4)?.unwrap_or(Value::Null),
-                snapshot: None,
-            })
-        })?
+        .query_map(params![id.as_str()], |r| event_of(r, id, None))?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     Ok(Some(events))
 }
@@ -136,16 +126,7 @@ pub(super) fn operation_events_after(
     )?;
     let events = stmt
         .query_map(params![id.as_str(), after_version, limit], |r| {
-            let (version, state, at) = (r.get(0)?, state_column(r, 2)?, Timestamp(r.get(3)?));
-            Ok(Event {
-                operation_id: id.clone(),
-                version,
-                event_type: r.get(1)?,
-                state,
-                at,
-                data: json_column(r, 4)?.unwrap_or(Value::Null),
-                snapshot: snapshot_from_json(json_column(r, 5)?.as_ref(), &row, version, state, at),
-            })
+            event_of(r, id, Some(&row))
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     Ok(Some(events))

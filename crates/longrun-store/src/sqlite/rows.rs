@@ -4,13 +4,6 @@
 
 use super::*;
 
-pub(super) const OP_COLUMNS: &str = "id, tenant, kind, state, version, attempt, input, callback_url, deadline_at, \
-    budget_max_cost, cost_units, labels, progress, result, error_code, error_message, error_retryable, \
-    cancel_requested_at, cancel_requested_by, cancel_reason, cancellable, idempotency_key, created_at, \
-    started_at, completed_at, updated_at, expires_at, artifact, rerun_of, pause_requested_at, not_before, priority";
-
-pub(super) const OP_COLUMN_COUNT: usize = 32;
-
 pub(super) fn conversion_error(idx: usize, e: impl std::error::Error + Send + Sync + 'static) -> rusqlite::Error {
     rusqlite::Error::FromSqlConversionFailure(idx, Type::Text, Box::new(e))
 }
@@ -21,72 +14,32 @@ pub(super) fn json_column(r: &Row, idx: usize) -> rusqlite::Result<Option<Value>
         .transpose()
 }
 
-pub(super) fn ts(ms: Option<i64>) -> Option<Timestamp> {
-    ms.map(Timestamp)
-}
+impl Columns for Row<'_> {
+    type Error = rusqlite::Error;
 
-pub(super) fn state_column(r: &Row, idx: usize) -> rusqlite::Result<State> {
-    let s: String = r.get(idx)?;
-    s.parse().map_err(|e| conversion_error(idx, e))
-}
+    fn text(&self, i: usize) -> rusqlite::Result<Option<String>> {
+        self.get(i)
+    }
 
-pub(super) fn operation_from_row(r: &Row) -> rusqlite::Result<Operation> {
-    let labels: BTreeMap<String, String> = match json_column(r, 11)? {
-        Some(v) => serde_json::from_value(v).map_err(|e| conversion_error(11, e))?,
-        None => BTreeMap::new(),
-    };
-    let error_code: Option<String> = r.get(14)?;
-    let cancel_requested_at: Option<i64> = r.get(17)?;
-    Ok(Operation {
-        id: Id::from_trusted(r.get(0)?),
-        tenant: r.get(1)?,
-        kind: r.get(2)?,
-        state: state_column(r, 3)?,
-        version: r.get(4)?,
-        attempt: r.get(5)?,
-        input: json_column(r, 6)?,
-        callback_url: r.get(7)?,
-        deadline_at: ts(r.get(8)?),
-        budget_max_cost: r.get(9)?,
-        cost_units: r.get(10)?,
-        labels,
-        progress: json_column(r, 12)?.map(|v| progress_from_json(&v)),
-        result: json_column(r, 13)?,
-        error: match error_code {
-            Some(code) => Some(OperationError {
-                code,
-                message: r.get::<_, Option<String>>(15)?.unwrap_or_default(),
-                retryable: r.get::<_, Option<bool>>(16)?.unwrap_or(false),
-            }),
-            None => None,
-        },
-        cancel: match cancel_requested_at {
-            Some(at) => Some(CancelRequest {
-                requested_at: Timestamp(at),
-                requested_by: r.get::<_, Option<String>>(18)?.unwrap_or_default(),
-                reason: r.get(19)?,
-            }),
-            None => None,
-        },
-        cancellable: r.get(20)?,
-        idempotency_key: r.get(21)?,
-        created_at: Timestamp(r.get(22)?),
-        started_at: ts(r.get(23)?),
-        completed_at: ts(r.get(24)?),
-        updated_at: Timestamp(r.get(25)?),
-        expires_at: ts(r.get(26)?),
-        artifact: None,
-        artifacts: BTreeMap::new(),
-        rerun_of: r.get::<_, Option<String>>(28)?.map(Id::from_trusted),
-        reruns: None,
-        pause_requested_at: ts(r.get(29)?),
-        not_before: ts(r.get(30)?),
-        priority: r.get(31)?,
-    })
-    .and_then(|mut op| {
-        (op.artifact, op.artifacts) = artifacts_from_json(json_column(r, 27)?.as_ref());
-        Ok(op)
-    })
+    fn int(&self, i: usize) -> rusqlite::Result<Option<i64>> {
+        self.get(i)
+    }
+
+    fn small(&self, i: usize) -> rusqlite::Result<i16> {
+        self.get(i)
+    }
+
+    fn real(&self, i: usize) -> rusqlite::Result<Option<f64>> {
+        self.get(i)
+    }
+
+    fn flag(&self, i: usize) -> rusqlite::Result<Option<bool>> {
+        self.get(i)
+    }
+
+    fn corrupt(&self, i: usize, why: String) -> rusqlite::Error {
+        rusqlite::Error::FromSqlConversionFailure(i, Type::Text, why.into())
+    }
 }
 
 /// Records one change of `op` (its new row, after the update): the event with
@@ -126,7 +79,7 @@ pub(super) fn event_insert_at(
 pub(super) fn operation_by_id(c: &Connection, id: &str) -> Result<Option<Operation>> {
     let sql = format!("SELECT {OP_COLUMNS} FROM operations WHERE id = ?1");
     Ok(c.prepare_cached(&sql)?
-        .query_row(params![id], operation_from_row)
+        .query_row(params![id], |r| operation_of(r))
         .optional()?)
 }
 
@@ -140,7 +93,7 @@ pub(super) fn operation_for_replay(c: &Connection, tenant: &str, id: &Id) -> Res
         format!("SELECT {columns} FROM operations WHERE id = ?1 AND tenant = ?2")
     });
     Ok(c.prepare_cached(SQL.as_str())?
-        .query_row(params![id.as_str(), tenant], operation_from_row)
+        .query_row(params![id.as_str(), tenant], |r| operation_of(r))
         .optional()?)
 }
 
