@@ -263,16 +263,6 @@ pub trait Store: Tables + Send + Sync + 'static {
     /// `false` if there was none to remove.
     async fn upload_remove(&self, tenant: &str, id: &Id, now: longrun_core::Timestamp) -> Result<bool>;
 
-    /// The upload `upload_id` as the worker holding `lease_token` on
-    /// `operation_id` may read it: the operation names it and the lease is
-    /// current (else `LeaseLost`); `None` when the operation does not name it.
-    async fn upload_for_task(
-        &self,
-        operation_id: &Id,
-        lease_token: &str,
-        upload_id: &Id,
-    ) -> Result<Option<UploadRecord>>;
-
     /// Cheap round trip to the database, for `/readyz`.
     async fn ping(&self) -> Result<()>;
 

@@ -560,15 +560,6 @@ crate::plan::store::impl_store!(SqliteStore, run_plan, {
             .await
     }
 
-    async fn upload_for_task(
-        &self,
-        operation_id: &Id,
-        lease_token: &str,
-        upload_id: &Id,
-    ) -> Result<Option<UploadRecord>> {
-        self.read_now(|c| upload_for_task(c, operation_id, lease_token, upload_id))
-    }
-
     async fn ping(&self) -> Result<()> {
         self.read_now(|c| Ok(c.query_row("SELECT 1", [], |_| Ok(()))?))
     }

@@ -2,7 +2,8 @@
 //! keys, kinds, tenants, secrets, console sessions, acceptance pauses,
 //! results, tombstones, idempotency records, webhook secrets and the
 //! delivery log, the console's summaries, schedules, artifact garbage,
-//! upload append leases, a gone worker's leases — implemented once for every
+//! upload append leases and an upload as a task's worker reads it, a gone
+//! worker's leases — implemented once for every
 //! backend over the shared scripts (`shared/admin.rs`, `shared/lookups.rs`,
 //! `shared/webhooks.rs`, `shared/uploads.rs`). A backend only says how it
 //! runs a script ([`RunScripts`]).
@@ -73,6 +74,16 @@ pub trait Tables: Send + Sync {
 
     /// The tenant's upload `id`; `None` for an unknown or foreign id.
     async fn upload_get(&self, tenant: &str, id: &Id) -> Result<Option<UploadRecord>>;
+
+    /// The upload `upload_id` as the worker holding `lease_token` on
+    /// `operation_id` may read it: the operation names it and the lease is
+    /// current (else `LeaseLost`); `None` when the operation does not name it.
+    async fn upload_for_task(
+        &self,
+        operation_id: &Id,
+        lease_token: &str,
+        upload_id: &Id,
+    ) -> Result<Option<UploadRecord>>;
 
     /// Every key, revoked ones too.
     async fn api_key_list(&self) -> Result<Vec<ApiKeyRecord>>;

@@ -3,13 +3,6 @@
 
 use super::*;
 
-pub(super) async fn fenced(c: &mut PgConnection, operation_id: &Id, lease_token: &str) -> Result<Fenced> {
-    fenced_many(c, &[(operation_id.as_str(), lease_token)], Lock::ForUpdate)
-        .await?
-        .remove(&(operation_id.as_str().to_owned(), lease_token.to_owned()))
-        .ok_or(StoreError::LeaseLost)
-}
-
 /// The fenced rows of many leases in one statement, keyed by operation id
 /// and lease token: only the current holders' tasks are found; with
 /// `Lock::ForUpdate` they are locked (in id order, so concurrent batches

@@ -148,17 +148,6 @@ crate::plan::store::impl_store!(PostgresStore, run_plan, {
         self.schedule_fires_record_rows(&fires, keep_after).await
     }
 
-    async fn upload_for_task(
-        &self,
-        operation_id: &Id,
-        lease_token: &str,
-        upload_id: &Id,
-    ) -> Result<Option<UploadRecord>> {
-        let mut c = self.pool.acquire().await.map_err(db)?;
-        fenced(&mut c, operation_id, lease_token).await?;
-        super::script::run(&mut c, &upload_named_by(operation_id, upload_id)).await
-    }
-
     async fn ping(&self) -> Result<()> {
         sqlx::query("SELECT 1").execute(&self.pool).await.map_err(db)?;
         Ok(())

@@ -81,17 +81,37 @@ pub(crate) fn upload_locked(tenant: &str, id: &Id) -> Script<Option<UploadRecord
     )
 }
 
-/// The upload an operation's input names, for the worker holding its lease
-/// (the caller fences the lease).
-pub(crate) fn upload_named_by(operation_id: &Id, upload_id: &Id) -> Script<Option<UploadRecord>> {
-    Script::one(
-        "SELECT id, tenant, content_type, upload_offset, complete, sha256, expected_sha256, chunks, created_at,
-                expires_at, EXISTS (SELECT 1 FROM operation_uploads WHERE upload_id = uploads.id)
-           FROM uploads WHERE id = ?1
-            AND EXISTS (SELECT 1 FROM operation_uploads WHERE operation_id = ?2 AND upload_id = ?1)",
-        vec![upload_id.as_str().into(), operation_id.as_str().into()],
-        |d| optional(d, upload),
-    )
+/// The upload `upload_id` as the worker holding `lease_token` on
+/// `operation_id` may read it: `LeaseLost` unless the lease is current (the
+/// task leased with that token, the operation running), then the upload if
+/// the operation names it.
+pub(crate) fn upload_for_task(operation_id: &Id, lease_token: &str, upload_id: &Id) -> Script<Option<UploadRecord>> {
+    Script {
+        stmts: vec![
+            Stmt {
+                // Not a join: see `sqlite/finish.rs` (a join on a bound
+                // parameter is prepared again on every use there).
+                sql: "SELECT 1 FROM operations WHERE id = ?1 AND state = 'running'
+                         AND EXISTS (SELECT 1 FROM tasks WHERE operation_id = ?1 AND status = 'leased'
+                                                           AND lease_token = ?2)",
+                args: vec![operation_id.as_str().into(), lease_token.into()],
+            },
+            Stmt {
+                sql: "SELECT id, tenant, content_type, upload_offset, complete, sha256, expected_sha256, chunks,
+                             created_at, expires_at,
+                             EXISTS (SELECT 1 FROM operation_uploads WHERE upload_id = uploads.id)
+                        FROM uploads WHERE id = ?1
+                         AND EXISTS (SELECT 1 FROM operation_uploads WHERE operation_id = ?2 AND upload_id = ?1)",
+                args: vec![upload_id.as_str().into(), operation_id.as_str().into()],
+            },
+        ],
+        decode: |d| {
+            if d.before.first().is_none_or(Vec::is_empty) {
+                return Err(StoreError::LeaseLost);
+            }
+            optional(d, upload)
+        },
+    }
 }
 
 pub(crate) fn upload_insert(p: &UploadCreateParams) -> Script<()> {

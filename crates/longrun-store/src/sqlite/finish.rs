@@ -3,23 +3,8 @@
 
 use super::*;
 
-/// The fenced row: one table and scalar subqueries, not a join. SQLite
-/// marks a join on a bound parameter as plan-dependent on its value, and
-/// rusqlite clears the bindings of a cached statement when it is returned,
-/// so such a statement is re-prepared on every use. The lease subquery is
-/// NULL unless the caller holds the lease.
-pub(super) const FENCED: &str =
-    "SELECT o.version, o.progress, o.cost_units, o.cancellable, o.cancel_requested_at IS NOT NULL,
-        o.cancel_reason, o.cancel_requested_by, o.attempt,
-        COALESCE((SELECT k.max_attempts FROM kinds k WHERE k.name = o.kind), 1), o.budget_max_cost,
-        (SELECT COALESCE(t.lease_ms, 30000) FROM tasks t
-          WHERE t.operation_id = ?1 AND t.status = 'leased' AND t.lease_token = ?2),
-        o.pause_requested_at IS NOT NULL
-   FROM operations o
-  WHERE o.id = ?1 AND o.state = 'running'";
-
 /// The fenced row in full, for an outcome that changes it: `None` from the
-/// lease subquery unless the caller holds the lease (as in [`FENCED`]).
+/// lease subquery unless the caller holds the lease.
 pub(super) fn fenced_operation(c: &Connection, operation_id: &str, lease_token: &str) -> Result<(Fenced, Operation)> {
     static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(fenced_operation_sql);
     c.prepare_cached(&SQL)?
@@ -35,6 +20,10 @@ pub(super) fn fenced_operation(c: &Connection, operation_id: &str, lease_token: 
         .ok_or(StoreError::LeaseLost)
 }
 
+/// One table and scalar subqueries, not a join: SQLite marks a join on a
+/// bound parameter as plan-dependent on its value, and rusqlite clears the
+/// bindings of a cached statement when it is returned, so such a statement
+/// is re-prepared on every use.
 pub(super) fn fenced_operation_sql() -> String {
     format!(
         "SELECT {OP_COLUMNS}, COALESCE((SELECT k.max_attempts FROM kinds k WHERE k.name = o.kind), 1),
@@ -43,32 +32,6 @@ pub(super) fn fenced_operation_sql() -> String {
            FROM operations o
           WHERE o.id = ?1 AND o.state = 'running'"
     )
-}
-
-pub(super) fn fenced(c: &Connection, operation_id: &Id, lease_token: &str) -> Result<Fenced> {
-    c.prepare_cached(FENCED)?
-        .query_row(params![operation_id.as_str(), lease_token], |r| {
-            let Some(lease_ms) = r.get::<_, Option<i64>>(10)? else {
-                return Ok(None);
-            };
-            Ok(Some(Fenced {
-                version: r.get(0)?,
-                progress: json_column(r, 1)?.map(|v| progress_from_json(&v)),
-                cost_units: r.get(2)?,
-                cancellable: r.get(3)?,
-                cancel_requested: r.get(4)?,
-                cancel_reason: r.get(5)?,
-                cancel_requested_by: r.get(6)?,
-                attempt: r.get(7)?,
-                max_attempts: r.get(8)?,
-                budget_max_cost: r.get(9)?,
-                lease_ms,
-                pause_requested: r.get(11)?,
-            }))
-        })
-        .optional()?
-        .flatten()
-        .ok_or(StoreError::LeaseLost)
 }
 
 #[cfg(test)]

@@ -31,16 +31,6 @@ pub(super) fn pieces_drop(
     Ok(())
 }
 
-pub(super) fn upload_for_task(
-    c: &Connection,
-    operation_id: &Id,
-    lease_token: &str,
-    upload_id: &Id,
-) -> Result<Option<UploadRecord>> {
-    fenced(c, operation_id, lease_token)?;
-    script::run(c, &upload_named_by(operation_id, upload_id))
-}
-
 /// See `Store::artifact_keys_named`: each key is looked up by the indexes
 /// that name objects (results' and pieces' storage keys, the upload its key
 /// says it belongs to).

@@ -86,6 +86,16 @@ impl<S: RunScripts> Tables for S {
         self.read_now(shared::upload_get(tenant, id)).await
     }
 
+    async fn upload_for_task(
+        &self,
+        operation_id: &Id,
+        lease_token: &str,
+        upload_id: &Id,
+    ) -> Result<Option<UploadRecord>> {
+        self.read_now(shared::upload_for_task(operation_id, lease_token, upload_id))
+            .await
+    }
+
     async fn api_key_list(&self) -> Result<Vec<ApiKeyRecord>> {
         self.read(shared::api_key_list()).await
     }
