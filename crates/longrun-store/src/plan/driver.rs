@@ -172,7 +172,9 @@ pub(crate) trait Driver {
 
     /// Deletes the events of operations `ids`, found through their rows
     /// (so before those go).
-    async fn events_remove(&mut self, ids: &[&str]) -> Result<()>;
+    async fn events_remove(&mut self, ids: &[&str]) -> Result<()> {
+        self.script(&fetches::events_remove(ids)).await
+    }
 
     /// Stores (or replaces) tombstones, each of a different operation.
     async fn tombstones_set(&mut self, tombstones: &[Tombstone]) -> Result<()> {

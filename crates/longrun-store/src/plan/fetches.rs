@@ -207,6 +207,18 @@ pub(super) fn uploads_unused(now: Timestamp, limit: u32) -> Script<Vec<String>> 
     )
 }
 
+/// Deletes the events of operations `ids`, found through their rows (so
+/// before those go), in one statement however many there are (the ids go
+/// as one JSON array).
+pub(super) fn events_remove(ids: &[&str]) -> Script<()> {
+    Script::one(
+        "DELETE FROM operation_events WHERE op_seq IN (SELECT seq FROM operations WHERE id IN
+           (SELECT value FROM {sqlite: json_each(?1)}{pg: json_array_elements_text(?1::JSON)}))",
+        vec![serde_json::to_string(ids).expect("strings serialize").into()],
+        nothing,
+    )
+}
+
 /// Deletes an upload's row; its pieces' objects become garbage.
 pub(super) fn upload_drop(id: &str, now: Timestamp) -> Script<()> {
     Script {

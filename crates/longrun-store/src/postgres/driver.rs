@@ -101,10 +101,6 @@ impl Driver for PgDriver<'_> {
         operations_release(self.c, self.ch, ids, now).await
     }
 
-    async fn events_remove(&mut self, ids: &[&str]) -> Result<()> {
-        events_remove(self.c, ids).await
-    }
-
     async fn tombstones_set(&mut self, tombstones: &[Tombstone]) -> Result<()> {
         tombstones_set(self.c, tombstones).await
     }

@@ -30,15 +30,6 @@ pub(super) async fn operations_release(
     pieces_drop(c, ids, None, None, now).await
 }
 
-pub(super) async fn events_remove(c: &mut PgConnection, ids: &[&str]) -> Result<()> {
-    sqlx::query("DELETE FROM operation_events WHERE op_seq IN (SELECT seq FROM operations WHERE id = ANY($1))")
-        .bind(ids)
-        .execute(&mut *c)
-        .await
-        .map_err(db)?;
-    Ok(())
-}
-
 /// The batch's tombstones in one statement.
 pub(super) async fn tombstones_set(c: &mut PgConnection, tombstones: &[Tombstone]) -> Result<()> {
     if tombstones.is_empty() {

@@ -150,16 +150,6 @@ impl Driver for SqliteDriver<'_> {
         Ok(())
     }
 
-    async fn events_remove(&mut self, ids: &[&str]) -> Result<()> {
-        let mut delete = self
-            .c
-            .prepare_cached("DELETE FROM operation_events WHERE op_seq = (SELECT seq FROM operations WHERE id = ?1)")?;
-        for id in ids {
-            delete.execute(params![id])?;
-        }
-        Ok(())
-    }
-
     /// Row by row: the statements run in-process, and two set statements
     /// would have to agree on ties at the limit.
     async fn tombstones_bury(&mut self, now: Timestamp, limit: u32) -> Result<u64> {
