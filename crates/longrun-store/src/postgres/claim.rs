@@ -162,7 +162,7 @@ pub(super) async fn task_claim(
     {
         let heads = match max_running {
             None => picked,
-            Some(max_running) => {
+            Some(_) => {
                 // Nodes claiming for the same capped tenant take turns, so
                 // together they never exceed max_running.
                 sqlx::query("SELECT 1 FROM tenants WHERE name = $1 FOR UPDATE")
@@ -176,29 +176,17 @@ pub(super) async fn task_claim(
                         .fetch_one(&mut *c)
                         .await
                         .map_err(db)?;
-                let allowance = (want as i64).min(max_running - running);
-                if allowance <= 0 {
-                    continue;
+                match claim_allowance(want, max_running, running) {
+                    0 => continue,
+                    allowance => pick_ready(c, p, &tenant, allowance as i64).await?,
                 }
-                pick_ready(c, p, &tenant, allowance).await?
             }
         };
         if !heads.is_empty() {
             queues.push(heads);
         }
     }
-    // Round-robin over the tenants, least recently served first.
-    let mut picked: Vec<Picked> = Vec::with_capacity(want);
-    while picked.len() < want && !queues.is_empty() {
-        queues.retain_mut(|queue| {
-            if picked.len() < want
-                && let Some(task) = queue.pop_front()
-            {
-                picked.push(task);
-            }
-            !queue.is_empty()
-        });
-    }
+    let picked = round_robin(queues, want);
     // A queued operation whose deadline passed is never started.
     let (expired, live): (Vec<Picked>, Vec<Picked>) = picked
         .into_iter()

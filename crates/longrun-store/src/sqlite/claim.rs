@@ -34,25 +34,24 @@ pub(super) fn task_claim(c: &Connection, policy: WritePolicy, p: &ClaimParams) -
     }
     let want = p.max_tasks as usize;
     // Each tenant's oldest claimable tasks of the wanted kinds, up to what it may run.
-    let mut queues: Vec<(String, std::collections::VecDeque<String>)> = Vec::new();
+    let mut queues: Vec<std::collections::VecDeque<(String, String)>> = Vec::new();
     let tenants = tenants_with_ready_work(c)?;
     let record_order = records_served_order(tenants.len());
     for (tenant, max_running, _) in tenants {
-        let mut allowance = want as i64;
-        if let Some(max_running) = max_running {
-            let running: i64 = c
+        let running: i64 = match max_running {
+            None => 0,
+            Some(_) => c
                 .prepare_cached("SELECT COUNT(*) FROM tasks WHERE tenant = ?1 AND status = 'leased'")?
-                .query_row(params![tenant], |r| r.get(0))?;
-            allowance = allowance.min(max_running - running);
-        }
-        if allowance <= 0 {
+                .query_row(params![tenant], |r| r.get(0))?,
+        };
+        let allowance = claim_allowance(want, max_running, running);
+        if allowance == 0 {
             continue;
         }
         // Highest priority first, then earliest available, across kinds:
         // one priority at a time, from the highest, until the allowance is
         // met (work at the default priority costs a seek per empty level
         // above it and one range read).
-        let allowance = usize::try_from(allowance).unwrap_or(0);
         let mut heads: Vec<(std::cmp::Reverse<i16>, i64, i64, String)> = Vec::new();
         let mut stmt = c.prepare_cached(READY_HEADS)?;
         for priority in (PRIORITY_MIN..=PRIORITY_MAX).rev() {
@@ -72,21 +71,10 @@ pub(super) fn task_claim(c: &Connection, policy: WritePolicy, p: &ClaimParams) -
         heads.sort();
         heads.truncate(allowance);
         if !heads.is_empty() {
-            queues.push((tenant, heads.into_iter().map(|(.., id)| id).collect()));
+            queues.push(heads.into_iter().map(|(.., id)| (tenant.clone(), id)).collect());
         }
     }
-
-    let mut picked: Vec<(String, String)> = Vec::with_capacity(want);
-    while picked.len() < want && !queues.is_empty() {
-        queues.retain_mut(|(tenant, queue)| {
-            if picked.len() < want
-                && let Some(id) = queue.pop_front()
-            {
-                picked.push((tenant.clone(), id));
-            }
-            !queue.is_empty()
-        });
-    }
+    let picked = round_robin(queues, want);
 
     let lease_expires_at = p.now.plus(p.lease);
     let mut tasks = Vec::with_capacity(picked.len());
