@@ -107,7 +107,14 @@ pub(super) async fn operations_end(
     let discard_at = other.iter().map(|id| ended_at(id)).max().unwrap_or(Timestamp(0));
     for (id, published) in results_publish(c, policy, &publish).await? {
         if let Some(op) = ended.remove(&id) {
-            ended.insert(id, with_published(op, published));
+            let op = with_published(op, published);
+            sqlx::query("UPDATE operations SET artifact = $2 WHERE id = $1")
+                .bind(&id)
+                .bind(artifacts_to_json(op.artifact.as_ref(), &op.artifacts).map(|v| v.to_string()))
+                .execute(&mut *c)
+                .await
+                .map_err(db)?;
+            ended.insert(id, op);
         }
     }
     results_discard(c, &other, discard_at).await?;
@@ -123,7 +130,8 @@ pub(super) async fn operations_end(
 
 /// Publishes the uploaded results of operations that publish them (each
 /// with the time it ended); returns the published artifacts, by name, of
-/// each operation that had any (usually none).
+/// each operation that had any (usually none), which the caller records
+/// in the operation's row.
 pub(super) async fn results_publish(
     c: &mut PgConnection,
     policy: Policy,
@@ -163,22 +171,6 @@ pub(super) async fn results_publish(
             .entry(operation_id)
             .or_default()
             .push((row.try_get(6).map_err(db)?, artifact));
-    }
-    for (operation_id, artifacts) in &published {
-        let (mut default, mut named) = (None, std::collections::BTreeMap::new());
-        for (name, artifact) in artifacts {
-            if name == DEFAULT_ARTIFACT {
-                default = Some(artifact.clone());
-            } else {
-                named.insert(name.clone(), artifact.clone());
-            }
-        }
-        sqlx::query("UPDATE operations SET artifact = $2 WHERE id = $1")
-            .bind(operation_id)
-            .bind(artifacts_to_json(default.as_ref(), &named).map(|v| v.to_string()))
-            .execute(&mut *c)
-            .await
-            .map_err(db)?;
     }
     Ok(published.into_iter().collect())
 }
