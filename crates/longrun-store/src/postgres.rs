@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use longrun_core::{Id, State, Timestamp};
-use serde_json::{Value, json};
+use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{Connection as _, PgConnection, PgPool, Row};
 use tokio::sync::{broadcast, mpsc, oneshot};

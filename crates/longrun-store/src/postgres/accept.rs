@@ -143,7 +143,7 @@ pub(super) async fn operation_accept_leased(
     }
     let created = created_operation(p);
     let running = started(created.clone(), p.now);
-    let started_data = json!({"attempt": running.attempt, "worker_id": to.worker_id});
+    let started_data = started_data(&running, &to.worker_id);
     let changes = [
         change_of(&created, EventType::Created),
         change_of(&running, EventType::Started),

@@ -299,13 +299,7 @@ pub(super) async fn lease_tasks(
     }
     let events: Vec<(&Operation, EventType, Value)> = leased
         .iter()
-        .map(|(op, ..)| {
-            (
-                op,
-                EventType::Started,
-                json!({"attempt": op.attempt, "worker_id": p.worker_id}),
-            )
-        })
+        .map(|(op, ..)| (op, EventType::Started, started_data(op, &p.worker_id)))
         .collect();
     events_insert(c, ch, &events).await?;
     let tasks = leased

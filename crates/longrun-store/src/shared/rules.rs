@@ -111,6 +111,12 @@ pub(crate) fn started(mut op: Operation, now: Timestamp) -> Operation {
     op
 }
 
+/// The data of the `started` event of `op` (as [`started`] left it),
+/// started by `worker_id`.
+pub(crate) fn started_data(op: &Operation, worker_id: &str) -> Value {
+    json!({"attempt": op.attempt, "worker_id": worker_id})
+}
+
 /// The fenced view of a running task: present only for the current lease holder.
 pub(crate) struct Fenced {
     pub version: i64,

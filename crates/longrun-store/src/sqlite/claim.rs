@@ -152,7 +152,7 @@ pub(super) fn lease_task(
     if changed == 0 {
         return Err(StoreError::NotFound);
     }
-    let data = json!({"attempt": started.attempt, "worker_id": p.worker_id});
+    let data = started_data(&started, &p.worker_id);
     event_insert(c, &started, EventType::Started, &data)?;
     if was_queued && let Some(queued) = crate::shared::delivery_queued(&started, WebhookType::Reached(started.state)) {
         super::script::run(c, &queued)?;
