@@ -2,7 +2,9 @@
 //! under `src/postgres*` or `src/sqlite*` never spells an event or webhook
 //! name (they come from `plan::EventType` and `plan::WebhookType`) and
 //! never looks at a decision of the rules (`Decision`, `IntentChange`,
-//! `decide_*`): deciding is the plan layer's, once for both.
+//! `decide_*`): deciding is the plan layer's, once for both. Nor does it
+//! build an operation or an event of its own: their columns are decoded
+//! once (`shared/columns.rs`).
 
 use std::path::{Path, PathBuf};
 
@@ -116,4 +118,30 @@ fn backends_decide_nothing() {
         }
     }
     assert!(found.is_empty(), "decisions in a backend:\n{}", found.join("\n"));
+}
+
+/// An operation's and an event's columns are decoded once
+/// (`shared/columns.rs`, through each driver's `Columns`): a backend builds
+/// neither record of its own.
+#[test]
+fn backends_build_no_operation_or_event_of_their_own() {
+    let mut found = Vec::new();
+    for path in backend_files() {
+        let code = code_of(&path);
+        for (n, line) in code.lines().enumerate() {
+            // `Operation {` or `Event {`, not as the end of a longer name.
+            let builds = |literal: &str| {
+                line.match_indices(literal)
+                    .any(|(at, _)| !line[..at].ends_with(|c: char| c.is_alphanumeric() || c == '_'))
+            };
+            if !line.trim_start().starts_with("//") && (builds("Operation {") || builds("Event {")) {
+                found.push(format!("{}:{}: {}", path.display(), n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "a record decoded in a backend (see shared/columns.rs):\n{}",
+        found.join("\n")
+    );
 }
