@@ -1,7 +1,8 @@
 //! Bytes per stored operation, and where they go, on both stores.
 //!
 //! `cargo bench -p longrun-cli --bench footprint` (`LONGRUN_FOOTPRINT_OPS`,
-//! default 100,000).
+//! default 100,000; `LONGRUN_FOOTPRINT_FILLS`, default 2, the PostgreSQL
+//! fills).
 //!
 //! The case of the scaling issue: `sleep` operations with no result and one
 //! progress step, submitted through the batch endpoint (100 per request,
@@ -10,10 +11,10 @@
 //! table and index is measured: on SQLite with the `dbstat` table (pages in
 //! use, and the file's free pages), on PostgreSQL with `pg_relation_size`
 //! (its TOAST and free-space map counted with the table) after a
-//! `CHECKPOINT`, as found and after a plain `VACUUM`, then after a second
-//! fill of as many on top and a `VACUUM` (the space the first fill's dead
-//! row versions left, reused). Bytes per operation are the whole
-//! database's bytes over the operations stored.
+//! `CHECKPOINT`, as found and after a plain `VACUUM`, then after each
+//! further fill of as many on top and a `VACUUM` (the space earlier fills'
+//! dead row versions left, reused), with what that fill added. Bytes per
+//! operation are the whole database's bytes over the operations stored.
 
 #[allow(dead_code)]
 mod batches;
@@ -156,18 +157,29 @@ fn main() {
                 record.line(format!("\nPostgreSQL filled in {seconds:.1} s"));
                 let (sizes, total) = postgres_sizes(&url, false).await;
                 print_sizes(&mut record, "PostgreSQL, as found", &sizes, total, n);
-                let (sizes, total) = postgres_sizes(&url, true).await;
-                print_sizes(&mut record, "PostgreSQL, after VACUUM", &sizes, total, n);
+                let (sizes, vacuumed) = postgres_sizes(&url, true).await;
+                print_sizes(&mut record, "PostgreSQL, after VACUUM", &sizes, vacuumed, n);
                 let live = postgres_live_rows(&url).await;
                 let total = live.values().sum();
                 print_sizes(&mut record, "PostgreSQL, the live rows' own bytes (no headers, free space or indexes)", &live, total, n);
                 // A store that keeps running reuses what VACUUM freed: the
-                // same fill again, on top, shows what a steady flow costs.
-                let seconds = fill(&["--database".to_owned(), url.clone()], n).await;
-                record.line(format!("\nPostgreSQL filled again ({n} more) in {seconds:.1} s"));
-                let (sizes, total) = postgres_sizes(&url, true).await;
-                let title = format!("PostgreSQL, both fills after VACUUM (per operation of {})", 2 * n);
-                print_sizes(&mut record, &title, &sizes, total, 2 * n);
+                // same fill again, on top, shows what a steady flow costs;
+                // what each further fill adds to the database, per
+                // operation, is what one more stored operation costs.
+                let fills = env_number("LONGRUN_FOOTPRINT_FILLS", 2).max(2);
+                let mut before = vacuumed;
+                for k in 2..=fills {
+                    let seconds = fill(&["--database".to_owned(), url.clone()], n).await;
+                    record.line(format!("\nPostgreSQL filled again ({n} more) in {seconds:.1} s"));
+                    let (sizes, total) = postgres_sizes(&url, true).await;
+                    let title = format!("PostgreSQL, {k} fills after VACUUM (per operation of {})", k * n);
+                    print_sizes(&mut record, &title, &sizes, total, k * n);
+                    record.line(format!(
+                        "\nwhat fill {k} added after VACUUM: {} bytes per operation",
+                        (total - before) / n as i64
+                    ));
+                    before = total;
+                }
             }
             Err(why) => record.line(format!("PostgreSQL is not available here ({why}); its rows are skipped")),
         }
