@@ -52,7 +52,7 @@ use rusqlite::types::Type;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params};
 use serde_json::{Value, json};
 
-use crate::plan::{self, Effect, EndRow, EventType, WebhookType};
+use crate::plan::{self, Effect, EndRow, EventType};
 use crate::reads::ReadCache;
 use crate::shared::*;
 use crate::*;

@@ -41,8 +41,10 @@ const EVENT_ONLY_NAMES: [&str; 10] = [
     "pause_not_honoured",
 ];
 
-/// What only the plan layer may name: the decision types and the rules.
-const DECISIONS: [&str; 3] = ["Decision", "IntentChange", "decide_"];
+/// What only the plan layer may name: the decision types, the rules, and
+/// which webhook a change queues (`WebhookType`: a claim asks
+/// `start_delivery_queued`).
+const DECISIONS: [&str; 4] = ["Decision", "IntentChange", "decide_", "WebhookType"];
 
 /// Whether `line` names `word` (not as a part of a longer identifier; a
 /// word ending in `_` is a prefix).
@@ -78,22 +80,33 @@ fn code_of(path: &Path) -> String {
     }
 }
 
-#[test]
-fn backends_spell_no_event_or_webhook_name() {
+/// Every line of the backends' code (before their tests) that `offends`,
+/// as `path:line: text`.
+fn lines_where(offends: impl Fn(&str) -> bool) -> Vec<String> {
     let mut found = Vec::new();
     for path in backend_files() {
-        let code = code_of(&path);
-        for (n, line) in code.lines().enumerate() {
-            let rust = EVENT_NAMES.iter().map(|name| format!("\"{name}\""));
-            let sql = EVENT_ONLY_NAMES.iter().map(|name| format!("'{name}'"));
-            if rust.chain(sql).any(|quoted| line.contains(&quoted)) {
-                found.push(format!("{}:{}: {}", path.display(), n + 1, line.trim()));
-            }
-            if line.contains("\"operation.") || line.contains("'operation.") {
+        for (n, line) in code_of(&path).lines().enumerate() {
+            if offends(line) {
                 found.push(format!("{}:{}: {}", path.display(), n + 1, line.trim()));
             }
         }
     }
+    found
+}
+
+fn is_comment(line: &str) -> bool {
+    line.trim_start().starts_with("//")
+}
+
+#[test]
+fn backends_spell_no_event_or_webhook_name() {
+    let found = lines_where(|line| {
+        let rust = EVENT_NAMES.iter().map(|name| format!("\"{name}\""));
+        let sql = EVENT_ONLY_NAMES.iter().map(|name| format!("'{name}'"));
+        rust.chain(sql).any(|quoted| line.contains(&quoted))
+            || line.contains("\"operation.")
+            || line.contains("'operation.")
+    });
     assert!(
         found.is_empty(),
         "event or webhook names in a backend:\n{}",
@@ -103,20 +116,7 @@ fn backends_spell_no_event_or_webhook_name() {
 
 #[test]
 fn backends_decide_nothing() {
-    let mut found = Vec::new();
-    for path in backend_files() {
-        let code = code_of(&path);
-        for (n, line) in code.lines().enumerate() {
-            if line.trim_start().starts_with("//") {
-                continue;
-            }
-            for name in DECISIONS {
-                if names(line, name) {
-                    found.push(format!("{}:{}: {}", path.display(), n + 1, line.trim()));
-                }
-            }
-        }
-    }
+    let found = lines_where(|line| !is_comment(line) && DECISIONS.iter().any(|name| names(line, name)));
     assert!(found.is_empty(), "decisions in a backend:\n{}", found.join("\n"));
 }
 
@@ -125,20 +125,14 @@ fn backends_decide_nothing() {
 /// neither record of its own.
 #[test]
 fn backends_build_no_operation_or_event_of_their_own() {
-    let mut found = Vec::new();
-    for path in backend_files() {
-        let code = code_of(&path);
-        for (n, line) in code.lines().enumerate() {
-            // `Operation {` or `Event {`, not as the end of a longer name.
-            let builds = |literal: &str| {
-                line.match_indices(literal)
-                    .any(|(at, _)| !line[..at].ends_with(|c: char| c.is_alphanumeric() || c == '_'))
-            };
-            if !line.trim_start().starts_with("//") && (builds("Operation {") || builds("Event {")) {
-                found.push(format!("{}:{}: {}", path.display(), n + 1, line.trim()));
-            }
-        }
-    }
+    let found = lines_where(|line| {
+        // `Operation {` or `Event {`, not as the end of a longer name.
+        let builds = |literal: &str| {
+            line.match_indices(literal)
+                .any(|(at, _)| !line[..at].ends_with(|c: char| c.is_alphanumeric() || c == '_'))
+        };
+        !is_comment(line) && (builds("Operation {") || builds("Event {"))
+    });
     assert!(
         found.is_empty(),
         "a record decoded in a backend (see shared/columns.rs):\n{}",

@@ -289,9 +289,7 @@ pub(super) async fn lease_tasks(
     let mut leased = Vec::with_capacity(started.len());
     for pick in picked {
         if let Some((op, token, checkpoint)) = started.remove(&pick.operation_id) {
-            if pick.was_queued
-                && let Some(queued) = crate::shared::delivery_queued(&op, WebhookType::Reached(op.state))
-            {
+            if let Some(queued) = start_delivery_queued(&op, pick.was_queued) {
                 super::script::run(c, &queued).await?;
             }
             leased.push((op, token, pick.deadline_at, checkpoint));

@@ -39,6 +39,16 @@ pub(crate) fn delivery_queued(op: &Operation, webhook: crate::plan::WebhookType)
     ))
 }
 
+/// The webhook a claim queues for `op`, which it just started: work that
+/// was queued reached `running`; a retry's start is no transition (it was
+/// running already) and queues none.
+pub(crate) fn start_delivery_queued(op: &Operation, was_queued: bool) -> Option<Script<()>> {
+    if !was_queued {
+        return None;
+    }
+    delivery_queued(op, crate::plan::WebhookType::Reached(op.state))
+}
+
 /// Deliveries due at `now` that no node holds, soonest first; on
 /// PostgreSQL locked, skipping those another node's transaction holds.
 pub(crate) fn deliveries_due(now: Timestamp, limit: u32) -> Script<Vec<Delivery>> {

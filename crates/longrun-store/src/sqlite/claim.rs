@@ -154,7 +154,7 @@ pub(super) fn lease_task(
     }
     let data = started_data(&started, &p.worker_id);
     event_insert(c, &started, EventType::Started, &data)?;
-    if was_queued && let Some(queued) = crate::shared::delivery_queued(&started, WebhookType::Reached(started.state)) {
+    if let Some(queued) = start_delivery_queued(&started, was_queued) {
         super::script::run(c, &queued)?;
     }
     Ok(Some(Task {
