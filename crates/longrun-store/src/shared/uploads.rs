@@ -19,6 +19,30 @@ fn upload(r: &Row) -> Result<UploadRecord> {
     })
 }
 
+/// `SELECT` of an upload's columns (as [`upload`] reads them) `FROM
+/// uploads`, then `$rest`.
+macro_rules! upload_select {
+    ($rest:literal) => {
+        concat!(
+            "SELECT id, tenant, content_type, upload_offset, complete, sha256, expected_sha256, chunks, created_at,
+                    expires_at, EXISTS (SELECT 1 FROM operation_uploads WHERE upload_id = uploads.id)
+               FROM uploads ",
+            $rest
+        )
+    };
+}
+
+/// `SELECT` of who holds the right to append to an upload (`?1`, of the
+/// tenant `?2` when not `NULL`), then `$rest`.
+macro_rules! upload_lease_select {
+    ($rest:literal) => {
+        concat!(
+            "SELECT appending_token, appending_until FROM uploads WHERE id = ?1 AND (?2 IS NULL OR tenant = ?2)",
+            $rest
+        )
+    };
+}
+
 /// Storage keys of objects to delete, oldest garbage first.
 pub(crate) fn artifact_garbage(limit: u32) -> Script<Vec<String>> {
     Script::one(
@@ -44,10 +68,9 @@ pub(crate) fn artifact_garbage_done(keys: &[String]) -> Script<()> {
 /// `locked` (the plan's appends take it so).
 pub(crate) fn upload_lease(tenant: Option<&str>, id: &Id, locked: bool) -> Script<Option<UploadLease>> {
     let sql = if locked {
-        "SELECT appending_token, appending_until FROM uploads WHERE id = ?1 AND (?2 IS NULL OR tenant = ?2)
-          {for_update}"
+        upload_lease_select!(" {for_update}")
     } else {
-        "SELECT appending_token, appending_until FROM uploads WHERE id = ?1 AND (?2 IS NULL OR tenant = ?2)"
+        upload_lease_select!("")
     };
     Script::one(sql, vec![id.as_str().into(), tenant.into()], |d| {
         optional(d, |r| {
@@ -62,9 +85,7 @@ pub(crate) fn upload_lease(tenant: Option<&str>, id: &Id, locked: bool) -> Scrip
 /// The tenant's upload.
 pub(crate) fn upload_get(tenant: &str, id: &Id) -> Script<Option<UploadRecord>> {
     Script::one(
-        "SELECT id, tenant, content_type, upload_offset, complete, sha256, expected_sha256, chunks, created_at,
-                expires_at, EXISTS (SELECT 1 FROM operation_uploads WHERE upload_id = uploads.id)
-           FROM uploads WHERE id = ?1 AND tenant = ?2",
+        upload_select!("WHERE id = ?1 AND tenant = ?2"),
         vec![id.as_str().into(), tenant.into()],
         |d| optional(d, upload),
     )
@@ -73,9 +94,7 @@ pub(crate) fn upload_get(tenant: &str, id: &Id) -> Script<Option<UploadRecord>> 
 /// The tenant's upload, locked for the rest of the transaction.
 pub(crate) fn upload_locked(tenant: &str, id: &Id) -> Script<Option<UploadRecord>> {
     Script::one(
-        "SELECT id, tenant, content_type, upload_offset, complete, sha256, expected_sha256, chunks, created_at,
-                expires_at, EXISTS (SELECT 1 FROM operation_uploads WHERE upload_id = uploads.id)
-           FROM uploads WHERE id = ?1 AND tenant = ?2 {for_update}",
+        upload_select!("WHERE id = ?1 AND tenant = ?2 {for_update}"),
         vec![id.as_str().into(), tenant.into()],
         |d| optional(d, upload),
     )
@@ -97,11 +116,9 @@ pub(crate) fn upload_for_task(operation_id: &Id, lease_token: &str, upload_id: &
                 args: vec![operation_id.as_str().into(), lease_token.into()],
             },
             Stmt {
-                sql: "SELECT id, tenant, content_type, upload_offset, complete, sha256, expected_sha256, chunks,
-                             created_at, expires_at,
-                             EXISTS (SELECT 1 FROM operation_uploads WHERE upload_id = uploads.id)
-                        FROM uploads WHERE id = ?1
-                         AND EXISTS (SELECT 1 FROM operation_uploads WHERE operation_id = ?2 AND upload_id = ?1)",
+                sql: upload_select!(
+                    "WHERE id = ?1 AND EXISTS (SELECT 1 FROM operation_uploads WHERE operation_id = ?2 AND upload_id = ?1)"
+                ),
                 args: vec![upload_id.as_str().into(), operation_id.as_str().into()],
             },
         ],
