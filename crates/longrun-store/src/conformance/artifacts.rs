@@ -201,6 +201,7 @@ pub async fn uploads_append_at_their_offset_complete_once_and_live_while_named(s
     ));
 
     // A submission names it: it then lives as long as the operation.
+    declare(store, "import", true, 3).await;
     let mut params = accept_params("t1", "import", None, json!({"upload": id.as_str()}));
     params.uploads = vec![id.clone()];
     let AcceptOutcome::Created(op) = store.operation_accept(params).await.unwrap() else {
@@ -231,6 +232,22 @@ pub async fn uploads_append_at_their_offset_complete_once_and_live_while_named(s
             .await
             .unwrap(),
         None
+    );
+    // A holder whose lease lapsed reads nothing once the work is held
+    // again; the new holder reads it.
+    let lapsed = at(3).plus(LEASE).plus(Duration::from_secs(1));
+    store.task_reap(ReapParams { now: lapsed, limit: 10 }).await.unwrap();
+    let again = claim_one(store, "import", lapsed.plus(Duration::from_secs(60))).await;
+    assert!(matches!(
+        store.upload_for_task(&op.id, &task.lease_token, &id).await,
+        Err(StoreError::LeaseLost)
+    ));
+    assert!(
+        store
+            .upload_for_task(&op.id, &again.lease_token, &id)
+            .await
+            .unwrap()
+            .is_some()
     );
     assert_eq!(
         store.retention_sweep(sweep(at(200))).await.unwrap().uploads_removed,
