@@ -96,6 +96,7 @@ macro_rules! store_conformance {
             intent_changes_need_the_current_version_and_terminal_intent_wins,
             leases_of_a_worker_known_gone_are_reaped_at_once,
             every_event_keeps_the_representation_at_its_version,
+            a_history_reads_the_same_whether_its_events_were_kept_or_derived,
             a_submission_leased_as_accepted_is_what_a_claim_would_have_leased,
             racing_submissions_with_one_key_make_one_operation_handed_or_not,
             committed_changes_are_published_and_rolled_back_ones_are_not,

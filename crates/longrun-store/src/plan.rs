@@ -29,6 +29,7 @@ mod effects;
 mod event;
 mod fetches;
 pub(crate) mod finish;
+mod history;
 pub(crate) mod retention;
 pub(crate) mod store;
 pub(crate) mod update;
@@ -39,6 +40,7 @@ mod writes;
 pub(crate) use driver::{Driver, EndRow, Lock};
 pub(crate) use effects::{Effect, apply};
 pub(crate) use event::{EventType, WebhookType};
+pub(crate) use history::{created_snapshot, event_kept, with_derived};
 pub(crate) use retention::Tombstone;
 
 use std::time::Duration;

@@ -81,6 +81,73 @@ pub async fn every_event_keeps_the_representation_at_its_version(store: &dyn Sto
     );
 }
 
+/// Work submitted with nothing but defaults keeps no row for its `created`
+/// event, and no work keeps one for its ending: the operation's row says
+/// both (plan/history.rs). Its history reads the same as that of work
+/// whose created event is kept (labels): every version, type, state, time
+/// and data, the failed ending carrying its error; a queued operation
+/// cancelled has its two events too.
+pub async fn a_history_reads_the_same_whether_its_events_were_kept_or_derived(store: &dyn Store) {
+    let plain = create(store, "t1", "hist").await;
+    let mut params = accept_params("t1", "hist", None, json!({"n": 1}));
+    params.labels.insert("team".into(), "a".into());
+    let labelled = match store.operation_accept(params).await.unwrap() {
+        AcceptOutcome::Created(op) => op,
+        other => panic!("expected Created, got {other:?}"),
+    };
+    let error = OperationError {
+        code: "boom".into(),
+        message: "it broke".into(),
+        retryable: false,
+    };
+    for _ in 0..2 {
+        let task = claim_one(store, "hist", at(1)).await;
+        let outcome = Outcome::Failed { error: error.clone() };
+        store.task_finish(finish(&task, outcome, at(2))).await.unwrap();
+    }
+    let history = async |id: &Id| {
+        let events = store.operation_history("t1", id).await.unwrap().unwrap();
+        events
+            .into_iter()
+            .map(|e| (e.version, e.event_type, e.state, e.at, e.data))
+            .collect::<Vec<_>>()
+    };
+    let (a, b) = (history(&plain.id).await, history(&labelled.id).await);
+    let failed = json!({"error": {"code": "boom", "message": "it broke", "retryable": false}});
+    for (events, created_at) in [(&a, plain.created_at), (&b, labelled.created_at)] {
+        let seen: Vec<_> = events.iter().map(|e| (e.0, e.1.as_str(), e.2, e.3)).collect();
+        assert_eq!(
+            seen,
+            [
+                (1, "created", State::Queued, created_at),
+                (2, "started", State::Running, at(1)),
+                (3, "failed", State::Failed, at(2)),
+            ]
+        );
+        assert_eq!((&events[0].4, &events[2].4), (&json!({}), &failed));
+    }
+    assert_eq!(a[1].4, b[1].4, "the start's data is kept alike");
+
+    let queued = create(store, "t1", "hist-cancel").await;
+    store.operation_cancel(cancel("t1", &queued.id, at(3))).await.unwrap();
+    let cancelled = store.operation_get("t1", &queued.id).await.unwrap().unwrap();
+    let events = store.operation_history("t1", &queued.id).await.unwrap().unwrap();
+    let seen: Vec<_> = events
+        .iter()
+        .map(|e| (e.version, e.event_type.as_str(), e.state))
+        .collect();
+    assert_eq!(
+        seen,
+        [(1, "created", State::Queued), (2, "cancelled", State::Cancelled)]
+    );
+    assert_eq!(events[1].at, cancelled.updated_at);
+    assert_eq!(
+        (cancelled.error, &events[1].data),
+        (None, &json!({})),
+        "a client's cancel carries no error"
+    );
+}
+
 pub async fn committed_changes_are_published_and_rolled_back_ones_are_not(store: &dyn Store) {
     let mut changes = store.subscribe_changes();
     let op = create(store, "t1", "feed").await;

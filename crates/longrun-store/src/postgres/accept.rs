@@ -126,6 +126,7 @@ pub(super) const SUBMIT_LEASED: &str = "WITH q AS (
            FROM o CROSS JOIN (VALUES (1::BIGINT, $19::TEXT, 'queued', '{}', $14::TEXT),
                                      (2::BIGINT, $20::TEXT, 'running', $15::TEXT, $16::TEXT))
                 AS v(version, type, state, data, snapshot)
+          WHERE v.snapshot IS NOT NULL
      ), n AS (
          SELECT pg_notify($17, $18) FROM o
      )
@@ -166,7 +167,7 @@ pub(super) async fn operation_accept_leased(
         .bind(lease_expires_at.0)
         .bind(&to.worker_id)
         .bind(lease_ms(to.lease))
-        .bind(snapshot_text(&created))
+        .bind(created_snapshot(&created))
         .bind(started_data.to_string())
         .bind(snapshot_text(&running))
         .bind(CHANNEL)
@@ -242,6 +243,7 @@ macro_rules! submit_ctes {
          ), e AS (
              INSERT INTO operation_events (op_seq, version, type, state, at, data, snapshot)
              SELECT o.seq, 1, $18, 'queued', q.now, '{}', q.snapshot FROM o JOIN q USING (id)
+              WHERE q.snapshot IS NOT NULL
          ), pc AS (
              INSERT INTO artifact_pieces (operation_id, name, piece_offset, storage_key, size_bytes)
              SELECT o.id, p.name, p.piece_offset, p.storage_key, p.size_bytes
@@ -337,7 +339,7 @@ pub(super) async fn insert_submissions(
                 .collect::<Vec<_>>(),
         )
         .bind(batch.iter().map(|p| p.now.0).collect::<Vec<_>>())
-        .bind(created.iter().map(snapshot_text).collect::<Vec<_>>())
+        .bind(created.iter().map(created_snapshot).collect::<Vec<_>>())
         .bind(mode == Mode::QuotaChecked)
         .bind(
             batch

@@ -162,14 +162,9 @@ pub(super) async fn events_of(
     limit: i64,
     snapshots: bool,
 ) -> Result<Option<Vec<Event>>> {
-    let row = if snapshots {
-        match operation_for_replay(c, tenant, id).await? {
-            Some(row) => Some(row),
-            None => return Ok(None),
-        }
-    } else if owned(c, tenant, id.as_str()).await? {
-        None
-    } else {
+    // The row first: the events it cannot say are derived from it, and
+    // nothing changes a row once it has ended (plan/history.rs).
+    let Some(row) = operation_for_replay(c, tenant, id).await? else {
         return Ok(None);
     };
     let rows = sqlx::query(
@@ -183,10 +178,15 @@ pub(super) async fn events_of(
     .fetch_all(&mut *c)
     .await
     .map_err(db)?;
-    let events = rows
-        .iter()
-        .map(|r| event_of(r, id, row.as_ref()))
-        .collect::<Result<_>>()?;
+    let replay = snapshots.then_some(&row);
+    let stored = rows.iter().map(|r| event_of(r, id, replay)).collect::<Result<_>>()?;
+    let events = with_derived(
+        stored,
+        &row,
+        after,
+        usize::try_from(limit).unwrap_or(usize::MAX),
+        snapshots,
+    );
     Ok(Some(events))
 }
 

@@ -96,16 +96,6 @@ pub(super) async fn operation_for_replay(c: &mut PgConnection, tenant: &str, id:
     row.as_ref().map(operation_of).transpose()
 }
 
-pub(super) async fn owned(c: &mut PgConnection, tenant: &str, id: &str) -> Result<bool> {
-    Ok(sqlx::query("SELECT 1 FROM operations WHERE id = $1 AND tenant = $2")
-        .bind(id)
-        .bind(tenant)
-        .fetch_optional(&mut *c)
-        .await
-        .map_err(db)?
-        .is_some())
-}
-
 /// `UPDATE … RETURNING` every column; `None` when no row matched.
 pub(super) async fn update_returning(
     c: &mut PgConnection,
@@ -141,7 +131,7 @@ pub(super) async fn events_insert(
     let mut ids = Vec::with_capacity(events.len());
     let (mut versions, mut types, mut states, mut ats) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut data, mut snapshots) = (Vec::new(), Vec::new());
-    for (op, event_type, d) in events {
+    for (op, event_type, d) in events.iter().filter(|(op, t, d)| event_kept(op, *t, d)) {
         ids.push(op.id.as_str());
         versions.push(op.version);
         types.push(event_type.as_str());

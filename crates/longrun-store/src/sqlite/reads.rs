@@ -96,17 +96,7 @@ pub(super) fn operation_list(c: &Connection, p: &ListParams) -> Result<Operation
 }
 
 pub(super) fn operation_history(c: &Connection, tenant: &str, id: &Id) -> Result<Option<Vec<Event>>> {
-    if !owns(c, tenant, id)? {
-        return Ok(None);
-    }
-    let mut stmt = c.prepare_cached(
-        "SELECT version, type, state, at, data FROM operation_events
-          WHERE op_seq = (SELECT seq FROM operations WHERE id = ?1) ORDER BY version",
-    )?;
-    let events = stmt
-        .query_map(params![id.as_str()], |r| event_of(r, id, None))?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
-    Ok(Some(events))
+    events_of(c, tenant, id, 0, u32::MAX, false)
 }
 
 pub(super) fn operation_events_after(
@@ -116,6 +106,20 @@ pub(super) fn operation_events_after(
     after_version: i64,
     limit: u32,
 ) -> Result<Option<Vec<Event>>> {
+    events_of(c, tenant, id, after_version, limit, true)
+}
+
+/// The events of `tenant`'s operation `id` after version `after`, at most
+/// `limit`, with their snapshots when `snapshots`; those not kept as rows
+/// derived from the operation's (plan/history.rs).
+fn events_of(
+    c: &Connection,
+    tenant: &str,
+    id: &Id,
+    after: i64,
+    limit: u32,
+    snapshots: bool,
+) -> Result<Option<Vec<Event>>> {
     let Some(row) = operation_for_replay(c, tenant, id)? else {
         return Ok(None);
     };
@@ -124,10 +128,16 @@ pub(super) fn operation_events_after(
           WHERE op_seq = (SELECT seq FROM operations WHERE id = ?1) AND version > ?2
           ORDER BY version LIMIT ?3",
     )?;
-    let events = stmt
-        .query_map(params![id.as_str(), after_version, limit], |r| {
-            event_of(r, id, Some(&row))
-        })?
+    let replay = snapshots.then_some(&row);
+    let stored = stmt
+        .query_map(params![id.as_str(), after, limit], |r| event_of(r, id, replay))?
         .collect::<rusqlite::Result<Vec<_>>>()?;
+    let events = with_derived(
+        stored,
+        &row,
+        after,
+        usize::try_from(limit).unwrap_or(usize::MAX),
+        snapshots,
+    );
     Ok(Some(events))
 }

@@ -58,6 +58,10 @@ pub(super) fn event_insert_at(
     event_type: EventType,
     data: &Value,
 ) -> Result<()> {
+    if !event_kept(op, event_type, data) {
+        super::changes::record(op, event_type);
+        return Ok(());
+    }
     c.prepare_cached(
         "INSERT INTO operation_events (op_seq, version, type, state, at, data, snapshot)
          VALUES (coalesce(?8, (SELECT seq FROM operations WHERE id = ?1)), ?2, ?3, ?4, ?5, ?6, ?7)",
@@ -95,14 +99,4 @@ pub(super) fn operation_for_replay(c: &Connection, tenant: &str, id: &Id) -> Res
     Ok(c.prepare_cached(SQL.as_str())?
         .query_row(params![id.as_str(), tenant], |r| operation_of(r))
         .optional()?)
-}
-
-/// Whether `id` is an operation of `tenant` (another tenant's id is unknown).
-pub(super) fn owns(c: &Connection, tenant: &str, id: &Id) -> Result<bool> {
-    Ok(
-        c.prepare_cached("SELECT 1 FROM operations WHERE id = ?1 AND tenant = ?2")?
-            .query_row(params![id.as_str(), tenant], |r| r.get::<_, i64>(0))
-            .optional()?
-            .is_some(),
-    )
 }
