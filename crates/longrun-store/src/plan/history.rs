@@ -13,12 +13,17 @@
 //! reads anyway ([`with_derived`]). Any other event, and these two when
 //! they carry more than the row can say, are kept as rows; a row written
 //! before reads back as written.
+//!
+//! The `started` event of a first attempt keeps its row, but not its
+//! snapshot when that says only what the event's own columns do (the
+//! attempt of its data, and `started_at` at its time): the column is
+//! `NULL` and [`implied_snapshot`] gives it back ([`stored_snapshot`]).
 
 use longrun_core::{State, Timestamp};
 use serde_json::{Value, json};
 
 use super::EventType;
-use crate::shared::{snapshot_from_json, snapshot_text};
+use crate::shared::{event_snapshot, snapshot_from_json, snapshot_text};
 use crate::{Event, Operation};
 
 /// The data of an operation's terminal event: its error, if it has one.
@@ -45,6 +50,29 @@ pub(crate) fn event_kept(op: &Operation, event_type: EventType, data: &Value) ->
         EventType::Ended(state) => state != op.state || !state.is_terminal() || *data != ended_data(op),
         _ => true,
     }
+}
+
+/// The snapshot column of the event `event_type` with `data` that `op`
+/// became: its snapshot (none for a terminal one, see
+/// `shared::event_snapshot`), or none where [`implied_snapshot`] gives it
+/// back.
+pub(crate) fn stored_snapshot(op: &Operation, event_type: EventType, data: &Value) -> Option<String> {
+    let snapshot = event_snapshot(op)?;
+    let implied = event_type == EventType::Started
+        && op.started_at == Some(op.updated_at)
+        && data.get("attempt").and_then(Value::as_i64) == Some(op.attempt)
+        && snapshot == format!("{{\"attempt\":{},\"started_at\":{}}}", op.attempt, op.updated_at.0);
+    (!implied).then_some(snapshot)
+}
+
+/// The snapshot a stored event of type `event_type` with `data` at `at`
+/// holds when its column is `NULL` and [`stored_snapshot`] left it out:
+/// a `started` event's; none for any other (the row, at its version).
+pub(crate) fn implied_snapshot(event_type: &str, data: &Value, at: Timestamp) -> Option<Value> {
+    let attempt = data
+        .get("attempt")
+        .filter(|_| event_type == EventType::Started.as_str())?;
+    Some(json!({"attempt": attempt, "started_at": at.0}))
 }
 
 fn is_empty_object(v: &Value) -> bool {
@@ -125,7 +153,6 @@ fn derived(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shared::event_snapshot;
     use longrun_core::task::OperationError;
 
     fn fresh() -> Operation {
@@ -206,6 +233,33 @@ mod tests {
         assert_eq!(with_derived(kept_plain, &ended, 0, usize::MAX, false), plain);
         // A row still running has no terminal event to give back.
         assert_eq!(with_derived(kept, &started, 0, 10, true), all[..2].to_vec());
+    }
+
+    /// A first start's snapshot is left out and given back the same; one
+    /// that says more (a retry's, labelled work's) is kept.
+    #[test]
+    fn a_first_starts_snapshot_is_implied_by_its_columns() {
+        let mut started = fresh();
+        let t = started.created_at.0 + 1;
+        (started.version, started.state, started.attempt) = (2, State::Running, 1);
+        (started.started_at, started.updated_at) = (Some(Timestamp(t)), Timestamp(t));
+        let data = json!({"attempt": 1, "worker_id": "w"});
+        assert_eq!(stored_snapshot(&started, EventType::Started, &data), None);
+        let full: Value = serde_json::from_str(&snapshot_text(&started)).unwrap();
+        let implied = implied_snapshot("started", &data, started.updated_at);
+        assert_eq!(implied.as_ref(), Some(&full));
+        let read = |v: Option<&Value>| snapshot_from_json(v, &started, 2, State::Running, started.updated_at);
+        assert_eq!(read(implied.as_ref()), read(Some(&full)));
+        assert_eq!(implied_snapshot("progress", &data, started.updated_at), None);
+
+        let mut retry = started.clone();
+        (retry.version, retry.attempt, retry.updated_at) = (4, 2, Timestamp(t + 5));
+        let retry_data = json!({"attempt": 2, "worker_id": "w"});
+        assert!(stored_snapshot(&retry, EventType::Started, &retry_data).is_some());
+        let mut labelled = started.clone();
+        labelled.labels.insert("team".into(), "a".into());
+        assert!(stored_snapshot(&labelled, EventType::Started, &data).is_some());
+        assert!(stored_snapshot(&started, EventType::Progress, &data).is_some());
     }
 
     #[test]

@@ -123,10 +123,10 @@ pub(super) const SUBMIT_LEASED: &str = "WITH q AS (
      ), e AS (
          INSERT INTO operation_events (op_seq, version, type, state, at, data, snapshot)
          SELECT o.seq, v.version, v.type, v.state, $10, v.data, v.snapshot
-           FROM o CROSS JOIN (VALUES (1::BIGINT, $19::TEXT, 'queued', '{}', $14::TEXT),
-                                     (2::BIGINT, $20::TEXT, 'running', $15::TEXT, $16::TEXT))
-                AS v(version, type, state, data, snapshot)
-          WHERE v.snapshot IS NOT NULL
+           FROM o CROSS JOIN (VALUES (1::BIGINT, $19::TEXT, 'queued', '{}', $14::TEXT, $14::TEXT IS NOT NULL),
+                                     (2::BIGINT, $20::TEXT, 'running', $15::TEXT, $16::TEXT, TRUE))
+                AS v(version, type, state, data, snapshot, kept)
+          WHERE v.kept
      ), n AS (
          SELECT pg_notify($17, $18) FROM o
      )
@@ -169,7 +169,7 @@ pub(super) async fn operation_accept_leased(
         .bind(lease_ms(to.lease))
         .bind(created_snapshot(&created))
         .bind(started_data.to_string())
-        .bind(snapshot_text(&running))
+        .bind(stored_snapshot(&running, EventType::Started, &started_data))
         .bind(CHANNEL)
         .bind(payload)
         .bind(EventType::Created.as_str())

@@ -138,7 +138,7 @@ pub(super) async fn events_insert(
         states.push(op.state.as_str());
         ats.push(op.updated_at.0);
         data.push(d.to_string());
-        snapshots.push(event_snapshot(op));
+        snapshots.push(stored_snapshot(op, *event_type, d));
     }
     for (op, event_type, _) in events {
         ch.record(op, *event_type);

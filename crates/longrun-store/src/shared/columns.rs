@@ -117,17 +117,22 @@ pub(crate) fn event_of<R: Columns + ?Sized>(
         .parse()
         .map_err(|e: longrun_core::state::UnknownState| r.corrupt(2, e.to_string()))?;
     let at = Timestamp(need(r, 3, r.int(3))?);
+    let event_type = need(r, 1, r.text(1))?;
+    let data = json(r, 4)?.unwrap_or(Value::Null);
     let snapshot = match replay {
-        Some(row) => snapshot_from_json(json(r, 5)?.as_ref(), row, version, state, at),
+        Some(row) => {
+            let kept = json(r, 5)?.or_else(|| crate::plan::implied_snapshot(&event_type, &data, at));
+            snapshot_from_json(kept.as_ref(), row, version, state, at)
+        }
         None => None,
     };
     Ok(Event {
         operation_id: id.clone(),
         version,
-        event_type: need(r, 1, r.text(1))?,
+        event_type,
         state,
         at,
-        data: json(r, 4)?.unwrap_or(Value::Null),
+        data,
         snapshot,
     })
 }

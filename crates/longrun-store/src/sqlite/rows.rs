@@ -73,7 +73,7 @@ pub(super) fn event_insert_at(
         op.state.as_str(),
         op.updated_at.0,
         data.to_string(),
-        event_snapshot(op),
+        stored_snapshot(op, event_type, data),
         seq
     ])?;
     super::changes::record(op, event_type);
