@@ -1204,7 +1204,8 @@ fn main() {
             record.line(format!("| {a} / {b}, paired samples | {} |", paired(a, b)));
         }
         record.line("");
-        record.line("Longrun keeps every operation, its idempotency record and its history (3 events each);");
+        record.line("Longrun keeps every operation, its idempotency record and its history (3 events each,");
+        record.line("one of them a row: the created and terminal events are read from the operation's row);");
         record.line("graphile-worker deletes finished jobs.");
         record.line("The GET rows poll one operation that does not change: after the first read the store's");
         record.line("read cache answers them (as it answers any poll of an unchanged operation).");
