@@ -2,7 +2,8 @@
 //! (the JSON forms of progress, artifacts, pieces and snapshots, the
 //! webhook body, pages); `rules`, the decisions of the store (how work
 //! ends, retries or pauses, what a heartbeat changes, which changes of
-//! intent are allowed); `script`, statements both stores run as written,
+//! intent are allowed), with a claim's in `claims` and where pieces go in
+//! `pieces`; `script`, statements both stores run as written,
 //! and the use cases written so (`admin`, `schedules`). None reads a
 //! database or a clock; each driver runs a script with one runner.
 
@@ -16,9 +17,11 @@ use serde_json::{Value, json};
 use crate::*;
 
 mod admin;
+mod claims;
 mod codec;
 mod columns;
 mod lookups;
+mod pieces;
 mod rules;
 mod schedules;
 mod script;
@@ -26,9 +29,11 @@ mod uploads;
 mod webhooks;
 
 pub(crate) use admin::*;
+pub(crate) use claims::*;
 pub(crate) use codec::*;
 pub(crate) use columns::*;
 pub(crate) use lookups::*;
+pub(crate) use pieces::*;
 pub(crate) use rules::*;
 pub(crate) use schedules::*;
 pub(crate) use script::*;

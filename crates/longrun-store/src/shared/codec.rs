@@ -425,3 +425,171 @@ pub(crate) fn attempt_row(outcome: &AttemptOutcome) -> AttemptRow<'_> {
         },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The snapshot `text` of `op` read back as the event at `op`'s version.
+    fn read_back(text: &str, op: &Operation) -> Operation {
+        let v = serde_json::from_str(text).unwrap();
+        snapshot_from_json(Some(&v), op, op.version, op.state, op.updated_at).unwrap()
+    }
+
+    /// A new operation's snapshot leaves out its absent and default fields,
+    /// its fixed fields and what the event's own columns hold: it is empty,
+    /// and reads back as the operation all the same.
+    #[test]
+    fn a_new_operations_snapshot_is_empty() {
+        let params = crate::conformance::accept_params("t1", "k", Some("key-1"), json!({"n": 1}));
+        let fresh = created_operation(&params);
+        let text = snapshot_text(&fresh);
+        assert_eq!(text, "{}");
+        assert_eq!(read_back(&text, &fresh), Operation { input: None, ..fresh });
+    }
+
+    /// A terminal operation's event keeps no snapshot: the row, whose
+    /// version never moves again, is the representation at that version;
+    /// an earlier version without a snapshot stays unknown.
+    #[test]
+    fn a_terminal_event_reads_its_row() {
+        let params = crate::conformance::accept_params("t1", "k", None, json!({"n": 1}));
+        let fresh = created_operation(&params);
+        assert!(event_snapshot(&fresh).is_some());
+        let ended = Operation {
+            state: State::Succeeded,
+            version: 3,
+            result: Some(json!({"ok": true})),
+            reruns: Some(Vec::new()),
+            ..fresh
+        };
+        assert_eq!(event_snapshot(&ended), None);
+        let read = snapshot_from_json(None, &ended, 3, State::Succeeded, ended.updated_at).unwrap();
+        assert_eq!(
+            read,
+            Operation {
+                input: None,
+                reruns: None,
+                ..ended.clone()
+            }
+        );
+        assert_eq!(
+            snapshot_from_json(None, &ended, 2, State::Running, ended.updated_at),
+            None
+        );
+    }
+
+    /// A snapshot written before snapshots left fields out (every field
+    /// present, `null`s included) reads back as it did.
+    #[test]
+    fn a_snapshot_with_every_field_reads_back_the_same() {
+        let params = crate::conformance::accept_params("t1", "k", Some("key-1"), json!({"n": 1}));
+        let fresh = created_operation(&params);
+        let old = json!({
+            "id": fresh.id.as_str(), "tenant": "t1", "kind": "k", "state": "queued", "version": 1,
+            "attempt": 0, "callback_url": null, "cost_units": 0.0, "labels": {}, "progress": null,
+            "result": null, "error": null, "cancel": null, "cancellable": true, "idempotency_key": "key-1",
+            "created_at": fresh.created_at.0, "started_at": null, "completed_at": null,
+            "updated_at": fresh.updated_at.0, "expires_at": null
+        });
+        // The base and the event say otherwise: the old snapshot's own fields win.
+        let other = Operation {
+            id: Id::from_trusted("op_other".into()),
+            tenant: "t9".into(),
+            kind: "other".into(),
+            idempotency_key: None,
+            created_at: Timestamp(1),
+            ..fresh.clone()
+        };
+        let read = snapshot_from_json(Some(&old), &other, 9, State::Failed, Timestamp(2)).unwrap();
+        assert_eq!(read, Operation { input: None, ..fresh });
+    }
+
+    #[test]
+    fn a_snapshot_reads_back_as_the_operation_without_its_input() {
+        let artifact = |id: &str| ArtifactRef {
+            id: Id::from_trusted(id.to_owned()),
+            content_type: "text/csv".into(),
+            size_bytes: 12,
+            sha256: "ab".repeat(32),
+            expires_at: Timestamp(9_000),
+        };
+        let op = Operation {
+            id: Id::from_trusted("op_snapshot".to_owned()),
+            tenant: "acme".into(),
+            kind: "export".into(),
+            state: State::Failed,
+            version: 7,
+            attempt: 2,
+            input: Some(json!({"kept": "not in snapshots"})),
+            callback_url: Some("https://hooks.example/x".into()),
+            deadline_at: Some(Timestamp(5_000)),
+            budget_max_cost: Some(2.5),
+            cost_units: 1.25,
+            labels: BTreeMap::from([("team".to_owned(), "data \"quoted\"".to_owned())]),
+            progress: Some(Progress {
+                completed_units: Some(3.0),
+                total_units: Some(10.0),
+                unit: Some("rows".into()),
+                phase: Some("copy".into()),
+                details: Some(json!({"shard": [1, 2]})),
+                updated_at: Some(Timestamp(4_000)),
+            }),
+            result: None,
+            error: Some(OperationError {
+                code: "boom".into(),
+                message: "it broke\n".into(),
+                retryable: true,
+            }),
+            cancel: Some(CancelRequest {
+                requested_at: Timestamp(4_500),
+                requested_by: "key_x".into(),
+                reason: Some("enough".into()),
+            }),
+            cancellable: false,
+            created_at: Timestamp(1_000),
+            started_at: Some(Timestamp(2_000)),
+            completed_at: Some(Timestamp(6_000)),
+            updated_at: Timestamp(6_000),
+            expires_at: Some(Timestamp(8_000)),
+            idempotency_key: Some("k-1".into()),
+            artifact: Some(artifact("res_default")),
+            artifacts: BTreeMap::from([("report".to_owned(), artifact("res_named"))]),
+            rerun_of: Some(Id::from_trusted("op_original".to_owned())),
+            reruns: None,
+            pause_requested_at: Some(Timestamp(5_500)),
+            not_before: Some(Timestamp(1_500)),
+            priority: 8,
+        };
+        let text = snapshot_text(&op);
+        for fixed in [
+            "op_snapshot",
+            "acme",
+            "k-1",
+            "\"version\"",
+            "\"state\"",
+            "\"updated_at\":6000",
+        ] {
+            assert!(!text.contains(fixed), "{fixed} in {text}");
+        }
+        let read = read_back(&text, &op);
+        assert_eq!(
+            read,
+            Operation {
+                input: None,
+                ..op.clone()
+            }
+        );
+
+        let bare = Operation {
+            progress: None,
+            error: None,
+            cancel: None,
+            artifact: None,
+            artifacts: BTreeMap::new(),
+            ..op
+        };
+        let read = read_back(&snapshot_text(&bare), &bare);
+        assert_eq!(read, Operation { input: None, ..bare });
+    }
+}

@@ -1,7 +1,8 @@
 //! The pure rules of the store, decided once for every backend: how an
 //! outcome, a lapsed lease or a server's stop ends an operation, what a
-//! heartbeat changes, which changes of intent and `PATCH`es are allowed,
-//! where an upload piece goes. The plan layer's use cases call them.
+//! heartbeat changes, which changes of intent and `PATCH`es are allowed.
+//! The plan layer's use cases call them; a claim's rules are in
+//! `claims.rs`, where pieces go in `pieces.rs`.
 
 use super::*;
 
@@ -52,69 +53,6 @@ pub(crate) fn result_expires_at(
     operation_retention: Duration,
 ) -> Timestamp {
     ended.plus(result_retention.min(operation_retention))
-}
-
-/// Whether a claim records the tenants it served (`tenant_dispatch`, the
-/// "least recently served first" order of the next claims): only when more
-/// than one tenant had ready work, so the order decided something. A lone
-/// tenant's claims write nothing there; concurrent claims would otherwise
-/// queue on its one row until each other's commit (on PostgreSQL its upsert
-/// averaged 1 ms under a drain, claims taking turns), and the order the
-/// next competing claim reads is off by at most who goes first in it.
-pub(crate) fn records_served_order(tenants_with_ready_work: usize) -> bool {
-    tenants_with_ready_work > 1
-}
-
-/// How many more tasks a claim wanting `want` may lease for a tenant that
-/// runs `running` of its `max_running` (no cap: all it wants).
-pub(crate) fn claim_allowance(want: usize, max_running: Option<i64>, running: i64) -> usize {
-    match max_running {
-        None => want,
-        Some(cap) => usize::try_from(cap - running).unwrap_or(0).min(want),
-    }
-}
-
-/// Up to `want` of the tenants' picked tasks, fairly: one from each tenant
-/// in turn (`queues` least recently served first), each tenant's in its
-/// own order, until `want` are taken or none is left.
-pub(crate) fn round_robin<T>(mut queues: Vec<std::collections::VecDeque<T>>, want: usize) -> Vec<T> {
-    let mut picked = Vec::with_capacity(want);
-    while picked.len() < want && !queues.is_empty() {
-        queues.retain_mut(|queue| {
-            if picked.len() < want
-                && let Some(task) = queue.pop_front()
-            {
-                picked.push(task);
-            }
-            !queue.is_empty()
-        });
-    }
-    picked
-}
-
-pub(crate) fn deadline_error_before_start() -> OperationError {
-    OperationError {
-        code: "deadline_exceeded".into(),
-        message: "the deadline passed before the operation could start".into(),
-        retryable: false,
-    }
-}
-
-/// A queued (or retrying) operation as a claim leaves it at `now`: running,
-/// one version on, in at least its first attempt, started at its first claim.
-pub(crate) fn started(mut op: Operation, now: Timestamp) -> Operation {
-    op.state = State::Running;
-    op.attempt = op.attempt.max(1);
-    op.started_at = op.started_at.or(Some(now));
-    op.version += 1;
-    op.updated_at = now;
-    op
-}
-
-/// The data of the `started` event of `op` (as [`started`] left it),
-/// started by `worker_id`.
-pub(crate) fn started_data(op: &Operation, worker_id: &str) -> Value {
-    json!({"attempt": op.attempt, "worker_id": worker_id})
 }
 
 /// The fenced view of a running task: present only for the current lease holder.
@@ -433,107 +371,6 @@ impl ReapCounts {
     }
 }
 
-/// An upload with a piece appended (see [`UploadAppendParams`]), or the
-/// refusal: another offset than the current one, or a complete upload.
-pub(crate) fn upload_appended(current: &UploadRecord, p: &UploadAppendParams) -> Result<UploadRecord> {
-    if current.complete || p.offset != current.offset {
-        return Err(StoreError::UploadOffsetMismatch {
-            offset: current.offset,
-            complete: current.complete,
-        });
-    }
-    let mut next = current.clone();
-    if p.chunk.size_bytes > 0 || p.sha256.is_some() {
-        next.chunks.push(p.chunk.clone());
-    }
-    next.offset += p.chunk.size_bytes;
-    next.expected_sha256 = current.expected_sha256.clone().or_else(|| p.expected_sha256.clone());
-    if let Some(sha256) = &p.sha256 {
-        if current.offset != 0 {
-            return Err(StoreError::Corrupt(
-                "only a whole upload completes with its append".into(),
-            ));
-        }
-        next.complete = true;
-        next.sha256 = Some(sha256.clone());
-    }
-    Ok(next)
-}
-
-/// An upload completed into one object, with the storage keys of the pieces
-/// that became garbage; refused if it moved on or is complete already.
-pub(crate) fn upload_completed(
-    current: &UploadRecord,
-    p: &UploadCompleteParams,
-) -> Result<(UploadRecord, Vec<String>)> {
-    if current.complete || p.size_bytes != current.offset || p.object.size_bytes != current.offset {
-        return Err(StoreError::UploadOffsetMismatch {
-            offset: current.offset,
-            complete: current.complete,
-        });
-    }
-    let garbage = current
-        .chunks
-        .iter()
-        .map(|c| c.storage_key.clone())
-        .filter(|key| *key != p.object.storage_key)
-        .collect();
-    let completed = UploadRecord {
-        complete: true,
-        sha256: Some(p.sha256.clone()),
-        chunks: vec![p.object.clone()],
-        ..current.clone()
-    };
-    Ok((completed, garbage))
-}
-
-/// Who holds the right to append to an upload, as its row says.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub(crate) struct UploadLease {
-    pub token: Option<String>,
-    pub until: Option<Timestamp>,
-}
-
-impl UploadLease {
-    /// When the right ends, if someone holds it at `now`.
-    pub(crate) fn live_until(&self, now: Timestamp) -> Option<Timestamp> {
-        self.token.as_ref().and(self.until).filter(|until| *until > now)
-    }
-}
-
-/// Whether `token` may take (or renew) the right to append at `now`: yes
-/// when nobody holds it, the holder's right has lapsed, or `token` is the
-/// holder's; else `Err` with when the holder's right ends.
-pub(crate) fn append_lease_free(current: &UploadLease, token: &str, now: Timestamp) -> Result<(), Timestamp> {
-    match current.live_until(now) {
-        Some(until) if current.token.as_deref() != Some(token) => Err(until),
-        _ => Ok(()),
-    }
-}
-
-/// Where a new piece of a resumable artifact may go: `pieces` (in offset
-/// order) before `offset` must end exactly there. Returns how many of them
-/// stay (those at or past `offset` are replaced).
-pub(crate) fn piece_placement(pieces: &[(i64, UploadChunk)], offset: i64) -> Result<usize> {
-    let kept = pieces.iter().take_while(|(at, _)| *at < offset).count();
-    let end = pieces[..kept].last().map_or(0, |(at, p)| at + p.size_bytes);
-    if end != offset {
-        // Refused with where the pieces (contiguous from 0) end.
-        let mut contiguous = 0;
-        for (at, p) in pieces {
-            if *at != contiguous {
-                break;
-            }
-            contiguous += p.size_bytes;
-        }
-        return Err(StoreError::UploadOffsetMismatch {
-            offset: contiguous,
-            complete: false,
-        });
-    }
-    Ok(kept)
-}
-
 /// What a change of desired state does to an operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum IntentChange {
@@ -736,172 +573,7 @@ pub(crate) fn final_progress(current: &Fenced, update: Option<&ProgressUpdate>, 
 
 #[cfg(test)]
 mod tests {
-    use std::collections::VecDeque;
-
     use super::*;
-
-    /// The snapshot `text` of `op` read back as the event at `op`'s version.
-    fn read_back(text: &str, op: &Operation) -> Operation {
-        let v = serde_json::from_str(text).unwrap();
-        snapshot_from_json(Some(&v), op, op.version, op.state, op.updated_at).unwrap()
-    }
-
-    /// A new operation's snapshot leaves out its absent and default fields,
-    /// its fixed fields and what the event's own columns hold: it is empty,
-    /// and reads back as the operation all the same.
-    #[test]
-    fn a_new_operations_snapshot_is_empty() {
-        let params = crate::conformance::accept_params("t1", "k", Some("key-1"), json!({"n": 1}));
-        let fresh = created_operation(&params);
-        let text = snapshot_text(&fresh);
-        assert_eq!(text, "{}");
-        assert_eq!(read_back(&text, &fresh), Operation { input: None, ..fresh });
-    }
-
-    /// A terminal operation's event keeps no snapshot: the row, whose
-    /// version never moves again, is the representation at that version;
-    /// an earlier version without a snapshot stays unknown.
-    #[test]
-    fn a_terminal_event_reads_its_row() {
-        let params = crate::conformance::accept_params("t1", "k", None, json!({"n": 1}));
-        let fresh = created_operation(&params);
-        assert!(event_snapshot(&fresh).is_some());
-        let ended = Operation {
-            state: State::Succeeded,
-            version: 3,
-            result: Some(json!({"ok": true})),
-            reruns: Some(Vec::new()),
-            ..fresh
-        };
-        assert_eq!(event_snapshot(&ended), None);
-        let read = snapshot_from_json(None, &ended, 3, State::Succeeded, ended.updated_at).unwrap();
-        assert_eq!(
-            read,
-            Operation {
-                input: None,
-                reruns: None,
-                ..ended.clone()
-            }
-        );
-        assert_eq!(
-            snapshot_from_json(None, &ended, 2, State::Running, ended.updated_at),
-            None
-        );
-    }
-
-    /// A snapshot written before snapshots left fields out (every field
-    /// present, `null`s included) reads back as it did.
-    #[test]
-    fn a_snapshot_with_every_field_reads_back_the_same() {
-        let params = crate::conformance::accept_params("t1", "k", Some("key-1"), json!({"n": 1}));
-        let fresh = created_operation(&params);
-        let old = json!({
-            "id": fresh.id.as_str(), "tenant": "t1", "kind": "k", "state": "queued", "version": 1,
-            "attempt": 0, "callback_url": null, "cost_units": 0.0, "labels": {}, "progress": null,
-            "result": null, "error": null, "cancel": null, "cancellable": true, "idempotency_key": "key-1",
-            "created_at": fresh.created_at.0, "started_at": null, "completed_at": null,
-            "updated_at": fresh.updated_at.0, "expires_at": null
-        });
-        // The base and the event say otherwise: the old snapshot's own fields win.
-        let other = Operation {
-            id: Id::from_trusted("op_other".into()),
-            tenant: "t9".into(),
-            kind: "other".into(),
-            idempotency_key: None,
-            created_at: Timestamp(1),
-            ..fresh.clone()
-        };
-        let read = snapshot_from_json(Some(&old), &other, 9, State::Failed, Timestamp(2)).unwrap();
-        assert_eq!(read, Operation { input: None, ..fresh });
-    }
-
-    #[test]
-    fn a_snapshot_reads_back_as_the_operation_without_its_input() {
-        let artifact = |id: &str| ArtifactRef {
-            id: Id::from_trusted(id.to_owned()),
-            content_type: "text/csv".into(),
-            size_bytes: 12,
-            sha256: "ab".repeat(32),
-            expires_at: Timestamp(9_000),
-        };
-        let op = Operation {
-            id: Id::from_trusted("op_snapshot".to_owned()),
-            tenant: "acme".into(),
-            kind: "export".into(),
-            state: State::Failed,
-            version: 7,
-            attempt: 2,
-            input: Some(json!({"kept": "not in snapshots"})),
-            callback_url: Some("https://hooks.example/x".into()),
-            deadline_at: Some(Timestamp(5_000)),
-            budget_max_cost: Some(2.5),
-            cost_units: 1.25,
-            labels: BTreeMap::from([("team".to_owned(), "data \"quoted\"".to_owned())]),
-            progress: Some(Progress {
-                completed_units: Some(3.0),
-                total_units: Some(10.0),
-                unit: Some("rows".into()),
-                phase: Some("copy".into()),
-                details: Some(json!({"shard": [1, 2]})),
-                updated_at: Some(Timestamp(4_000)),
-            }),
-            result: None,
-            error: Some(OperationError {
-                code: "boom".into(),
-                message: "it broke\n".into(),
-                retryable: true,
-            }),
-            cancel: Some(CancelRequest {
-                requested_at: Timestamp(4_500),
-                requested_by: "key_x".into(),
-                reason: Some("enough".into()),
-            }),
-            cancellable: false,
-            created_at: Timestamp(1_000),
-            started_at: Some(Timestamp(2_000)),
-            completed_at: Some(Timestamp(6_000)),
-            updated_at: Timestamp(6_000),
-            expires_at: Some(Timestamp(8_000)),
-            idempotency_key: Some("k-1".into()),
-            artifact: Some(artifact("res_default")),
-            artifacts: BTreeMap::from([("report".to_owned(), artifact("res_named"))]),
-            rerun_of: Some(Id::from_trusted("op_original".to_owned())),
-            reruns: None,
-            pause_requested_at: Some(Timestamp(5_500)),
-            not_before: Some(Timestamp(1_500)),
-            priority: 8,
-        };
-        let text = snapshot_text(&op);
-        for fixed in [
-            "op_snapshot",
-            "acme",
-            "k-1",
-            "\"version\"",
-            "\"state\"",
-            "\"updated_at\":6000",
-        ] {
-            assert!(!text.contains(fixed), "{fixed} in {text}");
-        }
-        let read = read_back(&text, &op);
-        assert_eq!(
-            read,
-            Operation {
-                input: None,
-                ..op.clone()
-            }
-        );
-
-        let bare = Operation {
-            progress: None,
-            error: None,
-            cancel: None,
-            artifact: None,
-            artifacts: BTreeMap::new(),
-            ..op
-        };
-        let read = read_back(&snapshot_text(&bare), &bare);
-        assert_eq!(read, Operation { input: None, ..bare });
-    }
 
     #[test]
     fn a_result_never_outlives_its_operation() {
@@ -961,25 +633,6 @@ mod tests {
             decide_finish(&running(1, 3), &Outcome::Failed { error: error(false) }).unwrap(),
             Decision::End(Ending::failed_by_worker(error(false)))
         );
-    }
-
-    #[test]
-    fn a_claim_takes_one_task_of_each_tenant_in_turn_and_no_more_than_a_cap_allows() {
-        let queues = vec![
-            VecDeque::from(["a1", "a2", "a3"]),
-            VecDeque::from(["b1"]),
-            VecDeque::from(["c1", "c2"]),
-        ];
-        assert_eq!(round_robin(queues.clone(), 10), ["a1", "b1", "c1", "a2", "c2", "a3"]);
-        assert_eq!(round_robin(queues, 4), ["a1", "b1", "c1", "a2"]);
-        assert!(round_robin::<&str>(Vec::new(), 5).is_empty());
-
-        assert_eq!(claim_allowance(64, None, 1_000), 64);
-        assert_eq!(claim_allowance(64, Some(10), 3), 7);
-        assert_eq!(claim_allowance(2, Some(10), 3), 2);
-        assert_eq!(claim_allowance(64, Some(10), 10), 0);
-        // Over the cap (lowered while work ran): nothing, not a wrap-around.
-        assert_eq!(claim_allowance(64, Some(2), 5), 0);
     }
 
     #[test]
@@ -1133,34 +786,6 @@ mod tests {
             decide_intent(&op, held(true), &intent(DesiredState::Running)),
             Err(StoreError::IntentConflict { .. })
         ));
-    }
-
-    #[test]
-    fn pieces_land_on_a_boundary_and_replace_what_follows() {
-        let piece = |size| chunk_of(size);
-        let pieces = vec![(0, piece(10)), (10, piece(5)), (15, piece(7))];
-        assert_eq!(piece_placement(&pieces, 22).unwrap(), 3, "appends");
-        assert_eq!(piece_placement(&pieces, 15).unwrap(), 2, "resumes, replacing the last");
-        assert_eq!(piece_placement(&pieces, 0).unwrap(), 0, "starts over");
-        assert!(matches!(
-            piece_placement(&pieces, 12),
-            Err(StoreError::UploadOffsetMismatch { offset: 22, .. })
-        ));
-        assert!(matches!(
-            piece_placement(&pieces, 30),
-            Err(StoreError::UploadOffsetMismatch { offset: 22, .. })
-        ));
-        assert!(matches!(
-            piece_placement(&[], 5),
-            Err(StoreError::UploadOffsetMismatch { offset: 0, .. })
-        ));
-    }
-
-    fn chunk_of(size: i64) -> UploadChunk {
-        UploadChunk {
-            storage_key: format!("k{size}"),
-            size_bytes: size,
-        }
     }
 
     #[test]
