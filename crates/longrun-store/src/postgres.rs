@@ -28,7 +28,8 @@ use sqlx::{Connection as _, PgConnection, PgPool, Row};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 use crate::plan::{
-    self, Effect, EndRow, EventType, Lock, Policy, created_snapshot, event_kept, stored_snapshot, with_derived,
+    self, EVENTS_AFTER, Effect, EndRow, EventType, Lock, Policy, created_snapshot, event_kept, stored_snapshot,
+    with_derived,
 };
 use crate::reads::ReadCache;
 use crate::shared::*;

@@ -79,8 +79,15 @@ fn is_empty_object(v: &Value) -> bool {
     v.as_object().is_some_and(serde_json::Map::is_empty)
 }
 
+/// The kept events of an operation (by its id, `?1`) after version `?2`,
+/// at most `?3`, in version order: what [`with_derived`] completes. One
+/// statement for both stores (PostgreSQL's spelling by `shared::pg`).
+pub(crate) const EVENTS_AFTER: &str = "SELECT version, type, state, at, data, snapshot FROM operation_events
+      WHERE op_seq = (SELECT seq FROM operations WHERE id = ?1) AND version > ?2
+      ORDER BY version LIMIT ?3";
+
 /// `stored`, the kept events of `row` after version `after` (at most
-/// `limit`, in version order), with the events that were not kept put
+/// `limit`, in version order; [`EVENTS_AFTER`]), with the events that were not kept put
 /// back in their places, at most `limit` in all. `replay` gives each its
 /// snapshot as the stored ones have theirs.
 ///
@@ -92,9 +99,10 @@ pub(crate) fn with_derived(
     mut stored: Vec<Event>,
     row: &Operation,
     after: i64,
-    limit: usize,
+    limit: i64,
     replay: bool,
 ) -> Vec<Event> {
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
     let all_found = stored.len() < limit;
     if after < 1 && stored.first().is_none_or(|e| e.version > 1) {
         let created = derived(
@@ -221,7 +229,7 @@ mod tests {
                 let want: Vec<Event> = all.iter().filter(|e| e.version > after).take(limit).cloned().collect();
                 let found: Vec<Event> = kept.iter().filter(|e| e.version > after).take(limit).cloned().collect();
                 assert_eq!(
-                    with_derived(found, &ended, after, limit, true),
+                    with_derived(found, &ended, after, limit as i64, true),
                     want,
                     "after {after}, limit {limit}"
                 );
@@ -230,7 +238,7 @@ mod tests {
         // Without snapshots, the same events.
         let plain: Vec<Event> = all.iter().cloned().map(|e| Event { snapshot: None, ..e }).collect();
         let kept_plain = vec![plain[1].clone()];
-        assert_eq!(with_derived(kept_plain, &ended, 0, usize::MAX, false), plain);
+        assert_eq!(with_derived(kept_plain, &ended, 0, i64::MAX, false), plain);
         // A row still running has no terminal event to give back.
         assert_eq!(with_derived(kept, &started, 0, 10, true), all[..2].to_vec());
     }

@@ -167,27 +167,17 @@ pub(super) async fn events_of(
     let Some(row) = operation_for_replay(c, tenant, id).await? else {
         return Ok(None);
     };
-    let rows = sqlx::query(
-        "SELECT version, type, state, at, data, snapshot FROM operation_events
-          WHERE op_seq = (SELECT seq FROM operations WHERE id = $1) AND version > $2
-          ORDER BY version LIMIT $3",
-    )
-    .bind(id.as_str())
-    .bind(after)
-    .bind(limit)
-    .fetch_all(&mut *c)
-    .await
-    .map_err(db)?;
+    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| pg(EVENTS_AFTER));
+    let rows = sqlx::query(SQL.as_str())
+        .bind(id.as_str())
+        .bind(after)
+        .bind(limit)
+        .fetch_all(&mut *c)
+        .await
+        .map_err(db)?;
     let replay = snapshots.then_some(&row);
     let stored = rows.iter().map(|r| event_of(r, id, replay)).collect::<Result<_>>()?;
-    let events = with_derived(
-        stored,
-        &row,
-        after,
-        usize::try_from(limit).unwrap_or(usize::MAX),
-        snapshots,
-    );
-    Ok(Some(events))
+    Ok(Some(with_derived(stored, &row, after, limit, snapshots)))
 }
 
 /// The operation with its re-runs (from the partial index of `rerun_of`,

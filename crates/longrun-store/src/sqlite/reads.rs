@@ -123,21 +123,10 @@ fn events_of(
     let Some(row) = operation_for_replay(c, tenant, id)? else {
         return Ok(None);
     };
-    let mut stmt = c.prepare_cached(
-        "SELECT version, type, state, at, data, snapshot FROM operation_events
-          WHERE op_seq = (SELECT seq FROM operations WHERE id = ?1) AND version > ?2
-          ORDER BY version LIMIT ?3",
-    )?;
+    let mut stmt = c.prepare_cached(EVENTS_AFTER)?;
     let replay = snapshots.then_some(&row);
     let stored = stmt
         .query_map(params![id.as_str(), after, limit], |r| event_of(r, id, replay))?
         .collect::<rusqlite::Result<Vec<_>>>()?;
-    let events = with_derived(
-        stored,
-        &row,
-        after,
-        usize::try_from(limit).unwrap_or(usize::MAX),
-        snapshots,
-    );
-    Ok(Some(events))
+    Ok(Some(with_derived(stored, &row, after, i64::from(limit), snapshots)))
 }
