@@ -45,7 +45,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use longrun_core::fingerprint::Fingerprint;
 use longrun_core::id::random_base32;
 use longrun_core::{Id, State, Timestamp};
 use rusqlite::types::Type;

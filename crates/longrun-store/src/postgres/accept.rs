@@ -390,36 +390,17 @@ pub(super) async fn known_key(c: &mut PgConnection, p: &AcceptParams) -> Result<
     let Some((key, fingerprint)) = &p.idempotency else {
         return Ok(None);
     };
-    let row = sqlx::query(
-        "SELECT fingerprint, operation_id FROM idempotency_keys WHERE tenant = $1 AND kind = $2 AND key = $3",
-    )
-    .bind(&p.tenant)
-    .bind(&p.kind)
-    .bind(key.as_str())
-    .fetch_optional(&mut *c)
-    .await
-    .map_err(db)?;
-    let Some(row) = row else { return Ok(None) };
-    let stored: Vec<u8> = row.try_get(0).map_err(db)?;
-    let operation_id = Id::from_trusted(row.try_get(1).map_err(db)?);
-    let stored = longrun_core::fingerprint::Fingerprint(
-        stored
-            .try_into()
-            .map_err(|_| StoreError::Corrupt("a stored fingerprint is not 32 bytes".into()))?,
-    );
-    if !fingerprint.matches(&stored) {
-        return Ok(Some(AcceptOutcome::KeyReused { operation_id }));
-    }
+    let Some((stored, operation_id)) = super::script::run(c, &key_record(p, key.as_str())).await? else {
+        return Ok(None);
+    };
+    let operation_id = match key_taken(fingerprint, &stored, operation_id) {
+        Ok(id) => id,
+        Err(operation_id) => return Ok(Some(AcceptOutcome::KeyReused { operation_id })),
+    };
     let original = operation_by_id(c, operation_id.as_str())
         .await?
         .ok_or(StoreError::Gone)?;
-    sqlx::query("UPDATE idempotency_keys SET replays = replays + 1 WHERE tenant = $1 AND kind = $2 AND key = $3")
-        .bind(&p.tenant)
-        .bind(&p.kind)
-        .bind(key.as_str())
-        .execute(&mut *c)
-        .await
-        .map_err(db)?;
+    super::script::run(c, &key_replayed(p, key.as_str())).await?;
     Ok(Some(AcceptOutcome::Replayed(original)))
 }
 

@@ -2,6 +2,8 @@
 //! tombstones, idempotency records, the console's summaries of live work
 //! and tenants, typical durations.
 
+use longrun_core::fingerprint::Fingerprint;
+
 use super::*;
 
 fn result(r: &Row) -> Result<ResultRecord> {
@@ -213,6 +215,50 @@ pub(crate) fn backlog(now: Timestamp) -> Script<Backlog> {
             .map(|b| Backlog { oldest_active, ..b })
         },
     }
+}
+
+/// The record an earlier submission left of `p`'s key: its fingerprint
+/// and the operation it made (`None` when the key is new). Read where
+/// a submission found its key taken; see [`key_replayed`].
+pub(crate) fn key_record(p: &AcceptParams, key: &str) -> Script<Option<(Fingerprint, Id)>> {
+    Script::one(
+        "SELECT fingerprint, operation_id FROM idempotency_keys WHERE tenant = ?1 AND kind = ?2 AND key = ?3",
+        vec![p.tenant.as_str().into(), p.kind.as_str().into(), key.into()],
+        |d| {
+            optional(d, |r| {
+                let stored = r
+                    .bytes(0)?
+                    .try_into()
+                    .map_err(|_| StoreError::Corrupt("a stored fingerprint is not 32 bytes".into()))?;
+                Ok((Fingerprint(stored), Id::from_trusted(r.text(1)?)))
+            })
+        },
+    )
+}
+
+/// Whether a submission whose key is taken replays the operation the key
+/// made (`Ok`, the request is the same one; compared in constant time) or
+/// is refused (`Err`, it differs: answer `KeyReused` naming that
+/// operation). A replay is counted with [`key_replayed`].
+pub(crate) fn key_taken(
+    fingerprint: &Fingerprint,
+    stored: &Fingerprint,
+    operation_id: Id,
+) -> std::result::Result<Id, Id> {
+    if fingerprint.matches(stored) {
+        Ok(operation_id)
+    } else {
+        Err(operation_id)
+    }
+}
+
+/// Counts one more replay of `p`'s key (the console shows it).
+pub(crate) fn key_replayed(p: &AcceptParams, key: &str) -> Script<()> {
+    Script::one(
+        "UPDATE idempotency_keys SET replays = replays + 1 WHERE tenant = ?1 AND kind = ?2 AND key = ?3",
+        vec![p.tenant.as_str().into(), p.kind.as_str().into(), key.into()],
+        |_| Ok(()),
+    )
 }
 
 /// The operation a key made, among the tenant's `kinds` (keys are scoped

@@ -21,27 +21,17 @@ pub(super) fn operation_accept(c: &Connection, p: &AcceptParams) -> Result<Accep
                 p.now.0
             ])?;
         if inserted == 0 {
-            let (stored, operation_id): (Vec<u8>, String) = c
-                .prepare_cached(
-                    "SELECT fingerprint, operation_id FROM idempotency_keys WHERE tenant = ?1 AND kind = ?2 AND key = ?3",
-                )?
-                .query_row(params![p.tenant, p.kind, key.as_str()], |r| Ok((r.get(0)?, r.get(1)?)))?;
-            let stored = Fingerprint(
-                stored
-                    .try_into()
-                    .map_err(|_| StoreError::Corrupt("a stored fingerprint is not 32 bytes".into()))?,
-            );
-            let operation_id = Id::from_trusted(operation_id);
-            if !fingerprint.matches(&stored) {
-                return Ok(AcceptOutcome::KeyReused { operation_id });
-            }
+            let taken = super::script::run(c, &key_record(p, key.as_str()))?;
+            let (stored, operation_id) =
+                taken.ok_or_else(|| StoreError::Corrupt("an idempotency key that was taken is gone".into()))?;
+            let operation_id = match key_taken(fingerprint, &stored, operation_id) {
+                Ok(id) => id,
+                Err(operation_id) => return Ok(AcceptOutcome::KeyReused { operation_id }),
+            };
             // A removed operation's key stays taken while its tombstone
             // lives: a replay must not silently start the work again.
             let original = operation_by_id(c, operation_id.as_str())?.ok_or(StoreError::Gone)?;
-            c.prepare_cached(
-                "UPDATE idempotency_keys SET replays = replays + 1 WHERE tenant = ?1 AND kind = ?2 AND key = ?3",
-            )?
-            .execute(params![p.tenant, p.kind, key.as_str()])?;
+            super::script::run(c, &key_replayed(p, key.as_str()))?;
             return Ok(AcceptOutcome::Replayed(original));
         }
     }
