@@ -87,9 +87,9 @@ pub(crate) const EVENTS_AFTER: &str = "SELECT version, type, state, at, data, sn
       ORDER BY version LIMIT ?3";
 
 /// `stored`, the kept events of `row` after version `after` (at most
-/// `limit`, in version order; [`EVENTS_AFTER`]), with the events that were not kept put
-/// back in their places, at most `limit` in all. `replay` gives each its
-/// snapshot as the stored ones have theirs.
+/// `limit`, in version order; [`EVENTS_AFTER`]), with the events that were
+/// not kept put back in their places, at most `limit` in all. `replay`
+/// gives each its snapshot as the stored ones have theirs.
 ///
 /// The `created` event is missing when the first kept event after
 /// `after < 1` is not version 1; the terminal one when `row` has ended
