@@ -1122,3 +1122,26 @@ async fn racing_sweeps_remove_each_expired_operation_once() {
         );
     }
 }
+
+/// A history keeps as rows only what the operation's row cannot say
+/// (plan/history.rs): counted in the table itself.
+#[tokio::test]
+async fn a_history_keeps_as_rows_only_what_the_row_cannot_say() {
+    let Some(cluster) = longrun_store::pgtest::cluster() else {
+        return;
+    };
+    let url = cluster.database().await;
+    let store = PostgresStore::open(PostgresConfig::new(url.clone())).await.unwrap();
+    let shapes = longrun_store::conformance::three_histories_and_their_kept_rows(&store).await;
+    let mut c = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await.unwrap();
+    for (id, kept) in shapes {
+        let rows: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM operation_events WHERE op_seq = (SELECT seq FROM operations WHERE id = $1)",
+        )
+        .bind(id.as_str())
+        .fetch_one(&mut c)
+        .await
+        .unwrap();
+        assert_eq!(rows, kept, "{id:?}");
+    }
+}

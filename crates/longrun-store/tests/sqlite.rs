@@ -124,3 +124,24 @@ async fn a_full_disk_mid_batch_refuses_exactly_what_it_does_not_store() {
         "{accepted} accepted, {refused} refused, {stored} stored"
     );
 }
+
+/// A history keeps as rows only what the operation's row cannot say
+/// (plan/history.rs): counted in the table itself.
+#[tokio::test]
+async fn a_history_keeps_as_rows_only_what_the_row_cannot_say() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("longrun.db");
+    let store = SqliteStore::open(SqliteConfig::new(path.clone())).unwrap();
+    let shapes = longrun_store::conformance::three_histories_and_their_kept_rows(&store).await;
+    let c = rusqlite::Connection::open(&path).unwrap();
+    for (id, kept) in shapes {
+        let rows: i64 = c
+            .query_row(
+                "SELECT COUNT(*) FROM operation_events WHERE op_seq = (SELECT seq FROM operations WHERE id = ?1)",
+                [id.as_str()],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(rows, kept, "{id:?}");
+    }
+}

@@ -148,6 +148,32 @@ pub async fn a_history_reads_the_same_whether_its_events_were_kept_or_derived(st
     );
 }
 
+/// Three operations for a backend's own test to count the history rows of
+/// (plan/history.rs): a one-step job submitted with defaults (one kept
+/// row, its start), the same with labels (two: its created event too),
+/// and default work cancelled while queued (none). Each history still
+/// reads whole; returned with the number of rows each should keep.
+pub async fn three_histories_and_their_kept_rows(store: &dyn Store) -> [(Id, i64); 3] {
+    let plain = create(store, "t1", "rows").await;
+    let mut params = accept_params("t1", "rows", None, json!({"n": 1}));
+    params.labels.insert("team".into(), "a".into());
+    let AcceptOutcome::Created(labelled) = store.operation_accept(params).await.unwrap() else {
+        panic!("expected Created");
+    };
+    for _ in 0..2 {
+        let task = claim_one(store, "rows", at(1)).await;
+        let outcome = Outcome::Succeeded { result: None };
+        store.task_finish(finish(&task, outcome, at(2))).await.unwrap();
+    }
+    let queued = create(store, "t1", "rows-cancelled").await;
+    store.operation_cancel(cancel("t1", &queued.id, at(3))).await.unwrap();
+    for (id, events) in [(&plain.id, 3), (&labelled.id, 3), (&queued.id, 2)] {
+        let history = store.operation_history("t1", id).await.unwrap().unwrap();
+        assert_eq!(history.len(), events, "{id:?}: {history:?}");
+    }
+    [(plain.id, 1), (labelled.id, 2), (queued.id, 0)]
+}
+
 pub async fn committed_changes_are_published_and_rolled_back_ones_are_not(store: &dyn Store) {
     let mut changes = store.subscribe_changes();
     let op = create(store, "t1", "feed").await;
