@@ -40,7 +40,7 @@ mod writes;
 pub(crate) use driver::{Driver, EndRow, Lock};
 pub(crate) use effects::{Effect, apply};
 pub(crate) use event::{EventType, WebhookType};
-pub(crate) use history::{EVENTS_AFTER, created_snapshot, event_kept, implied_snapshot, stored_snapshot, with_derived};
+pub(crate) use history::{EVENTS_AFTER, EventRow, event_row, implied_snapshot, with_derived};
 pub(crate) use retention::Tombstone;
 
 use std::time::Duration;

@@ -27,10 +27,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{Connection as _, PgConnection, PgPool, Row};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
-use crate::plan::{
-    self, EVENTS_AFTER, Effect, EndRow, EventType, Lock, Policy, created_snapshot, event_kept, stored_snapshot,
-    with_derived,
-};
+use crate::plan::{self, EVENTS_AFTER, Effect, EndRow, EventRow, EventType, Lock, Policy, event_row, with_derived};
 use crate::reads::ReadCache;
 use crate::shared::*;
 use crate::*;

@@ -17,13 +17,13 @@
 //! The `started` event of a first attempt keeps its row, but not its
 //! snapshot when that says only what the event's own columns do (the
 //! attempt of its data, and `started_at` at its time): the column is
-//! `NULL` and [`implied_snapshot`] gives it back ([`stored_snapshot`]).
+//! `NULL` and [`implied_snapshot`] gives it back ([`event_row`]).
 
 use longrun_core::{State, Timestamp};
 use serde_json::{Value, json};
 
 use super::EventType;
-use crate::shared::{event_snapshot, snapshot_from_json, snapshot_text};
+use crate::shared::{event_snapshot, snapshot_from_json};
 use crate::{Event, Operation};
 
 /// The data of an operation's terminal event: its error, if it has one.
@@ -34,39 +34,53 @@ pub(crate) fn ended_data(op: &Operation) -> Value {
     }
 }
 
-/// The snapshot the `created` event of `op` (at version 1) keeps, or
-/// `None` when the event is not kept: its row says all of it.
-pub(crate) fn created_snapshot(op: &Operation) -> Option<String> {
-    let snapshot = snapshot_text(op);
-    (snapshot != "{}" || op.version != 1 || op.state != State::Queued || op.updated_at != op.created_at)
-        .then_some(snapshot)
+/// How an event is written as a row: the row's snapshot column.
+#[derive(Debug, PartialEq)]
+pub(crate) struct EventRow {
+    /// `None` for a terminal event (the row is its representation, see
+    /// `shared::event_snapshot`) and where [`implied_snapshot`] gives it back.
+    pub snapshot: Option<String>,
 }
 
-/// Whether the event `event_type` with `data`, recorded as `op` became
-/// (its version, state and `updated_at`), is written as a row.
-pub(crate) fn event_kept(op: &Operation, event_type: EventType, data: &Value) -> bool {
-    match event_type {
-        EventType::Created => created_snapshot(op).is_some() || !is_empty_object(data),
-        EventType::Ended(state) => state != op.state || !state.is_terminal() || *data != ended_data(op),
-        _ => true,
+/// Whether and how the event `event_type` with `data`, recorded as `op`
+/// became (its version, state and `updated_at`), is written: `None` when
+/// the row says all of it and [`with_derived`] gives it back. Decided once
+/// for every store and statement that records events; the snapshot is
+/// made once.
+pub(crate) fn event_row(op: &Operation, event_type: EventType, data: &Value) -> Option<EventRow> {
+    if let EventType::Ended(state) = event_type
+        && state == op.state
+        && state.is_terminal()
+        && *data == ended_data(op)
+    {
+        return None;
+    }
+    let snapshot = event_snapshot(op);
+    // What the event's own columns and the row say of the snapshot.
+    let said_by_columns = |s: &str| match event_type {
+        EventType::Created => {
+            s == "{}"
+                && op.version == 1
+                && op.state == State::Queued
+                && op.updated_at == op.created_at
+                && is_empty_object(data)
+        }
+        EventType::Started => {
+            op.started_at == Some(op.updated_at)
+                && data.get("attempt").and_then(Value::as_i64) == Some(op.attempt)
+                && s == format!("{{\"attempt\":{},\"started_at\":{}}}", op.attempt, op.updated_at.0)
+        }
+        _ => false,
+    };
+    match (event_type, snapshot.as_deref().is_some_and(said_by_columns)) {
+        (EventType::Created, true) => None,
+        (_, true) => Some(EventRow { snapshot: None }),
+        _ => Some(EventRow { snapshot }),
     }
 }
 
-/// The snapshot column of the event `event_type` with `data` that `op`
-/// became: its snapshot (none for a terminal one, see
-/// `shared::event_snapshot`), or none where [`implied_snapshot`] gives it
-/// back.
-pub(crate) fn stored_snapshot(op: &Operation, event_type: EventType, data: &Value) -> Option<String> {
-    let snapshot = event_snapshot(op)?;
-    let implied = event_type == EventType::Started
-        && op.started_at == Some(op.updated_at)
-        && data.get("attempt").and_then(Value::as_i64) == Some(op.attempt)
-        && snapshot == format!("{{\"attempt\":{},\"started_at\":{}}}", op.attempt, op.updated_at.0);
-    (!implied).then_some(snapshot)
-}
-
 /// The snapshot a stored event of type `event_type` with `data` at `at`
-/// holds when its column is `NULL` and [`stored_snapshot`] left it out:
+/// holds when its column is `NULL` and [`event_row`] left it out:
 /// a `started` event's; none for any other (the row, at its version).
 pub(crate) fn implied_snapshot(event_type: &str, data: &Value, at: Timestamp) -> Option<Value> {
     let attempt = data
@@ -161,6 +175,15 @@ fn derived(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::shared::snapshot_text;
+
+    fn kept(op: &Operation, event_type: EventType, data: &Value) -> bool {
+        event_row(op, event_type, data).is_some()
+    }
+
+    fn snapshot_column(op: &Operation, event_type: EventType, data: &Value) -> Option<String> {
+        event_row(op, event_type, data).and_then(|row| row.snapshot)
+    }
     use longrun_core::task::OperationError;
 
     fn fresh() -> Operation {
@@ -192,13 +215,13 @@ mod tests {
     #[test]
     fn a_read_gives_back_what_was_not_kept_as_if_it_had_been() {
         let created = fresh();
-        assert!(!event_kept(&created, EventType::Created, &json!({})));
+        assert!(!kept(&created, EventType::Created, &json!({})));
         let mut started = created.clone();
         (started.version, started.state, started.attempt) = (2, State::Running, 1);
         let t = started.created_at.0;
         (started.started_at, started.updated_at) = (Some(Timestamp(t + 1)), Timestamp(t + 1));
         let start_data = json!({"attempt": 1, "worker": "w"});
-        assert!(event_kept(&started, EventType::Started, &start_data));
+        assert!(kept(&started, EventType::Started, &start_data));
         let mut ended = started.clone();
         (ended.version, ended.state, ended.updated_at) = (3, State::Failed, Timestamp(t + 2));
         ended.completed_at = Some(Timestamp(t + 2));
@@ -207,16 +230,8 @@ mod tests {
             message: "it broke".into(),
             retryable: false,
         });
-        assert!(!event_kept(
-            &ended,
-            EventType::Ended(State::Failed),
-            &ended_data(&ended)
-        ));
-        assert!(event_kept(
-            &ended,
-            EventType::Ended(State::Failed),
-            &json!({"other": 1})
-        ));
+        assert!(!kept(&ended, EventType::Ended(State::Failed), &ended_data(&ended)));
+        assert!(kept(&ended, EventType::Ended(State::Failed), &json!({"other": 1})));
 
         let all = [
             stored(&created, EventType::Created, json!({})),
@@ -252,7 +267,7 @@ mod tests {
         (started.version, started.state, started.attempt) = (2, State::Running, 1);
         (started.started_at, started.updated_at) = (Some(Timestamp(t)), Timestamp(t));
         let data = json!({"attempt": 1, "worker_id": "w"});
-        assert_eq!(stored_snapshot(&started, EventType::Started, &data), None);
+        assert_eq!(snapshot_column(&started, EventType::Started, &data), None);
         let full: Value = serde_json::from_str(&snapshot_text(&started)).unwrap();
         let implied = implied_snapshot("started", &data, started.updated_at);
         assert_eq!(implied.as_ref(), Some(&full));
@@ -263,29 +278,29 @@ mod tests {
         let mut retry = started.clone();
         (retry.version, retry.attempt, retry.updated_at) = (4, 2, Timestamp(t + 5));
         let retry_data = json!({"attempt": 2, "worker_id": "w"});
-        assert!(stored_snapshot(&retry, EventType::Started, &retry_data).is_some());
+        assert!(snapshot_column(&retry, EventType::Started, &retry_data).is_some());
         let mut labelled = started.clone();
         labelled.labels.insert("team".into(), "a".into());
-        assert!(stored_snapshot(&labelled, EventType::Started, &data).is_some());
-        assert!(stored_snapshot(&started, EventType::Progress, &data).is_some());
+        assert!(snapshot_column(&labelled, EventType::Started, &data).is_some());
+        assert!(snapshot_column(&started, EventType::Progress, &data).is_some());
     }
 
     #[test]
     fn what_the_row_cannot_say_is_kept() {
         let mut labelled = fresh();
         labelled.labels.insert("team".into(), "a".into());
-        assert!(event_kept(&labelled, EventType::Created, &json!({})));
-        assert!(event_kept(&fresh(), EventType::Created, &json!({"rerun_of": "x"})));
+        assert!(kept(&labelled, EventType::Created, &json!({})));
+        assert!(kept(&fresh(), EventType::Created, &json!({"rerun_of": "x"})));
         let mut later = fresh();
         later.version = 2;
-        assert!(event_kept(&later, EventType::Created, &json!({})));
+        assert!(kept(&later, EventType::Created, &json!({})));
         for t in [
             EventType::Started,
             EventType::Progress,
             EventType::Updated,
             EventType::Paused,
         ] {
-            assert!(event_kept(&fresh(), t, &json!({})));
+            assert!(kept(&fresh(), t, &json!({})));
         }
         // Stored rows read back as stored: nothing is derived over them.
         let op = fresh();

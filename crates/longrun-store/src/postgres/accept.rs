@@ -167,9 +167,9 @@ pub(super) async fn operation_accept_leased(
         .bind(lease_expires_at.0)
         .bind(&to.worker_id)
         .bind(lease_ms(to.lease))
-        .bind(created_snapshot(&created))
+        .bind(created_row(&created))
         .bind(started_data.to_string())
-        .bind(stored_snapshot(&running, EventType::Started, &started_data))
+        .bind(event_row(&running, EventType::Started, &started_data).and_then(|row| row.snapshot))
         .bind(CHANNEL)
         .bind(payload)
         .bind(EventType::Created.as_str())
@@ -196,6 +196,13 @@ pub(super) async fn operation_accept_leased(
         checkpoint: None,
     };
     Ok(Some((created, task)))
+}
+
+/// The snapshot column of `created`'s `created` event, as the submission
+/// statements take it: `NULL` when the event is not written (`event_row`;
+/// a written `created` event always has a snapshot, so `NULL` says it).
+fn created_row(created: &Operation) -> Option<String> {
+    event_row(created, EventType::Created, &serde_json::json!({})).and_then(|row| row.snapshot)
 }
 
 /// What the submission statement did with one item.
@@ -339,7 +346,7 @@ pub(super) async fn insert_submissions(
                 .collect::<Vec<_>>(),
         )
         .bind(batch.iter().map(|p| p.now.0).collect::<Vec<_>>())
-        .bind(created.iter().map(created_snapshot).collect::<Vec<_>>())
+        .bind(created.iter().map(created_row).collect::<Vec<_>>())
         .bind(mode == Mode::QuotaChecked)
         .bind(
             batch

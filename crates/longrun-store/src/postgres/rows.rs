@@ -131,14 +131,17 @@ pub(super) async fn events_insert(
     let mut ids = Vec::with_capacity(events.len());
     let (mut versions, mut types, mut states, mut ats) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut data, mut snapshots) = (Vec::new(), Vec::new());
-    for (op, event_type, d) in events.iter().filter(|(op, t, d)| event_kept(op, *t, d)) {
+    for (op, event_type, d) in events {
+        let Some(EventRow { snapshot }) = event_row(op, *event_type, d) else {
+            continue;
+        };
         ids.push(op.id.as_str());
         versions.push(op.version);
         types.push(event_type.as_str());
         states.push(op.state.as_str());
         ats.push(op.updated_at.0);
         data.push(d.to_string());
-        snapshots.push(stored_snapshot(op, *event_type, d));
+        snapshots.push(snapshot);
     }
     for (op, event_type, _) in events {
         ch.record(op, *event_type);

@@ -58,10 +58,10 @@ pub(super) fn event_insert_at(
     event_type: EventType,
     data: &Value,
 ) -> Result<()> {
-    if !event_kept(op, event_type, data) {
+    let Some(row) = event_row(op, event_type, data) else {
         super::changes::record(op, event_type);
         return Ok(());
-    }
+    };
     c.prepare_cached(
         "INSERT INTO operation_events (op_seq, version, type, state, at, data, snapshot)
          VALUES (coalesce(?8, (SELECT seq FROM operations WHERE id = ?1)), ?2, ?3, ?4, ?5, ?6, ?7)",
@@ -73,7 +73,7 @@ pub(super) fn event_insert_at(
         op.state.as_str(),
         op.updated_at.0,
         data.to_string(),
-        stored_snapshot(op, event_type, data),
+        row.snapshot,
         seq
     ])?;
     super::changes::record(op, event_type);
