@@ -93,12 +93,12 @@ fn is_empty_object(v: &Value) -> bool {
     v.as_object().is_some_and(serde_json::Map::is_empty)
 }
 
-/// The kept events of an operation (by its id, `?1`) after version `?2`,
-/// at most `?3`, in version order: what [`with_derived`] completes. One
-/// statement for both stores (PostgreSQL's spelling by `shared::pg`).
+/// The kept events of an operation (by its `seq`, `?1`, read with its
+/// row by `shared::OPERATION_FOR_HISTORY`) after version `?2`, at most
+/// `?3`, in version order: what [`with_derived`] completes. One statement
+/// for both stores (PostgreSQL's spelling by `shared::pg`).
 pub(crate) const EVENTS_AFTER: &str = "SELECT version, type, state, at, data, snapshot FROM operation_events
-      WHERE op_seq = (SELECT seq FROM operations WHERE id = ?1) AND version > ?2
-      ORDER BY version LIMIT ?3";
+      WHERE op_seq = ?1 AND version > ?2 ORDER BY version LIMIT ?3";
 
 /// `stored`, the kept events of `row` after version `after` (at most
 /// `limit`, in version order; [`EVENTS_AFTER`]), with the events that were

@@ -164,12 +164,12 @@ pub(super) async fn events_of(
 ) -> Result<Option<Vec<Event>>> {
     // The row first: the events it cannot say are derived from it, and
     // nothing changes a row once it has ended (plan/history.rs).
-    let Some(row) = operation_for_replay(c, tenant, id).await? else {
+    let Some((row, seq)) = operation_for_history(c, tenant, id).await? else {
         return Ok(None);
     };
     static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| pg(EVENTS_AFTER));
     let rows = sqlx::query(SQL.as_str())
-        .bind(id.as_str())
+        .bind(seq)
         .bind(after)
         .bind(limit)
         .fetch_all(&mut *c)

@@ -78,22 +78,23 @@ pub(super) async fn operation_by_id(c: &mut PgConnection, id: &str) -> Result<Op
     row.as_ref().map(operation_of).transpose()
 }
 
-/// `tenant`'s operation `id` as an event replay needs it: every column
-/// but the input (no snapshot carries it, and it may be large), scoped by
-/// tenant in the query.
-pub(super) async fn operation_for_replay(c: &mut PgConnection, tenant: &str, id: &Id) -> Result<Option<Operation>> {
+/// `tenant`'s operation `id` and its `seq`, as a history read needs them
+/// ([`OPERATION_FOR_HISTORY`]).
+pub(super) async fn operation_for_history(
+    c: &mut PgConnection,
+    tenant: &str,
+    id: &Id,
+) -> Result<Option<(Operation, i64)>> {
     // Made once (an event stream reads a page per change it is woken for).
-    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-        let columns = OP_COLUMNS.replacen(", input,", ", NULL::TEXT AS input,", 1);
-        format!("SELECT {columns} FROM operations WHERE id = $1 AND tenant = $2")
-    });
+    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| pg(&OPERATION_FOR_HISTORY));
     let row = sqlx::query(SQL.as_str())
         .bind(id.as_str())
         .bind(tenant)
         .fetch_optional(&mut *c)
         .await
         .map_err(db)?;
-    row.as_ref().map(operation_of).transpose()
+    let Some(row) = row else { return Ok(None) };
+    Ok(Some((operation_of(&row)?, row.try_get(OP_COLUMN_COUNT).map_err(db)?)))
 }
 
 /// `UPDATE … RETURNING` every column; `None` when no row matched.

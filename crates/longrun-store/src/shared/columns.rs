@@ -16,6 +16,15 @@ pub(crate) const OP_COLUMNS: &str = "id, tenant, kind, state, version, attempt, 
 /// starts here.
 pub(crate) const OP_COLUMN_COUNT: usize = 32;
 
+/// `?2`'s operation `?1` as a history read needs it (both stores run this
+/// statement; PostgreSQL's spelling by `pg`): every column of
+/// [`OP_COLUMNS`] but the input (no snapshot carries it, and it may be
+/// large), then its `seq`, by which its events are found.
+pub(crate) static OPERATION_FOR_HISTORY: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let columns = OP_COLUMNS.replacen(", input,", ", CAST(NULL AS TEXT) AS input,", 1);
+    format!("SELECT {columns}, seq FROM operations WHERE id = ?1 AND tenant = ?2")
+});
+
 /// A row a driver read, column by column; `NULL` is `None`.
 pub(crate) trait Columns {
     /// What a driver's decoder answers when a column does not decode.

@@ -120,13 +120,13 @@ fn events_of(
     limit: u32,
     snapshots: bool,
 ) -> Result<Option<Vec<Event>>> {
-    let Some(row) = operation_for_replay(c, tenant, id)? else {
+    let Some((row, seq)) = operation_for_history(c, tenant, id)? else {
         return Ok(None);
     };
     let mut stmt = c.prepare_cached(EVENTS_AFTER)?;
     let replay = snapshots.then_some(&row);
     let stored = stmt
-        .query_map(params![id.as_str(), after, limit], |r| event_of(r, id, replay))?
+        .query_map(params![seq, after, limit], |r| event_of(r, id, replay))?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     Ok(Some(with_derived(stored, &row, after, i64::from(limit), snapshots)))
 }

@@ -87,16 +87,12 @@ pub(super) fn operation_by_id(c: &Connection, id: &str) -> Result<Option<Operati
         .optional()?)
 }
 
-/// `tenant`'s operation `id` as an event replay needs it: every column
-/// but the input (no snapshot carries it, and it may be large), scoped by
-/// tenant in the query.
-pub(super) fn operation_for_replay(c: &Connection, tenant: &str, id: &Id) -> Result<Option<Operation>> {
-    // Made once (an event stream reads a page per change it is woken for).
-    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-        let columns = OP_COLUMNS.replacen(", input,", ", NULL AS input,", 1);
-        format!("SELECT {columns} FROM operations WHERE id = ?1 AND tenant = ?2")
-    });
-    Ok(c.prepare_cached(SQL.as_str())?
-        .query_row(params![id.as_str(), tenant], |r| operation_of(r))
+/// `tenant`'s operation `id` and its `seq`, as a history read needs them
+/// ([`OPERATION_FOR_HISTORY`]).
+pub(super) fn operation_for_history(c: &Connection, tenant: &str, id: &Id) -> Result<Option<(Operation, i64)>> {
+    Ok(c.prepare_cached(&OPERATION_FOR_HISTORY)?
+        .query_row(params![id.as_str(), tenant], |r| {
+            Ok((operation_of(r)?, r.get(OP_COLUMN_COUNT)?))
+        })
         .optional()?)
 }
