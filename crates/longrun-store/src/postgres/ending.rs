@@ -108,12 +108,7 @@ pub(super) async fn operations_end(
     for (id, published) in results_publish(c, policy, &publish).await? {
         if let Some(op) = ended.remove(&id) {
             let op = with_published(op, published);
-            sqlx::query("UPDATE operations SET artifact = $2 WHERE id = $1")
-                .bind(&id)
-                .bind(artifacts_to_json(op.artifact.as_ref(), &op.artifacts).map(|v| v.to_string()))
-                .execute(&mut *c)
-                .await
-                .map_err(db)?;
+            super::script::run(c, &artifacts_recorded(&op)).await?;
             ended.insert(id, op);
         }
     }

@@ -87,6 +87,17 @@ pub(crate) fn with_published(mut op: Operation, published: Vec<(String, Artifact
     op
 }
 
+/// Keeps `op`'s artifacts (as [`with_published`] left them) in its row:
+/// the one statement both stores' endings run after publishing results.
+pub(crate) fn artifacts_recorded(op: &Operation) -> Script<()> {
+    let artifact = artifacts_to_json(op.artifact.as_ref(), &op.artifacts).map(|v| v.to_string());
+    Script::one(
+        "UPDATE {sqlite: OR FAIL} operations SET artifact = ?2 WHERE id = ?1",
+        vec![op.id.as_str().into(), artifact.into()],
+        |_| Ok(()),
+    )
+}
+
 pub(crate) fn progress_to_json(p: &Progress) -> Value {
     json!({
         "completed_units": p.completed_units,

@@ -97,11 +97,7 @@ pub(super) fn result_publish(c: &Connection, policy: WritePolicy, op: Operation,
     )?
     .execute(params![op.id.as_str(), expires_at.0])?;
     let op = with_published(op, published);
-    c.prepare_cached("UPDATE OR FAIL operations SET artifact = ?2 WHERE id = ?1")?
-        .execute(params![
-            op.id.as_str(),
-            artifacts_to_json(op.artifact.as_ref(), &op.artifacts).map(|v| v.to_string())
-        ])?;
+    super::script::run(c, &artifacts_recorded(&op))?;
     Ok(op)
 }
 
