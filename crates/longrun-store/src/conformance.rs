@@ -211,6 +211,17 @@ pub async fn create(store: &dyn Store, tenant: &str, kind: &str) -> Operation {
     }
 }
 
+/// [`create`] with a label: its `created` event says more than its row,
+/// so it is kept as a row (plan/history.rs).
+pub async fn create_labelled(store: &dyn Store, tenant: &str, kind: &str) -> Operation {
+    let mut params = accept_params(tenant, kind, None, json!({"n": 1}));
+    params.labels.insert("team".into(), "a".into());
+    match store.operation_accept(params).await.unwrap() {
+        AcceptOutcome::Created(op) => op,
+        other => panic!("expected Created, got {other:?}"),
+    }
+}
+
 async fn claim_one(store: &dyn Store, kind: &str, now: Timestamp) -> Task {
     let mut tasks = claim(store, kind, 1, now).await;
     assert_eq!(tasks.len(), 1, "expected one task of kind {kind}");

@@ -336,19 +336,6 @@ async fn heard(
     .expect("the change was published");
 }
 
-/// Work whose `created` event is kept as a row: it has labels (work with
-/// nothing but defaults keeps none, and no terminal event either: their
-/// rows say them; plan/history.rs). The history's partitions then hold
-/// one row of each such operation.
-async fn with_kept_history(store: &PostgresStore) -> longrun_store::Operation {
-    let mut p = longrun_store::conformance::accept_params("t1", "k", None, serde_json::json!({"n": 1}));
-    p.labels.insert("history".into(), "kept".into());
-    match store.operation_accept(p).await.unwrap() {
-        longrun_store::AcceptOutcome::Created(op) => op,
-        other => panic!("expected Created, got {other:?}"),
-    }
-}
-
 fn cancel(op: &longrun_store::Operation) -> longrun_store::CancelParams {
     longrun_store::CancelParams {
         tenant: op.tenant.clone(),
@@ -890,8 +877,10 @@ async fn history_goes_a_partition_at_a_time() {
     let mut c = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await.unwrap();
     // An hour after the conformance suite's operations are made.
     let now = longrun_core::Timestamp(1_800_000_000_000 + 3_600_000);
+    // Labelled work keeps one history row (its created event; its ending
+    // is its row's, plan/history.rs), for the partitions to hold.
     let ended = async |store: &PostgresStore| {
-        let op = with_kept_history(store).await;
+        let op = longrun_store::conformance::create_labelled(store, "t1", "k").await;
         store.operation_cancel(cancel(&op)).await.unwrap();
         op.id
     };
@@ -928,7 +917,7 @@ async fn history_goes_a_partition_at_a_time() {
     };
 
     let early = [ended(&store).await, ended(&store).await];
-    let live = with_kept_history(&store).await.id;
+    let live = longrun_store::conformance::create_labelled(&store, "t1", "k").await.id;
     let upkeep = store.history_upkeep(now, 1000).await.unwrap();
     assert_eq!(upkeep, longrun_store::HistoryUpkeep::default());
 
@@ -1032,9 +1021,10 @@ async fn strays_go_a_batch_a_pass() {
         .execute(&mut c)
         .await
         .unwrap();
-    let live = with_kept_history(&store).await;
+    // Labelled work keeps one history row each (plan/history.rs).
+    let live = longrun_store::conformance::create_labelled(&store, "t1", "k").await;
     for _ in 0..3 {
-        let op = with_kept_history(&store).await;
+        let op = longrun_store::conformance::create_labelled(&store, "t1", "k").await;
         store.operation_cancel(cancel(&op)).await.unwrap();
     }
     let now = longrun_core::Timestamp(1_800_000_000_000 + 3_600_000);

@@ -89,12 +89,7 @@ pub async fn every_event_keeps_the_representation_at_its_version(store: &dyn Sto
 /// cancelled has its two events too.
 pub async fn a_history_reads_the_same_whether_its_events_were_kept_or_derived(store: &dyn Store) {
     let plain = create(store, "t1", "hist").await;
-    let mut params = accept_params("t1", "hist", None, json!({"n": 1}));
-    params.labels.insert("team".into(), "a".into());
-    let labelled = match store.operation_accept(params).await.unwrap() {
-        AcceptOutcome::Created(op) => op,
-        other => panic!("expected Created, got {other:?}"),
-    };
+    let labelled = create_labelled(store, "t1", "hist").await;
     let error = OperationError {
         code: "boom".into(),
         message: "it broke".into(),
@@ -127,6 +122,29 @@ pub async fn a_history_reads_the_same_whether_its_events_were_kept_or_derived(st
         assert_eq!((&events[0].4, &events[2].4), (&json!({}), &failed));
     }
     assert_eq!(a[1].4, b[1].4, "the start's data is kept alike");
+    // An event stream resumed after each version it delivered (a
+    // `Last-Event-ID`), a page of one at a time, gets every version once,
+    // the derived ones in their places, and nothing after the last.
+    for id in [&plain.id, &labelled.id] {
+        let mut seen = Vec::new();
+        let mut last = 0;
+        while let Some(event) = store
+            .operation_events_after("t1", id, last, 1)
+            .await
+            .unwrap()
+            .unwrap()
+            .pop()
+        {
+            assert!(event.version > last, "{event:?} after version {last}");
+            assert_eq!(event.snapshot.as_ref().map(|s| s.version), Some(event.version));
+            last = event.version;
+            seen.push((event.version, event.event_type));
+        }
+        assert_eq!(
+            seen,
+            [(1, "created".into()), (2, "started".into()), (3, "failed".into())]
+        );
+    }
 
     let queued = create(store, "t1", "hist-cancel").await;
     store.operation_cancel(cancel("t1", &queued.id, at(3))).await.unwrap();
@@ -155,11 +173,7 @@ pub async fn a_history_reads_the_same_whether_its_events_were_kept_or_derived(st
 /// reads whole; returned with the number of rows each should keep.
 pub async fn three_histories_and_their_kept_rows(store: &dyn Store) -> [(Id, i64); 3] {
     let plain = create(store, "t1", "rows").await;
-    let mut params = accept_params("t1", "rows", None, json!({"n": 1}));
-    params.labels.insert("team".into(), "a".into());
-    let AcceptOutcome::Created(labelled) = store.operation_accept(params).await.unwrap() else {
-        panic!("expected Created");
-    };
+    let labelled = create_labelled(store, "t1", "rows").await;
     for _ in 0..2 {
         let task = claim_one(store, "rows", at(1)).await;
         let outcome = Outcome::Succeeded { result: None };
