@@ -8,8 +8,10 @@
 //! letters and digits in ASCII order, so ids sort by creation millisecond:
 //! new rows land together at the right-hand end of every index keyed by an
 //! id (operations, tasks, events, idempotency records, deliveries) instead
-//! of on a random page of each. The time is not a meaning — nothing reads
-//! it back — and the 96 random bits keep ids unguessable (docs/api.md §1).
+//! of on a random page of each. Nothing reads the time back, and the 96
+//! random bits keep ids unguessable (docs/api.md §1); PostgreSQL relies on
+//! the order alone to place webhook deliveries in a partition per day of
+//! their ids ([`Id::lowest_at`] bounds the days).
 //!
 //! Two older shapes still parse (26 characters, 128 bits): the creation
 //! second (32 bits) then 96 random bits, and before that 128 random bits.
@@ -79,14 +81,29 @@ impl Id {
 
     /// An id created at `unix_millis` (see the module documentation).
     pub fn generate_at(kind: IdKind, unix_millis: u64) -> Self {
+        Self::of_bytes(kind, unix_millis, random_bytes::<12>())
+    }
+
+    /// The id of `kind` whose first 48 bits are `unix_millis` and the rest
+    /// `random`.
+    fn of_bytes(kind: IdKind, unix_millis: u64, random: [u8; 12]) -> Self {
         let mut bytes = [0u8; 18];
         bytes[..6].copy_from_slice(&unix_millis.to_be_bytes()[2..]);
-        bytes[6..].copy_from_slice(&random_bytes::<12>());
+        bytes[6..].copy_from_slice(&random);
         let mut id = String::with_capacity(kind.prefix().len() + 1 + BODY_LEN);
         id.push_str(kind.prefix());
         id.push('_');
         SORTED_BASE32.encode_append(&bytes, &mut id);
         Self(id)
+    }
+
+    /// The least id of `kind` that [`Id::generate_at`] makes at
+    /// `unix_millis` (its random bits all zero): every id made at that
+    /// millisecond or later sorts at or after it, every one made before
+    /// sorts before it. PostgreSQL bounds its partitions of webhook
+    /// deliveries with it (docs/scaling.md).
+    pub fn lowest_at(kind: IdKind, unix_millis: u64) -> Self {
+        Self::of_bytes(kind, unix_millis, [0; 12])
     }
 
     /// Accepts only what [`Id::generate`] could have produced for `kind`,
@@ -155,6 +172,19 @@ mod tests {
         assert_eq!(a.as_str().len(), 3 + BODY_LEN);
         assert_eq!(Id::parse(IdKind::Operation, a.as_str()), Some(a.clone()));
         assert_eq!(Id::parse(IdKind::Result, a.as_str()), None);
+    }
+
+    #[test]
+    fn the_lowest_id_of_a_millisecond_bounds_the_ids_made_then() {
+        for ms in [0, 31, 32, 1_800_000_000_000, (1 << 48) - 2] {
+            let lowest = Id::lowest_at(IdKind::Event, ms);
+            assert_eq!(Id::parse(IdKind::Event, lowest.as_str()).as_ref(), Some(&lowest));
+            for _ in 0..100 {
+                let made = Id::generate_at(IdKind::Event, ms);
+                assert!(lowest <= made && made < Id::lowest_at(IdKind::Event, ms + 1), "{made}");
+                assert!(Id::generate_at(IdKind::Event, ms + 1) >= Id::lowest_at(IdKind::Event, ms + 1));
+            }
+        }
     }
 
     #[test]

@@ -105,6 +105,7 @@ macro_rules! store_conformance {
             typical_durations_come_from_recent_successes,
             each_state_transition_of_a_callback_operation_queues_one_webhook,
             webhook_attempts_are_leased_logged_retried_and_given_up,
+            finished_deliveries_go_with_their_log_after_the_delivery_retention,
             webhook_secrets_rotate_with_an_overlap,
             an_uploaded_artifact_is_published_by_complete_and_discarded_otherwise,
             named_artifacts_are_published_together_and_an_earlier_attempts_are_replaced,

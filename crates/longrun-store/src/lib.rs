@@ -230,6 +230,20 @@ pub trait Store: Tables + Send + Sync + 'static {
         Ok(HistoryUpkeep::default())
     }
 
+    /// Keeps the webhook deliveries' partitions, once per retention pass:
+    /// makes the next day's ahead and drops each day that ended
+    /// `retention` ago with no delivery pending (its finished deliveries
+    /// and their attempts at once). A store that keeps deliveries in one
+    /// table (SQLite) has nothing to do: retention removed them row by row.
+    async fn deliveries_upkeep(
+        &self,
+        now: longrun_core::Timestamp,
+        retention: std::time::Duration,
+    ) -> Result<DeliveriesUpkeep> {
+        let _ = (now, retention);
+        Ok(DeliveriesUpkeep::default())
+    }
+
     /// Which of `keys` (storage keys of objects) a row names: a result, a
     /// piece of a resumable artifact, or an upload (its pieces, or its
     /// joined object). An object no row names is an orphan: a crash between

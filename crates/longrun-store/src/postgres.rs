@@ -44,6 +44,7 @@ const CHANGES_PER_PAYLOAD: usize = changes_per_payload!();
 
 mod accept;
 mod claim;
+mod deliveries;
 mod driver;
 mod ending;
 mod finish;
@@ -141,6 +142,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (16, include_str!("postgres/0016_partitioned_history.sql")),
     (17, include_str!("postgres/0017_live_work_from_tasks.sql")),
     (18, include_str!("postgres/0018_hot_claims.sql")),
+    (19, include_str!("postgres/0019_partitioned_deliveries.sql")),
 ];
 
 /// The database's collation when it compares text by a locale rather than

@@ -895,6 +895,22 @@ pub struct HistoryUpkeep {
     pub steps_deferred: u64,
 }
 
+/// What one upkeep of the webhook deliveries' partitions did (PostgreSQL,
+/// schema 19; a store that keeps deliveries in one table does nothing:
+/// retention removed them row by row).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeliveriesUpkeep {
+    /// Partitions (a day of deliveries and their attempts) made ahead.
+    pub partitions_created: u64,
+    /// Partitions dropped: their day ended a delivery retention ago and
+    /// none of their deliveries is pending.
+    pub partitions_dropped: u64,
+    /// Deliveries that went with the dropped partitions.
+    pub deliveries_removed: u64,
+    /// Steps left for the next pass, as in [`HistoryUpkeep::steps_deferred`].
+    pub steps_deferred: u64,
+}
+
 /// What `longrun tenants delete` removed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TenantDeleteCounts {

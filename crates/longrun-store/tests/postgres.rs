@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use longrun_store::conformance::TestStore;
 use longrun_store::postgres::{PostgresConfig, PostgresStore};
-use longrun_store::{Store, store_conformance};
+use longrun_store::{Store, Tables, store_conformance};
 
 async fn postgres_store() -> Option<TestStore> {
     let cluster = longrun_store::pgtest::cluster()?;
@@ -553,14 +553,16 @@ async fn only_the_history_tables_are_vacuumed_gently() {
     .unwrap();
     // The history (operation_events) is partitioned since schema 16: its
     // partitions take inserts only and are dropped whole, so no vacuum
-    // follows its retention.
+    // follows its retention. Webhook deliveries are partitioned since
+    // schema 19, their rows still updated (pending -> delivered): every
+    // partition is made gentle, here the default ones (no day made yet).
     assert_eq!(
         gentle,
         [
             "idempotency_keys",
             "operations",
-            "webhook_attempts",
-            "webhook_deliveries"
+            "webhook_attempts_default",
+            "webhook_deliveries_default"
         ]
     );
 }
@@ -599,7 +601,7 @@ async fn a_tombstone_from_before_schema_12_still_frees_its_key() {
     .await
     .unwrap();
 
-    assert_eq!(longrun_store::postgres::migrate(&url).await.unwrap(), 7);
+    assert_eq!(longrun_store::postgres::migrate(&url).await.unwrap(), 8);
     let store = PostgresStore::open(PostgresConfig::new(url.clone())).await.unwrap();
     longrun_store::conformance::bury_and_reuse_old_key(&store).await;
 }
@@ -649,7 +651,7 @@ async fn work_queued_before_schema_14_is_claimed_after_it() {
         .await
         .unwrap();
     }
-    assert_eq!(longrun_store::postgres::migrate(&url).await.unwrap(), 5);
+    assert_eq!(longrun_store::postgres::migrate(&url).await.unwrap(), 6);
     let store = PostgresStore::open(PostgresConfig::new(url.clone())).await.unwrap();
     let before = store
         .operation_get("t1", &longrun_core::Id::from_trusted("op_before_1".into()))
@@ -662,11 +664,38 @@ async fn work_queued_before_schema_14_is_claimed_after_it() {
     assert_eq!(ids, ["op_before_1", "op_before_2"]);
 }
 
-/// Back to schema 17: the indexes of operations read `state`, and its
-/// pages are filled.
+/// Back to schema 18: webhook deliveries and their log in one table each.
+macro_rules! undo_19 {
+    () => {
+        "DELETE FROM schema_migrations WHERE version >= 19;
+     DROP TABLE webhook_deliveries, webhook_attempts, delivery_partitions;
+     CREATE TABLE webhook_deliveries (
+         event_id TEXT PRIMARY KEY, operation_id TEXT NOT NULL, tenant TEXT NOT NULL, url TEXT NOT NULL,
+         type TEXT NOT NULL, payload TEXT NOT NULL, created_at BIGINT NOT NULL,
+         status TEXT NOT NULL CHECK (status IN ('pending', 'delivered', 'given_up')),
+         attempts BIGINT NOT NULL DEFAULT 0, next_attempt_at BIGINT, lease_until BIGINT,
+         CHECK ((status = 'pending') = (next_attempt_at IS NOT NULL)));
+     CREATE INDEX webhook_deliveries_due ON webhook_deliveries (next_attempt_at) WHERE status = 'pending';
+     CREATE INDEX webhook_deliveries_by_operation ON webhook_deliveries (operation_id);
+     CREATE INDEX webhook_deliveries_finished ON webhook_deliveries (created_at) WHERE status <> 'pending';
+     CREATE TABLE webhook_attempts (
+         event_id TEXT NOT NULL, attempt BIGINT NOT NULL, operation_id TEXT NOT NULL, type TEXT NOT NULL,
+         at BIGINT NOT NULL, status_code INTEGER, error TEXT, next_attempt_at BIGINT, latency_ms BIGINT,
+         PRIMARY KEY (event_id, attempt));
+     CREATE INDEX webhook_attempts_by_operation ON webhook_attempts (operation_id, at);
+     ALTER TABLE webhook_deliveries SET (autovacuum_vacuum_cost_delay = 10);
+     ALTER TABLE webhook_attempts SET (autovacuum_vacuum_cost_delay = 10);"
+    };
+}
+const UNDO_19: &str = undo_19!();
+
+/// Back to schema 17 (undoing 19 first): the indexes of operations read
+/// `state`, and its pages are filled.
 macro_rules! undo_18 {
     () => {
-        "DELETE FROM schema_migrations WHERE version >= 18;
+        concat!(
+            undo_19!(),
+            "DELETE FROM schema_migrations WHERE version >= 18;
      ALTER TABLE operations DROP COLUMN rest_state;
      CREATE INDEX operations_by_tenant_state ON operations (tenant, state, seq)
          WHERE state NOT IN ('queued', 'running');
@@ -677,6 +706,7 @@ macro_rules! undo_18 {
      CREATE INDEX operations_pause_asked ON operations (pause_requested_at)
          WHERE state = 'running' AND pause_requested_at IS NOT NULL;
      CREATE INDEX operations_succeeded_by_kind ON operations (kind, completed_at) WHERE state = 'succeeded';"
+        )
     };
 }
 const UNDO_18: &str = undo_18!();
@@ -704,7 +734,7 @@ async fn work_in_every_state_is_listed_after_migrating_from(undo: &str, migratio
 /// is listed after it as before.
 #[tokio::test]
 async fn work_in_every_state_before_schema_18_is_listed_after_it() {
-    work_in_every_state_is_listed_after_migrating_from(UNDO_18, 1).await;
+    work_in_every_state_is_listed_after_migrating_from(UNDO_18, 2).await;
 }
 
 /// Schema 18: a claim writes its operation's new version on the same page
@@ -776,10 +806,10 @@ const UNDO_17: &str = undo_17!();
 /// listed after it as before.
 #[tokio::test]
 async fn work_in_every_state_before_schema_17_is_listed_after_it() {
-    work_in_every_state_is_listed_after_migrating_from(UNDO_17, 2).await;
+    work_in_every_state_is_listed_after_migrating_from(UNDO_17, 3).await;
 }
 
-/// Back to schema 15 (undoing 17 first): the history in one table keyed by
+/// Back to schema 15 (undoing 19, 18 and 17 first): the history in one table keyed by
 /// operation id.
 const UNDO_16: &str = concat!(
     undo_17!(),
@@ -819,7 +849,7 @@ async fn history_written_before_schema_16_reads_back_after_it() {
     .execute(&mut c)
     .await
     .unwrap();
-    assert_eq!(longrun_store::postgres::migrate(&url).await.unwrap(), 3);
+    assert_eq!(longrun_store::postgres::migrate(&url).await.unwrap(), 4);
     let store = PostgresStore::open(PostgresConfig::new(url.clone())).await.unwrap();
     let id = |s: &str| longrun_core::Id::from_trusted(s.into());
     let versions = |events: Vec<longrun_store::Event>| {
@@ -1134,4 +1164,218 @@ async fn a_history_keeps_as_rows_only_what_the_row_cannot_say() {
         .unwrap();
         assert_eq!(rows, kept, "{id:?}");
     }
+}
+
+/// The number of rows of `table`.
+async fn rows(c: &mut sqlx::PgConnection, table: &str) -> i64 {
+    sqlx::query_scalar(&format!("SELECT COUNT(*) FROM {table}"))
+        .fetch_one(&mut *c)
+        .await
+        .unwrap()
+}
+
+/// Webhook deliveries and their log live in a partition per day of their
+/// ids (schema 19), made a day ahead. A day goes whole once it ended a
+/// delivery retention ago, never while one of its deliveries is pending;
+/// the sweep's row deletes leave its rows alone; a drop refused its lock
+/// waits for the next pass.
+#[tokio::test]
+async fn webhook_deliveries_go_a_day_at_a_time() {
+    use longrun_store::conformance::{delivery_attempted, hooked_delivery};
+    let Some(cluster) = longrun_store::pgtest::cluster() else {
+        return;
+    };
+    let url = cluster.database().await;
+    let store = PostgresStore::open(PostgresConfig::new(url.clone())).await.unwrap();
+    let mut c = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await.unwrap();
+    // Event ids carry the real clock's millisecond: the days are made
+    // around it.
+    let now = longrun_core::Clock::now(&longrun_core::SystemClock);
+    let week = std::time::Duration::from_secs(7 * 86_400);
+    let later = now.plus(std::time::Duration::from_secs(10 * 86_400));
+    let days = async |c: &mut sqlx::PgConnection| -> Vec<(String, i64)> {
+        sqlx::query_as("SELECT name, ends_at FROM delivery_partitions ORDER BY hi")
+            .fetch_all(&mut *c)
+            .await
+            .unwrap()
+    };
+
+    let made = store.deliveries_upkeep(now, week).await.unwrap();
+    assert_eq!(made.partitions_created, 1);
+    assert_eq!(
+        store.deliveries_upkeep(now, week).await.unwrap().partitions_created,
+        0,
+        "made once"
+    );
+    let first = days(&mut c).await;
+    assert_eq!(first.len(), 1);
+    let (day, ends_at) = first[0].clone();
+    assert!(
+        ends_at >= now.0 + 86_400_000 && ends_at <= now.0 + 2 * 86_400_000,
+        "{ends_at}"
+    );
+
+    // Deliveries land in the day, not in the default partition.
+    let (delivered_op, delivered) = hooked_delivery(&store, now).await;
+    delivery_attempted(&store, &delivered, 1, None, now).await;
+    let (pending_op, pending) = hooked_delivery(&store, now).await;
+    delivery_attempted(&store, &pending, 1, Some(later), now).await;
+    assert_eq!(rows(&mut c, &format!("webhook_deliveries_{day}")).await, 2);
+    assert_eq!(rows(&mut c, &format!("webhook_attempts_{day}")).await, 2);
+    assert_eq!(rows(&mut c, "webhook_deliveries_default").await, 0);
+
+    // Ten days on: the sweep deletes no row of a day; the day holds a
+    // pending delivery and stays; the next day is made.
+    let sweep = longrun_store::RetentionParams {
+        now: later,
+        tombstone_retention: week,
+        delivery_retention: week,
+        limit: 100,
+    };
+    assert_eq!(
+        store.retention_sweep(sweep.clone()).await.unwrap().deliveries_removed,
+        0
+    );
+    let upkeep = store.deliveries_upkeep(later, week).await.unwrap();
+    assert_eq!((upkeep.partitions_created, upkeep.partitions_dropped), (1, 0));
+    assert_eq!(days(&mut c).await.len(), 2);
+
+    // Delivered at last: the day can go. A reader holding the deliveries'
+    // lock past the drop's 100 ms defers it to the next pass.
+    delivery_attempted(&store, &pending, 2, None, later).await;
+    let mut reader = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await.unwrap();
+    sqlx::query("BEGIN").execute(&mut reader).await.unwrap();
+    sqlx::query("SELECT 1 FROM webhook_deliveries LIMIT 1")
+        .execute(&mut reader)
+        .await
+        .unwrap();
+    let upkeep = store.deliveries_upkeep(later, week).await.unwrap();
+    assert_eq!((upkeep.partitions_dropped, upkeep.steps_deferred), (0, 1));
+    sqlx::query("COMMIT").execute(&mut reader).await.unwrap();
+    let upkeep = store.deliveries_upkeep(later, week).await.unwrap();
+    assert_eq!(
+        upkeep,
+        longrun_store::DeliveriesUpkeep {
+            partitions_created: 0,
+            partitions_dropped: 1,
+            deliveries_removed: 2,
+            steps_deferred: 0,
+        }
+    );
+    let gone: Option<String> = sqlx::query_scalar("SELECT to_regclass($1)::text")
+        .bind(format!("webhook_attempts_{day}"))
+        .fetch_one(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(gone, None);
+    assert_eq!(days(&mut c).await.len(), 1);
+    for op in [&delivered_op, &pending_op] {
+        assert_eq!(store.webhook_log("t1", op).await.unwrap().map(|log| log.len()), Some(0));
+    }
+    assert_eq!(rows(&mut c, "webhook_deliveries").await, 0);
+    assert_eq!(store.retention_sweep(sweep).await.unwrap().deliveries_removed, 0);
+}
+
+/// Schema 19 moves the deliveries and their log into partitions: rows of
+/// today's ids into a first partition up to the newest, ids of an older
+/// shape into the default one. Every delivery is still due or logged as
+/// before, the default's finished rows go row by row, and the next day
+/// begins where the first ends.
+#[tokio::test]
+async fn deliveries_written_before_schema_19_are_delivered_and_logged_after_it() {
+    let Some(cluster) = longrun_store::pgtest::cluster() else {
+        return;
+    };
+    let url = cluster.database().await;
+    longrun_store::postgres::migrate(&url).await.unwrap();
+    let mut c = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await.unwrap();
+    sqlx::raw_sql(UNDO_19).execute(&mut c).await.unwrap();
+    let new_pending = longrun_core::Id::generate_at(longrun_core::IdKind::Event, 1_700_000_000_000);
+    let new_delivered = longrun_core::Id::generate_at(longrun_core::IdKind::Event, 1_700_000_000_001);
+    // 26 characters, a second's prefix: sorts after every id of today's shape.
+    let old_delivered = "evt_gaaaaaaaaaaaaaaaaaaaaaaaaa";
+    sqlx::raw_sql(
+        "INSERT INTO operations (id, tenant, kind, state, version, attempt, labels, created_at, updated_at,
+                                 completed_at)
+         VALUES ('op_hooked', 't1', 'k', 'cancelled', 2, 0, '{}', 1, 2, 2);",
+    )
+    .execute(&mut c)
+    .await
+    .unwrap();
+    for (event, status, next) in [
+        (new_pending.as_str(), "pending", Some(5_000_i64)),
+        (new_delivered.as_str(), "delivered", None),
+        (old_delivered, "delivered", None),
+    ] {
+        sqlx::query(
+            "INSERT INTO webhook_deliveries (event_id, operation_id, tenant, url, type, payload, created_at, status,
+                                             attempts, next_attempt_at)
+             VALUES ($1, 'op_hooked', 't1', 'https://client.example/hook', 'operation.cancelled', '{}', 2, $2, 1, $3)",
+        )
+        .bind(event)
+        .bind(status)
+        .bind(next)
+        .execute(&mut c)
+        .await
+        .unwrap();
+        sqlx::query(
+            "INSERT INTO webhook_attempts (event_id, attempt, operation_id, type, at, status_code)
+             VALUES ($1, 1, 'op_hooked', 'operation.cancelled', 3, 500)",
+        )
+        .bind(event)
+        .execute(&mut c)
+        .await
+        .unwrap();
+    }
+    assert_eq!(longrun_store::postgres::migrate(&url).await.unwrap(), 1);
+    let store = PostgresStore::open(PostgresConfig::new(url.clone())).await.unwrap();
+    let id = |s: &str| longrun_core::Id::from_trusted(s.into());
+
+    assert_eq!(rows(&mut c, "webhook_deliveries_first").await, 2);
+    assert_eq!(rows(&mut c, "webhook_attempts_first").await, 2);
+    assert_eq!(rows(&mut c, "webhook_deliveries_default").await, 1);
+    let log = store.webhook_log("t1", &id("op_hooked")).await.unwrap().unwrap();
+    assert_eq!(log.len(), 3);
+    let due = store
+        .webhook_due(longrun_core::Timestamp(5_000), 10, std::time::Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert_eq!(
+        due.iter().map(|d| d.event_id.as_str()).collect::<Vec<_>>(),
+        [new_pending.as_str()]
+    );
+
+    // The default partition's finished row goes row by row; the first
+    // partition's wait for their day (the migration's time plus the
+    // retention).
+    let sweep = longrun_store::RetentionParams {
+        now: longrun_core::Timestamp(1_000_000),
+        tombstone_retention: std::time::Duration::from_secs(3600),
+        delivery_retention: std::time::Duration::from_secs(60),
+        limit: 100,
+    };
+    assert_eq!(store.retention_sweep(sweep).await.unwrap().deliveries_removed, 1);
+    assert_eq!(rows(&mut c, "webhook_attempts_default").await, 0);
+    assert_eq!(
+        store.webhook_log("t1", &id("op_hooked")).await.unwrap().unwrap().len(),
+        2
+    );
+
+    let now = longrun_core::Clock::now(&longrun_core::SystemClock);
+    let upkeep = store
+        .deliveries_upkeep(now, std::time::Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(
+        (upkeep.partitions_created, upkeep.partitions_dropped),
+        (1, 0),
+        "one is pending"
+    );
+    let bounds: Vec<(String, String)> = sqlx::query_as("SELECT lo, hi FROM delivery_partitions ORDER BY hi")
+        .fetch_all(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(bounds.len(), 2);
+    assert_eq!(bounds[0].1, format!("{new_delivered}0"));
+    assert_eq!(bounds[1].0, bounds[0].1, "the next day begins where the first ends");
 }

@@ -72,6 +72,8 @@ pub struct Report {
     pub orphans_deleted: u64,
     /// The history's partitions made and dropped (PostgreSQL).
     pub history: longrun_store::HistoryUpkeep,
+    /// The webhook deliveries' partitions made and dropped (PostgreSQL).
+    pub deliveries: longrun_store::DeliveriesUpkeep,
 }
 
 /// Runs `sweep` until one removes nothing, resting after each that removed
@@ -137,6 +139,10 @@ impl Retention {
             ..Report::default()
         };
         report.history = self.store.history_upkeep(self.clock.now(), self.config.batch).await?;
+        report.deliveries = self
+            .store
+            .deliveries_upkeep(self.clock.now(), self.config.delivery_retention)
+            .await?;
         report.objects_deleted = self.collect_garbage().await?;
         if self.orphan_sweep_due() {
             report.orphans_deleted = self.sweep_orphans().await?;
@@ -147,13 +153,18 @@ impl Retention {
         removed("results_expired", report.records.results_expired);
         removed("operations", report.records.operations_removed);
         removed("tombstones", report.records.tombstones_removed);
-        removed("deliveries", report.records.deliveries_removed);
+        removed(
+            "deliveries",
+            report.records.deliveries_removed + report.deliveries.deliveries_removed,
+        );
         removed("uploads", report.records.uploads_removed);
         removed("objects", report.objects_deleted);
         removed("orphans", report.orphans_deleted);
         removed("history_partitions", report.history.partitions_dropped);
         removed("history_strays", report.history.strays_removed);
+        removed("delivery_partitions", report.deliveries.partitions_dropped);
         metrics::counter!("longrun_retention_history_deferred_total").increment(report.history.steps_deferred);
+        metrics::counter!("longrun_retention_deliveries_deferred_total").increment(report.deliveries.steps_deferred);
         if report != Report::default() {
             tracing::info!(?report, "retention pass");
         }

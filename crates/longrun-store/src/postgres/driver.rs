@@ -41,6 +41,20 @@ impl Driver for PgDriver<'_> {
             .collect())
     }
 
+    /// Only the default partitions' (schema 19): a finished delivery in a
+    /// day's partition goes with its day (`deliveries.rs`).
+    async fn deliveries_finished(&mut self, cutoff: Timestamp, limit: u32) -> Result<Vec<String>> {
+        sqlx::query_scalar(
+            "SELECT event_id FROM webhook_deliveries_default WHERE status <> 'pending' AND created_at <= $1
+              ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED",
+        )
+        .bind(cutoff.0)
+        .bind(i64::from(limit))
+        .fetch_all(&mut *self.c)
+        .await
+        .map_err(db)
+    }
+
     async fn operation_locked(&mut self, tenant: &str, id: &Id) -> Result<Option<Operation>> {
         match lock_operation(self.c, tenant, id).await {
             Ok(op) => Ok(Some(op)),

@@ -23,22 +23,23 @@ const UPKEEP_LOCK: i64 = 7_723_002;
 /// The narrowest and widest partition, in `seq` numbers.
 const MIN_WIDTH: i64 = 100_000;
 const MAX_WIDTH: i64 = 50_000_000;
-const DAY_MS: i64 = 86_400_000;
+pub(super) const DAY_MS: i64 = 86_400_000;
 const HOUR_MS: i64 = 3_600_000;
 /// The highest `seq` handed out so far (whether its operation is still
 /// there or not; retention removes the newest too).
 const HIGHEST_SEQ: &str = "SELECT last_value FROM operations_seq_seq";
 
-/// Begins a step: `None` when another node holds the upkeep. A step that
-/// ends early rolls back there and then: a transaction merely dropped is
-/// rolled back later, its advisory lock held until then.
-async fn step(pool: &PgPool) -> Result<Option<sqlx::Transaction<'static, sqlx::Postgres>>> {
+/// Begins a step under the advisory lock `upkeep`: `None` when another
+/// node holds it. A step that ends early rolls back there and then: a
+/// transaction merely dropped is rolled back later, its advisory lock held
+/// until then. (The webhook deliveries' partitions take steps alike.)
+pub(super) async fn step(pool: &PgPool, upkeep: i64) -> Result<Option<sqlx::Transaction<'static, sqlx::Postgres>>> {
     let mut tx = pool
         .begin_with("BEGIN; SET LOCAL lock_timeout = '100ms'; SET LOCAL statement_timeout = '1s'")
         .await
         .map_err(db)?;
     let mine: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
-        .bind(UPKEEP_LOCK)
+        .bind(upkeep)
         .fetch_one(&mut *tx)
         .await
         .map_err(db)?;
@@ -47,7 +48,7 @@ async fn step(pool: &PgPool) -> Result<Option<sqlx::Transaction<'static, sqlx::P
 
 /// Whether `e` is the `lock_timeout` of a step (or a row that reached the
 /// default partition meanwhile): the step waits for the next pass.
-fn deferred(e: &StoreError) -> bool {
+pub(super) fn deferred(e: &StoreError) -> bool {
     let StoreError::Postgres(e) = e else { return false };
     let sqlx::Error::Database(d) = e.as_ref() else {
         return false;
@@ -138,7 +139,7 @@ async fn strays_remove(pool: &PgPool, strays_from: &AtomicI64, limit: u32) -> Re
 /// Makes the next partition once the newest is half used; returns how many
 /// it made (0 or 1).
 async fn make_ahead(pool: &PgPool, max_seq: i64, now: Timestamp) -> Result<u64> {
-    let Some(mut tx) = step(pool).await? else {
+    let Some(mut tx) = step(pool, UPKEEP_LOCK).await? else {
         return Ok(0);
     };
     let (lo, hi, made_at, made_at_seq): (i64, i64, i64, i64) =
@@ -185,7 +186,7 @@ async fn make_ahead(pool: &PgPool, max_seq: i64, now: Timestamp) -> Result<u64> 
 /// that writes after the drop finds no partition for its row, which goes
 /// to the default partition.
 async fn drop_if_gone(pool: &PgPool, lo: i64, hi: i64) -> Result<bool> {
-    let Some(mut tx) = step(pool).await? else {
+    let Some(mut tx) = step(pool, UPKEEP_LOCK).await? else {
         return Ok(false);
     };
     // Once without the lock, so that a partition still in use is passed

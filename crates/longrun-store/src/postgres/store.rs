@@ -121,6 +121,14 @@ crate::plan::store::impl_store!(PostgresStore, run_plan, {
             .map_err(|_| StoreError::Stopped("the history upkeep"))?
     }
 
+    async fn deliveries_upkeep(&self, now: Timestamp, retention: Duration) -> Result<DeliveriesUpkeep> {
+        // In a task of its own, as the history's upkeep.
+        let pool = self.pool.clone();
+        tokio::spawn(async move { deliveries::deliveries_upkeep(&pool, now, retention).await })
+            .await
+            .map_err(|_| StoreError::Stopped("the webhook deliveries' upkeep"))?
+    }
+
     /// One statement for all of `keys`, each looked up by the indexes that
     /// name objects (see the SQLite backend).
     async fn artifact_keys_named(&self, keys: Vec<String>) -> Result<Vec<String>> {
