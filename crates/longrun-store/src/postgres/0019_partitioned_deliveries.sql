@@ -31,7 +31,9 @@ CREATE TABLE delivery_partitions (
     lo          TEXT COLLATE "C" NOT NULL,
     -- Every id below `hi` was made before this millisecond.
     ends_at     BIGINT NOT NULL,
-    name        TEXT NOT NULL UNIQUE
+    name        TEXT NOT NULL UNIQUE,
+    -- Detached from both parents, its tables not yet dropped.
+    detached    BOOLEAN NOT NULL DEFAULT FALSE
 );
 
 ALTER TABLE webhook_deliveries RENAME TO webhook_deliveries_before_19;
@@ -42,7 +44,7 @@ DROP INDEX webhook_deliveries_due, webhook_deliveries_by_operation, webhook_deli
            webhook_attempts_by_operation;
 
 CREATE TABLE webhook_deliveries (
-    event_id         TEXT COLLATE "C" PRIMARY KEY,
+    event_id         TEXT COLLATE "C" NOT NULL,
     operation_id     TEXT NOT NULL,
     tenant           TEXT NOT NULL,
     url              TEXT NOT NULL,
@@ -55,9 +57,6 @@ CREATE TABLE webhook_deliveries (
     lease_until      BIGINT,
     CHECK ((status = 'pending') = (next_attempt_at IS NOT NULL))
 ) PARTITION BY RANGE (event_id);
-CREATE INDEX webhook_deliveries_due ON webhook_deliveries (next_attempt_at) WHERE status = 'pending';
-CREATE INDEX webhook_deliveries_by_operation ON webhook_deliveries (operation_id);
-CREATE INDEX webhook_deliveries_finished ON webhook_deliveries (created_at) WHERE status <> 'pending';
 
 CREATE TABLE webhook_attempts (
     event_id         TEXT COLLATE "C" NOT NULL,
@@ -68,10 +67,8 @@ CREATE TABLE webhook_attempts (
     status_code      INTEGER,
     error            TEXT,
     next_attempt_at  BIGINT,
-    latency_ms       BIGINT,
-    PRIMARY KEY (event_id, attempt)
+    latency_ms       BIGINT
 ) PARTITION BY RANGE (event_id);
-CREATE INDEX webhook_attempts_by_operation ON webhook_attempts (operation_id, at);
 
 -- Rows go on being updated (pending -> delivered) in every partition: each
 -- is vacuumed gently, as the tables were (schema 11).
@@ -107,3 +104,16 @@ INSERT INTO webhook_attempts SELECT event_id, attempt, operation_id, type, at, s
   FROM webhook_attempts_before_19;
 
 DROP TABLE webhook_deliveries_before_19, webhook_attempts_before_19;
+
+-- The keys and indexes once the rows are in: built whole, not row by row.
+ALTER TABLE webhook_deliveries ADD PRIMARY KEY (event_id);
+ALTER TABLE webhook_attempts ADD PRIMARY KEY (event_id, attempt);
+CREATE INDEX webhook_deliveries_due ON webhook_deliveries (next_attempt_at) WHERE status = 'pending';
+CREATE INDEX webhook_deliveries_by_operation ON webhook_deliveries (operation_id);
+CREATE INDEX webhook_deliveries_finished ON webhook_deliveries (created_at) WHERE status <> 'pending';
+CREATE INDEX webhook_attempts_by_operation ON webhook_attempts (operation_id, at);
+
+-- A history partition (schema 16) is detached under the events' lock and
+-- dropped after it, as a day of deliveries is: its files' removal no
+-- longer holds every event's write (postgres/history.rs).
+ALTER TABLE history_partitions ADD COLUMN detached BOOLEAN NOT NULL DEFAULT FALSE;

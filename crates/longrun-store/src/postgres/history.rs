@@ -91,12 +91,19 @@ pub(super) async fn history_upkeep(
         }
         Err(e) => return Err(e),
     }
-    let closed: Vec<(i64, i64)> = sqlx::query_as("SELECT lo, hi FROM history_partitions WHERE hi <= $1 ORDER BY lo")
-        .bind(max_seq)
-        .fetch_all(pool)
-        .await
-        .map_err(db)?;
-    for (lo, hi) in closed {
+    let closed: Vec<(i64, i64, bool)> =
+        sqlx::query_as("SELECT lo, hi, detached FROM history_partitions WHERE hi <= $1 OR detached ORDER BY lo")
+            .bind(max_seq)
+            .fetch_all(pool)
+            .await
+            .map_err(db)?;
+    for (lo, hi, detached) in closed {
+        if detached {
+            // Detached by a pass that stopped before dropping it.
+            drop_detached(pool, lo).await?;
+            done.partitions_dropped += 1;
+            continue;
+        }
         match drop_if_gone(pool, lo, hi).await {
             Ok(dropped) => done.partitions_dropped += u64::from(dropped),
             Err(e) if deferred(&e) => {
@@ -183,8 +190,11 @@ async fn make_ahead(pool: &PgPool, max_seq: i64, now: Timestamp) -> Result<u64> 
 ///
 /// The parent is locked before the range is checked: a transaction that
 /// already wrote an event there holds it, so its operation is seen; one
-/// that writes after the drop finds no partition for its row, which goes
-/// to the default partition.
+/// that writes after finds no partition for its row, which goes to the
+/// default partition. Under the lock the partition is only detached
+/// (milliseconds); its file goes after, by a drop that holds no lock of
+/// the parent (schema 19; see `deliveries.rs` for what a drop under the
+/// lock held).
 async fn drop_if_gone(pool: &PgPool, lo: i64, hi: i64) -> Result<bool> {
     let Some(mut tx) = step(pool, UPKEEP_LOCK).await? else {
         return Ok(false);
@@ -203,15 +213,29 @@ async fn drop_if_gone(pool: &PgPool, lo: i64, hi: i64) -> Result<bool> {
         tx.rollback().await.map_err(db)?;
         return Ok(false);
     }
-    let drop = format!("DROP TABLE {}", partition(lo));
+    let detach = format!("ALTER TABLE operation_events DETACH PARTITION {}", partition(lo));
+    sqlx::query(&detach).execute(&mut *tx).await.map_err(db)?;
+    sqlx::query("UPDATE history_partitions SET detached = TRUE WHERE lo = $1")
+        .bind(lo)
+        .execute(&mut *tx)
+        .await
+        .map_err(db)?;
+    tx.commit().await.map_err(db)?;
+    drop_detached(pool, lo).await?;
+    Ok(true)
+}
+
+/// Drops the detached partition that began at `lo`, and forgets it.
+async fn drop_detached(pool: &PgPool, lo: i64) -> Result<()> {
+    let mut tx = pool.begin().await.map_err(db)?;
+    let drop = format!("DROP TABLE IF EXISTS {}", partition(lo));
     sqlx::query(&drop).execute(&mut *tx).await.map_err(db)?;
     sqlx::query("DELETE FROM history_partitions WHERE lo = $1")
         .bind(lo)
         .execute(&mut *tx)
         .await
         .map_err(db)?;
-    tx.commit().await.map_err(db)?;
-    Ok(true)
+    tx.commit().await.map_err(db)
 }
 
 /// Whether any operation of `lo..hi` remains.
