@@ -1436,3 +1436,38 @@ async fn a_history_partition_left_detached_is_dropped_by_the_next_pass() {
     );
     assert_eq!(store.history_upkeep(now, 100).await.unwrap().partitions_created, 1);
 }
+
+/// Two nodes' retention passes keep the deliveries' partitions at once:
+/// each day is made once and dropped once, and neither pass fails.
+#[tokio::test]
+async fn racing_upkeeps_make_and_drop_each_day_once() {
+    use longrun_store::conformance::{delivery_attempted, hooked_delivery};
+    let Some((a, b, url)) = two_nodes().await else {
+        return;
+    };
+    let now = longrun_core::Clock::now(&longrun_core::SystemClock);
+    let week = std::time::Duration::from_secs(7 * 86_400);
+    let later = now.plus(std::time::Duration::from_secs(10 * 86_400));
+    let both = async |at| {
+        let (first, second) = tokio::join!(a.deliveries_upkeep(at, week), b.deliveries_upkeep(at, week));
+        let (first, second) = (first.unwrap(), second.unwrap());
+        (
+            first.partitions_created + second.partitions_created,
+            first.partitions_dropped + second.partitions_dropped,
+            first.deliveries_removed + second.deliveries_removed,
+        )
+    };
+    assert_eq!(both(now).await, (1, 0, 0));
+    let (_, event) = hooked_delivery(&a, now).await;
+    delivery_attempted(&a, &event, 1, None, now).await;
+    // A step refused its advisory lock is left for the next pass: the two
+    // passes together make the next day once and drop the first once.
+    let mut made = (0, 0, 0);
+    for _ in 0..3 {
+        let (created, dropped, removed) = both(later).await;
+        made = (made.0 + created, made.1 + dropped, made.2 + removed);
+    }
+    assert_eq!(made, (1, 1, 1));
+    let mut c = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await.unwrap();
+    assert_eq!(rows(&mut c, "webhook_deliveries").await, 0);
+}

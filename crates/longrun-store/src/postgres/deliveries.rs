@@ -18,6 +18,8 @@ use super::*;
 
 /// Taken for each step, so that nodes do not make or drop partitions at once.
 const UPKEEP_LOCK: i64 = 7_723_003;
+/// The partition is no longer there.
+const UNDEFINED_TABLE: &str = "42P01";
 
 /// A partition as `delivery_partitions` lists it.
 struct Partition {
@@ -172,10 +174,26 @@ async fn drop_if_done(pool: &PgPool, partition: &Partition) -> Result<Option<u64
     // Counted before the step, outside its statement timeout and without
     // holding anything: nothing adds to a day that has ended.
     let count = format!("SELECT COUNT(*) FROM {deliveries}");
-    let removed: i64 = sqlx::query_scalar(&count).fetch_one(pool).await.map_err(db)?;
+    let removed: i64 = match sqlx::query_scalar(&count).fetch_one(pool).await {
+        Ok(removed) => removed,
+        // Dropped meanwhile by another node's pass.
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(UNDEFINED_TABLE) => return Ok(None),
+        Err(e) => return Err(db(e)),
+    };
     let Some(mut tx) = step(pool, UPKEEP_LOCK).await? else {
         return Ok(None);
     };
+    // Still attached: another node's pass may have detached it since it
+    // was listed (under the same advisory lock, so what is read is so).
+    let attached: Option<bool> = sqlx::query_scalar("SELECT NOT detached FROM delivery_partitions WHERE hi = $1")
+        .bind(&partition.hi)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(db)?;
+    if attached != Some(true) {
+        tx.rollback().await.map_err(db)?;
+        return Ok(None);
+    }
     // Once without the lock, so that a day still delivering is passed over
     // without holding up the deliveries.
     for lock in [

@@ -199,6 +199,17 @@ async fn drop_if_gone(pool: &PgPool, lo: i64, hi: i64) -> Result<bool> {
     let Some(mut tx) = step(pool, UPKEEP_LOCK).await? else {
         return Ok(false);
     };
+    // Still attached: another node's pass may have detached it since it
+    // was listed (under the same advisory lock, so what is read is so).
+    let attached: Option<bool> = sqlx::query_scalar("SELECT NOT detached FROM history_partitions WHERE lo = $1")
+        .bind(lo)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(db)?;
+    if attached != Some(true) {
+        tx.rollback().await.map_err(db)?;
+        return Ok(false);
+    }
     // Once without the lock, so that a partition still in use is passed
     // over without holding up the history.
     if range_live(&mut tx, lo, hi).await? {
