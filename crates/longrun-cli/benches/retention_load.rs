@@ -10,9 +10,12 @@
 //! The store is filled with SQL as thirty days of ended operations (each
 //! with its idempotency record and three events; every later day in a
 //! history partition of its own, as the store's upkeep would have made
-//! them), vacuumed and checkpointed. A release `longrun serve` runs on it;
-//! the oldest day is then set to expire in 20 s (and vacuumed again), and
-//! the server's next retention pass (they run every 60 s) removes it. All
+//! them), and a week and a day of delivered webhooks, a day's worth
+//! (`LONGRUN_RETENTION_DAY`) a real day, each with its attempt, every day
+//! in a partition of its own (schema 19), vacuumed and checkpointed. A release `longrun serve` runs on it;
+//! the oldest day is then set to expire in 20 s (and vacuumed again), the
+//! oldest day of deliveries to be past the delivery retention then, and
+//! the server's next retention pass (they run every 60 s) removes both. All
 //! along, 4 clients submit and 4 read one operation, each at most 200
 //! requests a second, every request labelled by what retention was doing
 //! when it ended.
@@ -69,6 +72,78 @@ fn fill_sql(days: i64, day: i64, now_ms: i64) -> String {
     )
 }
 
+const DAY_MS: i64 = 86_400_000;
+
+/// The name of the bench's deliveries partition of day `k` (0 the oldest).
+fn delivery_day(k: i64) -> String {
+    format!("bench{k}")
+}
+
+/// Eight real days of delivered webhooks before `now_ms`, `day` a day,
+/// each with its attempt, each day in a partition of its own, named for
+/// operations of the newest days (which retention keeps); the oldest
+/// day's partition is not yet due (its `ends_at` is set later).
+async fn fill_deliveries(db: &mut PgConnection, day: i64, now_ms: i64, ops: i64) {
+    use longrun_core::{Id, IdKind};
+    let bound = |ms: i64| Id::lowest_at(IdKind::Event, ms as u64).into_string();
+    for k in 0..8 {
+        let (start, end) = (now_ms - (8 - k) * DAY_MS, now_ms - (7 - k) * DAY_MS);
+        let ends_at = if k == 0 { now_ms + DAY_MS } else { end };
+        let name = delivery_day(k);
+        sql(
+            db,
+            &format!(
+                "CREATE TABLE webhook_deliveries_{name} PARTITION OF webhook_deliveries
+                   FOR VALUES FROM ('{lo}') TO ('{hi}') WITH (autovacuum_vacuum_cost_delay = 10);
+                 CREATE TABLE webhook_attempts_{name} PARTITION OF webhook_attempts
+                   FOR VALUES FROM ('{lo}') TO ('{hi}') WITH (autovacuum_vacuum_cost_delay = 10);
+                 INSERT INTO delivery_partitions (hi, lo, ends_at, name) VALUES ('{hi}', '{lo}', {ends_at}, '{name}');",
+                lo = bound(start),
+                hi = bound(end),
+            ),
+        )
+        .await;
+        let step = (end - start) / day;
+        for chunk in (0..day).collect::<Vec<_>>().chunks(50_000) {
+            let at: Vec<i64> = chunk.iter().map(|i| start + i * step).collect();
+            let events: Vec<String> = at
+                .iter()
+                .map(|&ms| Id::generate_at(IdKind::Event, ms as u64).into_string())
+                .collect();
+            let ops: Vec<String> = chunk
+                .iter()
+                .map(|i| format!("op_r{:025}", ops - 8 * day + k * day + i + 1))
+                .collect();
+            sqlx::query(
+                "INSERT INTO webhook_deliveries (event_id, operation_id, tenant, url, type, payload, created_at,
+                                                 status, attempts)
+                 SELECT e, o, 'bench', 'https://client.example/hook', 'operation.succeeded',
+                        '{\"type\":\"operation.succeeded\",\"data\":{\"operation_id\":\"' || o || '\"}}', t,
+                        'delivered', 1
+                   FROM unnest($1::TEXT[], $2::TEXT[], $3::BIGINT[]) AS u(e, o, t);
+                 ",
+            )
+            .bind(&events)
+            .bind(&ops)
+            .bind(&at)
+            .execute(&mut *db)
+            .await
+            .unwrap();
+            sqlx::query(
+                "INSERT INTO webhook_attempts (event_id, attempt, operation_id, type, at, status_code, latency_ms)
+                 SELECT e, 1, o, 'operation.succeeded', t + 40, 204, 40
+                   FROM unnest($1::TEXT[], $2::TEXT[], $3::BIGINT[]) AS u(e, o, t)",
+            )
+            .bind(&events)
+            .bind(&ops)
+            .bind(&at)
+            .execute(&mut *db)
+            .await
+            .unwrap();
+        }
+    }
+}
+
 /// One `sleep` operation submitted with `key`; its representation.
 async fn submit(http: &reqwest::Client, base: &str, token: &str, key: &str) -> Value {
     let answer = http
@@ -121,12 +196,14 @@ fn main() {
         let now_ms = longrun_core::Clock::now(&longrun_core::SystemClock).0;
         let started = Instant::now();
         sql(&mut db, &fill_sql(days, day, now_ms)).await;
+        fill_deliveries(&mut db, day, now_ms, days * day).await;
         sql(&mut db, "VACUUM ANALYZE").await;
         sql(&mut db, "CHECKPOINT").await;
         let mut record = Record::new("retention");
         record.line(format!(
-            "PostgreSQL, {} ended operations stored ({days} days of {day}, 3 events and a key each), filled in {:.0} s",
+            "PostgreSQL, {} ended operations stored ({days} days of {day}, 3 events and a key each) and {} delivered webhooks with their attempt (8 days of {day}), filled in {:.0} s",
             days * day,
+            8 * day,
             started.elapsed().as_secs_f64()
         ));
 
@@ -150,6 +227,16 @@ fn main() {
         // are vacuumed before anything is measured.
         let expire_at = longrun_core::Clock::now(&longrun_core::SystemClock).0 + 20_000;
         sql(&mut db, &format!("UPDATE operations SET expires_at = {expire_at} WHERE seq < {first_hi}")).await;
+        // The server's delivery retention is its default, 7 days.
+        sql(
+            &mut db,
+            &format!(
+                "UPDATE delivery_partitions SET ends_at = {} WHERE name = '{}'",
+                expire_at - 7 * DAY_MS,
+                delivery_day(0)
+            ),
+        )
+        .await;
         sql(&mut db, "VACUUM ANALYZE operations").await;
         sql(&mut db, "CHECKPOINT").await;
 
@@ -191,7 +278,8 @@ fn main() {
 
         // Watch retention: the oldest day's operations, and its partition.
         let mut phases: Vec<(Instant, Phase)> = Vec::new();
-        let (mut pass_began, mut pass_ended) = (None, None);
+        let (mut pass_began, mut pass_ended, mut day_dropped) = (None, None, None);
+        let oldest_day = format!("webhook_deliveries_{}", delivery_day(0));
         let deadline = Instant::now() + Duration::from_secs(240);
         loop {
             let left: i64 = sqlx::query_scalar(&format!("SELECT COUNT(*) FROM operations WHERE seq < {first_hi}"))
@@ -209,7 +297,15 @@ fn main() {
             } else {
                 Phase::After
             };
+            let deliveries_day: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+                .bind(&oldest_day)
+                .fetch_one(&mut db)
+                .await
+                .unwrap();
             let now = Instant::now();
+            if !deliveries_day && day_dropped.is_none() {
+                day_dropped = Some(now);
+            }
             if phase != Phase::Before && pass_began.is_none() {
                 pass_began = Some(now);
             }
@@ -217,7 +313,8 @@ fn main() {
                 pass_ended = Some(now);
             }
             phases.push((now, phase));
-            if pass_ended.is_some_and(|at| now.duration_since(at) > Duration::from_secs(10)) || now > deadline {
+            let done = pass_ended.is_some_and(|at| now.duration_since(at) > Duration::from_secs(10)) && day_dropped.is_some();
+            if done || now > deadline {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -232,6 +329,12 @@ fn main() {
             &http,
             &format!("127.0.0.1:{metrics_port}"),
             "longrun_retention_history_deferred_total",
+        )
+        .await;
+        let deliveries_deferred = processes::metric(
+            &http,
+            &format!("127.0.0.1:{metrics_port}"),
+            "longrun_retention_deliveries_deferred_total",
         )
         .await;
         drop(server);
@@ -255,6 +358,13 @@ fn main() {
         record.line(format!(
             "History steps left for a later pass (`longrun_retention_history_deferred_total`): {deferred}."
         ));
+        match (pass_began, day_dropped) {
+            (Some(a), Some(b)) => record.line(format!(
+                "The oldest day of deliveries ({day} and their attempts) was dropped {:.1} s after the pass began; steps left for a later pass (`longrun_retention_deliveries_deferred_total`): {deliveries_deferred}.",
+                b.saturating_duration_since(a).as_secs_f64()
+            )),
+            _ => record.line("The oldest day of deliveries was not dropped within 240 s."),
+        };
         record.line(String::new());
         record.line("| p99 (requests), 4 clients of 200/s each | before the pass | during it | after it |");
         record.line("|---|---|---|---|");
@@ -277,11 +387,17 @@ fn main() {
         record.line(String::new());
         record.line("| table | dead tuples after the pass | live |");
         record.line("|---|---|---|");
+        // Partitioned tables summed over their partitions.
         for row in sqlx::query_as::<_, (String, i64, i64)>(
-            "SELECT relname::text, n_dead_tup, n_live_tup FROM pg_stat_user_tables
-              WHERE relname IN ('operations', 'idempotency_keys', 'tombstones')
-                 OR relname LIKE 'operation_events%'
-              ORDER BY n_dead_tup DESC, relname LIMIT 8",
+            "SELECT family, SUM(n_dead_tup)::BIGINT, SUM(n_live_tup)::BIGINT FROM (
+                 SELECT CASE WHEN relname LIKE 'operation_events%' THEN 'operation_events (every partition)'
+                             WHEN relname LIKE 'webhook_deliveries%' THEN 'webhook_deliveries (every partition)'
+                             WHEN relname LIKE 'webhook_attempts%' THEN 'webhook_attempts (every partition)'
+                             ELSE relname::text END AS family, n_dead_tup, n_live_tup
+                   FROM pg_stat_user_tables
+                  WHERE relname IN ('operations', 'idempotency_keys', 'tombstones')
+                     OR relname LIKE 'operation_events%' OR relname LIKE 'webhook_%') t
+              GROUP BY family ORDER BY 2 DESC, 1",
         )
         .fetch_all(&mut db)
         .await

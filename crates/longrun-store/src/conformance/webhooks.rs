@@ -222,6 +222,26 @@ pub async fn finished_deliveries_go_with_their_log_after_the_delivery_retention(
         store.retention_sweep(sweep(at(650))).await.unwrap().deliveries_removed,
         0
     );
+
+    // An operation removed past its retention takes its deliveries with
+    // it, pending or not, whatever the delivery retention.
+    let expires_at = store
+        .operation_get("t1", &pending)
+        .await
+        .unwrap()
+        .and_then(|op| op.expires_at)
+        .expect("ended work expires");
+    let mut long = sweep(expires_at);
+    long.delivery_retention = Duration::from_secs(10 * 365 * 86_400);
+    assert!(store.retention_sweep(long).await.unwrap().operations_removed >= 1);
+    let later = Timestamp(expires_at.0.max(at(5_000).0));
+    assert!(
+        store
+            .webhook_due(later, 10, Duration::from_secs(1))
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }
 
 pub async fn webhook_secrets_rotate_with_an_overlap(store: &dyn Store) {

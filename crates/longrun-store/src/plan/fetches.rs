@@ -152,7 +152,7 @@ pub(super) fn result_expire(id: &str, storage_key: &str, now: Timestamp) -> Scri
 
 pub(super) fn operations_expiring(now: Timestamp, limit: u32) -> Script<Vec<Expiring>> {
     Script::one(
-        "SELECT id, tenant, expires_at, kind, idempotency_key FROM operations
+        "SELECT id, tenant, expires_at, kind, idempotency_key, callback_url IS NOT NULL FROM operations
           WHERE expires_at IS NOT NULL AND expires_at <= ?1
           ORDER BY expires_at LIMIT ?2 {skip_locked}",
         vec![now.into(), i64::from(limit).into()],
@@ -164,6 +164,7 @@ pub(super) fn operations_expiring(now: Timestamp, limit: u32) -> Script<Vec<Expi
                     expired_at: r.ts(2)?,
                     kind: r.text(3)?,
                     idempotency_key: r.opt_text(4)?,
+                    hooked: r.bool(5)?,
                 })
             })
         },

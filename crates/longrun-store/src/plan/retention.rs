@@ -27,16 +27,16 @@ const TENANT_ROWS: [(&str, &str, &str); 10] = [
     ("tenants", "name", ""),
 ];
 
-/// What of an operation goes with it besides its events, each table by
-/// the column naming the operation (its idempotency record stays, kept by
-/// its tombstone or freed by the tenant's deletion).
-const OPERATION_ROWS: [&str; 5] = [
-    "results",
-    "operation_uploads",
-    "webhook_attempts",
-    "webhook_deliveries",
-    "tasks",
-];
+/// What of an operation goes with it besides its events and webhooks,
+/// each table by the column naming the operation (its idempotency record
+/// stays, kept by its tombstone or freed by the tenant's deletion).
+const OPERATION_ROWS: [&str; 3] = ["results", "operation_uploads", "tasks"];
+
+/// What of an operation with a callback goes with it: its deliveries and
+/// their log. Only work submitted with a callback has any (the callback is
+/// fixed at submission), and on PostgreSQL finding them by operation reads
+/// every day's partition, so work without one skips it.
+const WEBHOOK_ROWS: [&str; 2] = ["webhook_attempts", "webhook_deliveries"];
 
 /// Why an operation is removed (see `operations_remove`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,6 +55,8 @@ pub(crate) struct Expiring {
     pub expired_at: Timestamp,
     pub kind: String,
     pub idempotency_key: Option<String>,
+    /// Submitted with a callback: it may have webhook deliveries.
+    pub hooked: bool,
 }
 
 /// What stays of a removed operation for its window: `410 gone` for its id,
@@ -98,7 +100,12 @@ pub(crate) async fn retention_sweep<D: Driver>(d: &mut D, p: &RetentionParams) -
     let expiring = d.operations_expiring(p.now, p.limit).await?;
     if !expiring.is_empty() {
         let ids: Vec<&str> = expiring.iter().map(|op| op.id.as_str()).collect();
-        operations_remove(d, &ids, Removal::Expired, p.now).await?;
+        let hooked: Vec<&str> = expiring
+            .iter()
+            .filter(|op| op.hooked)
+            .map(|op| op.id.as_str())
+            .collect();
+        operations_remove(d, &ids, &hooked, Removal::Expired, p.now).await?;
         let tombstones: Vec<Tombstone> = expiring
             .iter()
             .map(|op| tombstone_of(op, p.tombstone_retention))
@@ -132,16 +139,28 @@ pub(crate) async fn retention_sweep<D: Driver>(d: &mut D, p: &RetentionParams) -
 
 /// Deletes everything of the operations `ids` but their idempotency
 /// records: their objects become garbage, then their history, the rows
-/// that name them and their own rows go. Nothing can read the events of a
-/// removed operation: where history goes a partition at a time, an expired
-/// operation's events wait for their partition's drop.
-async fn operations_remove<D: Driver>(d: &mut D, ids: &[&str], removal: Removal, now: Timestamp) -> Result<()> {
+/// that name them (webhook rows only of those of them `hooked`) and their
+/// own rows go. Nothing can read the events of a removed operation: where
+/// history goes a partition at a time, an expired operation's events wait
+/// for their partition's drop.
+async fn operations_remove<D: Driver>(
+    d: &mut D,
+    ids: &[&str],
+    hooked: &[&str],
+    removal: Removal,
+    now: Timestamp,
+) -> Result<()> {
     d.operations_release(ids, now).await?;
     if removal == Removal::Erased || !D::HISTORY_BY_PARTITION {
         d.events_remove(ids).await?;
     }
     for table in OPERATION_ROWS {
         d.rows_delete(table, "operation_id", "", ids).await?;
+    }
+    if !hooked.is_empty() {
+        for table in WEBHOOK_ROWS {
+            d.rows_delete(table, "operation_id", "", hooked).await?;
+        }
     }
     d.rows_delete("operations", "id", "", ids).await?;
     Ok(())
@@ -158,7 +177,7 @@ pub(crate) async fn tenant_delete<D: Driver>(d: &mut D, tenant: &str, now: Times
     let operations = d.tenant_operations(tenant).await?;
     for batch in operations.chunks(ERASE_BATCH) {
         let ids: Vec<&str> = batch.iter().map(String::as_str).collect();
-        operations_remove(d, &ids, Removal::Erased, now).await?;
+        operations_remove(d, &ids, &ids, Removal::Erased, now).await?;
     }
     let uploads = d.tenant_uploads(tenant).await?;
     for id in &uploads {
@@ -190,6 +209,7 @@ mod tests {
             expired_at: Timestamp(1_000),
             kind: "export".into(),
             idempotency_key: Some("k".into()),
+            hooked: false,
         };
         let t = tombstone_of(&op, Duration::from_secs(2));
         assert_eq!((t.removed_at, t.expires_at), (Timestamp(1_000), Timestamp(3_000)));
