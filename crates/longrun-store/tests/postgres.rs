@@ -668,7 +668,7 @@ async fn work_queued_before_schema_14_is_claimed_after_it() {
 macro_rules! undo_19 {
     () => {
         "DELETE FROM schema_migrations WHERE version >= 19;
-     ALTER TABLE history_partitions DROP COLUMN detached;
+     ALTER TABLE history_partitions DROP COLUMN detached, DROP COLUMN made_clock, DROP COLUMN closed_clock;
      DROP TABLE webhook_deliveries, webhook_attempts, delivery_partitions;
      CREATE TABLE webhook_deliveries (
          event_id TEXT PRIMARY KEY, operation_id TEXT NOT NULL, tenant TEXT NOT NULL, url TEXT NOT NULL,
@@ -1470,4 +1470,77 @@ async fn racing_upkeeps_make_and_drop_each_day_once() {
     assert_eq!(made, (1, 1, 1));
     let mut c = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await.unwrap();
     assert_eq!(rows(&mut c, "webhook_deliveries").await, 0);
+}
+
+/// A partition made since schema 19 knows when its operations' ids were
+/// made: the upkeep finds a remaining one by id, in the partition's own
+/// time or, failing that, in the day before it was made (an id made before
+/// its row was written), and drops the partition only once neither holds
+/// one.
+#[tokio::test]
+async fn a_partition_is_kept_while_an_operation_of_it_remains_found_by_id() {
+    let Some(cluster) = longrun_store::pgtest::cluster() else {
+        return;
+    };
+    let url = cluster.database().await;
+    let store = PostgresStore::open(PostgresConfig::new(url.clone())).await.unwrap();
+    let mut c = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await.unwrap();
+    let now = longrun_core::Clock::now(&longrun_core::SystemClock);
+    let setval = async |c: &mut sqlx::PgConnection, next: i64| {
+        sqlx::query("SELECT setval('operations_seq_seq', $1 - 1)")
+            .bind(next)
+            .execute(&mut *c)
+            .await
+            .unwrap();
+    };
+    // The first partition half used: the next is made ahead, its clock
+    // noted.
+    setval(&mut c, 60_000).await;
+    assert_eq!(store.history_upkeep(now, 100).await.unwrap().partitions_created, 1);
+    let (lo, hi, made): (i64, i64, Option<i64>) =
+        sqlx::query_as("SELECT lo, hi, made_clock FROM history_partitions ORDER BY lo DESC LIMIT 1")
+            .fetch_one(&mut c)
+            .await
+            .unwrap();
+    assert!(made.is_some());
+
+    // Two operations of its range: one made now, one whose id was made two
+    // hours before the partition.
+    setval(&mut c, lo).await;
+    let recent = longrun_store::conformance::create_labelled(&store, "t1", "k").await.id;
+    let early = longrun_core::Id::generate_at(longrun_core::IdKind::Operation, (now.0 - 7_200_000) as u64);
+    sqlx::query(
+        "INSERT INTO operations (id, tenant, kind, state, version, attempt, labels, created_at, updated_at)
+         VALUES ($1, 't1', 'k', 'queued', 1, 0, '{}', 1, 1)",
+    )
+    .bind(early.as_str())
+    .execute(&mut c)
+    .await
+    .unwrap();
+    // Closed: every seq of it handed out.
+    setval(&mut c, hi + 10).await;
+    let dropped = async |store: &PostgresStore| store.history_upkeep(now, 100).await.unwrap().partitions_dropped;
+    let gone = async |c: &mut sqlx::PgConnection, id: &str| {
+        sqlx::query("DELETE FROM operations WHERE id = $1")
+            .bind(id)
+            .execute(&mut *c)
+            .await
+            .unwrap();
+    };
+    let partition_there = async |c: &mut sqlx::PgConnection| -> bool {
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM history_partitions WHERE lo = $1)")
+            .bind(lo)
+            .fetch_one(&mut *c)
+            .await
+            .unwrap()
+    };
+    // The first partition, which holds no operation, goes at once.
+    assert_eq!(dropped(&store).await, 1);
+    assert!(partition_there(&mut c).await, "both remain");
+    gone(&mut c, recent.as_str()).await;
+    assert_eq!(dropped(&store).await, 0);
+    assert!(partition_there(&mut c).await, "the early one remains, found in the day before");
+    gone(&mut c, early.as_str()).await;
+    assert_eq!(dropped(&store).await, 1);
+    assert!(!partition_there(&mut c).await);
 }

@@ -117,3 +117,10 @@ CREATE INDEX webhook_attempts_by_operation ON webhook_attempts (operation_id, at
 -- dropped after it, as a day of deliveries is: its files' removal no
 -- longer holds every event's write (postgres/history.rs).
 ALTER TABLE history_partitions ADD COLUMN detached BOOLEAN NOT NULL DEFAULT FALSE;
+
+-- When a history partition was made and first seen closed, by the
+-- database's clock: its operations' ids were made in between, and the
+-- upkeep finds a remaining one by id (the key) instead of by seq, which no
+-- index holds (a scan of every operation). Unknown for the partitions made
+-- before: they are looked for by seq, as before.
+ALTER TABLE history_partitions ADD COLUMN made_clock BIGINT, ADD COLUMN closed_clock BIGINT;

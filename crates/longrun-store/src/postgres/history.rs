@@ -91,20 +91,37 @@ pub(super) async fn history_upkeep(
         }
         Err(e) => return Err(e),
     }
-    let closed: Vec<(i64, i64, bool)> =
-        sqlx::query_as("SELECT lo, hi, detached FROM history_partitions WHERE hi <= $1 OR detached ORDER BY lo")
-            .bind(max_seq)
-            .fetch_all(pool)
-            .await
-            .map_err(db)?;
-    for (lo, hi, detached) in closed {
+    // Every seq below `max_seq` was handed out before now, by the
+    // database's clock: a partition seen closed for the first time
+    // notes when (its operations' ids were made before, see `Span`).
+    sqlx::query(&format!(
+        "UPDATE history_partitions SET closed_clock = {DB_NOW} WHERE hi <= $1 AND closed_clock IS NULL"
+    ))
+    .bind(max_seq)
+    .execute(pool)
+    .await
+    .map_err(db)?;
+    let closed: Vec<(i64, i64, bool, Option<i64>, Option<i64>)> = sqlx::query_as(
+        "SELECT lo, hi, detached, made_clock, closed_clock FROM history_partitions
+          WHERE hi <= $1 OR detached ORDER BY lo",
+    )
+    .bind(max_seq)
+    .fetch_all(pool)
+    .await
+    .map_err(db)?;
+    for (lo, hi, detached, made, closed) in closed {
         if detached {
             // Detached by a pass that stopped before dropping it.
             drop_detached(pool, lo).await?;
             done.partitions_dropped += 1;
             continue;
         }
-        match drop_if_gone(pool, lo, hi).await {
+        let span = Span {
+            lo,
+            hi,
+            made: made.zip(closed),
+        };
+        match drop_if_gone(pool, &span).await {
             Ok(dropped) => done.partitions_dropped += u64::from(dropped),
             Err(e) if deferred(&e) => {
                 tracing::info!(error = %e, partition = partition(lo), "history: a drop waits for the next pass");
@@ -174,14 +191,20 @@ async fn make_ahead(pool: &PgPool, max_seq: i64, now: Timestamp) -> Result<u64> 
         partition(new_lo)
     );
     sqlx::query(&create).execute(&mut *tx).await.map_err(db)?;
-    sqlx::query("INSERT INTO history_partitions (lo, hi, created_at, made_at_seq) VALUES ($1, $2, $3, $4)")
-        .bind(new_lo)
-        .bind(new_hi)
-        .bind(now.0)
-        .bind(max_seq)
-        .execute(&mut *tx)
-        .await
-        .map_err(db)?;
+    // When no seq of the range was handed out yet, the database's clock
+    // now is before every one of its operations' ids was made.
+    let made_clock = if max_seq < new_lo { DB_NOW } else { "NULL" };
+    sqlx::query(&format!(
+        "INSERT INTO history_partitions (lo, hi, created_at, made_at_seq, made_clock)
+         VALUES ($1, $2, $3, $4, {made_clock})"
+    ))
+    .bind(new_lo)
+    .bind(new_hi)
+    .bind(now.0)
+    .bind(max_seq)
+    .execute(&mut *tx)
+    .await
+    .map_err(db)?;
     tx.commit().await.map_err(db)?;
     Ok(1)
 }
@@ -195,7 +218,8 @@ async fn make_ahead(pool: &PgPool, max_seq: i64, now: Timestamp) -> Result<u64> 
 /// (milliseconds); its file goes after, by a drop that holds no lock of
 /// the parent (schema 19; see `deliveries.rs` for what a drop under the
 /// lock held).
-async fn drop_if_gone(pool: &PgPool, lo: i64, hi: i64) -> Result<bool> {
+async fn drop_if_gone(pool: &PgPool, span: &Span) -> Result<bool> {
+    let lo = span.lo;
     let Some(mut tx) = step(pool, UPKEEP_LOCK).await? else {
         return Ok(false);
     };
@@ -212,7 +236,7 @@ async fn drop_if_gone(pool: &PgPool, lo: i64, hi: i64) -> Result<bool> {
     }
     // Once without the lock, so that a partition still in use is passed
     // over without holding up the history.
-    if range_live(&mut tx, lo, hi).await? {
+    if range_live(&mut tx, span).await? {
         tx.rollback().await.map_err(db)?;
         return Ok(false);
     }
@@ -220,7 +244,7 @@ async fn drop_if_gone(pool: &PgPool, lo: i64, hi: i64) -> Result<bool> {
         .execute(&mut *tx)
         .await
         .map_err(db)?;
-    if range_live(&mut tx, lo, hi).await? {
+    if range_live(&mut tx, span).await? {
         tx.rollback().await.map_err(db)?;
         return Ok(false);
     }
@@ -249,11 +273,63 @@ async fn drop_detached(pool: &PgPool, lo: i64) -> Result<()> {
     tx.commit().await.map_err(db)
 }
 
-/// Whether any operation of `lo..hi` remains.
-async fn range_live(c: &mut PgConnection, lo: i64, hi: i64) -> Result<bool> {
-    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM operations WHERE seq >= $1 AND seq < $2)")
-        .bind(lo)
-        .bind(hi)
+/// The database's clock, in milliseconds.
+const DB_NOW: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::BIGINT";
+/// How far a node's clock (which stamps ids) may run ahead of the
+/// database's (which stamps partitions).
+const CLOCK_SKEW_MS: i64 = 10 * 60_000;
+/// How long before its seq an operation's id may have been made (a
+/// submission's id is made before its row is written).
+const ID_AHEAD_MS: i64 = DAY_MS;
+
+/// Whether an operation of seqs `$1..$2` remains, looked for by id: made
+/// in `$3..$4`, else in `$5..$3`.
+const LIVE_BY_ID: &str = "SELECT EXISTS (
+    (SELECT 1 FROM operations WHERE id >= $3 AND id < $4 AND seq >= $1 AND seq < $2 LIMIT 1)
+    UNION ALL
+    (SELECT 1 FROM operations WHERE id >= $5 AND id < $3 AND seq >= $1 AND seq < $2 LIMIT 1))";
+
+/// A closed partition, and when its operations' ids were made if known.
+pub(super) struct Span {
+    lo: i64,
+    hi: i64,
+    /// The database's clock when the partition was made (before any of
+    /// its seqs was handed out) and when it was first seen closed (after
+    /// all were); `None` for a partition made before schema 19, or made
+    /// after a burst had already handed out seqs of its range.
+    made: Option<(i64, i64)>,
+}
+
+/// Whether any operation of the span remains.
+///
+/// `operations` has no index by `seq` (one would cost every accept and
+/// every finish an entry), so a range of seqs alone is a scan of the whole
+/// table, seconds at ten million, past the step's one-second timeout:
+/// such a partition would never be dropped. Ids begin with the
+/// millisecond they were made and the key reads them in that order, so a
+/// span whose times are known is looked for by id: first between its
+/// making and its closing (plus the clocks' skew), where a remaining
+/// operation almost always is; then, only when none is there, in the day
+/// before its making (an operation whose id was made well before its row
+/// was written). Operations of a partition made before schema 19 may have
+/// ids of older shapes, which do not sort by time: those are looked for
+/// by seq, as before.
+async fn range_live(c: &mut PgConnection, span: &Span) -> Result<bool> {
+    let Some((made, closed)) = span.made else {
+        return sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM operations WHERE seq >= $1 AND seq < $2)")
+            .bind(span.lo)
+            .bind(span.hi)
+            .fetch_one(c)
+            .await
+            .map_err(db);
+    };
+    let id_at = |ms: i64| Id::lowest_at(longrun_core::IdKind::Operation, u64::try_from(ms).unwrap_or(0)).into_string();
+    sqlx::query_scalar(LIVE_BY_ID)
+        .bind(span.lo)
+        .bind(span.hi)
+        .bind(id_at(made - CLOCK_SKEW_MS))
+        .bind(id_at(closed + CLOCK_SKEW_MS))
+        .bind(id_at(made - CLOCK_SKEW_MS - ID_AHEAD_MS))
         .fetch_one(c)
         .await
         .map_err(db)
@@ -262,6 +338,29 @@ async fn range_live(c: &mut PgConnection, lo: i64, hi: i64) -> Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The check of a partition whose times are known reads the key by id
+    /// (never a scan of every operation, which the seq alone needs).
+    #[tokio::test]
+    async fn a_remaining_operation_is_looked_for_by_its_id() {
+        let Some(mut c) = super::super::migrated_connection().await else {
+            return;
+        };
+        sqlx::query("SET enable_seqscan = off").execute(&mut c).await.unwrap();
+        let sql = format!("EXPLAIN {LIVE_BY_ID}");
+        let plan: Vec<String> = sqlx::query_scalar(&sql)
+            .bind(0_i64)
+            .bind(100_i64)
+            .bind("op_2")
+            .bind("op_3")
+            .bind("op_1")
+            .fetch_all(&mut c)
+            .await
+            .unwrap();
+        let plan = plan.join("\n");
+        assert_eq!(plan.matches("operations_pkey").count(), 2, "{plan}");
+        assert!(!plan.contains("Seq Scan"), "{plan}");
+    }
 
     #[test]
     fn a_partition_is_about_a_day_of_submissions_wide() {
