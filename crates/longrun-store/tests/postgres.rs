@@ -1539,7 +1539,10 @@ async fn a_partition_is_kept_while_an_operation_of_it_remains_found_by_id() {
     assert!(partition_there(&mut c).await, "both remain");
     gone(&mut c, recent.as_str()).await;
     assert_eq!(dropped(&store).await, 0);
-    assert!(partition_there(&mut c).await, "the early one remains, found in the day before");
+    assert!(
+        partition_there(&mut c).await,
+        "the early one remains, found in the day before"
+    );
     gone(&mut c, early.as_str()).await;
     assert_eq!(dropped(&store).await, 1);
     assert!(!partition_there(&mut c).await);

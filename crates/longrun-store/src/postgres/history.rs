@@ -101,7 +101,9 @@ pub(super) async fn history_upkeep(
     .execute(pool)
     .await
     .map_err(db)?;
-    let closed: Vec<(i64, i64, bool, Option<i64>, Option<i64>)> = sqlx::query_as(
+    /// `lo`, `hi`, `detached`, `made_clock`, `closed_clock`.
+    type Listed = (i64, i64, bool, Option<i64>, Option<i64>);
+    let closed: Vec<Listed> = sqlx::query_as(
         "SELECT lo, hi, detached, made_clock, closed_clock FROM history_partitions
           WHERE hi <= $1 OR detached ORDER BY lo",
     )
