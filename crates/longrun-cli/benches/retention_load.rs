@@ -115,24 +115,16 @@ async fn fill_deliveries(db: &mut PgConnection, day: i64, now_ms: i64, ops: i64)
                 .map(|i| format!("op_r{:025}", ops - 8 * day + k * day + i + 1))
                 .collect();
             sqlx::query(
-                "INSERT INTO webhook_deliveries (event_id, operation_id, tenant, url, type, payload, created_at,
-                                                 status, attempts)
-                 SELECT e, o, 'bench', 'https://client.example/hook', 'operation.succeeded',
-                        '{\"type\":\"operation.succeeded\",\"data\":{\"operation_id\":\"' || o || '\"}}', t,
-                        'delivered', 1
-                   FROM unnest($1::TEXT[], $2::TEXT[], $3::BIGINT[]) AS u(e, o, t);
-                 ",
-            )
-            .bind(&events)
-            .bind(&ops)
-            .bind(&at)
-            .execute(&mut *db)
-            .await
-            .unwrap();
-            sqlx::query(
-                "INSERT INTO webhook_attempts (event_id, attempt, operation_id, type, at, status_code, latency_ms)
-                 SELECT e, 1, o, 'operation.succeeded', t + 40, 204, 40
-                   FROM unnest($1::TEXT[], $2::TEXT[], $3::BIGINT[]) AS u(e, o, t)",
+                "WITH d AS (
+                     INSERT INTO webhook_deliveries (event_id, operation_id, tenant, url, type, payload, created_at,
+                                                     status, attempts)
+                     SELECT e, o, 'bench', 'https://client.example/hook', 'operation.succeeded',
+                            '{\"type\":\"operation.succeeded\",\"data\":{\"operation_id\":\"' || o || '\"}}', t,
+                            'delivered', 1
+                       FROM unnest($1::TEXT[], $2::TEXT[], $3::BIGINT[]) AS u(e, o, t)
+                     RETURNING event_id, operation_id, created_at)
+                 INSERT INTO webhook_attempts (event_id, attempt, operation_id, type, at, status_code, latency_ms)
+                 SELECT event_id, 1, operation_id, 'operation.succeeded', created_at + 40, 204, 40 FROM d",
             )
             .bind(&events)
             .bind(&ops)

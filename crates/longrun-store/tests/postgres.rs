@@ -1167,6 +1167,15 @@ async fn a_history_keeps_as_rows_only_what_the_row_cannot_say() {
     }
 }
 
+/// A store on a database of its own, and a connection to it.
+async fn store_and_connection() -> Option<(PostgresStore, sqlx::PgConnection, String)> {
+    let cluster = longrun_store::pgtest::cluster()?;
+    let url = cluster.database().await;
+    let store = PostgresStore::open(PostgresConfig::new(url.clone())).await.unwrap();
+    let c = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await.unwrap();
+    Some((store, c, url))
+}
+
 /// The number of rows of `table`.
 async fn rows(c: &mut sqlx::PgConnection, table: &str) -> i64 {
     sqlx::query_scalar(&format!("SELECT COUNT(*) FROM {table}"))
@@ -1183,12 +1192,9 @@ async fn rows(c: &mut sqlx::PgConnection, table: &str) -> i64 {
 #[tokio::test]
 async fn webhook_deliveries_go_a_day_at_a_time() {
     use longrun_store::conformance::{delivery_attempted, hooked_delivery};
-    let Some(cluster) = longrun_store::pgtest::cluster() else {
+    let Some((store, mut c, url)) = store_and_connection().await else {
         return;
     };
-    let url = cluster.database().await;
-    let store = PostgresStore::open(PostgresConfig::new(url.clone())).await.unwrap();
-    let mut c = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await.unwrap();
     // Event ids carry the real clock's millisecond: the days are made
     // around it.
     let now = longrun_core::Clock::now(&longrun_core::SystemClock);
@@ -1406,12 +1412,9 @@ async fn deliveries_written_before_schema_19_are_delivered_and_logged_after_it()
 /// is dropped by the next pass.
 #[tokio::test]
 async fn a_history_partition_left_detached_is_dropped_by_the_next_pass() {
-    let Some(cluster) = longrun_store::pgtest::cluster() else {
+    let Some((store, mut c, _)) = store_and_connection().await else {
         return;
     };
-    let url = cluster.database().await;
-    let store = PostgresStore::open(PostgresConfig::new(url.clone())).await.unwrap();
-    let mut c = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await.unwrap();
     sqlx::raw_sql(
         "ALTER TABLE operation_events DETACH PARTITION operation_events_0;
          UPDATE history_partitions SET detached = TRUE WHERE lo = 0;",
@@ -1479,12 +1482,9 @@ async fn racing_upkeeps_make_and_drop_each_day_once() {
 /// one.
 #[tokio::test]
 async fn a_partition_is_kept_while_an_operation_of_it_remains_found_by_id() {
-    let Some(cluster) = longrun_store::pgtest::cluster() else {
+    let Some((store, mut c, _)) = store_and_connection().await else {
         return;
     };
-    let url = cluster.database().await;
-    let store = PostgresStore::open(PostgresConfig::new(url.clone())).await.unwrap();
-    let mut c = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await.unwrap();
     let now = longrun_core::Clock::now(&longrun_core::SystemClock);
     let setval = async |c: &mut sqlx::PgConnection, next: i64| {
         sqlx::query("SELECT setval('operations_seq_seq', $1 - 1)")
