@@ -112,18 +112,18 @@ pub(super) async fn history_upkeep(
     .await
     .map_err(db)?;
     for (lo, hi, detached, made, closed) in closed {
-        if detached {
-            // Detached by a pass that stopped before dropping it.
-            drop_detached(pool, lo).await?;
-            done.partitions_dropped += 1;
-            continue;
-        }
-        let span = Span {
+        let detachable = Detachable::history(&Span {
             lo,
             hi,
             made: made.zip(closed),
-        };
-        match drop_if_gone(pool, &span).await {
+        });
+        if detached {
+            // Detached by a pass that stopped before dropping it.
+            drop_detached(pool, &detachable).await?;
+            done.partitions_dropped += 1;
+            continue;
+        }
+        match detach_and_drop(pool, &detachable).await {
             Ok(dropped) => done.partitions_dropped += u64::from(dropped),
             Err(e) if deferred(&e) => {
                 tracing::info!(error = %e, partition = partition(lo), "history: a drop waits for the next pass");
@@ -211,67 +211,85 @@ async fn make_ahead(pool: &PgPool, max_seq: i64, now: Timestamp) -> Result<u64> 
     Ok(1)
 }
 
-/// Drops the partition of `lo..hi` if no operation of that range remains.
+/// A partition to detach and drop: each of its tables with its parent, the
+/// upkeep's advisory lock, its row in the bookkeeping table (the table,
+/// and a condition naming the row), and the statement that says whether
+/// anything still uses it (one boolean).
+pub(super) struct Detachable {
+    pub upkeep: i64,
+    pub tables: Vec<(&'static str, String)>,
+    pub listed_in: &'static str,
+    pub row: String,
+    pub in_use: String,
+}
+
+impl Detachable {
+    /// The history partition of `span`: in use while an operation of its
+    /// range remains.
+    fn history(span: &Span) -> Self {
+        Self {
+            upkeep: UPKEEP_LOCK,
+            tables: vec![("operation_events", partition(span.lo))],
+            listed_in: "history_partitions",
+            row: format!("lo = {}", span.lo),
+            in_use: live(span),
+        }
+    }
+}
+
+/// Detaches `p` and drops it if its `in_use` finds nothing using it;
+/// returns whether it went. The history's and the webhook deliveries' partitions
+/// go this way.
 ///
-/// The parent is locked before the range is checked: a transaction that
-/// already wrote an event there holds it, so its operation is seen; one
-/// that writes after finds no partition for its row, which goes to the
-/// default partition. Under the lock the partition is only detached
-/// (milliseconds); its file goes after, by a drop that holds no lock of
-/// the parent (schema 19; see `deliveries.rs` for what a drop under the
-/// lock held).
-async fn drop_if_gone(pool: &PgPool, span: &Span) -> Result<bool> {
-    let lo = span.lo;
-    let Some(mut tx) = step(pool, UPKEEP_LOCK).await? else {
+/// `in_use` is asked once without the parents' lock, so that a partition
+/// still in use is passed over without holding anything up, then again
+/// under it: a transaction that already wrote there holds the lock, so
+/// what it wrote is seen; one that writes after finds no partition for its
+/// row, which goes to the default partition. Under the lock the partition
+/// is only detached (milliseconds) and marked so; its files go after, by a
+/// drop that holds no lock of the parents (a drop under the lock held it
+/// for 161 ms on a day of a million deliveries, 4 ms detached;
+/// docs/scaling.md). A partition another node detached since it was
+/// listed (read under the same advisory lock) is passed over; one left
+/// detached by a pass that stopped is dropped by the next
+/// ([`drop_detached`]).
+pub(super) async fn detach_and_drop(pool: &PgPool, p: &Detachable) -> Result<bool> {
+    let Some(mut tx) = step(pool, p.upkeep).await? else {
         return Ok(false);
     };
-    // Still attached: another node's pass may have detached it since it
-    // was listed (under the same advisory lock, so what is read is so).
-    let attached: Option<bool> = sqlx::query_scalar("SELECT NOT detached FROM history_partitions WHERE lo = $1")
-        .bind(lo)
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(db)?;
-    if attached != Some(true) {
+    let listed = format!("SELECT NOT detached FROM {} WHERE {}", p.listed_in, p.row);
+    let attached: Option<bool> = sqlx::query_scalar(&listed).fetch_optional(&mut *tx).await.map_err(db)?;
+    let in_use = async |c: &mut PgConnection| sqlx::query_scalar::<_, bool>(&p.in_use).fetch_one(c).await.map_err(db);
+    if attached != Some(true) || in_use(&mut tx).await? {
         tx.rollback().await.map_err(db)?;
         return Ok(false);
     }
-    // Once without the lock, so that a partition still in use is passed
-    // over without holding up the history.
-    if range_live(&mut tx, span).await? {
+    let parents: Vec<&str> = p.tables.iter().map(|(parent, _)| *parent).collect();
+    let lock = format!("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE", parents.join(", "));
+    sqlx::query(&lock).execute(&mut *tx).await.map_err(db)?;
+    if in_use(&mut tx).await? {
         tx.rollback().await.map_err(db)?;
         return Ok(false);
     }
-    sqlx::query("LOCK TABLE operation_events IN ACCESS EXCLUSIVE MODE")
-        .execute(&mut *tx)
-        .await
-        .map_err(db)?;
-    if range_live(&mut tx, span).await? {
-        tx.rollback().await.map_err(db)?;
-        return Ok(false);
+    for (parent, table) in &p.tables {
+        let detach = format!("ALTER TABLE {parent} DETACH PARTITION {table}");
+        sqlx::query(&detach).execute(&mut *tx).await.map_err(db)?;
     }
-    let detach = format!("ALTER TABLE operation_events DETACH PARTITION {}", partition(lo));
-    sqlx::query(&detach).execute(&mut *tx).await.map_err(db)?;
-    sqlx::query("UPDATE history_partitions SET detached = TRUE WHERE lo = $1")
-        .bind(lo)
-        .execute(&mut *tx)
-        .await
-        .map_err(db)?;
+    let mark = format!("UPDATE {} SET detached = TRUE WHERE {}", p.listed_in, p.row);
+    sqlx::query(&mark).execute(&mut *tx).await.map_err(db)?;
     tx.commit().await.map_err(db)?;
-    drop_detached(pool, lo).await?;
+    drop_detached(pool, p).await?;
     Ok(true)
 }
 
-/// Drops the detached partition that began at `lo`, and forgets it.
-async fn drop_detached(pool: &PgPool, lo: i64) -> Result<()> {
+/// Drops the tables of `p`, detached from their parents, and forgets it.
+pub(super) async fn drop_detached(pool: &PgPool, p: &Detachable) -> Result<()> {
+    let tables: Vec<&str> = p.tables.iter().map(|(_, table)| table.as_str()).collect();
     let mut tx = pool.begin().await.map_err(db)?;
-    let drop = format!("DROP TABLE IF EXISTS {}", partition(lo));
+    let drop = format!("DROP TABLE IF EXISTS {}", tables.join(", "));
     sqlx::query(&drop).execute(&mut *tx).await.map_err(db)?;
-    sqlx::query("DELETE FROM history_partitions WHERE lo = $1")
-        .bind(lo)
-        .execute(&mut *tx)
-        .await
-        .map_err(db)?;
+    let forget = format!("DELETE FROM {} WHERE {}", p.listed_in, p.row);
+    sqlx::query(&forget).execute(&mut *tx).await.map_err(db)?;
     tx.commit().await.map_err(db)
 }
 
@@ -284,13 +302,6 @@ const CLOCK_SKEW_MS: i64 = 10 * 60_000;
 /// submission's id is made before its row is written).
 const ID_AHEAD_MS: i64 = DAY_MS;
 
-/// Whether an operation of seqs `$1..$2` remains, looked for by id: made
-/// in `$3..$4`, else in `$5..$3`.
-const LIVE_BY_ID: &str = "SELECT EXISTS (
-    (SELECT 1 FROM operations WHERE id >= $3 AND id < $4 AND seq >= $1 AND seq < $2 LIMIT 1)
-    UNION ALL
-    (SELECT 1 FROM operations WHERE id >= $5 AND id < $3 AND seq >= $1 AND seq < $2 LIMIT 1))";
-
 /// A closed partition, and when its operations' ids were made if known.
 pub(super) struct Span {
     lo: i64,
@@ -302,7 +313,7 @@ pub(super) struct Span {
     made: Option<(i64, i64)>,
 }
 
-/// Whether any operation of the span remains.
+/// The statement that says whether any operation of the span remains.
 ///
 /// `operations` has no index by `seq` (one would cost every accept and
 /// every finish an entry), so a range of seqs alone is a scan of the whole
@@ -315,26 +326,28 @@ pub(super) struct Span {
 /// before its making (an operation whose id was made well before its row
 /// was written). Operations of a partition made before schema 19 may have
 /// ids of older shapes, which do not sort by time: those are looked for
-/// by seq, as before.
-async fn range_live(c: &mut PgConnection, span: &Span) -> Result<bool> {
-    let Some((made, closed)) = span.made else {
-        return sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM operations WHERE seq >= $1 AND seq < $2)")
-            .bind(span.lo)
-            .bind(span.hi)
-            .fetch_one(c)
-            .await
-            .map_err(db);
+/// by seq, as before. (Literals, not parameters: the statement is run
+/// twice a pass at most, by [`detach_and_drop`].)
+fn live(span: &Span) -> String {
+    let Span { lo, hi, made } = span;
+    let Some((made, closed)) = made else {
+        return format!("SELECT EXISTS (SELECT 1 FROM operations WHERE seq >= {lo} AND seq < {hi})");
     };
-    let id_at = |ms: i64| Id::lowest_at(longrun_core::IdKind::Operation, u64::try_from(ms).unwrap_or(0)).into_string();
-    sqlx::query_scalar(LIVE_BY_ID)
-        .bind(span.lo)
-        .bind(span.hi)
-        .bind(id_at(made - CLOCK_SKEW_MS))
-        .bind(id_at(closed + CLOCK_SKEW_MS))
-        .bind(id_at(made - CLOCK_SKEW_MS - ID_AHEAD_MS))
-        .fetch_one(c)
-        .await
-        .map_err(db)
+    let id_at =
+        |ms: i64| literal(Id::lowest_at(longrun_core::IdKind::Operation, u64::try_from(ms).unwrap_or(0)).as_str());
+    let (from, to) = (id_at(made - CLOCK_SKEW_MS), id_at(closed + CLOCK_SKEW_MS));
+    let early = id_at(made - CLOCK_SKEW_MS - ID_AHEAD_MS);
+    format!(
+        "SELECT EXISTS (
+             (SELECT 1 FROM operations WHERE id >= {from} AND id < {to} AND seq >= {lo} AND seq < {hi} LIMIT 1)
+             UNION ALL
+             (SELECT 1 FROM operations WHERE id >= {early} AND id < {from} AND seq >= {lo} AND seq < {hi} LIMIT 1))"
+    )
+}
+
+/// `s` as an SQL string literal (partition bounds cannot be parameters).
+pub(super) fn literal(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
 }
 
 #[cfg(test)]
@@ -349,16 +362,13 @@ mod tests {
             return;
         };
         sqlx::query("SET enable_seqscan = off").execute(&mut c).await.unwrap();
-        let sql = format!("EXPLAIN {LIVE_BY_ID}");
-        let plan: Vec<String> = sqlx::query_scalar(&sql)
-            .bind(0_i64)
-            .bind(100_i64)
-            .bind("op_2")
-            .bind("op_3")
-            .bind("op_1")
-            .fetch_all(&mut c)
-            .await
-            .unwrap();
+        let span = Span {
+            lo: 0,
+            hi: 100,
+            made: Some((1_800_000_000_000, 1_800_000_100_000)),
+        };
+        let sql = format!("EXPLAIN {}", live(&span));
+        let plan: Vec<String> = sqlx::query_scalar(&sql).fetch_all(&mut c).await.unwrap();
         let plan = plan.join("\n");
         assert_eq!(plan.matches("operations_pkey").count(), 2, "{plan}");
         assert!(!plan.contains("Seq Scan"), "{plan}");
