@@ -1247,9 +1247,19 @@ async fn webhook_deliveries_go_a_day_at_a_time() {
     assert_eq!((upkeep.partitions_created, upkeep.partitions_dropped), (1, 0));
     assert_eq!(days(&mut c).await.len(), 2);
 
-    // Delivered at last: the day can go. A reader holding the deliveries'
-    // lock past the drop's 100 ms defers it to the next pass.
+    // Delivered at last. The day is kept until the delivery retention has
+    // passed since it ended (docs/results-and-retention.md), not a
+    // millisecond less.
     delivery_attempted(&store, &pending, 2, None, later).await;
+    let kept_until = longrun_core::Timestamp(ends_at).plus(week);
+    let upkeep = store
+        .deliveries_upkeep(kept_until.minus(std::time::Duration::from_millis(1)), week)
+        .await
+        .unwrap();
+    assert_eq!((upkeep.partitions_dropped, upkeep.steps_deferred), (0, 0));
+    assert_eq!(rows(&mut c, &format!("webhook_deliveries_{day}")).await, 2);
+    // Then it can go. A reader holding the deliveries' lock past the drop's
+    // 100 ms defers it to the next pass.
     let mut reader = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await.unwrap();
     sqlx::query("BEGIN").execute(&mut reader).await.unwrap();
     sqlx::query("SELECT 1 FROM webhook_deliveries LIMIT 1")
