@@ -17,6 +17,14 @@ const DURATION_BUCKETS: &[f64] = &[
     0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 21600.0,
 ];
 
+/// Buckets for the time a request takes, in seconds: 0.5 ms to a minute,
+/// the longest a long-poll waits (`MAX_WAIT_SECONDS`); the operations'
+/// buckets above start at 10 ms, where nearly every request would fall in
+/// the first.
+const HTTP_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
 /// The process's recorder (installed once; every server in the process shares it).
 pub fn handle() -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
@@ -24,6 +32,12 @@ pub fn handle() -> PrometheusHandle {
         .get_or_init(|| {
             let recorder = PrometheusBuilder::new()
                 .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), DURATION_BUCKETS)
+                .expect("valid buckets")
+                // A full name's buckets win over a suffix's.
+                .set_buckets_for_metric(
+                    Matcher::Full("longrun_http_request_duration_seconds".into()),
+                    HTTP_BUCKETS,
+                )
                 .expect("valid buckets")
                 .build_recorder();
             let handle = recorder.handle();

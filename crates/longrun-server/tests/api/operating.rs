@@ -48,6 +48,9 @@ async fn metrics_need_an_admin_key_and_show_the_life_of_operations() {
         "longrun_retention_backlog",
         "longrun_webhooks_due",
         "longrun_http_responses_total",
+        // Request times get buckets of their own, down to half a millisecond.
+        "longrun_http_request_duration_seconds_bucket{le=\"0.0005\"}",
+        "longrun_http_request_duration_seconds_bucket{le=\"60\"}",
     ] {
         assert!(text.contains(series), "{series} missing from:\n{text}");
     }
