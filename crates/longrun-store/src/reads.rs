@@ -28,7 +28,7 @@
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{Hash, Hasher};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::Operation;
@@ -62,8 +62,12 @@ struct Inner {
     listening: bool,
 }
 
+/// An operation kept. Shared, so that a read copies it, and a new read
+/// replaces it, outside the lock: the lock is held for a map lookup, not for
+/// a copy of up to [`MAX_ENTRY_BYTES`] of JSON that every other poll of this
+/// node would wait behind.
 struct Entry {
-    op: Operation,
+    op: Arc<Operation>,
     bytes: usize,
     at: Instant,
 }
@@ -127,18 +131,23 @@ impl ReadCache {
     /// The kept operation `id` when it is `tenant`'s and fresh; otherwise the
     /// ticket to read it from the database with.
     fn get(&self, tenant: &str, id: &str) -> Result<Operation, Ticket> {
-        let inner = self.lock();
-        let kept = inner
-            .entries
-            .get(id)
-            .filter(|e| inner.listening && e.op.tenant == tenant && e.at.elapsed() < TTL);
-        match kept {
-            Some(e) => Ok(e.op.clone()),
-            None => Err(Ticket {
-                evictions: inner.evictions,
-                epoch: inner.epoch,
-            }),
-        }
+        let kept = {
+            let inner = self.lock();
+            let kept = inner
+                .entries
+                .get(id)
+                .filter(|e| inner.listening && e.op.tenant == tenant && e.at.elapsed() < TTL);
+            match kept {
+                Some(e) => e.op.clone(),
+                None => {
+                    return Err(Ticket {
+                        evictions: inner.evictions,
+                        epoch: inner.epoch,
+                    });
+                }
+            }
+        };
+        Ok(Operation::clone(&kept))
     }
 
     #[cfg(test)]
@@ -158,8 +167,13 @@ impl ReadCache {
     /// Keeps `op`, read after `ticket` was taken, unless its read may be
     /// stale or it is too large. `bytes`: the size of its stored JSON.
     fn keep(&self, ticket: Ticket, op: &Operation, bytes: usize) {
+        if bytes > MAX_ENTRY_BYTES {
+            return;
+        }
+        // Copied before the lock is taken (see `Entry`).
+        let kept = Arc::new(op.clone());
         let mut inner = self.lock();
-        if !inner.listening || inner.epoch != ticket.epoch || bytes > MAX_ENTRY_BYTES {
+        if !inner.listening || inner.epoch != ticket.epoch {
             return;
         }
         let hash = hash_of(op.id.as_str());
@@ -182,14 +196,18 @@ impl ReadCache {
             return;
         }
         let entry = Entry {
-            op: op.clone(),
+            op: kept,
             bytes,
             at: Instant::now(),
         };
-        if let Some(old) = inner.entries.insert(op.id.as_str().to_owned(), entry) {
+        let replaced = inner.entries.insert(op.id.as_str().to_owned(), entry);
+        if let Some(old) = &replaced {
             inner.bytes -= old.bytes;
         }
         inner.bytes += bytes;
+        drop(inner);
+        // The entry it replaced is freed outside the lock.
+        drop(replaced);
     }
 
     /// Forgets `ids`: each changed, or may have.
