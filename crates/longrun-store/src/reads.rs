@@ -62,10 +62,10 @@ struct Inner {
     listening: bool,
 }
 
-/// An operation kept. Shared, so that a read copies it, and a new read
-/// replaces it, outside the lock: the lock is held for a map lookup, not for
-/// a copy of up to [`MAX_ENTRY_BYTES`] of JSON that every other poll of this
-/// node would wait behind.
+/// An operation kept. Shared: a hit hands out the `Arc`, and a read that
+/// needs its own copy makes it outside the lock, which is held for a map
+/// lookup, not for a copy of up to [`MAX_ENTRY_BYTES`] of JSON that every
+/// other poll of this node would wait behind.
 struct Entry {
     op: Arc<Operation>,
     bytes: usize,
@@ -106,9 +106,10 @@ impl ReadCache {
         self.inner.lock().expect("read cache poisoned")
     }
 
-    /// `operation_get` of both backends: the kept operation `id` when it is
-    /// `tenant`'s and fresh; otherwise what `load` reads from the database
-    /// (with the size of its stored JSON), kept unless the read may be stale.
+    /// `operation_get` of both backends: [`read_through_shared`]'s answer,
+    /// copied only when the cache keeps it too.
+    ///
+    /// [`read_through_shared`]: Self::read_through_shared
     pub async fn read_through<E, Fut>(
         &self,
         tenant: &str,
@@ -118,11 +119,31 @@ impl ReadCache {
     where
         Fut: std::future::Future<Output = std::result::Result<Option<(Operation, usize)>, E>>,
     {
+        Ok(self
+            .read_through_shared(tenant, id, load)
+            .await?
+            .map(Arc::unwrap_or_clone))
+    }
+
+    /// `operation_shared` of both backends: the kept operation `id` when it
+    /// is `tenant`'s and fresh, shared, not copied; otherwise what `load`
+    /// reads from the database (with the size of its stored JSON), kept
+    /// unless the read may be stale.
+    pub async fn read_through_shared<E, Fut>(
+        &self,
+        tenant: &str,
+        id: &str,
+        load: impl FnOnce() -> Fut,
+    ) -> std::result::Result<Option<Arc<Operation>>, E>
+    where
+        Fut: std::future::Future<Output = std::result::Result<Option<(Operation, usize)>, E>>,
+    {
         let ticket = match self.get(tenant, id) {
             Ok(op) => return Ok(Some(op)),
             Err(ticket) => ticket,
         };
         Ok(load().await?.map(|(op, json_bytes)| {
+            let op = Arc::new(op);
             self.keep(ticket, &op, json_bytes);
             op
         }))
@@ -130,28 +151,23 @@ impl ReadCache {
 
     /// The kept operation `id` when it is `tenant`'s and fresh; otherwise the
     /// ticket to read it from the database with.
-    fn get(&self, tenant: &str, id: &str) -> Result<Operation, Ticket> {
-        let kept = {
-            let inner = self.lock();
-            let kept = inner
-                .entries
-                .get(id)
-                .filter(|e| inner.listening && e.op.tenant == tenant && e.at.elapsed() < TTL);
-            match kept {
-                Some(e) => e.op.clone(),
-                None => {
-                    return Err(Ticket {
-                        evictions: inner.evictions,
-                        epoch: inner.epoch,
-                    });
-                }
-            }
-        };
-        Ok(Operation::clone(&kept))
+    fn get(&self, tenant: &str, id: &str) -> Result<Arc<Operation>, Ticket> {
+        let inner = self.lock();
+        let kept = inner
+            .entries
+            .get(id)
+            .filter(|e| inner.listening && e.op.tenant == tenant && e.at.elapsed() < TTL);
+        match kept {
+            Some(e) => Ok(e.op.clone()),
+            None => Err(Ticket {
+                evictions: inner.evictions,
+                epoch: inner.epoch,
+            }),
+        }
     }
 
     #[cfg(test)]
-    fn kept(&self, tenant: &str, id: &str) -> Option<Operation> {
+    fn kept(&self, tenant: &str, id: &str) -> Option<Arc<Operation>> {
         self.get(tenant, id).ok()
     }
 
@@ -166,14 +182,9 @@ impl ReadCache {
 
     /// Keeps `op`, read after `ticket` was taken, unless its read may be
     /// stale or it is too large. `bytes`: the size of its stored JSON.
-    fn keep(&self, ticket: Ticket, op: &Operation, bytes: usize) {
-        if bytes > MAX_ENTRY_BYTES {
-            return;
-        }
-        // Copied before the lock is taken (see `Entry`).
-        let kept = Arc::new(op.clone());
+    fn keep(&self, ticket: Ticket, op: &Arc<Operation>, bytes: usize) {
         let mut inner = self.lock();
-        if !inner.listening || inner.epoch != ticket.epoch {
+        if !inner.listening || inner.epoch != ticket.epoch || bytes > MAX_ENTRY_BYTES {
             return;
         }
         let hash = hash_of(op.id.as_str());
@@ -196,7 +207,7 @@ impl ReadCache {
             return;
         }
         let entry = Entry {
-            op: kept,
+            op: op.clone(),
             bytes,
             at: Instant::now(),
         };
@@ -287,8 +298,8 @@ mod tests {
     use super::*;
     use longrun_core::{Id, IdKind, State, Timestamp};
 
-    fn op(id: &str, tenant: &str, version: i64) -> Operation {
-        Operation {
+    fn op(id: &str, tenant: &str, version: i64) -> Arc<Operation> {
+        Arc::new(Operation {
             id: Id::from_trusted(id.to_owned()),
             tenant: tenant.to_owned(),
             kind: "k".into(),
@@ -319,7 +330,28 @@ mod tests {
             pause_requested_at: None,
             not_before: None,
             priority: crate::PRIORITY_DEFAULT,
+        })
+    }
+
+    #[test]
+    fn a_hit_shares_the_kept_operation_and_a_miss_keeps_what_it_read() {
+        let cache = ReadCache::default();
+        let read = op("x", "a", 1);
+        let load = || async { Ok::<_, ()>(Some((Operation::clone(&read), 10))) };
+        let missed = futures_util::FutureExt::now_or_never(cache.read_through_shared("a", "x", load))
+            .expect("nothing to wait for")
+            .unwrap()
+            .expect("read");
+        async fn not_read() -> Result<Option<(Operation, usize)>, ()> {
+            unreachable!("a hit does not read the database")
         }
+        let hit = futures_util::FutureExt::now_or_never(cache.read_through_shared("a", "x", not_read))
+            .expect("nothing to wait for")
+            .unwrap()
+            .expect("kept");
+        assert!(Arc::ptr_eq(&missed, &hit), "the kept Arc, not a copy");
+        let again = cache.kept("a", "x").expect("kept");
+        assert!(Arc::ptr_eq(&hit, &again));
     }
 
     #[test]

@@ -473,6 +473,14 @@ crate::plan::store::impl_store!(SqliteStore, run_plan, {
             .await
     }
 
+    async fn operation_shared(&self, tenant: &str, id: &Id) -> Result<Option<Arc<Operation>>> {
+        self.reads
+            .read_through_shared(tenant, id.as_str(), || async {
+                self.read_now(|c| operation_read(c, tenant, id))
+            })
+            .await
+    }
+
     async fn operation_list(&self, params: ListParams) -> Result<OperationPage> {
         self.read(move |c| operation_list(c, &params)).await
     }

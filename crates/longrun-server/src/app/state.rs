@@ -258,6 +258,17 @@ impl AppState {
         self.visible(op)
     }
 
+    /// [`Self::operation`], shared with the read cache rather than copied
+    /// (a poll renders the operation; it needs no copy of its own).
+    pub(crate) async fn operation_shared(&self, tenant: &str, id: &Id) -> Result<Arc<Operation>, ApiError> {
+        let op = self.store.operation_shared(tenant, id).await?;
+        let op = self.found(tenant, id, op).await?;
+        if op.is_expired(self.clock.now()) {
+            return Err(ApiError::Gone);
+        }
+        Ok(op)
+    }
+
     /// `op`, or `410 gone` if it is past its expiry now: visibility is decided
     /// at read time; the sweep only reclaims the storage.
     pub fn visible(&self, op: Operation) -> Result<Operation, ApiError> {

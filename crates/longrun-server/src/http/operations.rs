@@ -1,5 +1,6 @@
 //! The operation resource (docs/api.md §3): submit, read, list, history, cancel.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{FromRequestParts, Path, State};
@@ -220,21 +221,26 @@ async fn wait_for_change(
     app: &AppState,
     waiter: &mut crate::changes::Waiter,
     tenant: &str,
-    op: Operation,
+    op: Arc<Operation>,
     wait: Duration,
     done: impl Fn(&Operation) -> bool,
-) -> Result<Operation, ApiError> {
+) -> Result<Arc<Operation>, ApiError> {
     if done(&op) {
         return Ok(op);
     }
-    let id = op.id;
+    let id = op.id.clone();
+    drop(op);
     let give_up_at = tokio::time::Instant::now() + wait;
     loop {
         let gave_up = tokio::select! {
             () = waiter.changed() => false,
             () = tokio::time::sleep_until(give_up_at) => true,
         };
-        let op = app.store.operation_get(tenant, &id).await?.ok_or(ApiError::NotFound)?;
+        let op = app
+            .store
+            .operation_shared(tenant, &id)
+            .await?
+            .ok_or(ApiError::NotFound)?;
         if gave_up || done(&op) {
             return Ok(op);
         }
@@ -295,7 +301,8 @@ async fn answer_submission(
         ),
         None => None,
     };
-    let (mut op, replayed) = accept(&app, params).await?;
+    let (op, replayed) = accept(&app, params).await?;
+    let mut op = Arc::new(op);
     record_operation_id(&op.id);
 
     // `Prefer: wait=N`: one round trip for short work.
@@ -308,7 +315,7 @@ async fn answer_submission(
                 .map_err(|_| too_many_waiters())?;
             op = app
                 .store
-                .operation_get(&caller.tenant, &op.id)
+                .operation_shared(&caller.tenant, &op.id)
                 .await?
                 .ok_or(ApiError::NotFound)?;
         }
@@ -491,7 +498,7 @@ async fn read(
         Some(_) => Some(app.changes.watch(&caller.tenant, &id).map_err(|_| too_many_waiters())?),
         None => None,
     };
-    let mut op = app.operation(&caller.tenant, &id).await?;
+    let mut op = app.operation_shared(&caller.tenant, &id).await?;
     if let (Some(wait), Some(w)) = (wait, waiter.as_mut()) {
         // Worth waiting only for something that can still change, and (with
         // If-None-Match) only while the client's version is the current one.

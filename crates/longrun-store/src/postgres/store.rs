@@ -56,6 +56,12 @@ crate::plan::store::impl_store!(PostgresStore, run_plan, {
             .await
     }
 
+    async fn operation_shared(&self, tenant: &str, id: &Id) -> Result<Option<Arc<Operation>>> {
+        self.reads
+            .read_through_shared(tenant, id.as_str(), || operation_read(&self.pool, tenant, id))
+            .await
+    }
+
     async fn operation_list(&self, params: ListParams) -> Result<OperationPage> {
         let mut c = self.pool.acquire().await.map_err(db)?;
         operation_list(&mut c, &params).await
