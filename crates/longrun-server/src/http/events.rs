@@ -121,7 +121,7 @@ async fn events(
                 Ok(Some(events)) if !events.is_empty() => cursor.buffered = events.into(),
                 Ok(Some(_)) => {
                     // Nothing newer. Already over (a resume after the end)? Then end.
-                    match cursor.app.store.operation_get(&cursor.tenant, &cursor.id).await {
+                    match cursor.app.store.operation_shared(&cursor.tenant, &cursor.id).await {
                         Ok(Some(op)) if !op.state.is_terminal() => cursor.waiter.changed().await,
                         // It ended between the two reads: send its last events first.
                         Ok(Some(op)) if op.version > cursor.last => {}
