@@ -71,14 +71,18 @@ pub trait Store: Tables + Send + Sync + 'static {
 
     /// The operation `id` if it belongs to `tenant`; `None` for both an unknown
     /// id and another tenant's, so callers cannot tell them apart.
-    async fn operation_get(&self, tenant: &str, id: &Id) -> Result<Option<Operation>>;
+    async fn operation_get(&self, tenant: &str, id: &Id) -> Result<Option<Operation>> {
+        Ok(self
+            .operation_shared(tenant, id)
+            .await?
+            .map(std::sync::Arc::unwrap_or_clone))
+    }
 
     /// [`operation_get`](Self::operation_get), shared rather than copied: a
     /// poll answered from the read cache hands out the kept operation
     /// itself, not a copy of its input and result (docs/ARCHITECTURE.md).
-    async fn operation_shared(&self, tenant: &str, id: &Id) -> Result<Option<std::sync::Arc<Operation>>> {
-        Ok(self.operation_get(tenant, id).await?.map(std::sync::Arc::new))
-    }
+    /// `operation_get` is this, copied only when the cache kept it too.
+    async fn operation_shared(&self, tenant: &str, id: &Id) -> Result<Option<std::sync::Arc<Operation>>>;
 
     /// Newest first, keyset-paginated.
     async fn operation_list(&self, params: ListParams) -> Result<OperationPage>;

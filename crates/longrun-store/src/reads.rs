@@ -1,4 +1,4 @@
-//! Operations as `operation_get` last read them, so that a poll of an
+//! Operations as `operation_shared` last read them, so that a poll of an
 //! operation that has not changed since is answered from memory instead of a
 //! round trip to PostgreSQL (clients poll far more often than operations
 //! change).
@@ -106,30 +106,11 @@ impl ReadCache {
         self.inner.lock().expect("read cache poisoned")
     }
 
-    /// `operation_get` of both backends: [`read_through_shared`]'s answer,
-    /// copied only when the cache keeps it too.
-    ///
-    /// [`read_through_shared`]: Self::read_through_shared
+    /// `operation_shared` of both backends (and so their `operation_get`):
+    /// the kept operation `id` when it is `tenant`'s and fresh, shared, not
+    /// copied; otherwise what `load` reads from the database (with the size
+    /// of its stored JSON), kept unless the read may be stale.
     pub async fn read_through<E, Fut>(
-        &self,
-        tenant: &str,
-        id: &str,
-        load: impl FnOnce() -> Fut,
-    ) -> std::result::Result<Option<Operation>, E>
-    where
-        Fut: std::future::Future<Output = std::result::Result<Option<(Operation, usize)>, E>>,
-    {
-        Ok(self
-            .read_through_shared(tenant, id, load)
-            .await?
-            .map(Arc::unwrap_or_clone))
-    }
-
-    /// `operation_shared` of both backends: the kept operation `id` when it
-    /// is `tenant`'s and fresh, shared, not copied; otherwise what `load`
-    /// reads from the database (with the size of its stored JSON), kept
-    /// unless the read may be stale.
-    pub async fn read_through_shared<E, Fut>(
         &self,
         tenant: &str,
         id: &str,
@@ -338,14 +319,14 @@ mod tests {
         let cache = ReadCache::default();
         let read = op("x", "a", 1);
         let load = || async { Ok::<_, ()>(Some((Operation::clone(&read), 10))) };
-        let missed = futures_util::FutureExt::now_or_never(cache.read_through_shared("a", "x", load))
+        let missed = futures_util::FutureExt::now_or_never(cache.read_through("a", "x", load))
             .expect("nothing to wait for")
             .unwrap()
             .expect("read");
         async fn not_read() -> Result<Option<(Operation, usize)>, ()> {
             unreachable!("a hit does not read the database")
         }
-        let hit = futures_util::FutureExt::now_or_never(cache.read_through_shared("a", "x", not_read))
+        let hit = futures_util::FutureExt::now_or_never(cache.read_through("a", "x", not_read))
             .expect("nothing to wait for")
             .unwrap()
             .expect("kept");

@@ -465,17 +465,9 @@ crate::plan::store::impl_store!(SqliteStore, run_plan, {
         self.write_each(params, operation_accept).await
     }
 
-    async fn operation_get(&self, tenant: &str, id: &Id) -> Result<Option<Operation>> {
-        self.reads
-            .read_through(tenant, id.as_str(), || async {
-                self.read_now(|c| operation_read(c, tenant, id))
-            })
-            .await
-    }
-
     async fn operation_shared(&self, tenant: &str, id: &Id) -> Result<Option<Arc<Operation>>> {
         self.reads
-            .read_through_shared(tenant, id.as_str(), || async {
+            .read_through(tenant, id.as_str(), || async {
                 self.read_now(|c| operation_read(c, tenant, id))
             })
             .await

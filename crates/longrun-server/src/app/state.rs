@@ -253,9 +253,7 @@ impl AppState {
 
     /// The tenant's operation `id`: `404` for another tenant's, `410` once removed.
     pub(crate) async fn operation(&self, tenant: &str, id: &Id) -> Result<Operation, ApiError> {
-        let op = self.store.operation_get(tenant, id).await?;
-        let op = self.found(tenant, id, op).await?;
-        self.visible(op)
+        self.operation_shared(tenant, id).await.map(Arc::unwrap_or_clone)
     }
 
     /// [`Self::operation`], shared with the read cache rather than copied
@@ -263,16 +261,13 @@ impl AppState {
     pub(crate) async fn operation_shared(&self, tenant: &str, id: &Id) -> Result<Arc<Operation>, ApiError> {
         let op = self.store.operation_shared(tenant, id).await?;
         let op = self.found(tenant, id, op).await?;
-        if op.is_expired(self.clock.now()) {
-            return Err(ApiError::Gone);
-        }
-        Ok(op)
+        self.visible(op)
     }
 
     /// `op`, or `410 gone` if it is past its expiry now: visibility is decided
     /// at read time; the sweep only reclaims the storage.
-    pub fn visible(&self, op: Operation) -> Result<Operation, ApiError> {
-        if op.is_expired(self.clock.now()) {
+    pub fn visible<O: std::borrow::Borrow<Operation>>(&self, op: O) -> Result<O, ApiError> {
+        if op.borrow().is_expired(self.clock.now()) {
             return Err(ApiError::Gone);
         }
         Ok(op)

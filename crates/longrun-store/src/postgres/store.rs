@@ -50,15 +50,9 @@ crate::plan::store::impl_store!(PostgresStore, run_plan, {
         true
     }
 
-    async fn operation_get(&self, tenant: &str, id: &Id) -> Result<Option<Operation>> {
-        self.reads
-            .read_through(tenant, id.as_str(), || operation_read(&self.pool, tenant, id))
-            .await
-    }
-
     async fn operation_shared(&self, tenant: &str, id: &Id) -> Result<Option<Arc<Operation>>> {
         self.reads
-            .read_through_shared(tenant, id.as_str(), || operation_read(&self.pool, tenant, id))
+            .read_through(tenant, id.as_str(), || operation_read(&self.pool, tenant, id))
             .await
     }
 
