@@ -336,6 +336,31 @@ async fn remote_workers_upload_artifacts_that_complete_publishes() {
 }
 
 #[tokio::test]
+async fn a_poll_answered_from_memory_is_gone_as_soon_as_the_operation_expires() {
+    // Visibility is decided at read time, not by the sweep: a poll the read
+    // cache answers (shared, not re-read) says 410 the moment the
+    // operation's retention has passed, before anything removed it.
+    let clock = manual_clock();
+    let app = spawn_app_with(Options {
+        clock: Some(clock.clone()),
+        ..Options::default()
+    })
+    .await;
+    let op = app.submit_ok("expiring", &crate::helpers::sleep_body(0)).await;
+    let id = op["id"].as_str().unwrap().to_owned();
+    app.wait_for_state(&id, "succeeded").await;
+    let path = format!("/v1/operations/{id}");
+    for _ in 0..2 {
+        let kept = app.request(Method::GET, &path, &app.client_key).send().await.unwrap();
+        assert_eq!(kept.status(), StatusCode::OK);
+    }
+    clock.advance(Duration::from_secs(31 * 24 * 3600));
+    let response = app.request(Method::GET, &path, &app.client_key).send().await.unwrap();
+    problem(response, StatusCode::GONE, "gone").await;
+    app.shutdown().await;
+}
+
+#[tokio::test]
 async fn retention_expires_results_then_removes_operations_behind_a_tombstone() {
     let clock = manual_clock();
     let app = spawn_app_with(Options {
