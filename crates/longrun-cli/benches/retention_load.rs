@@ -1,24 +1,27 @@
-//! A day's expiry on PostgreSQL with a month stored: how long the retention
-//! pass takes, what it does to the hot paths' p99 while it runs, and what
-//! it leaves for vacuum.
+//! A day's expiry with a month stored: how long the retention pass takes,
+//! what it does to the hot paths' p99 while it runs, and what it leaves
+//! behind (dead tuples on PostgreSQL, free pages on SQLite).
 //!
 //! `cargo bench -p longrun-cli --bench retention_load`
-//! (`LONGRUN_RETENTION_DAYS`, default 30; `LONGRUN_RETENTION_DAY`, the
-//! operations of one day, default 100,000 — the width of the store's first
-//! history partition, so that the oldest day is exactly that partition).
+//! (`LONGRUN_RETENTION_STORE`: `postgres`, the default, or `sqlite`;
+//! `LONGRUN_RETENTION_DAYS`, default 30; `LONGRUN_RETENTION_DAY`, the
+//! operations of one day, default 100,000 — the width of the PostgreSQL
+//! store's first history partition, so that the oldest day is exactly that
+//! partition).
 //!
 //! The store is filled with SQL as thirty days of ended operations (each
-//! with its idempotency record and three events; every later day in a
-//! history partition of its own, as the store's upkeep would have made
-//! them), and a week and a day of delivered webhooks, a day's worth
+//! with its idempotency record and three events; on PostgreSQL every later
+//! day in a history partition of its own, as the store's upkeep would have
+//! made them, and a week and a day of delivered webhooks, a day's worth
 //! (`LONGRUN_RETENTION_DAY`) a real day, each with its attempt, every day
-//! in a partition of its own (schema 19), vacuumed and checkpointed. A release `longrun serve` runs on it;
-//! the oldest day is then set to expire in 20 s (and vacuumed again), the
-//! oldest day of deliveries to be past the delivery retention then, and
-//! the server's next retention pass (they run every 60 s) removes both. All
-//! along, 4 clients submit and 4 read one operation, each at most 200
-//! requests a second, every request labelled by what retention was doing
-//! when it ended.
+//! in a partition of its own (schema 19)), vacuumed and checkpointed. A
+//! release `longrun serve` runs on it; the oldest day is then set to
+//! expire in 20 s (and, on PostgreSQL, vacuumed again; the oldest day of
+//! deliveries to be past the delivery retention then), and the server's
+//! next retention pass (they run every 60 s) removes it. All along, 4
+//! clients submit and 4 read one operation, each at most 200 requests a
+//! second, every request labelled by what retention was doing when it
+//! ended.
 
 #[allow(dead_code)]
 mod batches;
@@ -168,77 +171,30 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    runtime.block_on(async move {
-        let cluster = match longrun_store::pgtest::start_durable() {
-            Ok(c) => c,
-            Err(why) => {
-                println!("PostgreSQL is not available here ({why}); nothing to measure");
-                return;
-            }
-        };
-        let url = cluster.database().await;
-        let store = vec!["--database".to_owned(), url.clone()];
-        let (client, _) = prepare(&store);
-        let mut db = PgConnection::connect(&url).await.unwrap();
-        let first_hi: i64 = sqlx::query_scalar("SELECT MAX(hi) FROM history_partitions")
-            .fetch_one(&mut db)
-            .await
-            .unwrap();
-        assert_eq!(first_hi, day + 1, "the first partition is one day wide");
-        let now_ms = longrun_core::Clock::now(&longrun_core::SystemClock).0;
-        let started = Instant::now();
-        sql(&mut db, &fill_sql(days, day, now_ms)).await;
-        fill_deliveries(&mut db, day, now_ms, days * day).await;
-        sql(&mut db, "VACUUM ANALYZE").await;
-        sql(&mut db, "CHECKPOINT").await;
-        let mut record = Record::new("retention");
-        record.line(format!(
-            "PostgreSQL, {} ended operations stored ({days} days of {day}, 3 events and a key each) and {} delivered webhooks with their attempt (8 days of {day}), filled in {:.0} s",
-            days * day,
-            8 * day,
-            started.elapsed().as_secs_f64()
-        ));
+    match std::env::var("LONGRUN_RETENTION_STORE").as_deref() {
+        Ok("sqlite") => runtime.block_on(sqlite_day(days, day)),
+        Ok("postgres") | Err(_) => runtime.block_on(postgres_day(days, day)),
+        Ok(other) => panic!("LONGRUN_RETENTION_STORE={other}: postgres or sqlite"),
+    }
+}
 
-        let port = free_port();
-        let metrics_port = free_port();
-        let mut args = vec![
-            "--builtin-workers=true".to_owned(),
-            "--metrics-listen".to_owned(),
-            format!("127.0.0.1:{metrics_port}"),
-        ];
-        args.extend(store.iter().cloned());
-        let server = serve(port, &args).await;
-        let base = format!("http://127.0.0.1:{port}");
-        let http = reqwest::Client::new();
-        let watched = submit(&http, &base, &client, "watched").await["id"]
-            .as_str()
-            .unwrap()
-            .to_owned();
+/// The load: 4 clients submit and 4 read `watched`, each paced at 200
+/// requests a second, every request's end and time kept.
+struct Load {
+    stop: Arc<AtomicBool>,
+    samples: Arc<std::sync::Mutex<Vec<Sample>>>,
+    clients: Vec<tokio::task::JoinHandle<()>>,
+}
 
-        // The oldest day expires in 20 s; the rows this update leaves dead
-        // are vacuumed before anything is measured.
-        let expire_at = longrun_core::Clock::now(&longrun_core::SystemClock).0 + 20_000;
-        sql(&mut db, &format!("UPDATE operations SET expires_at = {expire_at} WHERE seq < {first_hi}")).await;
-        // The server's delivery retention is its default, 7 days.
-        sql(
-            &mut db,
-            &format!(
-                "UPDATE delivery_partitions SET ends_at = {} WHERE name = '{}'",
-                expire_at - 7 * DAY_MS,
-                delivery_day(0)
-            ),
-        )
-        .await;
-        sql(&mut db, "VACUUM ANALYZE operations").await;
-        sql(&mut db, "CHECKPOINT").await;
-
+impl Load {
+    fn start(http: &reqwest::Client, base: &str, client: &str, watched: &str) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let samples: Arc<std::sync::Mutex<Vec<Sample>>> = Arc::default();
-        let mut load = Vec::new();
+        let mut clients = Vec::new();
         for c in 0..8 {
-            let (http, base, client, watched) = (http.clone(), base.clone(), client.clone(), watched.clone());
+            let (http, base, client, watched) = (http.clone(), base.to_owned(), client.to_owned(), watched.to_owned());
             let (stop, samples) = (stop.clone(), samples.clone());
-            load.push(tokio::spawn(async move {
+            clients.push(tokio::spawn(async move {
                 // Paced, 200 requests a second a client: the p99s are the
                 // server's latency at a moderate load, not a saturated
                 // machine's queue.
@@ -267,140 +223,370 @@ fn main() {
                 }
             }));
         }
+        Self { stop, samples, clients }
+    }
 
-        // Watch retention: the oldest day's operations, and its partition.
-        let mut phases: Vec<(Instant, Phase)> = Vec::new();
-        let (mut pass_began, mut pass_ended, mut day_dropped) = (None, None, None);
-        let oldest_day = format!("webhook_deliveries_{}", delivery_day(0));
-        let deadline = Instant::now() + Duration::from_secs(240);
-        loop {
-            let left: i64 = sqlx::query_scalar(&format!("SELECT COUNT(*) FROM operations WHERE seq < {first_hi}"))
-                .fetch_one(&mut db)
-                .await
-                .unwrap();
-            let partition: bool = sqlx::query_scalar("SELECT to_regclass('operation_events_0') IS NOT NULL")
-                .fetch_one(&mut db)
-                .await
-                .unwrap();
-            let phase = if left == day {
-                Phase::Before
-            } else if partition {
-                Phase::During
-            } else {
-                Phase::After
-            };
-            let deliveries_day: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
-                .bind(&oldest_day)
-                .fetch_one(&mut db)
-                .await
-                .unwrap();
-            let now = Instant::now();
-            if !deliveries_day && day_dropped.is_none() {
-                day_dropped = Some(now);
-            }
-            if phase != Phase::Before && pass_began.is_none() {
-                pass_began = Some(now);
-            }
-            if phase == Phase::After && pass_ended.is_none() {
-                pass_ended = Some(now);
-            }
-            phases.push((now, phase));
-            let done = pass_ended.is_some_and(|at| now.duration_since(at) > Duration::from_secs(10)) && day_dropped.is_some();
-            if done || now > deadline {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+    async fn stop(self) -> Vec<Sample> {
+        self.stop.store(true, Ordering::Relaxed);
+        for c in self.clients {
+            c.await.unwrap();
         }
-        stop.store(true, Ordering::Relaxed);
-        for l in load {
-            l.await.unwrap();
-        }
-        // History steps the server left for a later pass (a drop whose lock
-        // was not granted in time), from its own count.
-        let deferred = processes::metric(
-            &http,
-            &format!("127.0.0.1:{metrics_port}"),
-            "longrun_retention_history_deferred_total",
-        )
-        .await;
-        let deliveries_deferred = processes::metric(
-            &http,
-            &format!("127.0.0.1:{metrics_port}"),
-            "longrun_retention_deliveries_deferred_total",
-        )
-        .await;
-        drop(server);
+        std::mem::take(&mut *self.samples.lock().unwrap())
+    }
+}
 
-        let phase_at = |at: Instant| {
-            phases
-                .iter()
-                .take_while(|(t, _)| *t <= at)
-                .last()
-                .map_or(Phase::Before, |(_, p)| *p)
-        };
-        let samples = std::mem::take(&mut *samples.lock().unwrap());
-        record.line(String::new());
-        match (pass_began, pass_ended) {
-            (Some(a), Some(b)) => record.line(format!(
-                "The pass removed {day} operations and dropped their history partition in {:.1} s.",
-                b.duration_since(a).as_secs_f64()
-            )),
-            _ => record.line("The pass did not end within 240 s."),
-        };
+/// The p99 of each path before, during and after the pass, as `phases`
+/// (what was seen when) place each sample.
+fn p99_rows(record: &mut Record, samples: &[Sample], phases: &[(Instant, Phase)]) {
+    let phase_at = |at: Instant| {
+        phases
+            .iter()
+            .take_while(|(t, _)| *t <= at)
+            .last()
+            .map_or(Phase::Before, |(_, p)| *p)
+    };
+    record.line("| p99 (requests), 4 clients of 200/s each | before the pass | during it | after it |");
+    record.line("|---|---|---|---|");
+    for what in ["accept", "GET"] {
+        let mut by_phase = [Vec::new(), Vec::new(), Vec::new()];
+        for (at, w, ms) in samples {
+            if *w == what {
+                by_phase[phase_at(*at) as usize].push(*ms);
+            }
+        }
+        let counts: Vec<usize> = by_phase.iter().map(Vec::len).collect();
+        let [b, d, a] = by_phase.map(|mut v| p99(&mut v));
         record.line(format!(
-            "History steps left for a later pass (`longrun_retention_history_deferred_total`): {deferred}."
+            "| {what} | {b:.1} ms ({}) | {d:.1} ms ({}) | {a:.1} ms ({}) |",
+            counts[0], counts[1], counts[2]
         ));
-        match (pass_began, day_dropped) {
-            (Some(a), Some(b)) => record.line(format!(
-                "The oldest day of deliveries ({day} and their attempts) was dropped {:.1} s after the pass began; steps left for a later pass (`longrun_retention_deliveries_deferred_total`): {deliveries_deferred}.",
-                b.saturating_duration_since(a).as_secs_f64()
-            )),
-            _ => record.line("The oldest day of deliveries was not dropped within 240 s."),
-        };
-        record.line(String::new());
-        record.line("| p99 (requests), 4 clients of 200/s each | before the pass | during it | after it |");
-        record.line("|---|---|---|---|");
-        for what in ["accept", "GET"] {
-            let mut by_phase = [Vec::new(), Vec::new(), Vec::new()];
-            for (at, w, ms) in &samples {
-                if *w == what {
-                    by_phase[phase_at(*at) as usize].push(*ms);
-                }
-            }
-            let counts: Vec<usize> = by_phase.iter().map(Vec::len).collect();
-            let [b, d, a] = by_phase.map(|mut v| p99(&mut v));
-            record.line(format!(
-                "| {what} | {b:.1} ms ({}) | {d:.1} ms ({}) | {a:.1} ms ({}) |",
-                counts[0], counts[1], counts[2]
-            ));
+    }
+}
+
+async fn postgres_day(days: i64, day: i64) {
+    let cluster = match longrun_store::pgtest::start_durable() {
+        Ok(c) => c,
+        Err(why) => {
+            println!("PostgreSQL is not available here ({why}); nothing to measure");
+            return;
         }
-        // The statistics of the last commits reach the views within a second.
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        record.line(String::new());
-        record.line("| table | dead tuples after the pass | live |");
-        record.line("|---|---|---|");
-        // Partitioned tables summed over their partitions.
-        for row in sqlx::query_as::<_, (String, i64, i64)>(
-            "SELECT family, SUM(n_dead_tup)::BIGINT, SUM(n_live_tup)::BIGINT FROM (
-                 SELECT CASE WHEN relname LIKE 'operation_events%' THEN 'operation_events (every partition)'
-                             WHEN relname LIKE 'webhook_deliveries%' THEN 'webhook_deliveries (every partition)'
-                             WHEN relname LIKE 'webhook_attempts%' THEN 'webhook_attempts (every partition)'
-                             ELSE relname::text END AS family, n_dead_tup, n_live_tup
-                   FROM pg_stat_user_tables
-                  WHERE relname IN ('operations', 'idempotency_keys', 'tombstones')
-                     OR relname LIKE 'operation_events%' OR relname LIKE 'webhook_%') t
-              GROUP BY family ORDER BY 2 DESC, 1",
-        )
-        .fetch_all(&mut db)
+    };
+    let url = cluster.database().await;
+    let store = vec!["--database".to_owned(), url.clone()];
+    let (client, _) = prepare(&store);
+    let mut db = PgConnection::connect(&url).await.unwrap();
+    let first_hi: i64 = sqlx::query_scalar("SELECT MAX(hi) FROM history_partitions")
+        .fetch_one(&mut db)
         .await
+        .unwrap();
+    assert_eq!(first_hi, day + 1, "the first partition is one day wide");
+    let now_ms = longrun_core::Clock::now(&longrun_core::SystemClock).0;
+    let started = Instant::now();
+    sql(&mut db, &fill_sql(days, day, now_ms)).await;
+    fill_deliveries(&mut db, day, now_ms, days * day).await;
+    sql(&mut db, "VACUUM ANALYZE").await;
+    sql(&mut db, "CHECKPOINT").await;
+    let mut record = Record::new("retention");
+    record.line(format!(
+        "PostgreSQL, {} ended operations stored ({days} days of {day}, 3 events and a key each) and {} delivered webhooks with their attempt (8 days of {day}), filled in {:.0} s",
+        days * day,
+        8 * day,
+        started.elapsed().as_secs_f64()
+    ));
+
+    let port = free_port();
+    let metrics_port = free_port();
+    let mut args = vec![
+        "--builtin-workers=true".to_owned(),
+        "--metrics-listen".to_owned(),
+        format!("127.0.0.1:{metrics_port}"),
+    ];
+    args.extend(store.iter().cloned());
+    let server = serve(port, &args).await;
+    let base = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    let watched = submit(&http, &base, &client, "watched").await["id"]
+        .as_str()
         .unwrap()
-        {
-            record.line(format!("| {} | {} | {} |", row.0, row.1, row.2));
+        .to_owned();
+
+    // The oldest day expires in 20 s; the rows this update leaves dead
+    // are vacuumed before anything is measured.
+    let expire_at = longrun_core::Clock::now(&longrun_core::SystemClock).0 + 20_000;
+    sql(
+        &mut db,
+        &format!("UPDATE operations SET expires_at = {expire_at} WHERE seq < {first_hi}"),
+    )
+    .await;
+    // The server's delivery retention is its default, 7 days.
+    sql(
+        &mut db,
+        &format!(
+            "UPDATE delivery_partitions SET ends_at = {} WHERE name = '{}'",
+            expire_at - 7 * DAY_MS,
+            delivery_day(0)
+        ),
+    )
+    .await;
+    sql(&mut db, "VACUUM ANALYZE operations").await;
+    sql(&mut db, "CHECKPOINT").await;
+
+    let load = Load::start(&http, &base, &client, &watched);
+
+    // Watch retention: the oldest day's operations, and its partition.
+    let mut phases: Vec<(Instant, Phase)> = Vec::new();
+    let (mut pass_began, mut pass_ended, mut day_dropped) = (None, None, None);
+    let oldest_day = format!("webhook_deliveries_{}", delivery_day(0));
+    let deadline = Instant::now() + Duration::from_secs(240);
+    loop {
+        let left: i64 = sqlx::query_scalar(&format!("SELECT COUNT(*) FROM operations WHERE seq < {first_hi}"))
+            .fetch_one(&mut db)
+            .await
+            .unwrap();
+        let partition: bool = sqlx::query_scalar("SELECT to_regclass('operation_events_0') IS NOT NULL")
+            .fetch_one(&mut db)
+            .await
+            .unwrap();
+        let phase = if left == day {
+            Phase::Before
+        } else if partition {
+            Phase::During
+        } else {
+            Phase::After
+        };
+        let deliveries_day: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+            .bind(&oldest_day)
+            .fetch_one(&mut db)
+            .await
+            .unwrap();
+        let now = Instant::now();
+        if !deliveries_day && day_dropped.is_none() {
+            day_dropped = Some(now);
         }
-        record.line(String::new());
-        record.line("Load from the bench's own process (paced clients, not wrk): the columns compare with each other, not with the peers bench.");
-        if let Some(path) = record.write() {
-            println!("\nrecorded in {}", path.display());
+        if phase != Phase::Before && pass_began.is_none() {
+            pass_began = Some(now);
         }
-    });
+        if phase == Phase::After && pass_ended.is_none() {
+            pass_ended = Some(now);
+        }
+        phases.push((now, phase));
+        let done =
+            pass_ended.is_some_and(|at| now.duration_since(at) > Duration::from_secs(10)) && day_dropped.is_some();
+        if done || now > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let samples = load.stop().await;
+    // History steps the server left for a later pass (a drop whose lock
+    // was not granted in time), from its own count.
+    let deferred = processes::metric(
+        &http,
+        &format!("127.0.0.1:{metrics_port}"),
+        "longrun_retention_history_deferred_total",
+    )
+    .await;
+    let deliveries_deferred = processes::metric(
+        &http,
+        &format!("127.0.0.1:{metrics_port}"),
+        "longrun_retention_deliveries_deferred_total",
+    )
+    .await;
+    drop(server);
+
+    record.line(String::new());
+    match (pass_began, pass_ended) {
+        (Some(a), Some(b)) => record.line(format!(
+            "The pass removed {day} operations and dropped their history partition in {:.1} s.",
+            b.duration_since(a).as_secs_f64()
+        )),
+        _ => record.line("The pass did not end within 240 s."),
+    };
+    record.line(format!(
+        "History steps left for a later pass (`longrun_retention_history_deferred_total`): {deferred}."
+    ));
+    match (pass_began, day_dropped) {
+        (Some(a), Some(b)) => record.line(format!(
+            "The oldest day of deliveries ({day} and their attempts) was dropped {:.1} s after the pass began; steps left for a later pass (`longrun_retention_deliveries_deferred_total`): {deliveries_deferred}.",
+            b.saturating_duration_since(a).as_secs_f64()
+        )),
+        _ => record.line("The oldest day of deliveries was not dropped within 240 s."),
+    };
+    record.line(String::new());
+    p99_rows(&mut record, &samples, &phases);
+    // The statistics of the last commits reach the views within a second.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    record.line(String::new());
+    record.line("| table | dead tuples after the pass | live |");
+    record.line("|---|---|---|");
+    // Partitioned tables summed over their partitions.
+    for row in sqlx::query_as::<_, (String, i64, i64)>(
+        "SELECT family, SUM(n_dead_tup)::BIGINT, SUM(n_live_tup)::BIGINT FROM (
+             SELECT CASE WHEN relname LIKE 'operation_events%' THEN 'operation_events (every partition)'
+                         WHEN relname LIKE 'webhook_deliveries%' THEN 'webhook_deliveries (every partition)'
+                         WHEN relname LIKE 'webhook_attempts%' THEN 'webhook_attempts (every partition)'
+                         ELSE relname::text END AS family, n_dead_tup, n_live_tup
+               FROM pg_stat_user_tables
+              WHERE relname IN ('operations', 'idempotency_keys', 'tombstones')
+                 OR relname LIKE 'operation_events%' OR relname LIKE 'webhook_%') t
+          GROUP BY family ORDER BY 2 DESC, 1",
+    )
+    .fetch_all(&mut db)
+    .await
+    .unwrap()
+    {
+        record.line(format!("| {} | {} | {} |", row.0, row.1, row.2));
+    }
+    record.line(String::new());
+    record.line("Load from the bench's own process (paced clients, not wrk): the columns compare with each other, not with the peers bench.");
+    if let Some(path) = record.write() {
+        println!("\nrecorded in {}", path.display());
+    }
+}
+
+/// `days` of `day` ended operations for SQLite, each with its idempotency
+/// record and three events, written straight into the tables (seq 1 the
+/// oldest), as `fill_sql` writes them for PostgreSQL.
+fn sqlite_fill_sql(days: i64, day: i64, now_ms: i64) -> String {
+    let n = days * day;
+    let series =
+        format!("WITH RECURSIVE g(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM g WHERE i < {n}) SELECT i FROM g");
+    let id = "'op_r' || printf('%025d', i)";
+    let at = format!("({now_ms} - ({n} - i) * 26)");
+    format!(
+        "BEGIN;
+         INSERT INTO operations (id, tenant, kind, state, version, attempt, labels, result, idempotency_key,
+                                 created_at, started_at, completed_at, updated_at, expires_at)
+         SELECT {id}, 'bench', 'noop', 'succeeded', 3, 1, '{{}}', '{{\"ok\":true}}', 'r-' || i,
+                {at}, {at} + 1, {at} + 2, {at} + 2, 4102444800000 FROM ({series});
+         INSERT INTO idempotency_keys (tenant, kind, key, fingerprint, operation_id, created_at)
+         SELECT 'bench', 'noop', 'r-' || i, randomblob(32), {id}, {at} FROM ({series});
+         INSERT INTO operation_events (op_seq, version, type, state, at, data, snapshot)
+         SELECT o.seq, v.n, v.type, v.state, o.created_at + v.n, '{{}}', CASE WHEN v.n < 3 THEN '{{}}' END
+           FROM operations o,
+                (SELECT 1 AS n, 'created' AS type, 'queued' AS state UNION ALL SELECT 2, 'started', 'running'
+                 UNION ALL SELECT 3, 'succeeded', 'succeeded') v
+          WHERE o.id LIKE 'op_r%';
+         COMMIT;
+         ANALYZE;
+         PRAGMA wal_checkpoint(TRUNCATE);"
+    )
+}
+
+/// The file's pages, and of them those on its free list.
+fn sqlite_pages(db: &rusqlite::Connection) -> (i64, i64) {
+    let pages = db.query_row("PRAGMA page_count", [], |r| r.get(0)).unwrap();
+    let free = db.query_row("PRAGMA freelist_count", [], |r| r.get(0)).unwrap();
+    (pages, free)
+}
+
+async fn sqlite_day(days: i64, day: i64) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = vec!["--data-dir".to_owned(), dir.path().display().to_string()];
+    let (client, _) = prepare(&store);
+    let path = dir.path().join("longrun.db");
+    let db = rusqlite::Connection::open(&path).unwrap();
+    db.busy_timeout(Duration::from_secs(10)).unwrap();
+    let now_ms = longrun_core::Clock::now(&longrun_core::SystemClock).0;
+    let started = Instant::now();
+    db.execute_batch(&sqlite_fill_sql(days, day, now_ms)).unwrap();
+    let first: i64 = db
+        .query_row("SELECT MIN(seq) FROM operations WHERE id LIKE 'op_r%'", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    let oldest = first + day; // seq < oldest: the oldest day
+    let mut record = Record::new("retention");
+    record.line(format!(
+        "SQLite, {} ended operations stored ({days} days of {day}, 3 events and a key each), filled in {:.0} s",
+        days * day,
+        started.elapsed().as_secs_f64()
+    ));
+    // The oldest day expires in 20 s; checkpointed, as the fill was,
+    // before anything is measured.
+    let expire_at = longrun_core::Clock::now(&longrun_core::SystemClock).0 + 20_000;
+    db.execute(
+        "UPDATE operations SET expires_at = ?1 WHERE seq >= ?2 AND seq < ?3",
+        (expire_at, first, oldest),
+    )
+    .unwrap();
+    db.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)").unwrap();
+    let (pages_before, free_before) = sqlite_pages(&db);
+
+    let port = free_port();
+    let mut args = vec!["--builtin-workers=true".to_owned()];
+    args.extend(store.iter().cloned());
+    let server = serve(port, &args).await;
+    let base = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    let watched = submit(&http, &base, &client, "watched").await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    let load = Load::start(&http, &base, &client, &watched);
+    // Watch retention: the oldest day's operations.
+    let mut phases: Vec<(Instant, Phase)> = Vec::new();
+    let (mut pass_began, mut pass_ended) = (None, None);
+    let deadline = Instant::now() + Duration::from_secs(240);
+    loop {
+        let left: i64 = db
+            .query_row(
+                "SELECT COUNT(*) FROM operations WHERE seq >= ?1 AND seq < ?2",
+                (first, oldest),
+                |r| r.get(0),
+            )
+            .unwrap();
+        let phase = match left {
+            l if l == day => Phase::Before,
+            0 => Phase::After,
+            _ => Phase::During,
+        };
+        let now = Instant::now();
+        if phase != Phase::Before && pass_began.is_none() {
+            pass_began = Some(now);
+        }
+        if phase == Phase::After && pass_ended.is_none() {
+            pass_ended = Some(now);
+        }
+        phases.push((now, phase));
+        if pass_ended.is_some_and(|at| now.duration_since(at) > Duration::from_secs(10)) || now > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let samples = load.stop().await;
+    drop(server);
+
+    record.line(String::new());
+    match (pass_began, pass_ended) {
+        (Some(a), Some(b)) => record.line(format!(
+            "The pass removed {day} operations (their rows and events; a tombstone each) in {:.1} s.",
+            b.duration_since(a).as_secs_f64()
+        )),
+        _ => record.line("The pass did not end within 240 s."),
+    };
+    record.line(String::new());
+    p99_rows(&mut record, &samples, &phases);
+    let (pages_after, free_after) = sqlite_pages(&db);
+    let events: i64 = db
+        .query_row(
+            "SELECT COUNT(*) FROM operation_events WHERE op_seq >= ?1 AND op_seq < ?2",
+            (first, oldest),
+            |r| r.get(0),
+        )
+        .unwrap();
+    record.line(String::new());
+    record.line("| the file | before the pass | after it |");
+    record.line("|---|---|---|");
+    record.line(format!("| pages | {pages_before} | {pages_after} |"));
+    record.line(format!(
+        "| of them free (reused by later writes, no vacuum) | {free_before} | {free_after} |"
+    ));
+    record.line(format!("| the day's events left | {} | {events} |", 3 * day));
+    record.line(String::new());
+    record.line("Load from the bench's own process (paced clients, not wrk): the columns compare with each other, not with the peers bench.");
+    if let Some(path) = record.write() {
+        println!("\nrecorded in {}", path.display());
+    }
 }
