@@ -116,6 +116,7 @@ macro_rules! store_conformance {
             racing_intents_end_as_one_order_of_them_would,
             retention_expires_results_removes_operations_and_buries_tombstones,
             a_sweep_removes_what_is_due_a_batch_at_a_time,
+            a_sweep_larger_than_a_step_removes_up_to_its_limit,
             deleting_a_tenant_leaves_nothing_of_it,
             state_machine_matches_the_reference_model,
             a_batch_of_submissions_answers_each_alone,

@@ -218,6 +218,11 @@ pub struct PostgresStore {
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
 
 impl PostgresStore {
+    /// Rows of each retention phase a transaction handles: all of a
+    /// sweep's. Concurrent writes wait for none of its row locks (they are
+    /// of expired work), so a pass is not cut into more statements.
+    pub(crate) const RETENTION_STEP: u32 = u32::MAX;
+
     /// Connects and applies the schema if the database has none yet.
     pub async fn open(config: PostgresConfig) -> Result<Self> {
         let options: PgConnectOptions = config.url.parse().map_err(db)?;

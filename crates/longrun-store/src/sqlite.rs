@@ -137,6 +137,10 @@ pub struct SqliteStore {
 }
 
 impl SqliteStore {
+    /// Rows of each retention phase a writer job handles (see
+    /// `plan::retention::steps`).
+    pub(crate) const RETENTION_STEP: u32 = 100;
+
     /// Opens (creating if needed) the database and applies migrations.
     pub fn open(config: SqliteConfig) -> Result<Self> {
         if let Some(dir) = config.path.parent() {

@@ -183,6 +183,38 @@ pub async fn a_sweep_removes_what_is_due_a_batch_at_a_time(store: &dyn Store) {
     assert_eq!(get(store, &waiting).await.state, State::Queued, "work not due stays");
 }
 
+/// A sweep removes up to its limit however the store steps through it
+/// (SQLite a writer job per 100 rows a phase, PostgreSQL one transaction):
+/// 250 due, a sweep of 150 removes 150 and one of 500 the other 100.
+pub async fn a_sweep_larger_than_a_step_removes_up_to_its_limit(store: &dyn Store) {
+    let params: Vec<AcceptParams> = (0..250)
+        .map(|_| accept_params("t1", "stepped", None, json!({})))
+        .collect();
+    for accepted in store.operation_accept_many(params).await {
+        assert!(matches!(accepted, Ok(AcceptOutcome::Created(_))), "{accepted:?}");
+    }
+    let tasks = claim(store, "stepped", 250, at(1)).await;
+    assert_eq!(tasks.len(), 250);
+    let outcomes = tasks
+        .iter()
+        .map(|task| finish(task, Outcome::Succeeded { result: None }, at(2)))
+        .collect();
+    let ended = store.task_finish_many(outcomes).await;
+    let expiry = ended[0].as_ref().unwrap().expires_at.unwrap();
+    let sweep_of = |limit| RetentionParams { limit, ..sweep(expiry) };
+    let first = store.retention_sweep(sweep_of(150)).await.unwrap();
+    assert_eq!((first.operations_removed, first.tombstones_removed), (150, 0));
+    let second = store.retention_sweep(sweep_of(500)).await.unwrap();
+    assert_eq!(second.operations_removed, 100, "the rest, though past one step");
+    assert_eq!(
+        store.retention_sweep(sweep_of(500)).await.unwrap(),
+        RetentionCounts::default()
+    );
+    for task in &tasks {
+        assert!(store.operation_get("t1", &task.operation_id).await.unwrap().is_none());
+    }
+}
+
 pub async fn deleting_a_tenant_leaves_nothing_of_it(store: &dyn Store) {
     let key = NewApiKey::generate();
     store

@@ -84,6 +84,30 @@ fn tombstone_of(op: &Expiring, window: Duration) -> Tombstone {
     }
 }
 
+/// The limits of the steps a sweep of `limit` rows a phase is taken in:
+/// `step` each, the rest last (one step of `limit` where `step` is not
+/// smaller). A store with one writer takes a pass in short steps: on
+/// SQLite a step of 500 expired operations held the writer, and every
+/// submission queued behind it, ~7 ms (`retention_load`, SQLite).
+pub(crate) fn steps(limit: u32, step: u32) -> impl Iterator<Item = u32> {
+    let step = step.clamp(1, limit.max(1));
+    (0..limit.div_ceil(step)).map(move |i| step.min(limit - i * step))
+}
+
+/// Whether a step that removed `counts` with `limit` rows a phase may have
+/// left some due: a phase used all of its rows.
+pub(crate) fn more_due(counts: &RetentionCounts, limit: u32) -> bool {
+    let limit = u64::from(limit);
+    [
+        counts.results_expired,
+        counts.operations_removed,
+        counts.tombstones_removed,
+        counts.deliveries_removed,
+        counts.uploads_removed,
+    ]
+    .contains(&limit)
+}
+
 /// One batched, idempotent pass (see `Store::retention_sweep`): each phase
 /// handles at most `limit` rows.
 pub(crate) async fn retention_sweep<D: Driver>(d: &mut D, p: &RetentionParams) -> Result<RetentionCounts> {
@@ -200,6 +224,29 @@ pub(crate) async fn tenant_delete<D: Driver>(d: &mut D, tenant: &str, now: Times
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sweep_is_taken_in_steps_that_add_up_to_its_limit() {
+        let of = |limit, step| steps(limit, step).collect::<Vec<u32>>();
+        assert_eq!(of(500, 100), [100; 5]);
+        assert_eq!(of(250, 100), [100, 100, 50]);
+        assert_eq!(of(500, u32::MAX), [500]);
+        assert_eq!(of(7, 0), [1; 7]);
+        assert!(of(0, 100).is_empty());
+    }
+
+    #[test]
+    fn a_step_that_filled_any_phase_may_have_left_more_due() {
+        let removed = |operations_removed, tombstones_removed| RetentionCounts {
+            operations_removed,
+            tombstones_removed,
+            ..RetentionCounts::default()
+        };
+        assert!(more_due(&removed(100, 0), 100));
+        assert!(more_due(&removed(3, 100), 100));
+        assert!(!more_due(&removed(99, 99), 100));
+        assert!(!more_due(&RetentionCounts::default(), 100));
+    }
 
     #[test]
     fn a_tombstone_window_counts_from_the_expiry_and_keeps_the_key() {

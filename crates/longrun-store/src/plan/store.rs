@@ -77,8 +77,21 @@ macro_rules! impl_store {
                 $run!(self, |d| crate::plan::uploads::artifact_pieces(d, &id, &token, &name).await)
             }
 
+            /// In steps of at most the store's `RETENTION_STEP` rows of each
+            /// phase, each a transaction (on SQLite a writer job) of its own,
+            /// so that the writes queued behind a step wait for no more than
+            /// one (`plan::retention::steps`).
             async fn retention_sweep(&self, params: crate::RetentionParams) -> crate::Result<crate::RetentionCounts> {
-                $run!(self, |d| crate::plan::retention::retention_sweep(d, &params).await)
+                let mut counts = crate::RetentionCounts::default();
+                for limit in crate::plan::retention::steps(params.limit, <$store>::RETENTION_STEP) {
+                    let p = crate::RetentionParams { limit, ..params.clone() };
+                    let step = $run!(self, |d| crate::plan::retention::retention_sweep(d, &p).await)?;
+                    counts += step;
+                    if !crate::plan::retention::more_due(&step, limit) {
+                        break;
+                    }
+                }
+                Ok(counts)
             }
 
             async fn tenant_delete(
