@@ -7,7 +7,8 @@
 //! `LONGRUN_RETENTION_DAYS`, default 30; `LONGRUN_RETENTION_DAY`, the
 //! operations of one day, default 100,000 — the width of the PostgreSQL
 //! store's first history partition, so that the oldest day is exactly that
-//! partition).
+//! partition; ten million stored: `LONGRUN_RETENTION_DAYS=100` on
+//! PostgreSQL, `LONGRUN_RETENTION_DAY=333334` on SQLite).
 //!
 //! The store is filled with SQL as thirty days of ended operations (each
 //! with its idempotency record and three events; on PostgreSQL every later
