@@ -154,6 +154,27 @@ async fn submit(http: &reqwest::Client, base: &str, token: &str, key: &str) -> V
     answer.json().await.unwrap()
 }
 
+/// A release `longrun serve` on `store` (built-in workers on, `more`
+/// arguments), its base URL, a client, and the id of the one operation the
+/// load's readers poll.
+async fn serve_watched(
+    port: u16,
+    store: &[String],
+    client: &str,
+    more: &[String],
+) -> (tokio::process::Child, String, reqwest::Client, String) {
+    let mut args = vec!["--builtin-workers=true".to_owned()];
+    args.extend(more.iter().chain(store).cloned());
+    let server = serve(port, &args).await;
+    let base = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    let watched = submit(&http, &base, client, "watched").await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    (server, base, http, watched)
+}
+
 /// When a request ended, which path, and its time in milliseconds.
 type Sample = (Instant, &'static str, f64);
 
@@ -264,6 +285,57 @@ fn p99_rows(record: &mut Record, samples: &[Sample], phases: &[(Instant, Phase)]
     }
 }
 
+/// What retention was doing when, as the bench's looks at the store saw
+/// it (every 100 ms), and when the pass began and ended.
+struct Watch {
+    phases: Vec<(Instant, Phase)>,
+    began: Option<Instant>,
+    ended: Option<Instant>,
+    deadline: Instant,
+}
+
+impl Watch {
+    fn new() -> Self {
+        Self {
+            phases: Vec::new(),
+            began: None,
+            ended: None,
+            deadline: Instant::now() + Duration::from_secs(240),
+        }
+    }
+
+    /// Notes `phase`, seen now.
+    fn saw(&mut self, phase: Phase) -> Instant {
+        let now = Instant::now();
+        if phase != Phase::Before && self.began.is_none() {
+            self.began = Some(now);
+        }
+        if phase == Phase::After && self.ended.is_none() {
+            self.ended = Some(now);
+        }
+        self.phases.push((now, phase));
+        now
+    }
+
+    /// The pass ended 10 s ago (the load's p99 after it), or it is too late.
+    fn done(&self, now: Instant) -> bool {
+        self.ended
+            .is_some_and(|at| now.duration_since(at) > Duration::from_secs(10))
+            || now > self.deadline
+    }
+
+    /// The record's line on the pass: `removed` what, in how long.
+    fn pass_line(&self, removed: &str) -> String {
+        match (self.began, self.ended) {
+            (Some(a), Some(b)) => format!(
+                "The pass removed {removed} in {:.1} s.",
+                b.duration_since(a).as_secs_f64()
+            ),
+            _ => "The pass did not end within 240 s.".to_owned(),
+        }
+    }
+}
+
 async fn postgres_day(days: i64, day: i64) {
     let cluster = match longrun_store::pgtest::start_durable() {
         Ok(c) => c,
@@ -297,19 +369,8 @@ async fn postgres_day(days: i64, day: i64) {
 
     let port = free_port();
     let metrics_port = free_port();
-    let mut args = vec![
-        "--builtin-workers=true".to_owned(),
-        "--metrics-listen".to_owned(),
-        format!("127.0.0.1:{metrics_port}"),
-    ];
-    args.extend(store.iter().cloned());
-    let server = serve(port, &args).await;
-    let base = format!("http://127.0.0.1:{port}");
-    let http = reqwest::Client::new();
-    let watched = submit(&http, &base, &client, "watched").await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let metrics = ["--metrics-listen".to_owned(), format!("127.0.0.1:{metrics_port}")];
+    let (server, base, http, watched) = serve_watched(port, &store, &client, &metrics).await;
 
     // The oldest day expires in 20 s; the rows this update leaves dead
     // are vacuumed before anything is measured.
@@ -335,10 +396,9 @@ async fn postgres_day(days: i64, day: i64) {
     let load = Load::start(&http, &base, &client, &watched);
 
     // Watch retention: the oldest day's operations, and its partition.
-    let mut phases: Vec<(Instant, Phase)> = Vec::new();
-    let (mut pass_began, mut pass_ended, mut day_dropped) = (None, None, None);
+    let mut watch = Watch::new();
+    let mut day_dropped = None;
     let oldest_day = format!("webhook_deliveries_{}", delivery_day(0));
-    let deadline = Instant::now() + Duration::from_secs(240);
     loop {
         let left: i64 = sqlx::query_scalar(&format!("SELECT COUNT(*) FROM operations WHERE seq < {first_hi}"))
             .fetch_one(&mut db)
@@ -360,20 +420,11 @@ async fn postgres_day(days: i64, day: i64) {
             .fetch_one(&mut db)
             .await
             .unwrap();
-        let now = Instant::now();
+        let now = watch.saw(phase);
         if !deliveries_day && day_dropped.is_none() {
             day_dropped = Some(now);
         }
-        if phase != Phase::Before && pass_began.is_none() {
-            pass_began = Some(now);
-        }
-        if phase == Phase::After && pass_ended.is_none() {
-            pass_ended = Some(now);
-        }
-        phases.push((now, phase));
-        let done =
-            pass_ended.is_some_and(|at| now.duration_since(at) > Duration::from_secs(10)) && day_dropped.is_some();
-        if done || now > deadline {
+        if watch.done(now) && (day_dropped.is_some() || now > watch.deadline) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -396,17 +447,11 @@ async fn postgres_day(days: i64, day: i64) {
     drop(server);
 
     record.line(String::new());
-    match (pass_began, pass_ended) {
-        (Some(a), Some(b)) => record.line(format!(
-            "The pass removed {day} operations and dropped their history partition in {:.1} s.",
-            b.duration_since(a).as_secs_f64()
-        )),
-        _ => record.line("The pass did not end within 240 s."),
-    };
+    record.line(watch.pass_line(&format!("{day} operations and dropped their history partition")));
     record.line(format!(
         "History steps left for a later pass (`longrun_retention_history_deferred_total`): {deferred}."
     ));
-    match (pass_began, day_dropped) {
+    match (watch.began, day_dropped) {
         (Some(a), Some(b)) => record.line(format!(
             "The oldest day of deliveries ({day} and their attempts) was dropped {:.1} s after the pass began; steps left for a later pass (`longrun_retention_deliveries_deferred_total`): {deliveries_deferred}.",
             b.saturating_duration_since(a).as_secs_f64()
@@ -414,7 +459,7 @@ async fn postgres_day(days: i64, day: i64) {
         _ => record.line("The oldest day of deliveries was not dropped within 240 s."),
     };
     record.line(String::new());
-    p99_rows(&mut record, &samples, &phases);
+    p99_rows(&mut record, &samples, &watch.phases);
     // The statistics of the last commits reach the views within a second.
     tokio::time::sleep(Duration::from_secs(2)).await;
     record.line(String::new());
@@ -515,21 +560,11 @@ async fn sqlite_day(days: i64, day: i64) {
     let (pages_before, free_before) = sqlite_pages(&db);
 
     let port = free_port();
-    let mut args = vec!["--builtin-workers=true".to_owned()];
-    args.extend(store.iter().cloned());
-    let server = serve(port, &args).await;
-    let base = format!("http://127.0.0.1:{port}");
-    let http = reqwest::Client::new();
-    let watched = submit(&http, &base, &client, "watched").await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let (server, base, http, watched) = serve_watched(port, &store, &client, &[]).await;
 
     let load = Load::start(&http, &base, &client, &watched);
     // Watch retention: the oldest day's operations.
-    let mut phases: Vec<(Instant, Phase)> = Vec::new();
-    let (mut pass_began, mut pass_ended) = (None, None);
-    let deadline = Instant::now() + Duration::from_secs(240);
+    let mut watch = Watch::new();
     loop {
         let left: i64 = db
             .query_row(
@@ -543,15 +578,8 @@ async fn sqlite_day(days: i64, day: i64) {
             0 => Phase::After,
             _ => Phase::During,
         };
-        let now = Instant::now();
-        if phase != Phase::Before && pass_began.is_none() {
-            pass_began = Some(now);
-        }
-        if phase == Phase::After && pass_ended.is_none() {
-            pass_ended = Some(now);
-        }
-        phases.push((now, phase));
-        if pass_ended.is_some_and(|at| now.duration_since(at) > Duration::from_secs(10)) || now > deadline {
+        let now = watch.saw(phase);
+        if watch.done(now) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -560,15 +588,9 @@ async fn sqlite_day(days: i64, day: i64) {
     drop(server);
 
     record.line(String::new());
-    match (pass_began, pass_ended) {
-        (Some(a), Some(b)) => record.line(format!(
-            "The pass removed {day} operations (their rows and events; a tombstone each) in {:.1} s.",
-            b.duration_since(a).as_secs_f64()
-        )),
-        _ => record.line("The pass did not end within 240 s."),
-    };
+    record.line(watch.pass_line(&format!("{day} operations (their rows and events; a tombstone each)")));
     record.line(String::new());
-    p99_rows(&mut record, &samples, &phases);
+    p99_rows(&mut record, &samples, &watch.phases);
     let (pages_after, free_after) = sqlite_pages(&db);
     let events: i64 = db
         .query_row(
