@@ -286,11 +286,9 @@ fn p99_rows(record: &mut Record, samples: &[Sample], phases: &[(Instant, Phase)]
 }
 
 /// What retention was doing when, as the bench's looks at the store saw
-/// it (every 100 ms), and when the pass began and ended.
+/// it (every 100 ms).
 struct Watch {
     phases: Vec<(Instant, Phase)>,
-    began: Option<Instant>,
-    ended: Option<Instant>,
     deadline: Instant,
 }
 
@@ -298,8 +296,6 @@ impl Watch {
     fn new() -> Self {
         Self {
             phases: Vec::new(),
-            began: None,
-            ended: None,
             deadline: Instant::now() + Duration::from_secs(240),
         }
     }
@@ -307,26 +303,25 @@ impl Watch {
     /// Notes `phase`, seen now.
     fn saw(&mut self, phase: Phase) -> Instant {
         let now = Instant::now();
-        if phase != Phase::Before && self.began.is_none() {
-            self.began = Some(now);
-        }
-        if phase == Phase::After && self.ended.is_none() {
-            self.ended = Some(now);
-        }
         self.phases.push((now, phase));
         now
     }
 
-    /// The pass ended 10 s ago (the load's p99 after it), or it is too late.
-    fn done(&self, now: Instant) -> bool {
-        self.ended
+    /// When a phase other than `Before` was first seen (`During`: the pass
+    /// began; `After`: it ended).
+    fn first(&self, past: Phase) -> Option<Instant> {
+        self.phases.iter().find(|(_, p)| *p >= past).map(|(at, _)| *at)
+    }
+
+    /// The pass ended 10 s ago: the load's p99 after it is measured.
+    fn settled(&self, now: Instant) -> bool {
+        self.first(Phase::After)
             .is_some_and(|at| now.duration_since(at) > Duration::from_secs(10))
-            || now > self.deadline
     }
 
     /// The record's line on the pass: `removed` what, in how long.
     fn pass_line(&self, removed: &str) -> String {
-        match (self.began, self.ended) {
+        match (self.first(Phase::During), self.first(Phase::After)) {
             (Some(a), Some(b)) => format!(
                 "The pass removed {removed} in {:.1} s.",
                 b.duration_since(a).as_secs_f64()
@@ -424,7 +419,7 @@ async fn postgres_day(days: i64, day: i64) {
         if !deliveries_day && day_dropped.is_none() {
             day_dropped = Some(now);
         }
-        if watch.done(now) && (day_dropped.is_some() || now > watch.deadline) {
+        if now > watch.deadline || (watch.settled(now) && day_dropped.is_some()) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -451,7 +446,7 @@ async fn postgres_day(days: i64, day: i64) {
     record.line(format!(
         "History steps left for a later pass (`longrun_retention_history_deferred_total`): {deferred}."
     ));
-    match (watch.began, day_dropped) {
+    match (watch.first(Phase::During), day_dropped) {
         (Some(a), Some(b)) => record.line(format!(
             "The oldest day of deliveries ({day} and their attempts) was dropped {:.1} s after the pass began; steps left for a later pass (`longrun_retention_deliveries_deferred_total`): {deliveries_deferred}.",
             b.saturating_duration_since(a).as_secs_f64()
@@ -579,7 +574,7 @@ async fn sqlite_day(days: i64, day: i64) {
             _ => Phase::During,
         };
         let now = watch.saw(phase);
-        if watch.done(now) {
+        if now > watch.deadline || watch.settled(now) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
