@@ -65,29 +65,41 @@ impl NewApiKey {
     }
 }
 
-/// A presented token split into the id to look up and the secret to check.
-#[derive(Debug)]
-pub struct PresentedKey {
+/// A presented token split into the id to look up and the secret to check
+/// (borrowed from the request: the secret is never copied, and never
+/// printed: `Debug` shows the id alone).
+pub struct PresentedKey<'a> {
     /// The id to look the key up by.
     pub id: Id,
-    secret: String,
+    secret: &'a str,
 }
 
-impl PresentedKey {
+impl std::fmt::Debug for PresentedKey<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PresentedKey")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> PresentedKey<'a> {
     /// Splits a bearer token; `None` if it is not shaped like a key.
-    pub fn parse(token: &str) -> Option<Self> {
+    pub fn parse(token: &'a str) -> Option<Self> {
         let rest = token.strip_prefix(PREFIX)?;
         let (body, secret) = rest.split_once('_')?;
-        let id = Id::parse(IdKind::ApiKey, &format!("key_{body}"))?;
-        (!secret.is_empty() && secret.len() <= 128).then(|| Self {
-            id,
-            secret: secret.to_owned(),
-        })
+        if secret.is_empty() || secret.len() > 128 {
+            return None;
+        }
+        let mut id = String::with_capacity("key_".len() + body.len());
+        id.push_str("key_");
+        id.push_str(body);
+        let id = Id::parse_owned(IdKind::ApiKey, id)?;
+        Some(Self { id, secret })
     }
 
     /// Constant-time check against a stored hash.
     pub fn verify(&self, stored_hash: &[u8]) -> bool {
-        hash_secret(&self.secret).as_slice().ct_eq(stored_hash).into()
+        hash_secret(self.secret).as_slice().ct_eq(stored_hash).into()
     }
 }
 
@@ -110,6 +122,15 @@ mod tests {
         let last = tampered.pop().unwrap();
         tampered.push(if last == 'a' { 'b' } else { 'a' });
         assert!(!PresentedKey::parse(&tampered).unwrap().verify(&key.secret_hash));
+    }
+
+    #[test]
+    fn a_presented_key_never_prints_its_secret() {
+        let key = NewApiKey::generate();
+        let secret = key.token.rsplit('_').next().unwrap();
+        let printed = format!("{:?}", PresentedKey::parse(&key.token).unwrap());
+        assert!(printed.contains(key.id.as_str()), "{printed}");
+        assert!(!printed.contains(secret), "{printed}");
     }
 
     #[test]

@@ -109,12 +109,22 @@ impl Id {
     /// Accepts only what [`Id::generate`] could have produced for `kind`,
     /// so malformed ids are rejected before any lookup.
     pub fn parse(kind: IdKind, s: &str) -> Option<Self> {
-        let body = s.strip_prefix(kind.prefix())?.strip_prefix('_')?;
-        let well_formed = (body.len() == BODY_LEN || body.len() == OLD_BODY_LEN)
+        Self::well_formed(kind, s).then(|| Self(s.to_owned()))
+    }
+
+    /// [`Id::parse`] of text the caller owns, kept without a copy.
+    pub fn parse_owned(kind: IdKind, s: String) -> Option<Self> {
+        Self::well_formed(kind, &s).then_some(Self(s))
+    }
+
+    fn well_formed(kind: IdKind, s: &str) -> bool {
+        let Some(body) = s.strip_prefix(kind.prefix()).and_then(|s| s.strip_prefix('_')) else {
+            return false;
+        };
+        (body.len() == BODY_LEN || body.len() == OLD_BODY_LEN)
             && body
                 .bytes()
-                .all(|b| b.is_ascii_lowercase() || (b'2'..=b'7').contains(&b));
-        well_formed.then(|| Self(s.to_owned()))
+                .all(|b| b.is_ascii_lowercase() || (b'2'..=b'7').contains(&b))
     }
 
     /// Wraps a value read back from our own storage.
@@ -172,6 +182,11 @@ mod tests {
         assert_eq!(a.as_str().len(), 3 + BODY_LEN);
         assert_eq!(Id::parse(IdKind::Operation, a.as_str()), Some(a.clone()));
         assert_eq!(Id::parse(IdKind::Result, a.as_str()), None);
+        assert_eq!(
+            Id::parse_owned(IdKind::Operation, a.as_str().to_owned()),
+            Some(a.clone())
+        );
+        assert_eq!(Id::parse_owned(IdKind::Result, a.into_string()), None);
     }
 
     #[test]

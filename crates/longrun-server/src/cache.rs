@@ -2,6 +2,7 @@
 //! declarations, tenant limits) that other processes may change: a change is
 //! seen within the TTL.
 
+use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::Mutex;
@@ -22,7 +23,11 @@ impl<K: Eq + Hash + Clone, V: Clone> TtlCache<K, V> {
         }
     }
 
-    pub fn get(&self, key: &K) -> Option<V> {
+    pub fn get<Q>(&self, key: &Q) -> Option<V>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         let entries = self.entries.lock().expect("cache poisoned");
         entries
             .get(key)
@@ -48,8 +53,12 @@ impl<K: Eq + Hash + Clone, V: Clone> TtlCache<K, V> {
     }
 
     /// The cached value, or the one `load` reads (then cached).
-    pub async fn get_or_load<E, F, Fut>(&self, key: &K, load: F) -> Result<V, E>
+    /// Looked up by a borrowed key (`&str` for a `String` key), which is
+    /// copied only when the value is loaded: a hit allocates nothing.
+    pub async fn get_or_load<Q, E, F, Fut>(&self, key: &Q, load: F) -> Result<V, E>
     where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
         F: FnOnce() -> Fut,
         Fut: std::future::Future<Output = Result<V, E>>,
     {
@@ -57,7 +66,7 @@ impl<K: Eq + Hash + Clone, V: Clone> TtlCache<K, V> {
             return Ok(v);
         }
         let v = load().await?;
-        self.put(key.clone(), v.clone());
+        self.put(key.to_owned(), v.clone());
         Ok(v)
     }
 }

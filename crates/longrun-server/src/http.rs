@@ -50,6 +50,10 @@ impl RequestId {
 
 const PROBLEM_JSON: &str = "application/problem+json";
 
+/// The response header every answer carries (a name parsed once, not per
+/// response).
+const X_REQUEST_ID: header::HeaderName = header::HeaderName::from_static("x-request-id");
+
 /// Outermost middleware: gives every request an id, logs it, sheds it when
 /// the server is full, and makes every error response a problem+json body
 /// carrying that id.
@@ -134,7 +138,7 @@ where
         headers.remove(header::CONTENT_LENGTH);
         *response.body_mut() = Body::from(body);
     }
-    response.headers_mut().insert("x-request-id", request_id.0.clone());
+    response.headers_mut().insert(X_REQUEST_ID, request_id.0.clone());
 
     let class = usize::from(status.as_u16() / 100).clamp(1, 5) - 1;
     metrics.responses[class].increment(1);

@@ -43,7 +43,7 @@ impl Failure {
 /// unknown id costs nothing but a set lookup.
 pub async fn authenticate(
     state: &AppState,
-    presented: Option<PresentedKey>,
+    presented: Option<PresentedKey<'_>>,
     source: impl FnOnce() -> Option<std::net::IpAddr>,
 ) -> Result<ApiKeyRecord, ApiError> {
     let failure = match &presented {

@@ -219,15 +219,13 @@ impl AppState {
     /// The declaration of `kind`; `longrun kinds set` from another process is
     /// seen within a few seconds.
     pub async fn kind_spec(&self, kind: &str) -> Result<Option<KindSpec>, StoreError> {
-        self.kinds
-            .get_or_load(&kind.to_owned(), || self.store.kind_get(kind))
-            .await
+        self.kinds.get_or_load(kind, || self.store.kind_get(kind)).await
     }
 
     /// The kind's median duration to success, refreshed every 5 s.
     pub async fn typical_duration(&self, kind: &str) -> Result<Option<Duration>, StoreError> {
         self.typical
-            .get_or_load(&kind.to_owned(), || self.store.kind_typical_duration(kind))
+            .get_or_load(kind, || self.store.kind_typical_duration(kind))
             .await
     }
 
@@ -334,9 +332,7 @@ impl AppState {
 
     /// The tenant's quotas (cached briefly).
     pub(crate) async fn tenant_limits(&self, tenant: &str) -> Result<Option<TenantLimits>, StoreError> {
-        self.tenants
-            .get_or_load(&tenant.to_owned(), || self.store.tenant_get(tenant))
-            .await
+        self.tenants.get_or_load(tenant, || self.store.tenant_get(tenant)).await
     }
 
     /// Applies the tenant's request rate, if it has one.

@@ -64,7 +64,7 @@ impl FromRequestParts<AppState> for Caller {
 }
 
 /// The bearer key of the request, if it has one that parses.
-fn presented_key(parts: &Parts) -> Option<PresentedKey> {
+fn presented_key(parts: &Parts) -> Option<PresentedKey<'_>> {
     let header = parts.headers.get(AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = header.split_once(' ')?;
     if !scheme.eq_ignore_ascii_case("bearer") {

@@ -82,8 +82,33 @@ fn parse_operation_id(raw: &str) -> Result<Id, ApiError> {
     Id::parse(IdKind::Operation, raw).ok_or(ApiError::NotFound)
 }
 
+/// [`parse_operation_id`] of the path's own copy, kept as the id.
+fn operation_id(raw: String) -> Result<Id, ApiError> {
+    Id::parse_owned(IdKind::Operation, raw).ok_or(ApiError::NotFound)
+}
+
 pub fn etag(version: i64) -> HeaderValue {
-    HeaderValue::from_str(&format!("\"{version}\"")).expect("an integer ETag is a valid header")
+    // Written into a buffer on the stack: `format!` would allocate a string
+    // only to have the header copy it (every GET of an operation sends one).
+    let mut digits = [0u8; 22];
+    let mut at = digits.len() - 1;
+    digits[at] = b'"';
+    let mut n = version.unsigned_abs();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    if version < 0 {
+        at -= 1;
+        digits[at] = b'-';
+    }
+    at -= 1;
+    digits[at] = b'"';
+    HeaderValue::from_bytes(&digits[at..]).expect("an integer ETag is a valid header")
 }
 
 /// Versions named by `If-None-Match` / `If-Match` (`*` matches any).
@@ -487,7 +512,7 @@ async fn read(
     conditions: ReadConditions,
 ) -> Result<Response, ApiError> {
     caller.require_client()?;
-    let id = parse_operation_id(&id)?;
+    let id = operation_id(id)?;
     let ReadConditions {
         wait,
         seen_tags,
@@ -703,6 +728,13 @@ async fn deliveries(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_etag_is_the_version_in_quotes() {
+        for version in [0, 1, 9, 10, 42, 1_000_007, i64::MAX, -1, i64::MIN] {
+            assert_eq!(etag(version).to_str().unwrap(), format!("\"{version}\""));
+        }
+    }
 
     #[test]
     fn entity_tag_lists() {
