@@ -368,8 +368,9 @@ pub async fn add_link_key(store: &dyn Store, clock: &dyn Clock) -> anyhow::Resul
 async fn wake_claimers(mut feed: tokio::sync::broadcast::Receiver<longrun_store::Change>, signals: Signals) {
     loop {
         match feed.recv().await {
-            Ok(change) if change.is_resync() || matches!(change.event_type.as_str(), "created" | "retry_scheduled") => {
-                signals.work_available()
+            Ok(change) if change.is_resync() => signals.work_available(),
+            Ok(change) if matches!(change.event_type.as_str(), "created" | "retry_scheduled") => {
+                signals.work_available_of(&change.kind)
             }
             Ok(_) => {}
             Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => signals.work_available(),

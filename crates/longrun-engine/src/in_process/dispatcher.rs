@@ -221,8 +221,9 @@ impl Dispatcher {
         // never merely because a cycle ended (an idle dispatcher would claim
         // in a loop).
         let mut wanted = true;
+        let kinds: Arc<[String]> = this.registry.kinds().into();
         loop {
-            let mut work = this.signals.watch_work();
+            let mut work = this.signals.watch_work_of(kinds.clone());
             if wanted && cycles.len() < CYCLES_IN_FLIGHT {
                 gather(&mut pending, &mut outcomes);
                 let (this, outcomes) = (this.clone(), std::mem::take(&mut outcomes));

@@ -18,9 +18,30 @@ pub struct Signals {
 }
 
 struct Inner {
-    /// Bumped whenever work may have become claimable; every waiter wakes.
+    /// Bumped whenever work may have become claimable; every waiter looks
+    /// at `moved` to see whether it was work it claims.
     work: watch::Sender<u64>,
+    moved: Mutex<Moved>,
     running: Mutex<HashMap<Id, Arc<StopFlags>>>,
+}
+
+/// Signals of new work so far: of any kind, and of each kind named.
+/// Counts only grow, so a waiter that saw them once sees any new one.
+#[derive(Default)]
+struct Moved {
+    any: u64,
+    of_kind: HashMap<String, u64>,
+}
+
+impl Moved {
+    /// What a claimer of `kinds` has to look at (all kinds when `None`).
+    fn seen(&self, kinds: Option<&[String]>) -> (u64, u64) {
+        let of_kinds = match kinds {
+            None => self.of_kind.values().sum(),
+            Some(kinds) => kinds.iter().filter_map(|k| self.of_kind.get(k)).sum(),
+        };
+        (self.any, of_kinds)
+    }
 }
 
 impl Default for Signals {
@@ -28,6 +49,7 @@ impl Default for Signals {
         Self {
             inner: Arc::new(Inner {
                 work: watch::channel(0).0,
+                moved: Mutex::new(Moved::default()),
                 running: Mutex::new(HashMap::new()),
             }),
         }
@@ -36,27 +58,88 @@ impl Default for Signals {
 
 /// A subscription taken *before* looking for work, so that work arriving
 /// between the look and the wait is never missed.
-pub struct WorkWatch(watch::Receiver<u64>);
+pub struct WorkWatch {
+    rx: watch::Receiver<u64>,
+    inner: Arc<Inner>,
+    /// The kinds its claimer claims (`None`: every kind).
+    kinds: Option<Arc<[String]>>,
+    seen: (u64, u64),
+}
 
 impl WorkWatch {
-    /// Resolves once work was signalled after this watch was taken.
+    /// Resolves once work of its kinds (or of any kind, unnamed) was
+    /// signalled after this watch was taken; work of other kinds does not
+    /// wake it.
     pub async fn changed(&mut self) {
-        if self.0.changed().await.is_err() {
-            std::future::pending::<()>().await;
+        loop {
+            if self.rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+            let now = self
+                .inner
+                .moved
+                .lock()
+                .expect("signals poisoned")
+                .seen(self.kinds.as_deref());
+            if now != self.seen {
+                return;
+            }
         }
     }
 }
 
 impl Signals {
-    /// Something may be claimable: wake every claimer (in-process dispatcher
-    /// and long-polling remote workers).
+    /// Something of any kind may be claimable: wake every claimer
+    /// (in-process dispatcher and long-polling remote workers).
     pub fn work_available(&self) {
+        self.inner.moved.lock().expect("signals poisoned").any += 1;
         self.inner.work.send_modify(|n| *n = n.wrapping_add(1));
     }
 
-    /// Subscribes to new work; subscribe before looking, so nothing is missed.
+    /// Work of `kind` may be claimable (a submission, a retry): wake the
+    /// claimers of that kind. The others stay asleep: a claim that cannot
+    /// find its kinds' work is a store round trip (and on SQLite a turn of
+    /// its one writer) spent for nothing.
+    pub fn work_available_of(&self, kind: &str) {
+        {
+            let mut moved = self.inner.moved.lock().expect("signals poisoned");
+            match moved.of_kind.get_mut(kind) {
+                Some(n) => *n += 1,
+                None => {
+                    moved.of_kind.insert(kind.to_owned(), 1);
+                }
+            }
+        }
+        self.inner.work.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Subscribes to new work of every kind; subscribe before looking, so
+    /// nothing is missed.
     pub fn watch_work(&self) -> WorkWatch {
-        WorkWatch(self.inner.work.subscribe())
+        self.watch(None)
+    }
+
+    /// Subscribes to new work of `kinds` (and to work of any kind).
+    pub fn watch_work_of(&self, kinds: Arc<[String]>) -> WorkWatch {
+        self.watch(Some(kinds))
+    }
+
+    fn watch(&self, kinds: Option<Arc<[String]>>) -> WorkWatch {
+        // Subscribed first: a signal after this is seen by `rx`, and one
+        // before the count below is in it (so it is no news).
+        let rx = self.inner.work.subscribe();
+        let seen = self
+            .inner
+            .moved
+            .lock()
+            .expect("signals poisoned")
+            .seen(kinds.as_deref());
+        WorkWatch {
+            rx,
+            inner: self.inner.clone(),
+            kinds,
+            seen,
+        }
     }
 
     /// Registers a task running here; its flags turn `true` on a cancel or
@@ -88,5 +171,57 @@ impl Signals {
         if let Some(flags) = self.inner.running.lock().expect("signals poisoned").get(id) {
             flags.pause.send_replace(true);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn kinds(names: &[&str]) -> Arc<[String]> {
+        names.iter().map(|n| (*n).to_owned()).collect()
+    }
+
+    /// Whether `watch` is woken within a (paused, so instant) minute.
+    async fn woken(watch: &mut WorkWatch) -> bool {
+        tokio::time::timeout(Duration::from_secs(60), watch.changed())
+            .await
+            .is_ok()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn work_of_other_kinds_does_not_wake_a_claimer() {
+        let signals = Signals::default();
+        let mut export = signals.watch_work_of(kinds(&["export", "import"]));
+        signals.work_available_of("noop");
+        assert!(!woken(&mut export).await, "noop work woke an export claimer");
+        signals.work_available_of("import");
+        assert!(woken(&mut export).await, "import work did not wake it");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn work_of_any_kind_wakes_every_claimer() {
+        let signals = Signals::default();
+        let mut export = signals.watch_work_of(kinds(&["export"]));
+        let mut every = signals.watch_work();
+        signals.work_available();
+        assert!(woken(&mut export).await);
+        assert!(woken(&mut every).await);
+        let mut every = signals.watch_work();
+        signals.work_available_of("noop");
+        assert!(woken(&mut every).await, "an unfiltered watch hears every kind");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn work_signalled_before_the_watch_is_not_news_and_after_it_is() {
+        let signals = Signals::default();
+        signals.work_available_of("export");
+        let mut watch = signals.watch_work_of(kinds(&["export"]));
+        // The claimer looks after subscribing: what came before, it finds.
+        assert!(!woken(&mut watch).await, "a signal from before the watch woke it");
+        signals.work_available_of("export");
+        assert!(woken(&mut watch).await, "a signal after the watch did not");
     }
 }

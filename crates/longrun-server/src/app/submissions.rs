@@ -230,7 +230,7 @@ async fn hand_off(app: &AppState, params: &AcceptParams) -> Result<Option<Operat
 pub(crate) fn accepted(app: &AppState, outcome: AcceptOutcome) -> Result<(Operation, bool), ApiError> {
     match outcome {
         AcceptOutcome::Created(op) => {
-            app.signals.work_available();
+            app.signals.work_available_of(&op.kind);
             Ok((op, false))
         }
         // A replay of an operation past its expiry answers as one already

@@ -94,9 +94,11 @@ async fn claim(
     }
 
     let give_up_at = tokio::time::Instant::now() + Duration::from_secs(request.wait_seconds);
+    let kinds: std::sync::Arc<[String]> = request.kinds.clone().into();
     loop {
-        // Subscribe before looking, so work that arrives in between wakes us.
-        let mut work = app.signals.watch_work();
+        // Subscribe before looking, so work that arrives in between wakes
+        // us (work of other kinds does not).
+        let mut work = app.signals.watch_work_of(kinds.clone());
         let tasks = app
             .store
             .task_claim(ClaimParams {
