@@ -189,8 +189,10 @@ impl Dispatcher {
                 .with_checkpoint(task.checkpoint);
             let report = reserved.run(handler, ctx, heartbeat_every).await;
             // The handler is done (its slot already takes the next task)
-            // while the outcome commits.
-            signals.work_available();
+            // while the outcome commits. The slot is this dispatcher's:
+            // waking the claimers of this kind wakes it, and no remote
+            // worker of another kind.
+            signals.work_available_of(&task.kind);
             send_and_log(&task.operation_id, report).await;
             signals.untrack(&task.operation_id);
             drop(reserved);
