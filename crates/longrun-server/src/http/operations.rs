@@ -90,25 +90,11 @@ fn operation_id(raw: String) -> Result<Id, ApiError> {
 pub fn etag(version: i64) -> HeaderValue {
     // Written into a buffer on the stack: `format!` would allocate a string
     // only to have the header copy it (every GET of an operation sends one).
-    let mut digits = [0u8; 22];
-    let mut at = digits.len() - 1;
-    digits[at] = b'"';
-    let mut n = version.unsigned_abs();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    if version < 0 {
-        at -= 1;
-        digits[at] = b'-';
-    }
-    at -= 1;
-    digits[at] = b'"';
-    HeaderValue::from_bytes(&digits[at..]).expect("an integer ETag is a valid header")
+    let mut digits = itoa::Buffer::new();
+    let digits = digits.format(version).as_bytes();
+    let mut quoted = [b'"'; 22];
+    quoted[1..=digits.len()].copy_from_slice(digits);
+    HeaderValue::from_bytes(&quoted[..digits.len() + 2]).expect("an integer ETag is a valid header")
 }
 
 /// Versions named by `If-None-Match` / `If-Match` (`*` matches any).
