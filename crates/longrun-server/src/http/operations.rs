@@ -77,13 +77,9 @@ impl<S: Send + Sync> FromRequestParts<S> for ReadConditions {
     }
 }
 
-fn parse_operation_id(raw: &str) -> Result<Id, ApiError> {
+/// The operation id of a path (the extractor's own copy, kept as the id).
+fn parse_operation_id(raw: String) -> Result<Id, ApiError> {
     // A malformed id is answered exactly like an unknown one.
-    Id::parse(IdKind::Operation, raw).ok_or(ApiError::NotFound)
-}
-
-/// [`parse_operation_id`] of the path's own copy, kept as the id.
-fn operation_id(raw: String) -> Result<Id, ApiError> {
     Id::parse_owned(IdKind::Operation, raw).ok_or(ApiError::NotFound)
 }
 
@@ -498,7 +494,7 @@ async fn read(
     conditions: ReadConditions,
 ) -> Result<Response, ApiError> {
     caller.require_client()?;
-    let id = operation_id(id)?;
+    let id = parse_operation_id(id)?;
     let ReadConditions {
         wait,
         seen_tags,
@@ -607,7 +603,7 @@ async fn history(
     Path(id): Path<String>,
 ) -> Result<Json<History>, ApiError> {
     caller.require_client()?;
-    let id = parse_operation_id(&id)?;
+    let id = parse_operation_id(id)?;
     app.operation(&caller.tenant, &id).await?;
     let events = app.store.operation_history(&caller.tenant, &id).await?;
     let events = app.found(&caller.tenant, &id, events).await?;
@@ -633,7 +629,7 @@ async fn cancel(
     OptionalJsonBody(body): OptionalJsonBody<CancelRequestBody>,
 ) -> Result<Response, ApiError> {
     caller.require_client()?;
-    let id = parse_operation_id(&id)?;
+    let id = parse_operation_id(id)?;
     let reason = body.unwrap_or_default().reason;
     let if_match = if_match(&headers)?;
     let (op, applied) = commands::cancel(&app, &caller.tenant, caller.key_id.as_str(), &id, reason, if_match).await?;
@@ -667,7 +663,7 @@ async fn cancellation(
     Path(id): Path<String>,
 ) -> Result<Json<CancellationBody>, ApiError> {
     caller.require_client()?;
-    let id = parse_operation_id(&id)?;
+    let id = parse_operation_id(id)?;
     let op = app.operation(&caller.tenant, &id).await?;
     Ok(Json(wire::cancellation(&op)))
 }
@@ -687,7 +683,7 @@ async fn update(
     JsonBody(request): JsonBody<UpdateRequest>,
 ) -> Result<Response, ApiError> {
     caller.require_client()?;
-    let id = parse_operation_id(&id)?;
+    let id = parse_operation_id(id)?;
     let if_match = if_match(&headers)?.ok_or(ApiError::PreconditionRequired)?;
     let (op, applied) = commands::update(&app, &caller.tenant, id, if_match, request).await?;
     Ok(operation_response(&app, &op, status_of(applied)).await)
@@ -702,7 +698,7 @@ async fn deliveries(
     Path(id): Path<String>,
 ) -> Result<Json<DeliveryLog>, ApiError> {
     caller.require_client()?;
-    let id = parse_operation_id(&id)?;
+    let id = parse_operation_id(id)?;
     app.operation(&caller.tenant, &id).await?;
     let log = app.store.webhook_log(&caller.tenant, &id).await?;
     let log = app.found(&caller.tenant, &id, log).await?;
