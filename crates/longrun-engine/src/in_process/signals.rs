@@ -26,7 +26,6 @@ struct Inner {
 }
 
 /// Signals of new work so far: of any kind, and of each kind named.
-/// Counts only grow, so a waiter that saw them once sees any new one.
 #[derive(Default)]
 struct Moved {
     any: u64,
@@ -34,13 +33,15 @@ struct Moved {
 }
 
 impl Moved {
-    /// What a claimer of `kinds` has to look at (all kinds when `None`).
-    fn seen(&self, kinds: Option<&[String]>) -> (u64, u64) {
-        let of_kinds = match kinds {
-            None => self.of_kind.values().sum(),
-            Some(kinds) => kinds.iter().filter_map(|k| self.of_kind.get(k)).sum(),
-        };
-        (self.any, of_kinds)
+    /// The signals a claimer of `kinds` (every kind when `None`) has had.
+    /// Every count only grows, so their sum moves exactly when one of them
+    /// does.
+    fn seen(&self, kinds: Option<&[String]>) -> u64 {
+        self.any
+            + match kinds {
+                None => self.of_kind.values().sum::<u64>(),
+                Some(kinds) => kinds.iter().filter_map(|k| self.of_kind.get(k)).sum(),
+            }
     }
 }
 
@@ -63,7 +64,7 @@ pub struct WorkWatch {
     inner: Arc<Inner>,
     /// The kinds its claimer claims (`None`: every kind).
     kinds: Option<Arc<[String]>>,
-    seen: (u64, u64),
+    seen: u64,
 }
 
 impl WorkWatch {
