@@ -18,10 +18,12 @@
 //! ([`deadline`]), `PATCH` of deadline and labels ([`update`]), and
 //! retention and tenant deletion ([`retention`]), uploads, a task's
 //! artifact pieces and uploaded results ([`uploads`]), and webhook
-//! delivery ([`webhooks`]). Accepts
-//! and claims stay per dialect for now (see `docs/ARCHITECTURE.md`, "The
-//! store"), but end what they end through [`apply`].
+//! delivery ([`webhooks`]), and claims ([`claim`]: who is served, how
+//! many, in which order; the pick and the lease are the driver's). Accepts
+//! stay per dialect (see `docs/ARCHITECTURE.md`, "One plan, two
+//! drivers"), but end what they end through [`apply`].
 
+pub(crate) mod claim;
 pub(crate) mod control;
 pub(crate) mod deadline;
 mod driver;

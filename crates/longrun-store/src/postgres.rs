@@ -27,7 +27,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{Connection as _, PgConnection, PgPool, Row};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
-use crate::plan::{self, EVENTS_AFTER, Effect, EndRow, EventRow, EventType, Lock, Policy, event_row, with_derived};
+use crate::plan::{self, EVENTS_AFTER, EndRow, EventRow, EventType, Lock, Policy, event_row, with_derived};
 use crate::reads::ReadCache;
 use crate::shared::*;
 use crate::*;

@@ -51,7 +51,7 @@ use rusqlite::types::Type;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params};
 use serde_json::{Value, json};
 
-use crate::plan::{self, EVENTS_AFTER, Effect, EndRow, EventType, event_row, with_derived};
+use crate::plan::{self, EVENTS_AFTER, EventType, event_row, with_derived};
 use crate::reads::ReadCache;
 use crate::shared::*;
 use crate::*;

@@ -2,9 +2,9 @@
 //! under `src/postgres*` or `src/sqlite*` never spells an event or webhook
 //! name (they come from `plan::EventType` and `plan::WebhookType`) and
 //! never looks at a decision of the rules (`Decision`, `IntentChange`,
-//! `decide_*`): deciding is the plan layer's, once for both. Nor does it
-//! build an operation or an event of its own: their columns are decoded
-//! once (`shared/columns.rs`).
+//! `decide_*`, a claim's rules): deciding is the plan layer's, once for
+//! both. Nor does it build an operation or an event of its own: their
+//! columns are decoded once (`shared/columns.rs`).
 
 use std::path::{Path, PathBuf};
 
@@ -41,10 +41,20 @@ const EVENT_ONLY_NAMES: [&str; 10] = [
     "pause_not_honoured",
 ];
 
-/// What only the plan layer may name: the decision types, the rules, and
+/// What only the plan layer may name: the decision types, the rules,
 /// which webhook a change queues (`WebhookType`: a claim asks
-/// `start_delivery_queued`).
-const DECISIONS: [&str; 4] = ["Decision", "IntentChange", "decide_", "WebhookType"];
+/// `start_delivery_queued`), and a claim's rules (who is served, how many,
+/// in which order; `plan/claim.rs`).
+const DECISIONS: [&str; 8] = [
+    "Decision",
+    "IntentChange",
+    "decide_",
+    "WebhookType",
+    "claim_allowance",
+    "round_robin",
+    "records_served_order",
+    "deadline_error_before_start",
+];
 
 /// Whether `line` names `word` (not as a part of a longer identifier; a
 /// word ending in `_` is a prefix).

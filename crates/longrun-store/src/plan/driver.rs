@@ -4,16 +4,17 @@
 //! records an event or queues a webhook of its own accord (the use case
 //! says which, with [`EventType`] and [`WebhookType`](super::WebhookType)).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 use longrun_core::{State, Timestamp};
 use serde_json::Value;
 
 use super::EventType;
+use super::claim::{Leased, ReadyTenant};
 use super::fetches;
 use super::retention::{Expiring, Tombstone};
 use crate::shared::{Ending, Fenced, Holder, Lapsed, Script, Stmt, UploadLease};
-use crate::{Id, Operation, Result};
+use crate::{ClaimParams, Id, Operation, Result};
 
 /// An operation past its deadline whose task waits in the queue (a first
 /// attempt, or a retry waiting for its backoff).
@@ -74,6 +75,9 @@ pub(crate) trait Driver {
     /// Whether history is dropped a partition at a time (PostgreSQL): an
     /// expired operation's events then stay for their partition's drop.
     const HISTORY_BY_PARTITION: bool;
+
+    /// A ready task a claim picked, as the driver's lease finds it again.
+    type Picked;
 
     /// Runs a script of shared statements in the use case's transaction.
     async fn script<T>(&mut self, script: &Script<T>) -> Result<T>;
@@ -136,6 +140,29 @@ pub(crate) trait Driver {
 
     /// What the workers of `op` can do, as a change of intent needs it.
     async fn intent_holder(&mut self, op: &Operation) -> Result<Holder>;
+
+    // Claims (`plan/claim.rs`).
+
+    /// The tenants with ready work, least recently served first; with each
+    /// its ready heads for `p` when the driver picks them here.
+    async fn tenants_with_ready_work(&mut self, p: &ClaimParams) -> Result<Vec<ReadyTenant<Self::Picked>>>;
+
+    /// How many of the tenant's tasks are leased, counted so that claims
+    /// for the same capped tenant take turns until their transactions end.
+    async fn tasks_running(&mut self, tenant: &str) -> Result<i64>;
+
+    /// Up to `allowance` of the tenant's ready tasks for `p`, highest
+    /// priority first, then earliest available, each taken from other
+    /// claims until the transaction ends.
+    async fn ready_heads(&mut self, p: &ClaimParams, tenant: &str, allowance: usize) -> Result<VecDeque<Self::Picked>>;
+
+    /// Leases `picked` (in their order) and starts their operations, but
+    /// for operations whose deadline passed, which it leaves for the claim
+    /// to end.
+    async fn lease(&mut self, p: &ClaimParams, picked: Vec<Self::Picked>) -> Result<Leased>;
+
+    /// Records that these tenants, in this order, were served last.
+    async fn tenants_served(&mut self, tenants: &[&str]) -> Result<()>;
 
     // Row writes, as `apply` calls them.
 

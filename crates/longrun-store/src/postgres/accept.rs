@@ -99,7 +99,7 @@ pub(super) async fn operation_accept_batch(
 /// (the token drawn here, as `lease_tasks` draws it), with both events and
 /// both changes announced. Nothing is written for a tenant with a quota on
 /// active or running work (those are counted under the tenant's lock, as
-/// `accept_with_quota` and `task_claim` do) or a key already taken.
+/// `accept_with_quota` and a claim's `tasks_running` do) or a key already taken.
 pub(super) const SUBMIT_LEASED: &str = "WITH q AS (
          SELECT NOT EXISTS (SELECT 1 FROM tenants
                              WHERE name = $2 AND (max_active IS NOT NULL OR max_running IS NOT NULL)) AS open

@@ -1,7 +1,10 @@
 //! Claims: tenants with ready work in fair order, their ready heads under
 //! `max_running`, and the lease of what was picked, `FOR UPDATE SKIP LOCKED`.
 
+use std::collections::VecDeque;
+
 use super::*;
+use crate::plan::claim::{Leased, ReadyTenant};
 
 /// Up to `$3` of one tenant's (`TENANT`'s) ready tasks of the claimed kinds
 /// (`$1`) available at `$2`, highest priority first, then earliest
@@ -41,7 +44,7 @@ macro_rules! pick_ready_sql {
 /// up to `max_tasks` of its ready tasks picked and locked (`pick_ready_sql`)
 /// unless it is capped: one round trip for what had taken one for the
 /// tenants and one per tenant.
-pub(super) async fn tenants_with_ready_work(c: &mut PgConnection, p: &ClaimParams) -> Result<Vec<ReadyTenant>> {
+pub(super) async fn tenants_with_ready_work(c: &mut PgConnection, p: &ClaimParams) -> Result<Vec<ReadyTenant<Picked>>> {
     // A capped tenant's rows are not read here (the one-time filter on
     // `max_running`): they are picked after its cap was checked.
     let rows = sqlx::query(concat!(
@@ -70,31 +73,24 @@ pub(super) async fn tenants_with_ready_work(c: &mut PgConnection, p: &ClaimParam
     .fetch_all(&mut *c)
     .await
     .map_err(db)?;
-    let mut tenants: Vec<ReadyTenant> = Vec::new();
+    let mut tenants: Vec<ReadyTenant<Picked>> = Vec::new();
     for r in &rows {
         let tenant: String = r.try_get(0).map_err(db)?;
         if tenants.last().is_none_or(|last| last.tenant != tenant) {
+            let max_running: Option<i64> = r.try_get(1).map_err(db)?;
             tenants.push(ReadyTenant {
-                tenant: tenant.clone(),
-                max_running: r.try_get(1).map_err(db)?,
-                picked: std::collections::VecDeque::new(),
+                tenant,
+                max_running,
+                picked: max_running.is_none().then(VecDeque::new),
             });
         }
         if r.try_get::<Option<String>, _>(2).map_err(db)?.is_none() {
             continue;
         }
         let last = tenants.last_mut().expect("pushed above");
-        last.picked.push_back(picked_from_row(tenant, r, 2)?);
+        last.picked.get_or_insert_default().push_back(picked_from_row(r, 2)?);
     }
     Ok(tenants)
-}
-
-/// A tenant with ready work, least recently served first, and what was
-/// picked for it (nothing yet for a capped tenant).
-pub(super) struct ReadyTenant {
-    pub(super) tenant: String,
-    pub(super) max_running: Option<i64>,
-    pub(super) picked: std::collections::VecDeque<Picked>,
 }
 
 /// Picks up to `allowance` of `tenant`'s ready tasks (`pick_ready_sql`).
@@ -102,8 +98,8 @@ pub(super) async fn pick_ready(
     c: &mut PgConnection,
     p: &ClaimParams,
     tenant: &str,
-    allowance: i64,
-) -> Result<std::collections::VecDeque<Picked>> {
+    allowance: usize,
+) -> Result<VecDeque<Picked>> {
     let rows = sqlx::query(concat!(
         "SELECT operation_id, ctid, deadline_at, was_queued FROM (",
         pick_ready_sql!("$4"),
@@ -111,17 +107,16 @@ pub(super) async fn pick_ready(
     ))
     .bind(&p.kinds)
     .bind(p.now.0)
-    .bind(allowance)
+    .bind(i64::try_from(allowance).unwrap_or(i64::MAX))
     .bind(tenant)
     .fetch_all(&mut *c)
     .await
     .map_err(db)?;
-    rows.iter().map(|r| picked_from_row(tenant.to_owned(), r, 0)).collect()
+    rows.iter().map(|r| picked_from_row(r, 0)).collect()
 }
 
 /// A ready task picked for a claim, with what leasing it needs to know.
 pub(super) struct Picked {
-    pub(super) tenant: String,
     pub(super) operation_id: String,
     /// The locked row's place in `tasks`.
     pub(super) ctid: String,
@@ -131,9 +126,8 @@ pub(super) struct Picked {
 
 /// The `Picked` in the columns `from..from + 4` of `r` (operation id,
 /// ctid, deadline, whether it was queued).
-pub(super) fn picked_from_row(tenant: String, r: &PgRow, from: usize) -> Result<Picked> {
+pub(super) fn picked_from_row(r: &PgRow, from: usize) -> Result<Picked> {
     Ok(Picked {
-        tenant,
         operation_id: r.try_get(from).map_err(db)?,
         ctid: r.try_get(from + 1).map_err(db)?,
         deadline_at: r.try_get(from + 2).map_err(db)?,
@@ -141,92 +135,55 @@ pub(super) fn picked_from_row(tenant: String, r: &PgRow, from: usize) -> Result<
     })
 }
 
-pub(super) async fn task_claim(
-    c: &mut PgConnection,
-    ch: &mut Changes,
-    policy: Policy,
-    p: &ClaimParams,
-) -> Result<Vec<Task>> {
-    if p.kinds.is_empty() || p.max_tasks == 0 {
-        return Ok(Vec::new());
-    }
-    let want = p.max_tasks as usize;
-    let mut queues: Vec<std::collections::VecDeque<Picked>> = Vec::new();
-    let tenants = tenants_with_ready_work(c, p).await?;
-    let record_order = records_served_order(tenants.len());
-    for ReadyTenant {
-        tenant,
-        max_running,
-        picked,
-    } in tenants
-    {
-        let heads = match max_running {
-            None => picked,
-            Some(_) => {
-                // Nodes claiming for the same capped tenant take turns, so
-                // together they never exceed max_running.
-                sqlx::query("SELECT 1 FROM tenants WHERE name = $1 FOR UPDATE")
-                    .bind(&tenant)
-                    .execute(&mut *c)
-                    .await
-                    .map_err(db)?;
-                let running: i64 =
-                    sqlx::query_scalar("SELECT COUNT(*) FROM tasks WHERE tenant = $1 AND status = 'leased'")
-                        .bind(&tenant)
-                        .fetch_one(&mut *c)
-                        .await
-                        .map_err(db)?;
-                match claim_allowance(want, max_running, running) {
-                    0 => continue,
-                    allowance => pick_ready(c, p, &tenant, allowance as i64).await?,
-                }
-            }
-        };
-        if !heads.is_empty() {
-            queues.push(heads);
-        }
-    }
-    let picked = round_robin(queues, want);
-    // A queued operation whose deadline passed is never started.
-    let (expired, live): (Vec<Picked>, Vec<Picked>) = picked
-        .into_iter()
-        .partition(|task| task.deadline_at.is_some_and(|d| d <= p.now.0));
-    let expired: Vec<Effect> = expired
-        .iter()
-        .map(|task| {
-            Effect::End(EndRow {
-                id: task.operation_id.clone(),
-                ending: Ending::failed(deadline_error_before_start()),
-                now: p.now,
-                guard: None,
-            })
-        })
-        .collect();
-    plan::apply(&mut PgDriver { c, ch, policy }, &expired, p.now).await?;
-    if live.is_empty() {
-        return Ok(Vec::new());
-    }
-    let tasks = lease_tasks(c, ch, p, &live).await?;
-    if !record_order {
-        return Ok(tasks);
-    }
-    let mut served: Vec<&str> = Vec::new();
-    for task in &live {
-        if !served.contains(&task.tenant.as_str()) {
-            served.push(&task.tenant);
-        }
-    }
+/// The tenant's leased tasks, counted under its row's lock: nodes claiming
+/// for the same capped tenant take turns, so together they never exceed
+/// `max_running`.
+pub(super) async fn tasks_running(c: &mut PgConnection, tenant: &str) -> Result<i64> {
+    sqlx::query("SELECT 1 FROM tenants WHERE name = $1 FOR UPDATE")
+        .bind(tenant)
+        .execute(&mut *c)
+        .await
+        .map_err(db)?;
+    sqlx::query_scalar("SELECT COUNT(*) FROM tasks WHERE tenant = $1 AND status = 'leased'")
+        .bind(tenant)
+        .fetch_one(&mut *c)
+        .await
+        .map_err(db)
+}
+
+/// Records the order the tenants were served in, one statement for all.
+pub(super) async fn tenants_served(c: &mut PgConnection, tenants: &[&str]) -> Result<()> {
     sqlx::query(
         "INSERT INTO tenant_dispatch (tenant, last_claimed)
          SELECT tenant, nextval('tenant_dispatch_order') FROM unnest($1::TEXT[]) WITH ORDINALITY AS s(tenant, n)
           ORDER BY n
          ON CONFLICT (tenant) DO UPDATE SET last_claimed = excluded.last_claimed",
     )
-    .bind(&served)
+    .bind(tenants)
     .execute(&mut *c)
     .await
     .map_err(db)?;
-    Ok(tasks)
+    Ok(())
+}
+
+/// Leases the picked tasks (`lease_tasks`) but those whose deadline passed,
+/// which it hands back for the claim to end.
+pub(super) async fn lease(
+    c: &mut PgConnection,
+    ch: &mut Changes,
+    p: &ClaimParams,
+    picked: Vec<Picked>,
+) -> Result<Leased> {
+    let (expired, live): (Vec<Picked>, Vec<Picked>) = picked
+        .into_iter()
+        .partition(|task| task.deadline_at.is_some_and(|d| d <= p.now.0));
+    let tasks = if live.is_empty() {
+        Vec::new()
+    } else {
+        lease_tasks(c, ch, p, &live).await?
+    };
+    let expired = expired.into_iter().map(|task| (task.operation_id, None)).collect();
+    Ok(Leased { tasks, expired })
 }
 
 /// Leases the picked tasks and starts their operations in one statement,
@@ -242,7 +199,7 @@ pub(super) async fn lease_tasks(
     let ctids: Vec<&str> = picked.iter().map(|t| t.ctid.as_str()).collect();
     let ids: Vec<&str> = picked.iter().map(|t| t.operation_id.as_str()).collect();
     // By the rows' places alone (a TID scan): the picked rows are locked
-    // (FOR UPDATE in `task_claim`) and so still ready and where they were.
+    // (FOR UPDATE SKIP LOCKED in the pick) and so still ready and where they were.
     // Keyed by `operation_id = ANY(…)` the planner, its statistics taken
     // while the queue was short, chose a scan of the whole table (with
     // `status = 'ready'`, of the partial index): auto_explain showed 20,000

@@ -3,9 +3,10 @@
 //! work lock their rows `FOR UPDATE SKIP LOCKED`, so nodes running the same
 //! pass at once split the work instead of waiting for each other.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 use super::*;
+use crate::plan::claim::{Leased, ReadyTenant};
 use crate::plan::{Driver, EndRow, Lock, Tombstone};
 
 /// A transaction, with what it changed so far, as a [`Driver`].
@@ -18,6 +19,7 @@ pub(super) struct PgDriver<'c> {
 impl Driver for PgDriver<'_> {
     const SERIAL: bool = false;
     const HISTORY_BY_PARTITION: bool = true;
+    type Picked = Picked;
 
     async fn script<T>(&mut self, script: &Script<T>) -> Result<T> {
         super::script::run(self.c, script).await
@@ -39,6 +41,26 @@ impl Driver for PgDriver<'_> {
             .iter()
             .map(|(id, token)| found.remove(&((*id).to_owned(), (*token).to_owned())))
             .collect())
+    }
+
+    async fn tenants_with_ready_work(&mut self, p: &ClaimParams) -> Result<Vec<ReadyTenant<Picked>>> {
+        tenants_with_ready_work(self.c, p).await
+    }
+
+    async fn tasks_running(&mut self, tenant: &str) -> Result<i64> {
+        tasks_running(self.c, tenant).await
+    }
+
+    async fn ready_heads(&mut self, p: &ClaimParams, tenant: &str, allowance: usize) -> Result<VecDeque<Picked>> {
+        pick_ready(self.c, p, tenant, allowance).await
+    }
+
+    async fn lease(&mut self, p: &ClaimParams, picked: Vec<Picked>) -> Result<Leased> {
+        lease(self.c, self.ch, p, picked).await
+    }
+
+    async fn tenants_served(&mut self, tenants: &[&str]) -> Result<()> {
+        tenants_served(self.c, tenants).await
     }
 
     /// Only the default partitions' (schema 19): a finished delivery in a

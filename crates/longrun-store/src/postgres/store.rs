@@ -69,7 +69,7 @@ crate::plan::store::impl_store!(PostgresStore, run_plan, {
     async fn task_claim(&self, params: ClaimParams) -> Result<Vec<Task>> {
         let policy = self.policy;
         self.tx_begun_with(CLAIM_BEGIN, move |c, ch| {
-            Box::pin(async move { task_claim(c, ch, policy, &params).await })
+            Box::pin(async move { plan::claim::task_claim(&mut PgDriver { c, ch, policy }, &params).await })
         })
         .await
     }

@@ -1,12 +1,21 @@
 //! Claims: tenants with ready work in fair order, their ready heads under
 //! `max_running`, and the lease of each task picked.
 
+use std::collections::VecDeque;
+
 use super::*;
+use crate::plan::claim::{Leased, ReadyTenant};
+
+/// A claim (`plan::claim`) on the writer thread (`plan::claim`).
+pub(super) fn task_claim(c: &Connection, policy: WritePolicy, p: &ClaimParams) -> Result<Vec<Task>> {
+    block(plan::claim::task_claim(&mut SqliteDriver::new(c, policy), p))
+}
 
 /// Tenants with ready work, least recently served first. The recursive
 /// query walks the `tasks_ready_by_tenant` index one tenant at a time (a
 /// loose index scan), so its cost follows the number of tenants, not tasks.
-pub(super) fn tenants_with_ready_work(c: &Connection) -> Result<Vec<(String, Option<i64>, i64)>> {
+/// Their heads are read after (`ready_heads`), under their caps.
+pub(super) fn tenants_with_ready_work(c: &Connection) -> Result<Vec<ReadyTenant<String>>> {
     let mut stmt = c.prepare_cached(
         "WITH RECURSIVE ready(tenant) AS (
              SELECT MIN(tenant) FROM tasks WHERE status = 'ready'
@@ -14,98 +23,96 @@ pub(super) fn tenants_with_ready_work(c: &Connection) -> Result<Vec<(String, Opt
              SELECT (SELECT MIN(tenant) FROM tasks WHERE status = 'ready' AND tenant > ready.tenant)
                FROM ready WHERE ready.tenant IS NOT NULL
          )
-         SELECT ready.tenant, t.max_running, COALESCE(d.last_claimed, 0)
+         SELECT ready.tenant, t.max_running
            FROM ready
            LEFT JOIN tenants t ON t.name = ready.tenant
            LEFT JOIN tenant_dispatch d ON d.tenant = ready.tenant
           WHERE ready.tenant IS NOT NULL
           ORDER BY COALESCE(d.last_claimed, 0), ready.tenant",
     )?;
-    let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+    let rows = stmt.query_map([], |r| {
+        Ok(ReadyTenant {
+            tenant: r.get(0)?,
+            max_running: r.get(1)?,
+            picked: None,
+        })
+    })?;
     Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
 
-/// Claims up to `max_tasks` tasks, fairly across tenants: tenants are served
-/// round-robin, least recently served first, one task at a time, and a tenant
-/// at its `max_running` is skipped. Within a tenant, oldest first.
-pub(super) fn task_claim(c: &Connection, policy: WritePolicy, p: &ClaimParams) -> Result<Vec<Task>> {
-    if p.kinds.is_empty() || p.max_tasks == 0 {
-        return Ok(Vec::new());
-    }
-    let want = p.max_tasks as usize;
-    // Each tenant's oldest claimable tasks of the wanted kinds, up to what it may run.
-    let mut queues: Vec<std::collections::VecDeque<(String, String)>> = Vec::new();
-    let tenants = tenants_with_ready_work(c)?;
-    let record_order = records_served_order(tenants.len());
-    for (tenant, max_running, _) in tenants {
-        let running: i64 = match max_running {
-            None => 0,
-            Some(_) => c
-                .prepare_cached("SELECT COUNT(*) FROM tasks WHERE tenant = ?1 AND status = 'leased'")?
-                .query_row(params![tenant], |r| r.get(0))?,
-        };
-        let allowance = claim_allowance(want, max_running, running);
-        if allowance == 0 {
-            continue;
-        }
-        // Highest priority first, then earliest available, across kinds:
-        // one priority at a time, from the highest, until the allowance is
-        // met (work at the default priority costs a seek per empty level
-        // above it and one range read).
-        let mut heads: Vec<(std::cmp::Reverse<i16>, i64, i64, String)> = Vec::new();
-        let mut stmt = c.prepare_cached(READY_HEADS)?;
-        for priority in (PRIORITY_MIN..=PRIORITY_MAX).rev() {
-            let wanted = allowance - heads.len();
-            for kind in &p.kinds {
-                let rows = stmt.query_map(params![tenant, kind, p.now.0, priority, wanted as i64], |r| {
-                    Ok((std::cmp::Reverse(priority), r.get(0)?, r.get(1)?, r.get(2)?))
-                })?;
-                for row in rows {
-                    heads.push(row?);
-                }
-            }
-            if heads.len() >= allowance {
-                break;
-            }
-        }
-        heads.sort();
-        heads.truncate(allowance);
-        if !heads.is_empty() {
-            queues.push(heads.into_iter().map(|(.., id)| (tenant.clone(), id)).collect());
-        }
-    }
-    let picked = round_robin(queues, want);
-
-    let lease_expires_at = p.now.plus(p.lease);
-    let mut tasks = Vec::with_capacity(picked.len());
-    let mut served: Vec<String> = Vec::new();
-    for (tenant, id) in picked {
-        if let Some(task) = lease_task(c, policy, p, &id, lease_expires_at)? {
-            tasks.push(task);
-            if record_order && !served.contains(&tenant) {
-                served.push(tenant);
-            }
-        }
-    }
-    for tenant in served {
-        c.prepare_cached(
-            "INSERT INTO tenant_dispatch (tenant, last_claimed)
-             VALUES (?1, (SELECT COALESCE(MAX(last_claimed), 0) + 1 FROM tenant_dispatch))
-             ON CONFLICT (tenant) DO UPDATE SET last_claimed = excluded.last_claimed",
-        )?
-        .execute(params![tenant])?;
-    }
-    Ok(tasks)
+/// The tenant's leased tasks (the writer is the only one to lease).
+pub(super) fn tasks_running(c: &Connection, tenant: &str) -> Result<i64> {
+    Ok(
+        c.prepare_cached("SELECT COUNT(*) FROM tasks WHERE tenant = ?1 AND status = 'leased'")?
+            .query_row(params![tenant], |r| r.get(0))?,
+    )
 }
 
-/// Leases one ready task; `None` if its deadline passed (it is failed instead).
-pub(super) fn lease_task(
+/// Up to `allowance` of the tenant's ready tasks (their operations' ids),
+/// highest priority first, then earliest available, across kinds: one
+/// priority at a time, from the highest, until the allowance is met (work
+/// at the default priority costs a seek per empty level above it and one
+/// range read).
+pub(super) fn ready_heads(c: &Connection, p: &ClaimParams, tenant: &str, allowance: usize) -> Result<VecDeque<String>> {
+    let mut heads: Vec<(std::cmp::Reverse<i16>, i64, i64, String)> = Vec::new();
+    let mut stmt = c.prepare_cached(READY_HEADS)?;
+    for priority in (PRIORITY_MIN..=PRIORITY_MAX).rev() {
+        let wanted = allowance - heads.len();
+        for kind in &p.kinds {
+            let rows = stmt.query_map(params![tenant, kind, p.now.0, priority, wanted as i64], |r| {
+                Ok((std::cmp::Reverse(priority), r.get(0)?, r.get(1)?, r.get(2)?))
+            })?;
+            for row in rows {
+                heads.push(row?);
+            }
+        }
+        if heads.len() >= allowance {
+            break;
+        }
+    }
+    heads.sort();
+    heads.truncate(allowance);
+    Ok(heads.into_iter().map(|(.., id)| id).collect())
+}
+
+/// Leases the picked tasks one by one, but those whose deadline passed
+/// (read with their operations), which it hands back for the claim to end.
+pub(super) fn lease(c: &Connection, p: &ClaimParams, picked: Vec<String>) -> Result<Leased> {
+    let lease_expires_at = p.now.plus(p.lease);
+    let mut leased = Leased {
+        tasks: Vec::with_capacity(picked.len()),
+        expired: Vec::new(),
+    };
+    for id in picked {
+        match lease_task(c, p, &id, lease_expires_at)? {
+            Ok(task) => leased.tasks.push(task),
+            Err(version) => leased.expired.push((id, Some(version))),
+        }
+    }
+    Ok(leased)
+}
+
+/// Records the order the tenants were served in.
+pub(super) fn tenants_served(c: &Connection, tenants: &[&str]) -> Result<()> {
+    let mut stmt = c.prepare_cached(
+        "INSERT INTO tenant_dispatch (tenant, last_claimed)
+         VALUES (?1, (SELECT COALESCE(MAX(last_claimed), 0) + 1 FROM tenant_dispatch))
+         ON CONFLICT (tenant) DO UPDATE SET last_claimed = excluded.last_claimed",
+    )?;
+    for tenant in tenants {
+        stmt.execute(params![tenant])?;
+    }
+    Ok(())
+}
+
+/// Leases one ready task, or, if its operation's deadline passed, leaves
+/// it and answers the version it read (the claim fails it instead).
+fn lease_task(
     c: &Connection,
-    policy: WritePolicy,
     p: &ClaimParams,
     id: &str,
     lease_expires_at: Timestamp,
-) -> Result<Option<Task>> {
+) -> Result<std::result::Result<Task, i64>> {
     let sql = format!("SELECT {OP_COLUMNS}, checkpoint FROM operations WHERE id = ?1");
     let (current, checkpoint): (Operation, Option<String>) = c
         .prepare_cached(&sql)?
@@ -116,14 +123,7 @@ pub(super) fn lease_task(
     let deadline_at = current.deadline_at;
     if deadline_at.is_some_and(|d| d <= p.now) {
         // A queued operation whose deadline passed is never started.
-        let expired = Effect::End(EndRow {
-            id: id.to_owned(),
-            ending: Ending::failed(deadline_error_before_start()),
-            now: p.now,
-            guard: Some(current.version),
-        });
-        block(plan::apply(&mut SqliteDriver::new(c, policy), &[expired], p.now))?;
-        return Ok(None);
+        return Ok(Err(current.version));
     }
     let was_queued = current.state == State::Queued;
     let token = random_base32::<16>();
@@ -157,7 +157,7 @@ pub(super) fn lease_task(
     if let Some(queued) = start_delivery_queued(&started, was_queued) {
         super::script::run(c, &queued)?;
     }
-    Ok(Some(Task {
+    Ok(Ok(Task {
         operation_id: started.id,
         tenant: started.tenant,
         kind: started.kind,

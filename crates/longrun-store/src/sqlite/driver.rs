@@ -3,12 +3,13 @@
 //! commit, so a use case's future never waits and [`block`] drives it to
 //! completion in one poll.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 
 use futures_util::FutureExt as _;
 
 use super::*;
+use crate::plan::claim::{Leased, ReadyTenant};
 use crate::plan::{Driver, EndRow, Lock};
 
 /// The writer thread's connection, as a [`Driver`].
@@ -58,6 +59,7 @@ impl Driver for SqliteDriver<'_> {
     // read until the job ends.
     const SERIAL: bool = true;
     const HISTORY_BY_PARTITION: bool = false;
+    type Picked = String;
 
     async fn script<T>(&mut self, script: &Script<T>) -> Result<T> {
         super::script::run(self.c, script)
@@ -71,6 +73,28 @@ impl Driver for SqliteDriver<'_> {
         now: Timestamp,
     ) -> Result<()> {
         pieces_drop(self.c, operation_id, only, keep, now)
+    }
+
+    async fn tenants_with_ready_work(&mut self, _p: &ClaimParams) -> Result<Vec<ReadyTenant<String>>> {
+        tenants_with_ready_work(self.c)
+    }
+
+    async fn tasks_running(&mut self, tenant: &str) -> Result<i64> {
+        tasks_running(self.c, tenant)
+    }
+
+    async fn ready_heads(&mut self, p: &ClaimParams, tenant: &str, allowance: usize) -> Result<VecDeque<String>> {
+        ready_heads(self.c, p, tenant, allowance)
+    }
+
+    async fn lease(&mut self, p: &ClaimParams, picked: Vec<String>) -> Result<Leased> {
+        // A lease writes operations' rows: none stays as `fenced` read it.
+        self.read.clear();
+        lease(self.c, p, picked)
+    }
+
+    async fn tenants_served(&mut self, tenants: &[&str]) -> Result<()> {
+        tenants_served(self.c, tenants)
     }
 
     async fn fenced(&mut self, leases: &[(&str, &str)], _lock: Lock) -> Result<Vec<Option<Fenced>>> {
