@@ -20,9 +20,11 @@
 //! artifact pieces and uploaded results ([`uploads`]), and webhook
 //! delivery ([`webhooks`]), and claims ([`claim`]: who is served, how
 //! many, in which order; the pick and the lease are the driver's). Accepts
-//! stay per dialect (see `docs/ARCHITECTURE.md`, "One plan, two
-//! drivers"), but end what they end through [`apply`].
+//! write their rows per dialect (see `docs/ARCHITECTURE.md`, "One plan,
+//! two drivers"), but answer a taken key and a full quota as [`accept`]
+//! says.
 
+pub(crate) mod accept;
 pub(crate) mod claim;
 pub(crate) mod control;
 pub(crate) mod deadline;

@@ -462,11 +462,14 @@ macro_rules! run_plan {
 
 crate::plan::store::impl_store!(SqliteStore, run_plan, {
     async fn operation_accept(&self, params: AcceptParams) -> Result<AcceptOutcome> {
-        self.writer.write(move |c| operation_accept(c, &params)).await
+        let policy = self.policy;
+        self.writer.write(move |c| operation_accept(c, policy, &params)).await
     }
 
     async fn operation_accept_many(&self, params: Vec<AcceptParams>) -> Vec<Result<AcceptOutcome>> {
-        self.write_each(params, operation_accept).await
+        let policy = self.policy;
+        self.write_each(params, move |c, p| operation_accept(c, policy, p))
+            .await
     }
 
     async fn operation_shared(&self, tenant: &str, id: &Id) -> Result<Option<Arc<Operation>>> {

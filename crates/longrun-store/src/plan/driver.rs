@@ -130,6 +130,9 @@ pub(crate) trait Driver {
     /// held.
     async fn fenced(&mut self, leases: &[(&str, &str)], lock: Lock) -> Result<Vec<Option<Fenced>>>;
 
+    /// The operation `id`, as stored.
+    async fn operation(&mut self, id: &str) -> Result<Option<Operation>>;
+
     /// The tenant's operation, locked for the rest of the transaction.
     async fn operation_locked(&mut self, tenant: &str, id: &Id) -> Result<Option<Operation>>;
 

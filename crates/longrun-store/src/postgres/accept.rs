@@ -48,7 +48,9 @@ pub(super) async fn operation_accept_run(
             Box::pin(commit_batch(
                 w,
                 c,
-                |c, ch, _, batch| Box::pin(operation_accept_batch(c, ch, batch)),
+                |c, ch, policy, batch| {
+                    Box::pin(async move { operation_accept_batch(&mut PgDriver { c, ch, policy }, batch).await })
+                },
                 batch,
             ))
         };
@@ -65,24 +67,23 @@ pub(super) async fn operation_accept_run(
 
 /// Accepts, in the caller's transaction, what the announcing statement left
 /// undecided: the same statement, transactional, then item by item a key
-/// already taken (`taken_key`) and a tenant with a `max_active` quota
-/// (`accept_with_quota`). A refusal writes nothing, so the batch needs no
-/// savepoints; a database error fails the whole batch.
+/// already taken (`plan::accept::taken_key`) and a tenant with a
+/// `max_active` quota (`accept_with_quota`). A refusal writes nothing, so
+/// the batch needs no savepoints; a database error fails the whole batch.
 pub(super) async fn operation_accept_batch(
-    c: &mut PgConnection,
-    ch: &mut Changes,
+    d: &mut PgDriver<'_>,
     batch: &[&AcceptParams],
 ) -> Result<Vec<Result<AcceptOutcome>>> {
-    let written = insert_submissions(c, batch, Mode::Unchecked).await?;
+    let written = insert_submissions(d.c, batch, Mode::Unchecked).await?;
     let mut results = Vec::with_capacity(batch.len());
     for (p, written) in batch.iter().zip(written) {
         let outcome = match written {
             Inserted::Created(op) => {
-                ch.record(&op, EventType::Created);
+                d.ch.record(&op, EventType::Created);
                 Ok(AcceptOutcome::Created(*op))
             }
-            Inserted::Capped => accept_with_quota(c, ch, p).await,
-            Inserted::KeyTaken => taken_key(c, p).await,
+            Inserted::Capped => accept_with_quota(d, p).await,
+            Inserted::KeyTaken => plan::accept::taken_key(d, p).await,
         };
         match outcome {
             // A database error leaves the transaction aborted.
@@ -384,70 +385,18 @@ pub(super) async fn insert_submissions(
         .collect()
 }
 
-/// The answer for a key the submission statement found taken.
-pub(super) async fn taken_key(c: &mut PgConnection, p: &AcceptParams) -> Result<AcceptOutcome> {
-    known_key(c, p)
-        .await?
-        .ok_or_else(|| StoreError::Corrupt("an idempotency key that was taken is gone".into()))
-}
-
-/// The operation an earlier submission with the same key created, or the
-/// refusal when this request differs from it; `None` when the key is new.
-pub(super) async fn known_key(c: &mut PgConnection, p: &AcceptParams) -> Result<Option<AcceptOutcome>> {
-    let Some((key, fingerprint)) = &p.idempotency else {
-        return Ok(None);
-    };
-    let Some((stored, operation_id)) = super::script::run(c, &key_record(p, key.as_str())).await? else {
-        return Ok(None);
-    };
-    let operation_id = match key_taken(fingerprint, &stored, operation_id) {
-        Ok(id) => id,
-        Err(operation_id) => return Ok(Some(AcceptOutcome::KeyReused { operation_id })),
-    };
-    let original = operation_by_id(c, operation_id.as_str())
-        .await?
-        .ok_or(StoreError::Gone)?;
-    super::script::run(c, &key_replayed(p, key.as_str())).await?;
-    Ok(Some(AcceptOutcome::Replayed(original)))
-}
-
-/// A tenant's tasks (its operations not yet ended), counted through the
-/// partial indexes of ready and of leased tasks.
-pub(super) const ACTIVE_TASKS: &str = "SELECT (SELECT COUNT(*) FROM tasks WHERE tenant = $1 AND status = 'ready')
-                                 + (SELECT COUNT(*) FROM tasks WHERE tenant = $1 AND status = 'leased')";
-
 /// A tenant with a `max_active` quota: its row is locked while the quota is
-/// counted, so concurrent submissions cannot overshoot it. A replay still
-/// answers when the tenant is full.
-pub(super) async fn accept_with_quota(
-    c: &mut PgConnection,
-    ch: &mut Changes,
-    p: &AcceptParams,
-) -> Result<AcceptOutcome> {
-    let max_active: Option<i64> = sqlx::query_scalar("SELECT max_active FROM tenants WHERE name = $1 FOR UPDATE")
-        .bind(&p.tenant)
-        .fetch_optional(&mut *c)
-        .await
-        .map_err(db)?
-        .flatten();
-    if let Some(max_active) = max_active {
-        let active: i64 = sqlx::query_scalar(ACTIVE_TASKS)
-            .bind(&p.tenant)
-            .fetch_one(&mut *c)
-            .await
-            .map_err(db)?;
-        if active >= max_active {
-            return match known_key(c, p).await? {
-                Some(known) => Ok(known),
-                None => Err(StoreError::QuotaExceeded { active, max_active }),
-            };
-        }
+/// counted (`plan::accept::over_quota`), so concurrent submissions cannot
+/// overshoot it. A replay still answers when the tenant is full.
+pub(super) async fn accept_with_quota(d: &mut PgDriver<'_>, p: &AcceptParams) -> Result<AcceptOutcome> {
+    if let Some(full) = plan::accept::over_quota(d, &p.tenant).await? {
+        return plan::accept::known_key(d, p).await?.ok_or(full);
     }
-    match insert_submissions(c, &[p], Mode::QuotaChecked).await?.pop() {
+    match insert_submissions(d.c, &[p], Mode::QuotaChecked).await?.pop() {
         Some(Inserted::Created(op)) => {
-            ch.record(&op, EventType::Created);
+            d.ch.record(&op, EventType::Created);
             Ok(AcceptOutcome::Created(*op))
         }
-        _ => taken_key(c, p).await,
+        _ => plan::accept::taken_key(d, p).await,
     }
 }

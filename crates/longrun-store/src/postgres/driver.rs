@@ -77,6 +77,10 @@ impl Driver for PgDriver<'_> {
         .map_err(db)
     }
 
+    async fn operation(&mut self, id: &str) -> Result<Option<Operation>> {
+        operation_by_id(self.c, id).await
+    }
+
     async fn operation_locked(&mut self, tenant: &str, id: &Id) -> Result<Option<Operation>> {
         match lock_operation(self.c, tenant, id).await {
             Ok(op) => Ok(Some(op)),

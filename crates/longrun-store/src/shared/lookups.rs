@@ -261,6 +261,27 @@ pub(crate) fn key_replayed(p: &AcceptParams, key: &str) -> Script<()> {
     )
 }
 
+/// The tenant's `max_active` quota, its row locked for the rest of the
+/// transaction (`None`: no quota).
+pub(crate) fn tenant_max_active(tenant: &str) -> Script<Option<i64>> {
+    Script::one(
+        "SELECT max_active FROM tenants WHERE name = ?1 {for_update}",
+        vec![tenant.into()],
+        |d| Ok(optional(d, |r| r.opt_int(0))?.flatten()),
+    )
+}
+
+/// The tenant's active work: its tasks (its operations not yet ended),
+/// counted through the partial indexes of ready and of leased tasks.
+pub(crate) fn tenant_active(tenant: &str) -> Script<i64> {
+    Script::one(
+        "SELECT (SELECT COUNT(*) FROM tasks WHERE tenant = ?1 AND status = 'ready')
+              + (SELECT COUNT(*) FROM tasks WHERE tenant = ?1 AND status = 'leased')",
+        vec![tenant.into()],
+        |d| one(d, |r| r.int(0)),
+    )
+}
+
 /// The operation a key made, among the tenant's `kinds` (keys are scoped
 /// by tenant and kind: one primary-key lookup each, first found wins).
 pub(crate) fn operation_by_key(tenant: &str, kinds: &[String], key: &str) -> Script<Option<Id>> {

@@ -3,7 +3,8 @@
 
 use super::*;
 
-pub(super) fn operation_accept(c: &Connection, p: &AcceptParams) -> Result<AcceptOutcome> {
+pub(super) fn operation_accept(c: &Connection, policy: WritePolicy, p: &AcceptParams) -> Result<AcceptOutcome> {
+    let d = &mut SqliteDriver::new(c, policy);
     if let Some((key, fingerprint)) = &p.idempotency {
         // Insert-or-detect: the primary key on (tenant, kind, key) is where
         // concurrent first requests converge, never an in-memory check.
@@ -21,40 +22,14 @@ pub(super) fn operation_accept(c: &Connection, p: &AcceptParams) -> Result<Accep
                 p.now.0
             ])?;
         if inserted == 0 {
-            let taken = super::script::run(c, &key_record(p, key.as_str()))?;
-            let (stored, operation_id) =
-                taken.ok_or_else(|| StoreError::Corrupt("an idempotency key that was taken is gone".into()))?;
-            let operation_id = match key_taken(fingerprint, &stored, operation_id) {
-                Ok(id) => id,
-                Err(operation_id) => return Ok(AcceptOutcome::KeyReused { operation_id }),
-            };
-            // A removed operation's key stays taken while its tombstone
-            // lives: a replay must not silently start the work again.
-            let original = operation_by_id(c, operation_id.as_str())?.ok_or(StoreError::Gone)?;
-            super::script::run(c, &key_replayed(p, key.as_str()))?;
-            return Ok(AcceptOutcome::Replayed(original));
+            return block(plan::accept::taken_key(d, p));
         }
     }
-
     // Quotas are checked after idempotency, so a replay still answers even
-    // when the tenant is at its limit, and inside the transaction, so
-    // concurrent submissions cannot overshoot it.
-    let max_active: Option<i64> = c
-        .prepare_cached("SELECT max_active FROM tenants WHERE name = ?1")?
-        .query_row(params![p.tenant], |r| r.get(0))
-        .optional()?
-        .flatten();
-    if let Some(max_active) = max_active {
-        let active: i64 = c
-            .prepare_cached(
-                "SELECT (SELECT COUNT(*) FROM tasks WHERE tenant = ?1 AND status = 'ready')
-                      + (SELECT COUNT(*) FROM tasks WHERE tenant = ?1 AND status = 'leased')",
-            )?
-            .query_row(params![p.tenant], |r| r.get(0))?;
-        if active >= max_active {
-            // The idempotency record inserted above is rolled back with this job.
-            return Err(StoreError::QuotaExceeded { active, max_active });
-        }
+    // when the tenant is at its limit. The idempotency record inserted
+    // above is rolled back with this job on a refusal.
+    if let Some(full) = block(plan::accept::over_quota(d, &p.tenant))? {
+        return Err(full);
     }
 
     let labels = serde_json::to_string(&p.labels).map_err(|e| StoreError::Corrupt(e.to_string()))?;

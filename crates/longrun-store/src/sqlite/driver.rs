@@ -112,6 +112,10 @@ impl Driver for SqliteDriver<'_> {
         Ok(found)
     }
 
+    async fn operation(&mut self, id: &str) -> Result<Option<Operation>> {
+        operation_by_id(self.c, id)
+    }
+
     async fn operation_locked(&mut self, tenant: &str, id: &Id) -> Result<Option<Operation>> {
         operation_get(self.c, tenant, id)
     }

@@ -60,6 +60,7 @@ mod tests {
             let now = Timestamp(1_800_000_000_000 + i);
             operation_accept(
                 &c,
+                policy,
                 &AcceptParams {
                     id: Id::generate(IdKind::Operation),
                     tenant: "t".into(),
