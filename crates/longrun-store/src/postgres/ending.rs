@@ -113,10 +113,8 @@ pub(super) async fn operations_end(
         }
     }
     results_discard(c, &other, discard_at).await?;
-    // Cancelled work leaves nothing behind; a failed one keeps its pieces
-    // for a `from_checkpoint` re-run.
     for (id, ending, at) in &endings {
-        if ending.to == State::Cancelled && ended.contains_key(*id) {
+        if ending.drops_pieces() && ended.contains_key(*id) {
             pieces_drop(c, &[id], None, None, *at).await?;
         }
     }

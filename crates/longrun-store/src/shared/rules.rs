@@ -209,6 +209,13 @@ impl Ending {
         !keep_inputs && self.to == State::Succeeded
     }
 
+    /// Whether the operation's artifact pieces go with it: cancelled work
+    /// leaves nothing behind; a failed one keeps its pieces for a
+    /// `from_checkpoint` re-run.
+    pub fn drops_pieces(&self) -> bool {
+        self.to == State::Cancelled
+    }
+
     /// `op`, a non-terminal operation, as this ending leaves it at `now`
     /// (before anything is published): one version on, terminal, expiring
     /// after `retention`, with the ending's progress if it has one.

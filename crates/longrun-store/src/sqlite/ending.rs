@@ -57,9 +57,7 @@ pub(super) fn end_operation(
         result_discard(c, id, now)?;
         ended
     };
-    if ending.to == State::Cancelled {
-        // Cancelled work leaves nothing behind; a failed one keeps its
-        // pieces for a `from_checkpoint` re-run.
+    if ending.drops_pieces() {
         pieces_drop(c, id, None, None, now)?;
     }
     Ok(Some(ended))
