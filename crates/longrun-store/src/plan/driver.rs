@@ -14,7 +14,7 @@ use super::claim::{Leased, ReadyTenant};
 use super::fetches;
 use super::retention::{Expiring, Tombstone};
 use crate::shared::{Ending, Fenced, Holder, Lapsed, Script, Stmt, UploadLease};
-use crate::{ClaimParams, Id, Operation, Result};
+use crate::{ArtifactRef, ClaimParams, Id, Operation, Result};
 
 /// An operation past its deadline whose task waits in the queue (a first
 /// attempt, or a retry waiting for its backoff).
@@ -170,8 +170,20 @@ pub(crate) trait Driver {
     // Row writes, as `apply` calls them.
 
     /// Ends each operation of `ends` that is still live (and at its guard
-    /// version): state, task, results, pieces. Returns the ended ones by id.
+    /// version): its row and its task. Returns the ended ones by id.
     async fn operations_end(&mut self, ends: &[&EndRow]) -> Result<HashMap<String, Operation>>;
+
+    /// Publishes the uploaded results of operations that ended (each with
+    /// the time it ended, from which they are kept); returns the published
+    /// artifacts, by name, of each operation that had any (usually none).
+    async fn results_publish(
+        &mut self,
+        ended: &[(&str, Timestamp)],
+    ) -> Result<Vec<(String, Vec<(String, ArtifactRef)>)>>;
+
+    /// Moves the uploaded but unpublished results of operations `ids` to
+    /// the garbage list.
+    async fn results_discard(&mut self, ids: &[&str], now: Timestamp) -> Result<()>;
 
     /// Runs `stmt`, an `UPDATE` of the one operation its `?1` names (a
     /// statement of [`writes`](super::writes)), and reads the row back:

@@ -3,13 +3,15 @@
 //! and the webhooks they queue: the one place that says which event and
 //! which webhook each change of an operation carries.
 
+use std::collections::HashMap;
+
 use longrun_core::Timestamp;
 use longrun_core::lease::retry_backoff;
 use serde_json::{Value, json};
 
 use super::driver::EndRow;
 use super::{Driver, EventType, WebhookType, writes};
-use crate::shared::{Stmt, UpdateChange};
+use crate::shared::{Stmt, UpdateChange, artifacts_recorded, with_published};
 use crate::{Operation, Progress, Result, StoreError};
 
 /// A change of one operation, as a use case decided it.
@@ -104,6 +106,7 @@ async fn end_all<D: Driver>(d: &mut D, effects: &[Effect]) -> Result<Vec<Option<
         })
         .collect();
     let mut ended = d.operations_end(&rows).await?;
+    settle_artifacts(d, &rows, &mut ended).await?;
     let mut answers = Vec::with_capacity(rows.len());
     for row in &rows {
         match ended.remove(&row.id) {
@@ -125,6 +128,42 @@ async fn end_all<D: Driver>(d: &mut D, effects: &[Effect]) -> Result<Vec<Option<
         webhook_queue(d, op, WebhookType::Reached(op.state)).await?;
     }
     Ok(answers)
+}
+
+/// What ending does beyond the operation's row, for those of `rows` that
+/// `ended`: the results a worker uploaded are published (an ending that
+/// publishes, kept from the moment it ended; recorded in the operation's
+/// row) or discarded, and the pieces of an ending that drops them go.
+async fn settle_artifacts<D: Driver>(
+    d: &mut D,
+    rows: &[&EndRow],
+    ended: &mut HashMap<String, Operation>,
+) -> Result<()> {
+    let (publishing, discarding): (Vec<&EndRow>, Vec<&EndRow>) = rows
+        .iter()
+        .filter(|row| ended.contains_key(&row.id))
+        .partition(|row| row.ending.publishes);
+    let ended_at = |id: &str| ended.get(id).map_or(Timestamp(0), |op| op.updated_at);
+    let publish: Vec<(&str, Timestamp)> = publishing
+        .iter()
+        .map(|row| (row.id.as_str(), ended_at(&row.id)))
+        .collect();
+    let discard: Vec<&str> = discarding.iter().map(|row| row.id.as_str()).collect();
+    let discard_at = discard.iter().map(|id| ended_at(id)).max().unwrap_or(Timestamp(0));
+    for (id, published) in d.results_publish(&publish).await? {
+        if let Some(op) = ended.remove(&id) {
+            let op = with_published(op, published);
+            d.script(&artifacts_recorded(&op)).await?;
+            ended.insert(id, op);
+        }
+    }
+    d.results_discard(&discard, discard_at).await?;
+    for row in rows {
+        if row.ending.drops_pieces() && ended.contains_key(&row.id) {
+            d.pieces_drop(&row.id, None, None, row.now).await?;
+        }
+    }
+    Ok(())
 }
 
 /// Applies one effect other than an ending.

@@ -131,6 +131,17 @@ impl Driver for PgDriver<'_> {
         operations_end(self.c, self.policy, ends).await
     }
 
+    async fn results_publish(
+        &mut self,
+        ended: &[(&str, Timestamp)],
+    ) -> Result<Vec<(String, Vec<(String, ArtifactRef)>)>> {
+        results_publish(self.c, self.policy, ended).await
+    }
+
+    async fn results_discard(&mut self, ids: &[&str], now: Timestamp) -> Result<()> {
+        results_discard(self.c, ids, now).await
+    }
+
     async fn operation_update(&mut self, stmt: &Stmt) -> Result<Option<Operation>> {
         let sql = format!("{} RETURNING {OP_COLUMNS}", pg(stmt.sql));
         let query = stmt.args.iter().fold(sqlx::query(&sql), super::script::bind);

@@ -1,15 +1,15 @@
-//! Ending operations: one set-based pass ends many (state, task, results,
-//! pieces), each guarded by the version it was read at where it has one.
+//! Ending operations: one set-based pass ends many (state and task), each
+//! guarded by the version it was read at where it has one; one statement
+//! publishes, one discards the uploaded results of many.
 
 use super::*;
 
 /// Ends each live operation of `ends` (at its guard version, where it has
-/// one) in a constant number of statements — one UPDATE from arrays, one
-/// DELETE of their tasks, one each to publish and to discard uploaded
-/// results — and returns the ended ones by id; an operation that was
-/// already terminal, or moved past its guard, is missing. Each ends at its
-/// own `now`. Their events and webhooks are the plan layer's
-/// (`plan::apply`).
+/// one) in two statements — one UPDATE from arrays, one DELETE of their
+/// tasks — and returns the ended ones by id; an operation that was already
+/// terminal, or moved past its guard, is missing. Each ends at its own
+/// `now`. What else an ending does (results, pieces, events, webhooks) is
+/// the plan layer's (`plan::apply`).
 pub(super) async fn operations_end(
     c: &mut PgConnection,
     policy: Policy,
@@ -95,36 +95,11 @@ pub(super) async fn operations_end(
         .execute(&mut *c)
         .await
         .map_err(db)?;
-    let publishes: std::collections::HashSet<&str> = endings
-        .iter()
-        .filter(|(_, e, _)| e.publishes)
-        .map(|(id, _, _)| *id)
-        .collect();
-    let (succeeded, other): (Vec<&str>, Vec<&str>) = ended_ids.iter().partition(|id| publishes.contains(**id));
-    // Results are kept from the moment the operation ended.
-    let ended_at = |id: &str| ended.get(id).map_or(Timestamp(0), |op| op.updated_at);
-    let publish: Vec<(&str, Timestamp)> = succeeded.iter().map(|id| (*id, ended_at(id))).collect();
-    let discard_at = other.iter().map(|id| ended_at(id)).max().unwrap_or(Timestamp(0));
-    for (id, published) in results_publish(c, policy, &publish).await? {
-        if let Some(op) = ended.remove(&id) {
-            let op = with_published(op, published);
-            super::script::run(c, &artifacts_recorded(&op)).await?;
-            ended.insert(id, op);
-        }
-    }
-    results_discard(c, &other, discard_at).await?;
-    for (id, ending, at) in &endings {
-        if ending.drops_pieces() && ended.contains_key(*id) {
-            pieces_drop(c, &[id], None, None, *at).await?;
-        }
-    }
     Ok(ended)
 }
 
-/// Publishes the uploaded results of operations that publish them (each
-/// with the time it ended); returns the published artifacts, by name, of
-/// each operation that had any (usually none), which the caller records
-/// in the operation's row.
+/// See [`Driver::results_publish`](crate::plan::Driver::results_publish): one
+/// statement for all.
 pub(super) async fn results_publish(
     c: &mut PgConnection,
     policy: Policy,
@@ -168,7 +143,8 @@ pub(super) async fn results_publish(
     Ok(published.into_iter().collect())
 }
 
-/// Moves uploaded but unpublished results of `ids` to the garbage list.
+/// See [`Driver::results_discard`](crate::plan::Driver::results_discard): one
+/// statement for all.
 pub(super) async fn results_discard(c: &mut PgConnection, ids: &[&str], now: Timestamp) -> Result<()> {
     if ids.is_empty() {
         return Ok(());

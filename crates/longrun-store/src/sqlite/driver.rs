@@ -151,6 +151,27 @@ impl Driver for SqliteDriver<'_> {
         Ok(ended)
     }
 
+    async fn results_publish(
+        &mut self,
+        ended: &[(&str, Timestamp)],
+    ) -> Result<Vec<(String, Vec<(String, ArtifactRef)>)>> {
+        let mut published = Vec::new();
+        for (id, at) in ended {
+            let artifacts = result_publish(self.c, self.policy, id, *at)?;
+            if !artifacts.is_empty() {
+                published.push(((*id).to_owned(), artifacts));
+            }
+        }
+        Ok(published)
+    }
+
+    async fn results_discard(&mut self, ids: &[&str], now: Timestamp) -> Result<()> {
+        for id in ids {
+            result_discard(self.c, id, now)?;
+        }
+        Ok(())
+    }
+
     /// Read back by id rather than with `RETURNING`: SQLite gathers
     /// returned rows in an ephemeral table, and opening and closing one (a
     /// pager and page cache of its own) cost more than the indexed read — a

@@ -1,12 +1,13 @@
-//! Ending an operation: state, task, results and pieces, written at the
-//! version it was read at (its event and webhook are the plan layer's).
+//! Ending an operation: state and task, written at the version it was
+//! read at, and the statements that publish or discard its uploaded
+//! results (what an ending does with them is the plan layer's, with its
+//! event and webhook).
 
 use super::*;
 
 /// Ends `current`, the operation's row as just read in this transaction:
-/// moves it to its terminal state, removes its dispatch record, drops its
-/// input (unless kept), publishes or discards its uploaded results and
-/// (cancelled) drops its pieces. The ended row is [`Ending::apply`]'s,
+/// moves it to its terminal state, removes its dispatch record and drops
+/// its input (unless kept). The ended row is [`Ending::apply`]'s,
 /// written as is (at the version read), so it is not read back. `None` if
 /// it had ended already or moved on since it was read.
 pub(super) fn end_operation(
@@ -51,20 +52,17 @@ pub(super) fn end_operation(
     }
     c.prepare_cached("DELETE FROM tasks WHERE operation_id = ?1")?
         .execute(params![id])?;
-    let ended = if ending.publishes {
-        result_publish(c, policy, ended, now)?
-    } else {
-        result_discard(c, id, now)?;
-        ended
-    };
-    if ending.drops_pieces() {
-        pieces_drop(c, id, None, None, now)?;
-    }
     Ok(Some(ended))
 }
 
-/// Publishes the operation's uploaded artifacts, if it has any, as its result.
-pub(super) fn result_publish(c: &Connection, policy: WritePolicy, op: Operation, now: Timestamp) -> Result<Operation> {
+/// The uploaded artifacts of operation `id`, which ended at `now`,
+/// published, if it has any (see `Driver::results_publish`).
+pub(super) fn result_publish(
+    c: &Connection,
+    policy: WritePolicy,
+    id: &str,
+    now: Timestamp,
+) -> Result<Vec<(String, ArtifactRef)>> {
     let expires_at = result_expires_at(now, policy.result_retention, policy.operation_retention);
     // Read, then updated (only if there is something to publish): most
     // operations have no artifact, and an UPDATE … RETURNING opens an
@@ -74,7 +72,7 @@ pub(super) fn result_publish(c: &Connection, policy: WritePolicy, op: Operation,
             "SELECT name, id, content_type, size_bytes, sha256 FROM results
               WHERE operation_id = ?1 AND state = 'uploaded'",
         )?
-        .query_map(params![op.id.as_str()], |r| {
+        .query_map(params![id], |r| {
             Ok((
                 r.get(0)?,
                 ArtifactRef {
@@ -87,16 +85,13 @@ pub(super) fn result_publish(c: &Connection, policy: WritePolicy, op: Operation,
             ))
         })?
         .collect::<rusqlite::Result<_>>()?;
-    if published.is_empty() {
-        return Ok(op);
+    if !published.is_empty() {
+        c.prepare_cached(
+            "UPDATE results SET state = 'published', expires_at = ?2 WHERE operation_id = ?1 AND state = 'uploaded'",
+        )?
+        .execute(params![id, expires_at.0])?;
     }
-    c.prepare_cached(
-        "UPDATE results SET state = 'published', expires_at = ?2 WHERE operation_id = ?1 AND state = 'uploaded'",
-    )?
-    .execute(params![op.id.as_str(), expires_at.0])?;
-    let op = with_published(op, published);
-    super::script::run(c, &artifacts_recorded(&op))?;
-    Ok(op)
+    Ok(published)
 }
 
 /// Drops uploads of an operation that did not succeed: nothing is published
