@@ -31,7 +31,7 @@ pub(crate) mod deadline;
 mod driver;
 mod effects;
 mod event;
-mod fetches;
+pub(crate) mod fetches;
 pub(crate) mod finish;
 mod history;
 pub(crate) mod retention;

@@ -5,7 +5,8 @@
 
 use longrun_core::{State, Timestamp};
 
-use super::driver::{EndRow, OverdueWaiting, PauseRequested, StopRequested};
+use super::driver::EndRow;
+use super::fetches::{OverdueWaiting, PauseRequested, StopRequested};
 use super::{Driver, Effect, EventType, apply};
 use crate::shared::{Ending, SYSTEM, deadline_error_before_start, failing_cancel, pause_not_honoured_data};
 use crate::{EnforceCounts, EnforceParams, OperationError, Result};

@@ -6,37 +6,15 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use longrun_core::{State, Timestamp};
+use longrun_core::Timestamp;
 use serde_json::Value;
 
 use super::EventType;
 use super::claim::{Leased, ReadyTenant};
-use super::fetches;
+use super::fetches::{self, OverdueWaiting, PauseRequested, StopRequested};
 use super::retention::{Expiring, Tombstone};
 use crate::shared::{Ending, Fenced, Holder, Lapsed, Script, Stmt, UploadLease};
 use crate::{ArtifactRef, ClaimParams, Id, Operation, Result};
-
-/// An operation past its deadline whose task waits in the queue (a first
-/// attempt, or a retry waiting for its backoff).
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct OverdueWaiting {
-    pub id: String,
-    pub state: State,
-}
-
-/// Running work the server asked to stop, with the reason it gave.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct StopRequested {
-    pub id: String,
-    pub reason: Option<String>,
-}
-
-/// Running work asked to pause, and since when.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct PauseRequested {
-    pub id: String,
-    pub requested_at: Timestamp,
-}
 
 /// Whether a fetch of fenced rows locks them until the transaction ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

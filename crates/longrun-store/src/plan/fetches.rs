@@ -7,12 +7,33 @@
 //! filter on `rest_state IS NULL` (schema 18: no index reads `state`, so a
 //! claim is a HOT update), SQLite's on `state`: each fetch names its own.
 
-use longrun_core::{Id, Timestamp};
+use longrun_core::{Id, State, Timestamp};
 
-use super::driver::{OverdueWaiting, PauseRequested, StopRequested};
 use super::retention::{Expiring, Tombstone};
 use crate::Result;
 use crate::shared::{Done, Lapsed, Script, Stmt, UploadLease, all, nothing, one, optional};
+
+/// An operation past its deadline whose task waits in the queue (a first
+/// attempt, or a retry waiting for its backoff).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct OverdueWaiting {
+    pub id: String,
+    pub state: State,
+}
+
+/// Running work the server asked to stop, with the reason it gave.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct StopRequested {
+    pub id: String,
+    pub reason: Option<String>,
+}
+
+/// Running work asked to pause, and since when.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct PauseRequested {
+    pub id: String,
+    pub requested_at: Timestamp,
+}
 
 fn ids(d: Done) -> Result<Vec<String>> {
     all(d, |r| r.text(0))
@@ -26,7 +47,7 @@ pub(super) fn task_leased(id: &str) -> Script<Option<bool>> {
     )
 }
 
-pub(super) fn overdue_waiting(now: Timestamp, limit: u32) -> Script<Vec<OverdueWaiting>> {
+pub(crate) fn overdue_waiting(now: Timestamp, limit: u32) -> Script<Vec<OverdueWaiting>> {
     Script::one(
         "SELECT o.id, o.state FROM operations o JOIN tasks t ON t.operation_id = o.id
           WHERE o.deadline_at IS NOT NULL AND o.deadline_at <= ?1
@@ -48,7 +69,7 @@ pub(super) fn overdue_waiting(now: Timestamp, limit: u32) -> Script<Vec<OverdueW
     )
 }
 
-pub(super) fn overdue_running(now: Timestamp, limit: u32) -> Script<Vec<String>> {
+pub(crate) fn overdue_running(now: Timestamp, limit: u32) -> Script<Vec<String>> {
     Script::one(
         "SELECT o.id FROM operations o JOIN tasks t ON t.operation_id = o.id
           WHERE o.deadline_at IS NOT NULL AND o.deadline_at <= ?1
@@ -60,7 +81,7 @@ pub(super) fn overdue_running(now: Timestamp, limit: u32) -> Script<Vec<String>>
     )
 }
 
-pub(super) fn stops_unacknowledged(cutoff: Timestamp, limit: u32) -> Script<Vec<StopRequested>> {
+pub(crate) fn stops_unacknowledged(cutoff: Timestamp, limit: u32) -> Script<Vec<StopRequested>> {
     Script::one(
         "SELECT id, cancel_reason FROM operations
           WHERE {pg: rest_state IS NULL AND} state = 'running' AND cancel_requested_by = 'system'
@@ -78,7 +99,7 @@ pub(super) fn stops_unacknowledged(cutoff: Timestamp, limit: u32) -> Script<Vec<
     )
 }
 
-pub(super) fn pauses_unanswered(cutoff: Timestamp, limit: u32) -> Script<Vec<PauseRequested>> {
+pub(crate) fn pauses_unanswered(cutoff: Timestamp, limit: u32) -> Script<Vec<PauseRequested>> {
     Script::one(
         "SELECT id, pause_requested_at FROM operations
           WHERE {pg: rest_state IS NULL AND} state = 'running' AND pause_requested_at <= ?1
@@ -279,37 +300,4 @@ pub(super) fn upload_lease_set(id: &Id, lease: &UploadLease) -> Script<()> {
         vec![id.as_str().into(), lease.token.as_deref().into(), lease.until.into()],
         nothing,
     )
-}
-
-#[cfg(all(test, feature = "postgres"))]
-mod tests {
-    use super::*;
-    use crate::postgres::{explain, migrated_connection};
-    use crate::shared::kind_typical_duration;
-
-    /// Schema 18 keyed the partial indexes of live work by `rest_state`:
-    /// the enforcer's searches and the kind's typical duration still read
-    /// them (each names the predicate PostgreSQL must prove), never every
-    /// stored operation. Seq scans are off so that the plans of these
-    /// near-empty tables are the ones a full store gets.
-    #[tokio::test]
-    async fn the_searches_of_live_work_read_their_partial_indexes() {
-        let Some(mut c) = migrated_connection().await else {
-            return;
-        };
-        sqlx::query("SET enable_seqscan = off").execute(&mut c).await.unwrap();
-        let now = Timestamp(1_800_000_000_000);
-        let searches = [
-            (overdue_waiting(now, 10).stmts, "operations_live_deadline"),
-            (overdue_running(now, 10).stmts, "operations_live_deadline"),
-            (stops_unacknowledged(now, 10).stmts, "operations_system_cancel"),
-            (pauses_unanswered(now, 10).stmts, "operations_pause_asked"),
-            (kind_typical_duration("k").stmts, "operations_succeeded_by_kind"),
-        ];
-        for (stmts, index) in searches {
-            let plan = explain(&mut c, &stmts[0]).await;
-            assert!(plan.contains(index), "{}\n{plan}", stmts[0].sql);
-            assert!(!plan.contains("Seq Scan on operations"), "{}\n{plan}", stmts[0].sql);
-        }
-    }
 }

@@ -193,3 +193,39 @@ impl Driver for PgDriver<'_> {
         events_insert(self.c, self.ch, events).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::{explain, migrated_connection};
+    use super::*;
+    use crate::plan::fetches::{overdue_running, overdue_waiting, pauses_unanswered, stops_unacknowledged};
+    use crate::shared::kind_typical_duration;
+
+    /// Schema 18 keyed the partial indexes of live work by `rest_state`:
+    /// the enforcer's searches (the plan's fetches, `plan/fetches.rs`,
+    /// which this driver runs as written) and the kind's typical duration
+    /// still read
+    /// them (each names the predicate PostgreSQL must prove), never every
+    /// stored operation. Seq scans are off so that the plans of these
+    /// near-empty tables are the ones a full store gets.
+    #[tokio::test]
+    async fn the_searches_of_live_work_read_their_partial_indexes() {
+        let Some(mut c) = migrated_connection().await else {
+            return;
+        };
+        sqlx::query("SET enable_seqscan = off").execute(&mut c).await.unwrap();
+        let now = Timestamp(1_800_000_000_000);
+        let searches = [
+            (overdue_waiting(now, 10).stmts, "operations_live_deadline"),
+            (overdue_running(now, 10).stmts, "operations_live_deadline"),
+            (stops_unacknowledged(now, 10).stmts, "operations_system_cancel"),
+            (pauses_unanswered(now, 10).stmts, "operations_pause_asked"),
+            (kind_typical_duration("k").stmts, "operations_succeeded_by_kind"),
+        ];
+        for (stmts, index) in searches {
+            let plan = explain(&mut c, &stmts[0]).await;
+            assert!(plan.contains(index), "{}\n{plan}", stmts[0].sql);
+            assert!(!plan.contains("Seq Scan on operations"), "{}\n{plan}", stmts[0].sql);
+        }
+    }
+}
