@@ -78,6 +78,7 @@ macro_rules! store_conformance {
             cancel_honours_if_match,
             reaper_requeues_rerun_safe_kinds_and_fails_the_others,
             queued_work_past_its_deadline_is_never_started,
+            a_claim_fails_late_work_and_leases_the_rest_in_one_call,
             failed_outcome_carries_the_error_and_keeps_the_input,
             api_keys_are_created_listed_and_revoked,
             kinds_are_declared_and_updated,

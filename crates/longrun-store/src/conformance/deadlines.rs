@@ -15,6 +15,33 @@ pub async fn queued_work_past_its_deadline_is_never_started(store: &dyn Store) {
     assert_eq!(failed.error.unwrap().code, "deadline_exceeded");
 }
 
+/// A claim that picks late work beside live work leases the live one and
+/// fails the late one in the same call; work due exactly now is late.
+pub async fn a_claim_fails_late_work_and_leases_the_rest_in_one_call(store: &dyn Store) {
+    let mut late = accept_params("t1", "dl2", None, json!({}));
+    late.deadline_at = Some(at(6));
+    let AcceptOutcome::Created(late) = store.operation_accept(late).await.unwrap() else {
+        panic!()
+    };
+    let AcceptOutcome::Created(live) = store
+        .operation_accept(accept_params("t1", "dl2", None, json!({})))
+        .await
+        .unwrap()
+    else {
+        panic!()
+    };
+    let tasks = claim(store, "dl2", 2, at(6)).await;
+    assert_eq!(tasks.iter().map(|t| &t.operation_id).collect::<Vec<_>>(), [&live.id]);
+    let failed = get(store, &late).await;
+    assert_eq!((failed.state, failed.started_at), (State::Failed, None));
+    assert_eq!(failed.error.unwrap().code, "deadline_exceeded");
+    assert_eq!(get(store, &live).await.state, State::Running);
+    assert!(
+        claim(store, "dl2", 2, at(7)).await.is_empty(),
+        "the late task was left queued"
+    );
+}
+
 pub async fn over_budget_work_is_asked_to_stop_and_fails_with_budget_exhausted(store: &dyn Store) {
     let mut p = accept_params("t1", "metered", None, json!({}));
     p.budget_max_cost = Some(10.0);

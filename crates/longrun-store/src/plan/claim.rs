@@ -13,6 +13,8 @@
 
 use std::collections::VecDeque;
 
+use longrun_core::Timestamp;
+
 use super::{Driver, Effect, EndRow, apply};
 use crate::shared::{Ending, claim_allowance, deadline_error_before_start, records_served_order, round_robin};
 use crate::{ClaimParams, Result, Task};
@@ -33,6 +35,15 @@ pub(crate) struct ReadyTenant<P> {
 pub(crate) struct Leased {
     pub tasks: Vec<Task>,
     pub expired: Vec<(String, Option<i64>)>,
+}
+
+/// Whether work due by `deadline_at` is too late to start at `now`: a
+/// queued operation whose deadline passed is failed, never started. A
+/// driver's [`Driver::lease`] asks this of each task it is handed, where it
+/// first knows the deadline (with the pick on PostgreSQL, with the
+/// operation's row on SQLite), and hands such work back instead.
+pub(crate) fn too_late_to_start(deadline_at: Option<Timestamp>, now: Timestamp) -> bool {
+    deadline_at.is_some_and(|deadline| deadline <= now)
 }
 
 /// Leases up to `p.max_tasks` ready tasks of `p.kinds`, fairly across

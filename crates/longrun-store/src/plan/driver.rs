@@ -138,8 +138,8 @@ pub(crate) trait Driver {
     async fn ready_heads(&mut self, p: &ClaimParams, tenant: &str, allowance: usize) -> Result<VecDeque<Self::Picked>>;
 
     /// Leases `picked` (in their order) and starts their operations, but
-    /// for operations whose deadline passed, which it leaves for the claim
-    /// to end.
+    /// for those [`too_late_to_start`](super::claim::too_late_to_start),
+    /// which it hands back for the claim to end.
     async fn lease(&mut self, p: &ClaimParams, picked: Vec<Self::Picked>) -> Result<Leased>;
 
     /// Records that these tenants, in this order, were served last.

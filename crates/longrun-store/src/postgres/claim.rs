@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 
 use super::*;
-use crate::plan::claim::{Leased, ReadyTenant};
+use crate::plan::claim::{Leased, ReadyTenant, too_late_to_start};
 
 /// Up to `$3` of one tenant's (`TENANT`'s) ready tasks of the claimed kinds
 /// (`$1`) available at `$2`, highest priority first, then earliest
@@ -176,7 +176,7 @@ pub(super) async fn lease(
 ) -> Result<Leased> {
     let (expired, live): (Vec<Picked>, Vec<Picked>) = picked
         .into_iter()
-        .partition(|task| task.deadline_at.is_some_and(|d| d <= p.now.0));
+        .partition(|task| too_late_to_start(task.deadline_at.map(Timestamp), p.now));
     let tasks = if live.is_empty() {
         Vec::new()
     } else {

@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 
 use super::*;
-use crate::plan::claim::{Leased, ReadyTenant};
+use crate::plan::claim::{Leased, ReadyTenant, too_late_to_start};
 
 /// A claim (`plan::claim`) on the writer thread (`plan::claim`).
 pub(super) fn task_claim(c: &Connection, policy: WritePolicy, p: &ClaimParams) -> Result<Vec<Task>> {
@@ -121,8 +121,7 @@ fn lease_task(
         return Err(StoreError::NotFound);
     }
     let deadline_at = current.deadline_at;
-    if deadline_at.is_some_and(|d| d <= p.now) {
-        // A queued operation whose deadline passed is never started.
+    if too_late_to_start(deadline_at, p.now) {
         return Ok(Err(current.version));
     }
     let was_queued = current.state == State::Queued;
