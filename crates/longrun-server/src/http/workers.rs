@@ -94,7 +94,7 @@ async fn claim(
     }
 
     let give_up_at = tokio::time::Instant::now() + Duration::from_secs(request.wait_seconds);
-    let kinds: std::sync::Arc<[String]> = request.kinds.clone().into();
+    let kinds: std::sync::Arc<[String]> = request.kinds.into();
     loop {
         // Subscribe before looking, so work that arrives in between wakes
         // us (work of other kinds does not).
@@ -102,7 +102,7 @@ async fn claim(
         let tasks = app
             .store
             .task_claim(ClaimParams {
-                kinds: request.kinds.clone(),
+                kinds: kinds.to_vec(),
                 max_tasks: request.max_tasks,
                 lease,
                 worker_id: worker_id.clone(),
@@ -128,7 +128,7 @@ async fn claim(
         // Waiting, the claim may be handed a submission as it is accepted
         // (see `handoff`), where the store can.
         let handed = if app.store.hands_off() {
-            app.handoffs.wait(&request.kinds, &worker_id, lease, woken).await
+            app.handoffs.wait(&kinds, &worker_id, lease, woken).await
         } else {
             woken.await;
             None
