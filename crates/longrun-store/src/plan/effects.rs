@@ -139,17 +139,18 @@ async fn settle_artifacts<D: Driver>(
     rows: &[&EndRow],
     ended: &mut HashMap<String, Operation>,
 ) -> Result<()> {
-    let (publishing, discarding): (Vec<&EndRow>, Vec<&EndRow>) = rows
-        .iter()
-        .filter(|row| ended.contains_key(&row.id))
-        .partition(|row| row.ending.publishes);
-    let ended_at = |id: &str| ended.get(id).map_or(Timestamp(0), |op| op.updated_at);
-    let publish: Vec<(&str, Timestamp)> = publishing
-        .iter()
-        .map(|row| (row.id.as_str(), ended_at(&row.id)))
-        .collect();
-    let discard: Vec<&str> = discarding.iter().map(|row| row.id.as_str()).collect();
-    let discard_at = discard.iter().map(|id| ended_at(id)).max().unwrap_or(Timestamp(0));
+    // Results are kept from the moment their operation ended.
+    let (mut publish, mut discard) = (Vec::new(), Vec::new());
+    let mut discard_at = Timestamp(0);
+    for row in rows {
+        let Some(op) = ended.get(&row.id) else { continue };
+        if row.ending.publishes {
+            publish.push((row.id.as_str(), op.updated_at));
+        } else {
+            discard.push(row.id.as_str());
+            discard_at = discard_at.max(op.updated_at);
+        }
+    }
     for (id, published) in d.results_publish(&publish).await? {
         if let Some(op) = ended.remove(&id) {
             let op = with_published(op, published);
