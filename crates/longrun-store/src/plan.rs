@@ -11,7 +11,7 @@
 //! driver awaits its statements inside one transaction; SQLite's runs each
 //! statement synchronously inside its writer's group commit and never
 //! waits, so the writer drives the same function to completion with one
-//! poll ([`sqlite`'s `driver::block`](crate::sqlite)).
+//! poll (`block` in `sqlite/driver.rs`).
 //!
 //! Written here: workers' outcomes, the reaper and heartbeats ([`finish`]),
 //! cancel, pause and resume ([`control`]), the deadline enforcer
@@ -30,7 +30,6 @@ pub(crate) mod control;
 pub(crate) mod deadline;
 mod driver;
 mod effects;
-mod event;
 pub(crate) mod fetches;
 pub(crate) mod finish;
 mod history;
@@ -41,10 +40,10 @@ pub(crate) mod uploads;
 pub(crate) mod webhooks;
 mod writes;
 
+pub(crate) use crate::shared::{EventType, WebhookType};
 pub(crate) use driver::{Driver, EndRow, Lock};
 pub(crate) use effects::{Effect, apply};
-pub(crate) use event::{EventType, WebhookType};
-pub(crate) use history::{EVENTS_AFTER, EventRow, event_row, implied_snapshot, with_derived};
+pub(crate) use history::{EVENTS_AFTER, EventRow, event_row, with_derived};
 pub(crate) use retention::Tombstone;
 
 use std::time::Duration;

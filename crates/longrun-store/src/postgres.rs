@@ -5,7 +5,7 @@
 //! other nodes may work on at the same moment are taken with
 //! `FOR UPDATE SKIP LOCKED` (claims, the reaper, the enforcer, webhook
 //! delivery, retention), so each piece of work is done once. The same schema
-//! invariants as SQLite live in `postgres/schema.sql` (a trigger refuses
+//! invariants as SQLite live in `postgres/migrations/` (a trigger refuses
 //! illegal transitions).
 //!
 //! # Layout
@@ -124,25 +124,25 @@ impl Changes {
 /// The schema, one step per version, applied in order from the database's
 /// current version.
 const MIGRATIONS: &[(i64, &str)] = &[
-    (1, include_str!("postgres/schema.sql")),
-    (2, include_str!("postgres/0002_guard_when.sql")),
-    (3, include_str!("postgres/0003_fewer_indexes.sql")),
-    (4, include_str!("postgres/0004_uploads.sql")),
-    (5, include_str!("postgres/0005_reruns.sql")),
-    (6, include_str!("postgres/0006_paused.sql")),
-    (7, include_str!("postgres/0007_checkpoints.sql")),
-    (8, include_str!("postgres/0008_console.sql")),
-    (9, include_str!("postgres/0009_job_path_indexes.sql")),
-    (10, include_str!("postgres/0010_guard_after.sql")),
-    (11, include_str!("postgres/0011_history_vacuum.sql")),
-    (12, include_str!("postgres/0012_keys_by_tombstone.sql")),
-    (13, include_str!("postgres/0013_upload_appends.sql")),
-    (14, include_str!("postgres/0014_not_before_priority.sql")),
-    (15, include_str!("postgres/0015_schedules.sql")),
-    (16, include_str!("postgres/0016_partitioned_history.sql")),
-    (17, include_str!("postgres/0017_live_work_from_tasks.sql")),
-    (18, include_str!("postgres/0018_hot_claims.sql")),
-    (19, include_str!("postgres/0019_partitioned_deliveries.sql")),
+    (1, include_str!("postgres/migrations/0001_schema.sql")),
+    (2, include_str!("postgres/migrations/0002_guard_when.sql")),
+    (3, include_str!("postgres/migrations/0003_fewer_indexes.sql")),
+    (4, include_str!("postgres/migrations/0004_uploads.sql")),
+    (5, include_str!("postgres/migrations/0005_reruns.sql")),
+    (6, include_str!("postgres/migrations/0006_paused.sql")),
+    (7, include_str!("postgres/migrations/0007_checkpoints.sql")),
+    (8, include_str!("postgres/migrations/0008_console.sql")),
+    (9, include_str!("postgres/migrations/0009_job_path_indexes.sql")),
+    (10, include_str!("postgres/migrations/0010_guard_after.sql")),
+    (11, include_str!("postgres/migrations/0011_history_vacuum.sql")),
+    (12, include_str!("postgres/migrations/0012_keys_by_tombstone.sql")),
+    (13, include_str!("postgres/migrations/0013_upload_appends.sql")),
+    (14, include_str!("postgres/migrations/0014_not_before_priority.sql")),
+    (15, include_str!("postgres/migrations/0015_schedules.sql")),
+    (16, include_str!("postgres/migrations/0016_partitioned_history.sql")),
+    (17, include_str!("postgres/migrations/0017_live_work_from_tasks.sql")),
+    (18, include_str!("postgres/migrations/0018_hot_claims.sql")),
+    (19, include_str!("postgres/migrations/0019_partitioned_deliveries.sql")),
 ];
 
 /// The database's collation when it compares text by a locale rather than

@@ -3,7 +3,8 @@
 //! webhook body, pages); `rules`, the decisions of the store (how work
 //! ends, retries or pauses, what a heartbeat changes, which changes of
 //! intent are allowed), with a claim's in `claims` and where pieces go in
-//! `pieces`; `script`, statements both stores run as written,
+//! `pieces`; `names`, the event and webhook types a use case records;
+//! `script`, statements both stores run as written,
 //! and the use cases written so (`admin`, `schedules`). None reads a
 //! database or a clock; each driver runs a script with one runner.
 
@@ -21,6 +22,7 @@ mod claims;
 mod codec;
 mod columns;
 mod lookups;
+mod names;
 mod pieces;
 mod rules;
 mod schedules;
@@ -33,6 +35,7 @@ pub(crate) use claims::*;
 pub(crate) use codec::*;
 pub(crate) use columns::*;
 pub(crate) use lookups::*;
+pub(crate) use names::{EventType, WebhookType};
 pub(crate) use pieces::*;
 pub(crate) use rules::*;
 pub(crate) use schedules::*;

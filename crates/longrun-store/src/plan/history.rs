@@ -17,7 +17,7 @@
 //! The `started` event of a first attempt keeps its row, but not its
 //! snapshot when that says only what the event's own columns do (the
 //! attempt of its data, and `started_at` at its time): the column is
-//! `NULL` and [`implied_snapshot`] gives it back ([`event_row`]).
+//! `NULL` and `shared::implied_snapshot` gives it back ([`event_row`]).
 
 use longrun_core::{State, Timestamp};
 use serde_json::{Value, json};
@@ -38,7 +38,7 @@ pub(crate) fn ended_data(op: &Operation) -> Value {
 #[derive(Debug, PartialEq)]
 pub(crate) struct EventRow {
     /// `None` for a terminal event (the row is its representation, see
-    /// `shared::event_snapshot`) and where [`implied_snapshot`] gives it back.
+    /// `shared::event_snapshot`) and where `shared::implied_snapshot` gives it back.
     pub snapshot: Option<String>,
 }
 
@@ -77,16 +77,6 @@ pub(crate) fn event_row(op: &Operation, event_type: EventType, data: &Value) -> 
         (_, true) => Some(EventRow { snapshot: None }),
         _ => Some(EventRow { snapshot }),
     }
-}
-
-/// The snapshot a stored event of type `event_type` with `data` at `at`
-/// holds when its column is `NULL` and [`event_row`] left it out:
-/// a `started` event's; none for any other (the row, at its version).
-pub(crate) fn implied_snapshot(event_type: &str, data: &Value, at: Timestamp) -> Option<Value> {
-    let attempt = data
-        .get("attempt")
-        .filter(|_| event_type == EventType::Started.as_str())?;
-    Some(json!({"attempt": attempt, "started_at": at.0}))
 }
 
 fn is_empty_object(v: &Value) -> bool {
@@ -269,11 +259,14 @@ mod tests {
         let data = json!({"attempt": 1, "worker_id": "w"});
         assert_eq!(snapshot_column(&started, EventType::Started, &data), None);
         let full: Value = serde_json::from_str(&snapshot_text(&started)).unwrap();
-        let implied = implied_snapshot("started", &data, started.updated_at);
+        let implied = crate::shared::implied_snapshot("started", &data, started.updated_at);
         assert_eq!(implied.as_ref(), Some(&full));
         let read = |v: Option<&Value>| snapshot_from_json(v, &started, 2, State::Running, started.updated_at);
         assert_eq!(read(implied.as_ref()), read(Some(&full)));
-        assert_eq!(implied_snapshot("progress", &data, started.updated_at), None);
+        assert_eq!(
+            crate::shared::implied_snapshot("progress", &data, started.updated_at),
+            None
+        );
 
         let mut retry = started.clone();
         (retry.version, retry.attempt, retry.updated_at) = (4, 2, Timestamp(t + 5));

@@ -130,7 +130,7 @@ pub(crate) fn event_of<R: Columns + ?Sized>(
     let data = json(r, 4)?.unwrap_or(Value::Null);
     let snapshot = match replay {
         Some(row) => {
-            let kept = json(r, 5)?.or_else(|| crate::plan::implied_snapshot(&event_type, &data, at));
+            let kept = json(r, 5)?.or_else(|| implied_snapshot(&event_type, &data, at));
             snapshot_from_json(kept.as_ref(), row, version, state, at)
         }
         None => None,
@@ -144,4 +144,14 @@ pub(crate) fn event_of<R: Columns + ?Sized>(
         data,
         snapshot,
     })
+}
+
+/// The snapshot a stored event of type `event_type` with `data` at `at`
+/// holds when its column is `NULL` and the plan's `event_row` left it out:
+/// a `started` event's; none for any other (the row, at its version).
+pub(crate) fn implied_snapshot(event_type: &str, data: &Value, at: Timestamp) -> Option<Value> {
+    let attempt = data
+        .get("attempt")
+        .filter(|_| event_type == EventType::Started.as_str())?;
+    Some(json!({"attempt": attempt, "started_at": at.0}))
 }

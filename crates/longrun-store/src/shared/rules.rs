@@ -394,10 +394,10 @@ pub(crate) enum IntentChange {
 impl IntentChange {
     /// For a pause asked of (or withdrawn from) running work: the new
     /// `pause_requested_at` and the event that records the change.
-    pub fn pause_request(self, now: Timestamp) -> (Option<Timestamp>, crate::plan::EventType) {
+    pub fn pause_request(self, now: Timestamp) -> (Option<Timestamp>, EventType) {
         match self {
-            IntentChange::RequestPause => (Some(now), crate::plan::EventType::PauseRequested),
-            _ => (None, crate::plan::EventType::PauseWithdrawn),
+            IntentChange::RequestPause => (Some(now), EventType::PauseRequested),
+            _ => (None, EventType::PauseWithdrawn),
         }
     }
 }

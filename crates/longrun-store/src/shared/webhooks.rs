@@ -19,7 +19,7 @@ fn delivery(r: &Row) -> Result<Delivery> {
 
 /// Queues the webhook `webhook` of `op`'s change, in the change's
 /// transaction; `None` when `op` has no callback URL.
-pub(crate) fn delivery_queued(op: &Operation, webhook: crate::plan::WebhookType) -> Option<Script<()>> {
+pub(crate) fn delivery_queued(op: &Operation, webhook: WebhookType) -> Option<Script<()>> {
     let url = op.callback_url.as_deref()?;
     let event_type = webhook.as_str();
     Some(Script::one(
@@ -46,7 +46,7 @@ pub(crate) fn start_delivery_queued(op: &Operation, was_queued: bool) -> Option<
     if !was_queued {
         return None;
     }
-    delivery_queued(op, crate::plan::WebhookType::Reached(op.state))
+    delivery_queued(op, WebhookType::Reached(op.state))
 }
 
 /// Deliveries due at `now` that no node holds, soonest first; on
