@@ -109,6 +109,10 @@ async fn claim(
                 now: app.clock.now(),
             })
             .await?;
+        // Claims that found nothing are round trips (on SQLite, turns of its
+        // one writer) spent on a wake-up that was not for this claimer.
+        let found = if tasks.is_empty() { "none" } else { "tasks" };
+        metrics::counter!("longrun_claim_rounds_total", "found" => found).increment(1);
         let now = tokio::time::Instant::now();
         // A claim leases many operations: each is named, so a trace of one
         // follows it from its submission to this worker.
