@@ -11,12 +11,12 @@
 //! `wait_seconds` 20) and complete what they get at once. Submissions come
 //! one at a time, each once the one before was completed, so every
 //! submission finds all W claimers waiting (10 ms after the one before was
-//! picked up). Read from the server: its claims that found nothing
-//! (`longrun_claim_rounds_total{found="none"}`) and its CPU time
-//! (`/proc/PID/stat`), a submission, less what the same claimers cost
-//! idle over 2 s before (each waiting claim looks again every 500 ms) and
-//! less the completing claimer's own next look; measured here: the time
-//! from sending a submission to its claim's answer.
+//! picked up). Read from the server: its claims woken that found nothing
+//! (`longrun_claim_rounds_total{found="none",after="wake"}`) and its CPU
+//! time (`/proc/PID/stat`; on PostgreSQL also its processes'), a
+//! submission, less what the same claimers cost idle over 2 s before (each
+//! waiting claim looks again every 500 ms); measured here: the time from
+//! sending a submission to its claim's answer.
 //!
 //! The comparison, same sitting: the same submissions with one claimer
 //! waiting. A wake-up that goes to every waiting claim makes a
@@ -64,7 +64,7 @@ fn main() {
              W remote claimers waiting (one task a claim, `wait_seconds` 20).\n"
         ));
         record.line(
-            "| store | claimers waiting (W) | claims that found nothing, a second idle | the same, a submission | server CPU a submission | pickup p50 | pickup p99 |",
+            "| store | claimers waiting (W) | fallback polls, a second idle | claims woken that found nothing, a submission | server + database CPU a submission | pickup p50 | pickup p99 |",
         );
         record.line("|---|---|---|---|---|---|---|");
         let mut ratios = Vec::new();
@@ -79,16 +79,16 @@ fn main() {
                 };
                 let m = measure(&args, w, submissions).await;
                 record.line(format!(
-                    "| {store} | {w} | {:.0} | {:.2} | {:.0} µs | {:.2} ms | {:.2} ms |",
-                    m.idle_empty, m.empty_claims, m.cpu_us, m.p50_ms, m.p99_ms
+                    "| {store} | {w} | {:.0} | {:.2} | {:.0} + {:.0} µs | {:.2} ms | {:.2} ms |",
+                    m.idle_polls, m.empty_claims, m.cpu_us, m.db_us, m.p50_ms, m.p99_ms
                 ));
-                cpu_by_w.push((w, m.cpu_us));
+                cpu_by_w.push((w, m.cpu_us + m.db_us));
             }
             if let (Some((w1, one)), Some((wn, many))) = (cpu_by_w.first(), cpu_by_w.last())
                 && wn > w1
             {
                 ratios.push(format!(
-                    "| {store}: server CPU a submission, {wn} claimers waiting / {w1} | {:.2}× |",
+                    "| {store}: server + database CPU a submission, {wn} claimers waiting / {w1} | {:.2}× |",
                     many / one
                 ));
             }
@@ -102,10 +102,13 @@ fn main() {
 }
 
 struct Measured {
-    /// Claims a second that found nothing while no work came.
-    idle_empty: f64,
+    /// Claims a second the waiting claims' fallback polls made while no
+    /// work came.
+    idle_polls: f64,
     empty_claims: f64,
     cpu_us: f64,
+    /// PostgreSQL's processes' CPU (0 on SQLite, whose work is the server's).
+    db_us: f64,
     p50_ms: f64,
     p99_ms: f64,
 }
@@ -171,19 +174,29 @@ async fn measure(store: &[String], claimers: usize, submissions: usize) -> Measu
         });
     }
     // Every claimer waits before the first submission.
-    let none = async || counter(&http, &metrics_addr, "longrun_claim_rounds_total", Some("none")).await;
-    while none().await < claimers as f64 {
+    let rounds =
+        async |labels: &[(&str, &str)]| counter(&http, &metrics_addr, "longrun_claim_rounds_total", labels).await;
+    while rounds(&[("after", "start")]).await < claimers as f64 {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // Idle, each waiting claim still looks every 500 ms (the fallback that
-    // catches work whose start arrives): measured, and taken off below.
-    let (idle_none, idle_cpu, idle_from) = (none().await, cpu_ticks(pid), Instant::now());
+    // catches work whose start arrives): measured, and taken off the CPU
+    // below.
+    let idle_polls = rounds(&[("after", "poll")]).await;
+    let (idle_cpu, idle_db, idle_from) = (cpu_ticks(pid), database_ticks(), Instant::now());
     tokio::time::sleep(IDLE).await;
     let idle_seconds = idle_from.elapsed().as_secs_f64();
-    let idle_none = (none().await - idle_none) / idle_seconds;
+    let idle_polls = (rounds(&[("after", "poll")]).await - idle_polls) / idle_seconds;
     let idle_cpu = (cpu_ticks(pid) - idle_cpu) / idle_seconds;
+    let idle_db = (database_ticks() - idle_db) / idle_seconds;
 
-    let (empty_before, cpu_before, from) = (none().await, cpu_ticks(pid), Instant::now());
+    let woken_for_nothing = [("found", "none"), ("after", "wake")];
+    let (empty_before, cpu_before, db_before, from) = (
+        rounds(&woken_for_nothing).await,
+        cpu_ticks(pid),
+        database_ticks(),
+        Instant::now(),
+    );
     let mut pickups = Vec::with_capacity(submissions);
     for n in 0..submissions {
         let sent = Instant::now();
@@ -207,26 +220,26 @@ async fn measure(store: &[String], claimers: usize, submissions: usize) -> Measu
     }
     let seconds = from.elapsed().as_secs_f64();
     let cpu = cpu_ticks(pid) - cpu_before - idle_cpu * seconds;
-    let empty = none().await - empty_before - idle_none * seconds;
+    let db = database_ticks() - db_before - idle_db * seconds;
+    let empty = rounds(&woken_for_nothing).await - empty_before;
     workers.abort_all();
     drop(server);
     pickups.sort();
     let at = |q: f64| pickups[((pickups.len() - 1) as f64 * q).round() as usize].as_secs_f64() * 1e3;
     let ticks_per_second = 100.0;
     Measured {
-        idle_empty: idle_none,
-        // The completing claimer's next claim is one per submission (it
-        // finds nothing and waits): not a wake-up's.
-        empty_claims: (empty - submissions as f64).max(0.0) / submissions as f64,
+        idle_polls,
+        empty_claims: empty / submissions as f64,
         cpu_us: cpu / ticks_per_second / submissions as f64 * 1e6,
+        db_us: db / ticks_per_second / submissions as f64 * 1e6,
         p50_ms: at(0.5),
         p99_ms: at(0.99),
     }
 }
 
-/// A counter of the server's `/metrics`: the series with `found="LABEL"`,
-/// or the sum of all its series.
-async fn counter(http: &reqwest::Client, metrics_addr: &str, name: &str, found: Option<&str>) -> f64 {
+/// A counter of the server's `/metrics`: the sum of its series with all of
+/// `labels`.
+async fn counter(http: &reqwest::Client, metrics_addr: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
     let text = http
         .get(format!("http://{metrics_addr}/metrics"))
         .send()
@@ -237,14 +250,29 @@ async fn counter(http: &reqwest::Client, metrics_addr: &str, name: &str, found: 
         .unwrap();
     text.lines()
         .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-        .filter(|l| found.is_none_or(|f| l.contains(&format!("found=\"{f}\""))))
+        .filter(|l| labels.iter().all(|(k, v)| l.contains(&format!("{k}=\"{v}\""))))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
 
 /// The process's user and system CPU time so far, in clock ticks.
 fn cpu_ticks(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat_ticks(&std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default())
+}
+
+/// The CPU time of every `postgres` process now running, in clock ticks.
+fn database_ticks() -> f64 {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return 0.0;
+    };
+    dir.filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("stat")).ok())
+        .filter(|stat| stat.contains("(postgres)"))
+        .map(|stat| stat_ticks(&stat))
+        .sum()
+}
+
+/// User and system CPU time of a `/proc/PID/stat` line, in clock ticks.
+fn stat_ticks(stat: &str) -> f64 {
     // The fields after the command's closing parenthesis; utime and stime
     // are the 14th and 15th of the whole line.
     let rest = stat.rsplit_once(')').map_or("", |(_, rest)| rest);

@@ -189,10 +189,9 @@ impl Dispatcher {
                 .with_checkpoint(task.checkpoint);
             let report = reserved.run(handler, ctx, heartbeat_every).await;
             // The handler is done (its slot already takes the next task)
-            // while the outcome commits. The slot is this dispatcher's:
-            // waking the claimers of this kind wakes it, and no remote
-            // worker of another kind.
-            signals.work_available_of(&task.kind);
+            // while the outcome commits: the outcome's arrival wakes the
+            // dispatcher to claim for the slot. A signal of new work would
+            // wake a claimer of the kind waiting elsewhere for nothing.
             send_and_log(&task.operation_id, report).await;
             signals.untrack(&task.operation_id);
             drop(reserved);

@@ -1,117 +1,149 @@
-//! In-process wake-ups: new work for the dispatcher, and cancel and pause requests
-//! for tasks running in this process. They only shorten waits; the store
-//! stays the source of truth (a missed signal is caught by the next poll or
-//! heartbeat).
+//! In-process wake-ups: new work for the dispatcher and for long-polling
+//! remote claims, and cancel and pause requests for tasks running in this
+//! process. They only shorten waits; the store stays the source of truth
+//! (a missed signal is caught by the next poll or heartbeat).
+//!
+//! A unit of new work wakes one claimer of its kind, the one that has
+//! waited longest: every other claimer woken for it would make a store
+//! claim that finds nothing (a round trip, on SQLite a turn of its one
+//! writer). Work that may be claimable without a unit to name (a lapsed
+//! lease, changes this node missed) wakes every claimer.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use longrun_core::Id;
-use tokio::sync::watch;
+use tokio::sync::Notify;
 
 use longrun_worker::task::StopFlags;
 
 /// In-process wake-ups: new work for claimers, cancel and pause for running tasks. Cheap to clone.
-#[derive(Clone)]
+#[derive(Clone, Default)]
 pub struct Signals {
     inner: Arc<Inner>,
 }
 
+#[derive(Default)]
 struct Inner {
-    /// Bumped whenever work may have become claimable; every waiter looks
-    /// at `moved` to see whether it was work it claims.
-    work: watch::Sender<u64>,
-    moved: Mutex<Moved>,
+    waiting: Mutex<Waiting>,
     running: Mutex<HashMap<Id, Arc<StopFlags>>>,
 }
 
-/// Signals of new work so far: of any kind, and of each kind named.
+/// The watches not woken yet, by when they were taken (oldest first).
 #[derive(Default)]
-struct Moved {
-    any: u64,
-    of_kind: HashMap<String, u64>,
+struct Waiting {
+    next: u64,
+    watches: BTreeMap<u64, Waiter>,
 }
 
-impl Moved {
-    /// The signals a claimer of `kinds` (every kind when `None`) has had.
-    /// Every count only grows, so their sum moves exactly when one of them
-    /// does.
-    fn seen(&self, kinds: Option<&[String]>) -> u64 {
-        self.any
-            + match kinds {
-                None => self.of_kind.values().sum::<u64>(),
-                Some(kinds) => kinds.iter().filter_map(|k| self.of_kind.get(k)).sum(),
-            }
+struct Waiter {
+    /// The kinds its claimer claims (`None`: every kind).
+    kinds: Option<Arc<[String]>>,
+    slot: Arc<Slot>,
+}
+
+impl Waiter {
+    fn claims(&self, kind: &str) -> bool {
+        self.kinds.as_ref().is_none_or(|kinds| kinds.iter().any(|k| k == kind))
     }
 }
 
-impl Default for Signals {
-    fn default() -> Self {
-        Self {
-            inner: Arc::new(Inner {
-                work: watch::channel(0).0,
-                moved: Mutex::new(Moved::default()),
-                running: Mutex::new(HashMap::new()),
-            }),
-        }
-    }
+/// Where a watch is woken, and by what.
+#[derive(Default)]
+struct Slot {
+    notify: Notify,
+    /// Set under the waiting list's lock as the watch leaves it, so a
+    /// watch that finds itself gone from the list finds why here.
+    woken_by: Mutex<Option<Wake>>,
+}
+
+/// What woke a watch.
+#[derive(Clone)]
+enum Wake {
+    /// Work of any kind: every watch was woken.
+    Any,
+    /// A unit of work of this kind: this watch alone was.
+    Kind(String),
 }
 
 /// A subscription taken *before* looking for work, so that work arriving
-/// between the look and the wait is never missed.
+/// between the look and the wait is never missed. It is woken once: by
+/// work of any kind, or by a unit of work of one of its kinds that no
+/// watch taken earlier was woken for.
 pub struct WorkWatch {
-    rx: watch::Receiver<u64>,
     inner: Arc<Inner>,
-    /// The kinds its claimer claims (`None`: every kind).
-    kinds: Option<Arc<[String]>>,
-    seen: u64,
+    id: u64,
+    slot: Arc<Slot>,
+    /// Whether `changed` returned: its claimer looks again.
+    heard: bool,
 }
 
 impl WorkWatch {
     /// Resolves once work of its kinds (or of any kind, unnamed) was
-    /// signalled after this watch was taken; work of other kinds does not
-    /// wake it.
+    /// signalled for it after this watch was taken; work of other kinds does
+    /// not wake it.
     pub async fn changed(&mut self) {
-        loop {
-            if self.rx.changed().await.is_err() {
-                std::future::pending::<()>().await;
+        self.slot.notify.notified().await;
+        self.heard = true;
+    }
+}
+
+impl Drop for WorkWatch {
+    /// A watch never woken leaves the list. One woken by a unit of work but
+    /// dropped before its claimer heard (the claim ended another way: its
+    /// look found work, its request went away, its fallback poll came
+    /// first) hands that unit to the next watch of the kind, so the work is
+    /// not left to a poll.
+    fn drop(&mut self) {
+        let mut waiting = self.inner.waiting.lock().expect("signals poisoned");
+        if waiting.watches.remove(&self.id).is_some() || self.heard {
+            return;
+        }
+        drop(waiting);
+        let woken_by = self.slot.woken_by.lock().expect("signals poisoned").take();
+        if let Some(Wake::Kind(kind)) = woken_by {
+            Signals {
+                inner: self.inner.clone(),
             }
-            let now = self
-                .inner
-                .moved
-                .lock()
-                .expect("signals poisoned")
-                .seen(self.kinds.as_deref());
-            if now != self.seen {
-                return;
-            }
+            .work_available_of(&kind);
         }
     }
 }
 
 impl Signals {
-    /// Something of any kind may be claimable: wake every claimer
+    /// Something of any kind may be claimable without a unit of work to
+    /// name (leases lapsed, changes this node missed): wake every claimer
     /// (in-process dispatcher and long-polling remote workers).
     pub fn work_available(&self) {
-        self.inner.moved.lock().expect("signals poisoned").any += 1;
-        self.inner.work.send_modify(|n| *n = n.wrapping_add(1));
+        let woken = {
+            let mut waiting = self.inner.waiting.lock().expect("signals poisoned");
+            let woken = std::mem::take(&mut waiting.watches);
+            for waiter in woken.values() {
+                *waiter.slot.woken_by.lock().expect("signals poisoned") = Some(Wake::Any);
+            }
+            woken
+        };
+        for waiter in woken.values() {
+            // Kept as a permit when its claimer is not waiting yet.
+            waiter.slot.notify.notify_one();
+        }
     }
 
-    /// Work of `kind` may be claimable (a submission, a retry): wake the
-    /// claimers of that kind. The others stay asleep: a claim that cannot
-    /// find its kinds' work is a store round trip (and on SQLite a turn of
-    /// its one writer) spent for nothing.
+    /// A unit of work of `kind` may be claimable (a submission, a retry, a
+    /// slot of a capped tenant): wake the claimer of that kind that has
+    /// waited longest, and no other. With none waiting, nothing is owed: a
+    /// claimer that starts waiting later looks first.
     pub fn work_available_of(&self, kind: &str) {
-        {
-            let mut moved = self.inner.moved.lock().expect("signals poisoned");
-            match moved.of_kind.get_mut(kind) {
-                Some(n) => *n += 1,
-                None => {
-                    moved.of_kind.insert(kind.to_owned(), 1);
-                }
-            }
-        }
-        self.inner.work.send_modify(|n| *n = n.wrapping_add(1));
+        let waiter = {
+            let mut waiting = self.inner.waiting.lock().expect("signals poisoned");
+            let Some(id) = waiting.watches.iter().find(|(_, w)| w.claims(kind)).map(|(id, _)| *id) else {
+                return;
+            };
+            let waiter = waiting.watches.remove(&id).expect("found above");
+            *waiter.slot.woken_by.lock().expect("signals poisoned") = Some(Wake::Kind(kind.to_owned()));
+            waiter
+        };
+        waiter.slot.notify.notify_one();
     }
 
     /// Subscribes to new work of every kind; subscribe before looking, so
@@ -126,20 +158,22 @@ impl Signals {
     }
 
     fn watch(&self, kinds: Option<Arc<[String]>>) -> WorkWatch {
-        // Subscribed first: a signal after this is seen by `rx`, and one
-        // before the count below is in it (so it is no news).
-        let rx = self.inner.work.subscribe();
-        let seen = self
-            .inner
-            .moved
-            .lock()
-            .expect("signals poisoned")
-            .seen(kinds.as_deref());
+        let slot = Arc::new(Slot::default());
+        let mut waiting = self.inner.waiting.lock().expect("signals poisoned");
+        let id = waiting.next;
+        waiting.next += 1;
+        waiting.watches.insert(
+            id,
+            Waiter {
+                kinds,
+                slot: slot.clone(),
+            },
+        );
         WorkWatch {
-            rx,
             inner: self.inner.clone(),
-            kinds,
-            seen,
+            id,
+            slot,
+            heard: false,
         }
     }
 
@@ -213,6 +247,53 @@ mod tests {
         let mut every = signals.watch_work();
         signals.work_available_of("noop");
         assert!(woken(&mut every).await, "an unfiltered watch hears every kind");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_unit_of_work_wakes_the_claimer_of_its_kind_that_waited_longest_and_no_other() {
+        let signals = Signals::default();
+        let mut first = signals.watch_work_of(kinds(&["export"]));
+        let mut other_kind = signals.watch_work_of(kinds(&["import"]));
+        let mut second = signals.watch_work_of(kinds(&["import", "export"]));
+        signals.work_available_of("export");
+        assert!(woken(&mut first).await, "the oldest export claimer was not woken");
+        assert!(!woken(&mut second).await, "one unit of work woke two claimers");
+        signals.work_available_of("export");
+        assert!(woken(&mut second).await, "the next unit did not wake the next claimer");
+        assert!(!woken(&mut other_kind).await);
+        // With no claimer of the kind waiting, nothing is owed: a claimer
+        // that watches later looks first.
+        signals.work_available_of("export");
+        let mut later = signals.watch_work_of(kinds(&["export"]));
+        assert!(!woken(&mut later).await);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wake_up_its_claimer_did_not_hear_goes_to_the_next_claimer() {
+        let signals = Signals::default();
+        let first = signals.watch_work_of(kinds(&["export"]));
+        let mut second = signals.watch_work_of(kinds(&["export"]));
+        signals.work_available_of("export");
+        // The first claim ended another way (its look found work, its
+        // request went away) before it heard.
+        drop(first);
+        assert!(woken(&mut second).await, "the unit of work was lost with the watch");
+
+        // Heard, the wake-up was the claimer's: nothing is handed on.
+        let mut heard = signals.watch_work_of(kinds(&["export"]));
+        let mut next = signals.watch_work_of(kinds(&["export"]));
+        signals.work_available_of("export");
+        assert!(woken(&mut heard).await);
+        drop(heard);
+        assert!(!woken(&mut next).await, "a heard wake-up was handed on");
+
+        // Work of any kind woke everyone: nothing to hand on either.
+        let everyone = signals.watch_work();
+        signals.work_available();
+        drop(everyone);
+        assert!(woken(&mut next).await, "work of any kind did not wake it");
+        let mut after = signals.watch_work_of(kinds(&["export"]));
+        assert!(!woken(&mut after).await);
     }
 
     #[tokio::test(start_paused = true)]

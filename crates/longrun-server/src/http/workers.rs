@@ -95,6 +95,8 @@ async fn claim(
 
     let give_up_at = tokio::time::Instant::now() + Duration::from_secs(request.wait_seconds);
     let kinds: std::sync::Arc<[String]> = request.kinds.into();
+    // What made this look: the claim's start, a wake-up, the fallback poll.
+    let mut after = "start";
     loop {
         // Subscribe before looking, so work that arrives in between wakes
         // us (work of other kinds does not).
@@ -109,10 +111,10 @@ async fn claim(
                 now: app.clock.now(),
             })
             .await?;
-        // Claims that found nothing are round trips (on SQLite, turns of its
-        // one writer) spent on a wake-up that was not for this claimer.
+        // Looks that found nothing are round trips (on SQLite, turns of its
+        // one writer): after a wake-up, one that was not for this claimer.
         let found = if tasks.is_empty() { "none" } else { "tasks" };
-        metrics::counter!("longrun_claim_rounds_total", "found" => found).increment(1);
+        metrics::counter!("longrun_claim_rounds_total", "found" => found, "after" => after).increment(1);
         let now = tokio::time::Instant::now();
         // A claim leases many operations: each is named, so a trace of one
         // follows it from its submission to this worker.
@@ -123,9 +125,10 @@ async fn claim(
             return Ok(Json(claimed(tasks)));
         }
         let wake_at = give_up_at.min(now + CLAIM_FALLBACK_POLL);
+        after = "poll";
         let woken = async {
             tokio::select! {
-                () = work.changed() => {}
+                () = work.changed() => after = "wake",
                 () = tokio::time::sleep_until(wake_at) => {}
             }
         };
@@ -142,6 +145,16 @@ async fn claim(
             return Ok(Json(claimed(vec![task])));
         }
     }
+}
+
+/// A worker's outcome freed its operation's place under the tenant's
+/// `max_running`: a claim of the kind waiting for the tenant's next task
+/// may now take it, so the one that has waited longest is woken. (A retry
+/// wakes one as its `retry_scheduled` change goes by, `wake_claimers`.)
+/// Not every waiting claim: all but one would find nothing, a store round
+/// trip each per outcome (the `claim_wakeups` bench).
+fn slot_freed(app: &AppState, op: &longrun_store::Operation) {
+    app.signals.work_available_of(&op.kind);
 }
 
 /// A claim's answer.
@@ -225,8 +238,7 @@ async fn finish(app: &AppState, params: FinishParams) -> Result<Json<OutcomeResp
     let id = params.operation_id.clone();
     let op = app.store.task_finish(params).await.map_err(lease_error(&id))?;
     count_pause(&op);
-    // A slot of the tenant's max_running (or a retry) may now be claimable.
-    app.signals.work_available();
+    slot_freed(app, &op);
     Ok(Json(outcome_response(&op)))
 }
 
@@ -496,11 +508,11 @@ async fn outcomes(
     }
     let (slots, params): (Vec<usize>, Vec<FinishParams>) = finishes.into_iter().unzip();
     let ids: Vec<Id> = params.iter().map(|p| p.operation_id.clone()).collect();
-    let any_finish = !params.is_empty();
     for ((slot, id), op) in slots.into_iter().zip(ids).zip(app.store.task_finish_many(params).await) {
         results[slot] = match op {
             Ok(op) => {
                 count_pause(&op);
+                slot_freed(&app, &op);
                 let body = outcome_response(&op);
                 OutcomeItemResult {
                     status: 200,
@@ -513,9 +525,6 @@ async fn outcomes(
             }
             Err(e) => refused(&id, e),
         };
-    }
-    if any_finish {
-        app.signals.work_available();
     }
     for r in &results {
         tracing::debug!(op.id = %r.operation_id, status = r.status, state = ?r.state, "reported");
