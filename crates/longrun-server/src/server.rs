@@ -369,8 +369,10 @@ async fn wake_claimers(mut feed: tokio::sync::broadcast::Receiver<longrun_store:
     loop {
         match feed.recv().await {
             Ok(change) if change.is_resync() => signals.work_available(),
-            Ok(change) if matches!(change.event_type.as_str(), "created" | "retry_scheduled") => {
-                signals.work_available_of(&change.kind)
+            // A unit of work heard here already (from the request that
+            // made it on this node) wakes nobody again.
+            Ok(change) if matches!(change.event_type.as_str(), "created" | "retry_scheduled" | "resumed") => {
+                signals.work_available_for(&change.kind, change.operation_id.as_str(), change.version)
             }
             Ok(_) => {}
             Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => signals.work_available(),

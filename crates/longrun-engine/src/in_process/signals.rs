@@ -9,7 +9,7 @@
 //! writer). Work that may be claimable without a unit to name (a lapsed
 //! lease, changes this node missed) wakes every claimer.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use longrun_core::Id;
@@ -26,7 +26,38 @@ pub struct Signals {
 #[derive(Default)]
 struct Inner {
     waiting: Mutex<Waiting>,
+    heard: Mutex<Heard>,
     running: Mutex<HashMap<Id, Arc<StopFlags>>>,
+}
+
+/// The units of work heard of lately, each an operation at a version: a
+/// unit is heard twice on this node (from the request that made it, and
+/// again from the change feed) and wakes a claimer once.
+#[derive(Default)]
+struct Heard {
+    units: HashSet<(String, i64)>,
+    order: VecDeque<(String, i64)>,
+}
+
+/// How many units [`Heard`] keeps: more than a change feed lags behind
+/// the requests of one node. Past it, a unit heard again wakes a claimer
+/// again (one claim that finds nothing).
+const HEARD: usize = 4096;
+
+impl Heard {
+    /// Whether this is the first time `unit` is heard of (it is kept).
+    fn first(&mut self, unit: (String, i64)) -> bool {
+        if !self.units.insert(unit.clone()) {
+            return false;
+        }
+        self.order.push_back(unit);
+        if self.order.len() > HEARD
+            && let Some(oldest) = self.order.pop_front()
+        {
+            self.units.remove(&oldest);
+        }
+        true
+    }
 }
 
 /// The watches not woken yet, by when they were taken (oldest first).
@@ -144,6 +175,27 @@ impl Signals {
             waiter
         };
         waiter.slot.notify.notify_one();
+    }
+
+    /// Operation `operation_id` of `kind` became claimable at `version`
+    /// (accepted, resumed, scheduled to retry): one unit of work, which
+    /// wakes one claimer ([`work_available_of`](Self::work_available_of))
+    /// the first time it is heard of, and nobody after.
+    pub fn work_available_for(&self, kind: &str, operation_id: &str, version: i64) {
+        if self.first_heard(operation_id, version) {
+            self.work_available_of(kind);
+        }
+    }
+
+    /// Operation `operation_id` at `version` was leased as it was made (a
+    /// hand-off): when the change feed brings it, it wakes nobody.
+    pub fn work_taken(&self, operation_id: &str, version: i64) {
+        self.first_heard(operation_id, version);
+    }
+
+    fn first_heard(&self, operation_id: &str, version: i64) -> bool {
+        let mut heard = self.inner.heard.lock().expect("signals poisoned");
+        heard.first((operation_id.to_owned(), version))
     }
 
     /// Subscribes to new work of every kind; subscribe before looking, so
@@ -294,6 +346,38 @@ mod tests {
         assert!(woken(&mut next).await, "work of any kind did not wake it");
         let mut after = signals.watch_work_of(kinds(&["export"]));
         assert!(!woken(&mut after).await);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_unit_heard_twice_wakes_one_claimer_and_a_unit_taken_wakes_none() {
+        let signals = Signals::default();
+        let mut first = signals.watch_work_of(kinds(&["export"]));
+        let mut second = signals.watch_work_of(kinds(&["export"]));
+        // From the accepting request, then from the change feed.
+        signals.work_available_for("export", "op_1", 1);
+        signals.work_available_for("export", "op_1", 1);
+        assert!(woken(&mut first).await);
+        assert!(!woken(&mut second).await, "one unit woke two claimers");
+        // The same operation made claimable again (a retry) is a new unit.
+        signals.work_available_for("export", "op_1", 3);
+        assert!(woken(&mut second).await);
+
+        let mut third = signals.watch_work_of(kinds(&["export"]));
+        signals.work_taken("op_2", 1);
+        signals.work_available_for("export", "op_2", 1);
+        assert!(!woken(&mut third).await, "work handed off woke a claimer");
+    }
+
+    #[test]
+    fn units_heard_long_ago_are_forgotten() {
+        let mut heard = Heard::default();
+        assert!(heard.first(("op_0".into(), 1)));
+        for n in 1..=HEARD {
+            assert!(heard.first((format!("op_{n}"), 1)));
+        }
+        assert_eq!((heard.units.len(), heard.order.len()), (HEARD, HEARD));
+        assert!(heard.first(("op_0".into(), 1)), "the oldest was not forgotten");
+        assert!(!heard.first((format!("op_{HEARD}"), 1)));
     }
 
     #[tokio::test(start_paused = true)]

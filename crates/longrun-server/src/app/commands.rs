@@ -186,7 +186,7 @@ async fn set_intent(
         };
         metrics::counter!("longrun_operations_intents_total", "change" => what).increment(1);
         if op.state == longrun_core::State::Queued {
-            app.signals.work_available_of(&op.kind);
+            app.signals.work_available_for(&op.kind, op.id.as_str(), op.version);
         }
     }
     if asked_of_worker {

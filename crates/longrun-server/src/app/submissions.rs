@@ -207,12 +207,13 @@ async fn hand_off(app: &AppState, params: &AcceptParams) -> Result<Option<Operat
     // kind not safe to re-run, end as `outcome_unknown` without having run.
     // So the write and the answer run as a task of their own. Dropping
     // `claim` unanswered (nothing written, or an error) lets it look again.
-    let (store, params) = (app.store.clone(), params.clone());
+    let (store, signals, params) = (app.store.clone(), app.signals.clone(), params.clone());
     let handed = tokio::spawn(async move {
         let Some((op, task)) = store.operation_accept_leased(&params, &claim.to).await? else {
             return Ok(None);
         };
         metrics::counter!("longrun_claims_handed_total").increment(1);
+        signals.work_taken(op.id.as_str(), op.version);
         let id = task.operation_id.clone();
         if !claim.hand(task) {
             tracing::warn!(op.id = %id, "the claim handed this submission went away; its lease will run out");
@@ -230,7 +231,7 @@ async fn hand_off(app: &AppState, params: &AcceptParams) -> Result<Option<Operat
 pub(crate) fn accepted(app: &AppState, outcome: AcceptOutcome) -> Result<(Operation, bool), ApiError> {
     match outcome {
         AcceptOutcome::Created(op) => {
-            app.signals.work_available_of(&op.kind);
+            app.signals.work_available_for(&op.kind, op.id.as_str(), op.version);
             Ok((op, false))
         }
         // A replay of an operation past its expiry answers as one already

@@ -147,14 +147,20 @@ async fn claim(
     }
 }
 
-/// A worker's outcome freed its operation's place under the tenant's
-/// `max_running`: a claim of the kind waiting for the tenant's next task
-/// may now take it, so the one that has waited longest is woken. (A retry
-/// wakes one as its `retry_scheduled` change goes by, `wake_claimers`.)
-/// Not every waiting claim: all but one would find nothing, a store round
-/// trip each per outcome (the `claim_wakeups` bench).
-fn slot_freed(app: &AppState, op: &longrun_store::Operation) {
-    app.signals.work_available_of(&op.kind);
+/// A worker's outcome freed its operation's place under its tenant's
+/// `max_running`: a claim of the kind may now take the tenant's next task,
+/// so the one that has waited longest is woken. Only for a tenant with a
+/// cap (its limits cached briefly): any other tenant's work was never held
+/// back, and a claim woken for it would find nothing. (A retry wakes one
+/// as its `retry_scheduled` change goes by, `wake_claimers`.)
+async fn slot_freed(app: &AppState, op: &longrun_store::Operation) {
+    let capped = app
+        .tenant_limits(&op.tenant)
+        .await
+        .map_or(true, |limits| limits.is_some_and(|l| l.max_running.is_some()));
+    if capped {
+        app.signals.work_available_of(&op.kind);
+    }
 }
 
 /// A claim's answer.
@@ -238,7 +244,7 @@ async fn finish(app: &AppState, params: FinishParams) -> Result<Json<OutcomeResp
     let id = params.operation_id.clone();
     let op = app.store.task_finish(params).await.map_err(lease_error(&id))?;
     count_pause(&op);
-    slot_freed(app, &op);
+    slot_freed(app, &op).await;
     Ok(Json(outcome_response(&op)))
 }
 
@@ -512,7 +518,7 @@ async fn outcomes(
         results[slot] = match op {
             Ok(op) => {
                 count_pause(&op);
-                slot_freed(&app, &op);
+                slot_freed(&app, &op).await;
                 let body = outcome_response(&op);
                 OutcomeItemResult {
                     status: 200,
