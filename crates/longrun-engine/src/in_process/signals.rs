@@ -188,7 +188,8 @@ impl Signals {
     }
 
     /// Operation `operation_id` at `version` was leased as it was made (a
-    /// hand-off): when the change feed brings it, it wakes nobody.
+    /// hand-off): when the change feed brings it, it wakes nobody. (Should
+    /// the feed bring it first, it wakes one claimer, which finds nothing.)
     pub fn work_taken(&self, operation_id: &str, version: i64) {
         self.first_heard(operation_id, version);
     }
