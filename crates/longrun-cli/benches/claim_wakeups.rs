@@ -174,8 +174,9 @@ async fn measure(store: &[String], claimers: usize, submissions: usize) -> Measu
         });
     }
     // Every claimer waits before the first submission.
-    let rounds =
-        async |labels: &[(&str, &str)]| counter(&http, &metrics_addr, "longrun_claim_rounds_total", labels).await;
+    let rounds = async |labels: &[(&str, &str)]| {
+        processes::metric_with(&http, &metrics_addr, "longrun_claim_rounds_total", labels).await
+    };
     while rounds(&[("after", "start")]).await < claimers as f64 {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -235,24 +236,6 @@ async fn measure(store: &[String], claimers: usize, submissions: usize) -> Measu
         p50_ms: at(0.5),
         p99_ms: at(0.99),
     }
-}
-
-/// A counter of the server's `/metrics`: the sum of its series with all of
-/// `labels`.
-async fn counter(http: &reqwest::Client, metrics_addr: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
-    let text = http
-        .get(format!("http://{metrics_addr}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-        .filter(|l| labels.iter().all(|(k, v)| l.contains(&format!("{k}=\"{v}\""))))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 /// The process's user and system CPU time so far, in clock ticks.

@@ -69,6 +69,13 @@ pub async fn listening(mut command: Command, ready: &str) -> Child {
 /// without a key at `metrics_addr`, `--metrics-listen`), 0 if absent.
 #[allow(dead_code)] // not every bench reads metrics
 pub async fn metric(http: &reqwest::Client, metrics_addr: &str, name: &str) -> f64 {
+    metric_with(http, metrics_addr, name, &[]).await
+}
+
+/// The sum of a metric's series on a server's `/metrics` that carry all of
+/// `labels` (every series with none), 0 if absent.
+#[allow(dead_code)] // not every bench reads metrics
+pub async fn metric_with(http: &reqwest::Client, metrics_addr: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
     let text = http
         .get(format!("http://{metrics_addr}/metrics"))
         .send()
@@ -78,7 +85,8 @@ pub async fn metric(http: &reqwest::Client, metrics_addr: &str, name: &str) -> f
         .await
         .unwrap();
     text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0.0)
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter(|l| labels.iter().all(|(k, v)| l.contains(&format!("{k}=\"{v}\""))))
+        .filter_map(|l| l.rsplit(' ').next()?.trim().parse::<f64>().ok())
+        .sum()
 }
