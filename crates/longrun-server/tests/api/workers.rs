@@ -617,6 +617,44 @@ async fn max_active_refuses_before_creating_anything() {
 }
 
 #[tokio::test]
+async fn a_waiting_claim_gets_a_capped_tenants_next_task_once_a_running_one_ends() {
+    let app = spawn_app_with(Options {
+        builtin_workers: false,
+        ..Options::default()
+    })
+    .await;
+    app.declare_kind("capped", true, 3).await;
+    app.store
+        .tenant_set(TenantLimits {
+            name: "acme".into(),
+            max_running: Some(1),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let first = submit_kind(&app, "c1", "capped", json!({})).await;
+    let second = submit_kind(&app, "c2", "capped", json!({})).await;
+    let running = app.claim("capped", 5).await;
+    assert_eq!(running.len(), 1, "max_running 1 leases one");
+    assert_eq!(running[0]["operation_id"], first.as_str());
+    assert!(app.claim("capped", 5).await.is_empty(), "the tenant is at its cap");
+
+    // A claim waits; the running task's end frees the place it waits for.
+    let waiting = {
+        let request = app
+            .request(Method::POST, "/v1/worker/claims", &app.worker_key)
+            .json(&json!({"kinds": ["capped"], "max_tasks": 5, "wait_seconds": 30}));
+        tokio::spawn(async move { request.send().await.unwrap().json::<Value>().await.unwrap() })
+    };
+    assert_eq!(complete(&app, &running[0], json!({})).await.status(), StatusCode::OK);
+    let answered = waiting.await.unwrap();
+    let tasks = answered["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 1, "still one at a time: {answered}");
+    assert_eq!(tasks[0]["operation_id"], second.as_str());
+    app.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_tenant_over_its_rate_is_told_to_slow_down() {
     let app = spawn_app_with(Options {
         builtin_workers: false,
