@@ -1015,6 +1015,7 @@ async fn history_goes_a_partition_at_a_time() {
     let upkeep = store.history_upkeep(now, 1000).await.unwrap();
     assert_eq!(upkeep.partitions_dropped, 0);
     assert!(upkeep.steps_deferred >= 1, "{upkeep:?}");
+    assert_eq!(advisory_locks(&mut c).await, 0, "the deferred step let go");
     assert_eq!(partitions(&mut c).await[0], first, "still there");
     sqlx::query("COMMIT").execute(&mut reader).await.unwrap();
     let upkeep = store.history_upkeep(now, 1000).await.unwrap();
@@ -1184,6 +1185,22 @@ async fn rows(c: &mut sqlx::PgConnection, table: &str) -> i64 {
         .unwrap()
 }
 
+/// The advisory locks held in the test's database: none once an upkeep
+/// pass has returned, even one whose step was deferred. (A transaction
+/// merely dropped is rolled back by the pool's return of its connection,
+/// a task of its own, and holds the upkeep's lock until the server has
+/// read that rollback: the next pass, on another connection, could come
+/// first, find the lock taken and do nothing, as CI once saw.)
+async fn advisory_locks(c: &mut sqlx::PgConnection) -> i64 {
+    sqlx::query_scalar(
+        "SELECT COUNT(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database
+         WHERE l.locktype = 'advisory' AND d.datname = current_database()",
+    )
+    .fetch_one(&mut *c)
+    .await
+    .unwrap()
+}
+
 /// Webhook deliveries and their log live in a partition per day of their
 /// ids (schema 19), made a day ahead. A day goes whole once it ended a
 /// delivery retention ago, never while one of its deliveries is pending;
@@ -1268,6 +1285,7 @@ async fn webhook_deliveries_go_a_day_at_a_time() {
         .unwrap();
     let upkeep = store.deliveries_upkeep(later, week).await.unwrap();
     assert_eq!((upkeep.partitions_dropped, upkeep.steps_deferred), (0, 1));
+    assert_eq!(advisory_locks(&mut c).await, 0, "the deferred step let go");
     sqlx::query("COMMIT").execute(&mut reader).await.unwrap();
     let upkeep = store.deliveries_upkeep(later, week).await.unwrap();
     assert_eq!(

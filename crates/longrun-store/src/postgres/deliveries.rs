@@ -13,7 +13,7 @@
 //! the default partitions; the retention sweep deletes those finished past
 //! the retention row by row (`PgDriver::deliveries_finished`).
 
-use super::history::{DAY_MS, Detachable, deferred, detach_and_drop, drop_detached, literal, step};
+use super::history::{DAY_MS, Detachable, deferred, detach_and_drop, drop_detached, in_step, literal};
 use super::*;
 
 /// Taken for each step, so that nodes do not make or drop partitions at once.
@@ -115,59 +115,57 @@ pub(super) async fn deliveries_upkeep(pool: &PgPool, now: Timestamp, retention: 
 /// Makes the partition of the ids up to the end of the day after tomorrow
 /// once the newest ends within a day; returns how many it made (0 or 1).
 async fn make_ahead(pool: &PgPool, now: Timestamp) -> Result<u64> {
-    let Some(mut tx) = step(pool, UPKEEP_LOCK).await? else {
-        return Ok(0);
-    };
-    let newest: Option<Partition> = sqlx::query_as::<_, (String, i64, String, bool)>(
-        "SELECT hi, ends_at, name, detached FROM delivery_partitions ORDER BY hi DESC LIMIT 1",
-    )
-    .fetch_optional(&mut *tx)
-    .await
-    .map_err(db)?
-    .map(Partition::from);
-    let (hi, ends_at) = next_end(now);
-    if newest.as_ref().is_some_and(|p| p.ends_at >= now.0 + DAY_MS) {
-        tx.rollback().await.map_err(db)?;
-        return Ok(0);
-    }
-    // Rows in the default partitions below the new bound stay there: the
-    // new range begins above them (PostgreSQL refuses a range that would
-    // take rows from the default partition).
-    let strays_top: Option<String> = sqlx::query_scalar(
-        "SELECT GREATEST((SELECT MAX(event_id) FROM webhook_deliveries_default WHERE event_id < $1),
+    let made = in_step(pool, UPKEEP_LOCK, async |tx| {
+        let newest: Option<Partition> = sqlx::query_as::<_, (String, i64, String, bool)>(
+            "SELECT hi, ends_at, name, detached FROM delivery_partitions ORDER BY hi DESC LIMIT 1",
+        )
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(db)?
+        .map(Partition::from);
+        let (hi, ends_at) = next_end(now);
+        if newest.as_ref().is_some_and(|p| p.ends_at >= now.0 + DAY_MS) {
+            return Ok(None);
+        }
+        // Rows in the default partitions below the new bound stay there: the
+        // new range begins above them (PostgreSQL refuses a range that would
+        // take rows from the default partition).
+        let strays_top: Option<String> = sqlx::query_scalar(
+            "SELECT GREATEST((SELECT MAX(event_id) FROM webhook_deliveries_default WHERE event_id < $1),
                          (SELECT MAX(event_id) FROM webhook_attempts_default WHERE event_id < $1))",
-    )
-    .bind(&hi)
-    .fetch_one(&mut *tx)
-    .await
-    .map_err(db)?;
-    // The least text above the newest stray (the ids are of one length).
-    let above_strays = strays_top.map(|top| top + "0");
-    let lo = newest.map(|p| p.hi).max(above_strays);
-    if lo.as_ref().is_some_and(|lo| *lo >= hi) {
-        tx.rollback().await.map_err(db)?;
-        return Ok(0);
-    }
-    let from = lo.as_deref().map_or_else(|| "MINVALUE".to_owned(), literal);
-    let name = ends_at.to_string();
-    for (table, parent) in tables(&name).iter().zip(["webhook_deliveries", "webhook_attempts"]) {
-        let create = format!(
-            "CREATE TABLE {table} PARTITION OF {parent} FOR VALUES FROM ({from}) TO ({})
-             WITH (autovacuum_vacuum_cost_delay = 10)",
-            literal(&hi)
-        );
-        sqlx::query(&create).execute(&mut *tx).await.map_err(db)?;
-    }
-    sqlx::query("INSERT INTO delivery_partitions (hi, lo, ends_at, name) VALUES ($1, $2, $3, $4)")
+        )
         .bind(&hi)
-        .bind(lo.unwrap_or_default())
-        .bind(ends_at)
-        .bind(&name)
-        .execute(&mut *tx)
+        .fetch_one(&mut *tx)
         .await
         .map_err(db)?;
-    tx.commit().await.map_err(db)?;
-    Ok(1)
+        // The least text above the newest stray (the ids are of one length).
+        let above_strays = strays_top.map(|top| top + "0");
+        let lo = newest.map(|p| p.hi).max(above_strays);
+        if lo.as_ref().is_some_and(|lo| *lo >= hi) {
+            return Ok(None);
+        }
+        let from = lo.as_deref().map_or_else(|| "MINVALUE".to_owned(), literal);
+        let name = ends_at.to_string();
+        for (table, parent) in tables(&name).iter().zip(["webhook_deliveries", "webhook_attempts"]) {
+            let create = format!(
+                "CREATE TABLE {table} PARTITION OF {parent} FOR VALUES FROM ({from}) TO ({})
+             WITH (autovacuum_vacuum_cost_delay = 10)",
+                literal(&hi)
+            );
+            sqlx::query(&create).execute(&mut *tx).await.map_err(db)?;
+        }
+        sqlx::query("INSERT INTO delivery_partitions (hi, lo, ends_at, name) VALUES ($1, $2, $3, $4)")
+            .bind(&hi)
+            .bind(lo.unwrap_or_default())
+            .bind(ends_at)
+            .bind(&name)
+            .execute(&mut *tx)
+            .await
+            .map_err(db)?;
+        Ok(Some(1))
+    })
+    .await?;
+    Ok(made.unwrap_or(0))
 }
 
 /// Drops `partition` (deliveries and attempts, `detach_and_drop`) if none

@@ -29,21 +29,50 @@ const HOUR_MS: i64 = 3_600_000;
 /// there or not; retention removes the newest too).
 const HIGHEST_SEQ: &str = "SELECT last_value FROM operations_seq_seq";
 
-/// Begins a step under the advisory lock `upkeep`: `None` when another
-/// node holds it. A step that ends early rolls back there and then: a
-/// transaction merely dropped is rolled back later, its advisory lock held
-/// until then. (The webhook deliveries' partitions take steps alike.)
-pub(super) async fn step(pool: &PgPool, upkeep: i64) -> Result<Option<sqlx::Transaction<'static, sqlx::Postgres>>> {
+/// Runs `body` as a step: its own transaction under the advisory lock
+/// `upkeep`, committed when `body` returns `Some`, rolled back when it
+/// returns `None` or fails; `None` as well when another node holds the
+/// lock. The rollback is awaited here: a transaction merely dropped is
+/// rolled back only when the pool next tests its connection, in a task of
+/// its own, and holds its locks (the advisory one among them) until then,
+/// so that a pass going on at once (the next partition, a retry, another
+/// node) would find the upkeep still taken. (The webhook deliveries'
+/// partitions take steps alike.)
+pub(super) async fn in_step<T>(
+    pool: &PgPool,
+    upkeep: i64,
+    body: impl AsyncFnOnce(&mut PgConnection) -> Result<Option<T>>,
+) -> Result<Option<T>> {
     let mut tx = pool
         .begin_with("BEGIN; SET LOCAL lock_timeout = '100ms'; SET LOCAL statement_timeout = '1s'")
         .await
         .map_err(db)?;
-    let mine: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
+    let mine = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
         .bind(upkeep)
         .fetch_one(&mut *tx)
         .await
-        .map_err(db)?;
-    Ok(mine.then_some(tx))
+        .map_err(db);
+    let done = match mine {
+        Ok(true) => body(&mut tx).await,
+        Ok(false) => Ok(None),
+        Err(e) => Err(e),
+    };
+    match done {
+        Ok(Some(done)) => {
+            tx.commit().await.map_err(db)?;
+            Ok(Some(done))
+        }
+        Ok(None) => {
+            tx.rollback().await.map_err(db)?;
+            Ok(None)
+        }
+        Err(e) => {
+            // The step's error is the one to tell (a rollback that fails
+            // too leaves the connection to the pool's test, as before).
+            let _ = tx.rollback().await;
+            Err(e)
+        }
+    }
 }
 
 /// Whether `e` is the `lock_timeout` of a step (or a row that reached the
@@ -165,50 +194,48 @@ async fn strays_remove(pool: &PgPool, strays_from: &AtomicI64, limit: u32) -> Re
 /// Makes the next partition once the newest is half used; returns how many
 /// it made (0 or 1).
 async fn make_ahead(pool: &PgPool, max_seq: i64, now: Timestamp) -> Result<u64> {
-    let Some(mut tx) = step(pool, UPKEEP_LOCK).await? else {
-        return Ok(0);
-    };
-    let (lo, hi, made_at, made_at_seq): (i64, i64, i64, i64) =
-        sqlx::query_as("SELECT lo, hi, created_at, made_at_seq FROM history_partitions ORDER BY lo DESC LIMIT 1")
-            .fetch_optional(&mut *tx)
+    let made = in_step(pool, UPKEEP_LOCK, async |tx| {
+        let (lo, hi, made_at, made_at_seq): (i64, i64, i64, i64) =
+            sqlx::query_as("SELECT lo, hi, created_at, made_at_seq FROM history_partitions ORDER BY lo DESC LIMIT 1")
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(db)?
+                .unwrap_or((0, 0, now.0, 0));
+        if hi > 0 && max_seq < lo + (hi - lo) / 2 {
+            return Ok(None);
+        }
+        let width = next_width(made_at_seq, made_at, max_seq, now);
+        // Rows that reached the default partition (a burst past `hi`) stay
+        // there: the new range begins above them.
+        let strays_top: i64 = sqlx::query_scalar("SELECT COALESCE(MAX(op_seq) + 1, 0) FROM operation_events_default")
+            .fetch_one(&mut *tx)
             .await
-            .map_err(db)?
-            .unwrap_or((0, 0, now.0, 0));
-    if hi > 0 && max_seq < lo + (hi - lo) / 2 {
-        // Ended here, not when dropped: the advisory lock goes with it now.
-        tx.rollback().await.map_err(db)?;
-        return Ok(0);
-    }
-    let width = next_width(made_at_seq, made_at, max_seq, now);
-    // Rows that reached the default partition (a burst past `hi`) stay
-    // there: the new range begins above them.
-    let strays_top: i64 = sqlx::query_scalar("SELECT COALESCE(MAX(op_seq) + 1, 0) FROM operation_events_default")
-        .fetch_one(&mut *tx)
+            .map_err(db)?;
+        let new_lo = hi.max(strays_top);
+        let new_hi = (new_lo + width).max(max_seq + width);
+        let create = format!(
+            "CREATE TABLE {} PARTITION OF operation_events FOR VALUES FROM ({new_lo}) TO ({new_hi})",
+            partition(new_lo)
+        );
+        sqlx::query(&create).execute(&mut *tx).await.map_err(db)?;
+        // When no seq of the range was handed out yet, the database's clock
+        // now is before every one of its operations' ids was made.
+        let made_clock = if max_seq < new_lo { DB_NOW } else { "NULL" };
+        sqlx::query(&format!(
+            "INSERT INTO history_partitions (lo, hi, created_at, made_at_seq, made_clock)
+             VALUES ($1, $2, $3, $4, {made_clock})"
+        ))
+        .bind(new_lo)
+        .bind(new_hi)
+        .bind(now.0)
+        .bind(max_seq)
+        .execute(&mut *tx)
         .await
         .map_err(db)?;
-    let new_lo = hi.max(strays_top);
-    let new_hi = (new_lo + width).max(max_seq + width);
-    let create = format!(
-        "CREATE TABLE {} PARTITION OF operation_events FOR VALUES FROM ({new_lo}) TO ({new_hi})",
-        partition(new_lo)
-    );
-    sqlx::query(&create).execute(&mut *tx).await.map_err(db)?;
-    // When no seq of the range was handed out yet, the database's clock
-    // now is before every one of its operations' ids was made.
-    let made_clock = if max_seq < new_lo { DB_NOW } else { "NULL" };
-    sqlx::query(&format!(
-        "INSERT INTO history_partitions (lo, hi, created_at, made_at_seq, made_clock)
-         VALUES ($1, $2, $3, $4, {made_clock})"
-    ))
-    .bind(new_lo)
-    .bind(new_hi)
-    .bind(now.0)
-    .bind(max_seq)
-    .execute(&mut *tx)
-    .await
-    .map_err(db)?;
-    tx.commit().await.map_err(db)?;
-    Ok(1)
+        Ok(Some(1))
+    })
+    .await?;
+    Ok(made.unwrap_or(0))
 }
 
 /// A partition to detach and drop: each of its tables with its parent, the
@@ -254,30 +281,32 @@ impl Detachable {
 /// detached by a pass that stopped is dropped by the next
 /// ([`drop_detached`]).
 pub(super) async fn detach_and_drop(pool: &PgPool, p: &Detachable) -> Result<bool> {
-    let Some(mut tx) = step(pool, p.upkeep).await? else {
-        return Ok(false);
-    };
-    let listed = format!("SELECT NOT detached FROM {} WHERE {}", p.listed_in, p.row);
-    let attached: Option<bool> = sqlx::query_scalar(&listed).fetch_optional(&mut *tx).await.map_err(db)?;
-    let in_use = async |c: &mut PgConnection| sqlx::query_scalar::<_, bool>(&p.in_use).fetch_one(c).await.map_err(db);
-    if attached != Some(true) || in_use(&mut tx).await? {
-        tx.rollback().await.map_err(db)?;
+    let detached = in_step(pool, p.upkeep, async |tx| {
+        let listed = format!("SELECT NOT detached FROM {} WHERE {}", p.listed_in, p.row);
+        let attached: Option<bool> = sqlx::query_scalar(&listed).fetch_optional(&mut *tx).await.map_err(db)?;
+        let in_use =
+            async |c: &mut PgConnection| sqlx::query_scalar::<_, bool>(&p.in_use).fetch_one(c).await.map_err(db);
+        if attached != Some(true) || in_use(&mut *tx).await? {
+            return Ok(None);
+        }
+        let parents: Vec<&str> = p.tables.iter().map(|(parent, _)| *parent).collect();
+        let lock = format!("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE", parents.join(", "));
+        sqlx::query(&lock).execute(&mut *tx).await.map_err(db)?;
+        if in_use(&mut *tx).await? {
+            return Ok(None);
+        }
+        for (parent, table) in &p.tables {
+            let detach = format!("ALTER TABLE {parent} DETACH PARTITION {table}");
+            sqlx::query(&detach).execute(&mut *tx).await.map_err(db)?;
+        }
+        let mark = format!("UPDATE {} SET detached = TRUE WHERE {}", p.listed_in, p.row);
+        sqlx::query(&mark).execute(&mut *tx).await.map_err(db)?;
+        Ok(Some(()))
+    })
+    .await?;
+    if detached.is_none() {
         return Ok(false);
     }
-    let parents: Vec<&str> = p.tables.iter().map(|(parent, _)| *parent).collect();
-    let lock = format!("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE", parents.join(", "));
-    sqlx::query(&lock).execute(&mut *tx).await.map_err(db)?;
-    if in_use(&mut tx).await? {
-        tx.rollback().await.map_err(db)?;
-        return Ok(false);
-    }
-    for (parent, table) in &p.tables {
-        let detach = format!("ALTER TABLE {parent} DETACH PARTITION {table}");
-        sqlx::query(&detach).execute(&mut *tx).await.map_err(db)?;
-    }
-    let mark = format!("UPDATE {} SET detached = TRUE WHERE {}", p.listed_in, p.row);
-    sqlx::query(&mark).execute(&mut *tx).await.map_err(db)?;
-    tx.commit().await.map_err(db)?;
     drop_detached(pool, p).await?;
     Ok(true)
 }
