@@ -794,7 +794,10 @@ struct LiveQuery {
 /// `text/event-stream` of the changes of the operations a page shows: one
 /// `change` event `{"id","state","version"}` per committed change (only
 /// the viewer's own, or any for an admin), and the current state of each
-/// after a gap in the feed.
+/// first and after a gap in the feed. First: a change made between the
+/// page's rendering and its stream's opening, or while an `EventSource`
+/// reconnects, is not missed (the page keeps the highest version it saw,
+/// so hearing a state twice changes nothing).
 async fn live(
     State(app): State<AppState>,
     viewer: Viewer,
@@ -818,25 +821,9 @@ async fn live(
     let mut feed = app.store.subscribe_changes();
     let stream = async_stream(move |tx| async move {
         let _slot = slot;
+        // Subscribed above, before reading: nothing falls between the two.
+        let mut changes = current(&app, &viewer, &ids).await;
         loop {
-            // A page that went away frees its place at once, not at the
-            // next change of one of its operations.
-            let received = tokio::select! {
-                () = tx.closed() => return,
-                received = feed.recv() => received,
-            };
-            let changes: Vec<(Id, String, i64)> = match received {
-                Ok(change) if change.is_resync() => current(&app, &viewer, &ids).await,
-                Ok(change) => {
-                    let visible = viewer.is_admin() || change.tenant == viewer.tenant;
-                    if !visible || !ids.contains(&change.operation_id) {
-                        continue;
-                    }
-                    vec![(change.operation_id, change.state.as_str().to_owned(), change.version)]
-                }
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => current(&app, &viewer, &ids).await,
-                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
-            };
             for (id, state, version) in changes {
                 let data = serde_json::json!({"id": id.as_str(), "state": state, "version": version});
                 if tx
@@ -847,6 +834,25 @@ async fn live(
                     return;
                 }
             }
+            // A page that went away frees its place at once, not at the
+            // next change of one of its operations.
+            let received = tokio::select! {
+                () = tx.closed() => return,
+                received = feed.recv() => received,
+            };
+            changes = match received {
+                Ok(change) if change.is_resync() => current(&app, &viewer, &ids).await,
+                Ok(change) => {
+                    let visible = viewer.is_admin() || change.tenant == viewer.tenant;
+                    if visible && ids.contains(&change.operation_id) {
+                        vec![(change.operation_id, change.state.as_str().to_owned(), change.version)]
+                    } else {
+                        Vec::new()
+                    }
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => current(&app, &viewer, &ids).await,
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            };
         }
     });
     Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))

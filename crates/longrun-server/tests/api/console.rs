@@ -495,8 +495,9 @@ async fn rows_follow_their_operations_live_and_cancel_works_from_the_page() {
         .await
         .unwrap();
     let row = format!("tr[data-id='{first}'] [data-field=state]");
-    // Let the event stream open before the change it must show.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Whether the page's event stream opens before the change or after,
+    // the row follows: the stream begins with the current states
+    // (`the_live_stream_begins_with_the_current_state_of_what_it_follows`).
 
     // The operation ends elsewhere (through the API); the row follows.
     let response = app
@@ -530,6 +531,113 @@ async fn rows_follow_their_operations_live_and_cancel_works_from_the_page() {
     assert!(browser.source().await.contains("from the console"));
 
     browser.close().await;
+    app.shutdown().await;
+}
+
+/// The events of `/ui/live` read so far and what is left of a partial one.
+struct Live {
+    response: reqwest::Response,
+    buffer: String,
+}
+
+impl Live {
+    /// The next `change` event's data (bounded: 10 s).
+    async fn next(&mut self) -> Value {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(end) = self.buffer.find("\n\n") {
+                let event: String = self.buffer.drain(..end + 2).collect();
+                if let Some(data) = event.lines().find_map(|line| line.strip_prefix("data:")) {
+                    assert!(event.contains("event: change"), "{event}");
+                    return serde_json::from_str(data.trim()).unwrap();
+                }
+                continue;
+            }
+            let chunk = tokio::time::timeout_at(deadline, self.response.chunk())
+                .await
+                .expect("a change event within 10 s")
+                .unwrap()
+                .expect("the stream stays open");
+            self.buffer.push_str(std::str::from_utf8(&chunk).unwrap());
+        }
+    }
+}
+
+/// The live stream a page opens begins with the current state of the
+/// operations it follows, so that a change made between the page's
+/// rendering and the stream's opening (or while a browser reconnects it)
+/// is not missed; then it carries their changes. Another tenant's
+/// operation is in neither, named or not.
+#[tokio::test]
+async fn the_live_stream_begins_with_the_current_state_of_what_it_follows() {
+    let app = spawn_app().await;
+    let mine = sleeping(&app, &app.client_key, "live-snapshot").await;
+    let theirs = sleeping(&app, &app.other_tenant_key, "live-snapshot").await;
+    app.wait_for_state(&mine, "running").await;
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let signed_in = http
+        .post(app.url("/ui/sign-in"))
+        .form(&[("key", app.client_key.as_str()), ("next", "/ui/")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(signed_in.status(), StatusCode::SEE_OTHER);
+    let cookie = signed_in.headers()["set-cookie"].to_str().unwrap();
+    let session = cookie.split(';').next().unwrap().to_owned();
+    let response = http
+        .get(app.url(&format!("/ui/live?ids={theirs},{mine}")))
+        .header("cookie", &session)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(
+        response.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    let mut live = Live {
+        response,
+        buffer: String::new(),
+    };
+
+    // Before any change: where it stands now, and nothing of theirs.
+    let running = app.get_json(&format!("/v1/operations/{mine}")).await;
+    assert_eq!(running["state"], "running");
+    let first = live.next().await;
+    assert_eq!(first["id"], mine.as_str(), "{first}");
+    assert_eq!(first["state"], "running");
+    let version = first["version"].as_i64().unwrap();
+
+    // Their operation ends, then mine: only mine is heard, newer.
+    for (id, key) in [(&theirs, &app.other_tenant_key), (&mine, &app.client_key)] {
+        let response = app
+            .request(Method::PUT, &format!("/v1/operations/{id}/cancellation"), key)
+            .send()
+            .await
+            .unwrap();
+        assert!(response.status().is_success());
+    }
+    // (A running operation may first be heard asked to cancel, then
+    // cancelled once its worker stops.)
+    let mut last = version;
+    loop {
+        let next = live.next().await;
+        assert_eq!(next["id"], mine.as_str(), "{next}");
+        let at = next["version"].as_i64().unwrap();
+        assert!(at > last, "{next}");
+        last = at;
+        if next["state"] == "cancelled" {
+            break;
+        }
+        assert_eq!(next["state"], "running", "{next}");
+    }
+    // The stream would hold the server's graceful shutdown open.
+    drop(live);
     app.shutdown().await;
 }
 
