@@ -32,12 +32,12 @@ const HIGHEST_SEQ: &str = "SELECT last_value FROM operations_seq_seq";
 /// Runs `body` as a step: its own transaction under the advisory lock
 /// `upkeep`, committed when `body` returns `Some`, rolled back when it
 /// returns `None` or fails; `None` as well when another node holds the
-/// lock. The rollback is awaited here: a transaction merely dropped is
-/// rolled back only when the pool next tests its connection, in a task of
-/// its own, and holds its locks (the advisory one among them) until then,
-/// so that a pass going on at once (the next partition, a retry, another
-/// node) would find the upkeep still taken. (The webhook deliveries'
-/// partitions take steps alike.)
+/// lock. The rollback is awaited here, whatever the step's end: a
+/// transaction merely dropped is rolled back only when the pool tests its
+/// connection, in a task of its own, and one that ended without an error
+/// would hold its locks (the advisory one among them) until then. (One
+/// that failed let go of them at its error: PostgreSQL aborts it there.)
+/// The webhook deliveries' partitions take steps alike.
 pub(super) async fn in_step<T>(
     pool: &PgPool,
     upkeep: i64,
@@ -401,6 +401,46 @@ mod tests {
         let plan = plan.join("\n");
         assert_eq!(plan.matches("operations_pkey").count(), 2, "{plan}");
         assert!(!plan.contains("Seq Scan"), "{plan}");
+    }
+
+    /// A step whose body fails has let go of the upkeep's lock by the time
+    /// it returns. Looked at from another thread while this test's runtime
+    /// is held, so that no task of it (the pool's return of a connection,
+    /// which rolls back a transaction merely dropped) runs first. (A step
+    /// that dropped its failed transaction passes too: PostgreSQL lets a
+    /// transaction's locks go at its error. Tried, 2026-12-07.)
+    #[tokio::test]
+    async fn a_step_that_fails_lets_go_of_the_upkeep_before_it_returns() {
+        let Some(cluster) = crate::pgtest::cluster() else {
+            return;
+        };
+        let url = cluster.database().await;
+        let pool = PgPool::connect(&url).await.unwrap();
+        let failed: Result<Option<()>> = in_step(&pool, UPKEEP_LOCK, async |c| {
+            sqlx::query("SELECT 1 / 0").execute(&mut *c).await.map_err(db)?;
+            Ok(Some(()))
+        })
+        .await;
+        assert!(failed.is_err());
+        let held: i64 = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                let mut c = PgConnection::connect(&url).await.unwrap();
+                sqlx::query_scalar(
+                    "SELECT COUNT(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database
+                      WHERE l.locktype = 'advisory' AND d.datname = current_database()",
+                )
+                .fetch_one(&mut c)
+                .await
+                .unwrap()
+            })
+        })
+        .join()
+        .unwrap();
+        assert_eq!(held, 0, "the failed step's lock is let go");
     }
 
     #[test]
