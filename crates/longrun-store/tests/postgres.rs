@@ -1310,9 +1310,11 @@ async fn webhook_deliveries_go_a_day_at_a_time() {
     assert_eq!(advisory_locks(&mut c).await, 0, "the deferred step let go");
     sqlx::query("COMMIT").execute(&mut reader).await.unwrap();
     let upkeep = store.deliveries_upkeep(later, week).await.unwrap();
-    // (Once in CI this pass did nothing, neither dropping nor deferring,
-    // and no cause has been found since: should it happen again, the
-    // message says what held the upkeep's lock and what the day was.)
+    // (Once in CI this pass did nothing, neither dropping nor deferring:
+    // the deferred step's error had reached the store before PostgreSQL
+    // let its advisory lock go, and this pass found the upkeep taken. A
+    // step now awaits its rollback, `in_step`. Should it happen again, the
+    // message says what held the lock and what the day was.)
     let expected = longrun_store::DeliveriesUpkeep {
         partitions_created: 0,
         partitions_dropped: 1,
