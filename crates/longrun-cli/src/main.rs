@@ -275,6 +275,11 @@ struct ServeArgs {
     /// not a trusted proxy; from any other peer, the peer.
     #[arg(long, env = "LONGRUN_TRUSTED_PROXIES", default_value = "", value_parser = longrun_server::source::TrustedProxies::parse)]
     trusted_proxies: longrun_server::source::TrustedProxies,
+    /// How often a worker's waiting claim looks again without being woken:
+    /// what finds work whose start time or retry backoff arrived. Each
+    /// waiting claim costs a store claim this often.
+    #[arg(long, env = "LONGRUN_CLAIM_POLL", default_value = "500ms", value_parser = parse_duration)]
+    claim_poll: Duration,
     /// Long-polls and event streams one tenant may hold open at once; more
     /// are 429 rate_limited.
     #[arg(long, env = "LONGRUN_MAX_WAITERS_PER_TENANT", default_value_t = 1000)]
@@ -574,6 +579,7 @@ async fn serve(global: &Global, args: ServeArgs) -> anyhow::Result<()> {
         max_upload_bytes: args.max_upload_bytes,
         upload_retention: args.upload_retention,
         max_waiters_per_tenant: args.max_waiters_per_tenant.max(1),
+        claim_poll: args.claim_poll.max(Duration::from_millis(10)),
         limits: longrun_server::Limits {
             max_connections: args.max_connections,
             max_in_flight: args.max_in_flight,

@@ -74,10 +74,10 @@ fn cli(url: &str, args: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap().trim().to_owned()
 }
 
-/// Three nodes on `url` (named `{prefix}0`…), with `extra` arguments:
+/// `N` nodes on `url` (named `{prefix}0`…), with `extra` arguments:
 /// their ports, base URLs and processes.
-async fn three_nodes(url: &str, prefix: &str, extra: &[&str]) -> ([u16; 3], Vec<String>, Vec<Child>) {
-    let ports = [free_port(), free_port(), free_port()];
+async fn nodes<const N: usize>(url: &str, prefix: &str, extra: &[&str]) -> ([u16; N], Vec<String>, Vec<Child>) {
+    let ports: [u16; N] = std::array::from_fn(|_| free_port());
     let nodes = ports.iter().map(|p| format!("http://127.0.0.1:{p}")).collect();
     let mut servers = Vec::new();
     for (i, port) in ports.iter().enumerate() {
@@ -121,7 +121,7 @@ async fn three_nodes_one_killed_every_operation_ends_exactly_once() {
     let worker = cli(&url, &["keys", "create", "--tenant", "drill", "--role", "worker"]);
     cli(&url, &["kinds", "set", "drill", "--rerun-safe", "--max-attempts", "5"]);
 
-    let (ports, nodes, mut servers) = three_nodes(&url, "n", &[]).await;
+    let (ports, nodes, mut servers) = nodes::<3>(&url, "n", &[]).await;
     let dir = tempfile::tempdir().unwrap();
     let script = dir.path().join("work.sh");
     std::fs::write(
@@ -371,6 +371,105 @@ async fn a_waiting_claim_is_handed_a_new_submission_in_its_commit() {
     assert_eq!(get(&format!("/v1/operations/{id}")).await["state"], "succeeded");
 }
 
+/// A tenant at its `max_running`: its running task, completed through node
+/// A, frees the place a claim waiting on node B waits for, and B hears it
+/// from the change feed (A's commit's NOTIFY). B's claims look again
+/// unwoken once an hour here: the claim is answered with the tenant's next
+/// task by a look after a wake-up (a last look as its wait ends would find
+/// it too, so that is what is asserted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_capped_tenants_place_freed_through_one_node_wakes_a_claim_on_another() {
+    let Some(cluster) = longrun_store::pgtest::cluster() else {
+        return;
+    };
+    let url = cluster.database().await;
+    cli(&url, &["migrate"]);
+    let client = cli(&url, &["keys", "create", "--tenant", "capped", "--role", "client"]);
+    let worker = cli(&url, &["keys", "create", "--tenant", "capped", "--role", "worker"]);
+    let admin = cli(&url, &["keys", "create", "--tenant", "capped", "--role", "admin"]);
+    cli(&url, &["kinds", "set", "quick", "--rerun-safe"]);
+    cli(&url, &["tenants", "set", "capped", "--max-running", "1"]);
+    let (_ports, nodes, _servers) = nodes::<2>(&url, "cap", &["--claim-poll", "1h"]).await;
+    let (a, b) = (&nodes[0], &nodes[1]);
+    let http = http_client();
+    let mut ids = Vec::new();
+    for key in ["c1", "c2"] {
+        let accepted = http
+            .post(format!("{a}/v1/operations"))
+            .bearer_auth(&client)
+            .header("Idempotency-Key", key)
+            .json(&json!({"kind": "quick", "input": {"n": key}}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(accepted.status(), StatusCode::ACCEPTED);
+        ids.push(
+            accepted.json::<Value>().await.unwrap()["id"]
+                .as_str()
+                .unwrap()
+                .to_owned(),
+        );
+    }
+    let claim = |node: &str, wait: u64| {
+        let (http, node, worker) = (http.clone(), node.to_owned(), worker.clone());
+        tokio::spawn(async move {
+            http.post(format!("{node}/v1/worker/claims"))
+                .bearer_auth(&worker)
+                .json(&json!({"kinds": ["quick"], "max_tasks": 5, "wait_seconds": wait}))
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
+        })
+    };
+    let running = claim(a, 0).await.unwrap();
+    assert_eq!(running["tasks"].as_array().unwrap().len(), 1, "{running}");
+    assert_eq!(running["tasks"][0]["operation_id"], ids[0].as_str());
+
+    let waiting = claim(b, 30);
+    for _ in 0..500 {
+        if metric(&http, b, &admin, "longrun_claims_waiting").await == 1.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        metric(&http, b, &admin, "longrun_claims_waiting").await,
+        1.0,
+        "B's claim never waited"
+    );
+    let done = http
+        .post(format!("{a}/v1/worker/tasks/{}/complete", ids[0]))
+        .bearer_auth(&worker)
+        .json(&json!({"lease_token": running["tasks"][0]["lease_token"], "result": {}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(done.status(), StatusCode::OK);
+    let answered = waiting.await.unwrap();
+    let tasks = answered["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 1, "{answered}");
+    assert_eq!(tasks[0]["operation_id"], ids[1].as_str());
+    let text = http
+        .get(format!("{b}/metrics"))
+        .bearer_auth(&admin)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let found_after_wake: f64 = text
+        .lines()
+        .filter(|l| l.starts_with("longrun_claim_rounds_total{"))
+        .filter(|l| l.contains(r#"after="wake""#) && l.contains(r#"found="tasks""#))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(found_after_wake, 1.0, "{text}");
+}
+
 /// A resumable upload appended through node A, its connection cut mid-body,
 /// resumed through node B (as behind a balancer): B's `HEAD` waits for A's
 /// append in flight — A holds the right to append in the database — and
@@ -389,7 +488,7 @@ async fn an_upload_cut_on_one_node_resumes_through_another() {
     let client = cli(&url, &["keys", "create", "--tenant", "up", "--role", "client"]);
     let shared = tempfile::tempdir().unwrap();
     let data_dir = shared.path().display().to_string();
-    let (ports, nodes, servers) = three_nodes(&url, "u", &["--data-dir", &data_dir]).await;
+    let (ports, nodes, servers) = nodes::<3>(&url, "u", &["--data-dir", &data_dir]).await;
     let http = http_client();
     let created = http
         .post(format!("{}/v1/uploads", nodes[0]))
@@ -530,7 +629,7 @@ async fn three_nodes_fire_each_second_once_through_a_kill() {
     cli(&url, &["migrate"]);
     let client = cli(&url, &["keys", "create", "--tenant", "drill", "--role", "client"]);
     cli(&url, &["kinds", "set", "drill", "--rerun-safe", "--max-attempts", "5"]);
-    let (ports, nodes, mut servers) = three_nodes(&url, "s", &[]).await;
+    let (ports, nodes, mut servers) = nodes::<3>(&url, "s", &[]).await;
     let http = http_client();
     let created: Value = http
         .post(format!("{}/v1/schedules", nodes[0]))

@@ -236,7 +236,7 @@ pub async fn start(options: ServeOptions) -> anyhow::Result<RunningServer> {
     tokio::spawn(state.changes.clone().forward(store.subscribe_changes()));
     tokio::spawn(state.stats.clone().follow(store.subscribe_changes()));
     // Work queued or re-queued anywhere (another node, too) wakes this node's claimers.
-    tokio::spawn(wake_claimers(store.subscribe_changes(), signals.clone()));
+    tokio::spawn(wake_claimers(store.subscribe_changes(), state.clone()));
     crate::metrics::handle();
     tokio::spawn(crate::metrics::follow(store.subscribe_changes()));
     if let Some(addr) = options.metrics_listen {
@@ -365,7 +365,8 @@ pub async fn add_link_key(store: &dyn Store, clock: &dyn Clock) -> anyhow::Resul
     Ok(kid)
 }
 
-async fn wake_claimers(mut feed: tokio::sync::broadcast::Receiver<longrun_store::Change>, signals: Signals) {
+async fn wake_claimers(mut feed: tokio::sync::broadcast::Receiver<longrun_store::Change>, app: AppState) {
+    let signals = &app.signals;
     loop {
         match feed.recv().await {
             Ok(change) if change.is_resync() => signals.work_available(),
@@ -373,6 +374,22 @@ async fn wake_claimers(mut feed: tokio::sync::broadcast::Receiver<longrun_store:
             // made it on this node) wakes nobody again.
             Ok(change) if matches!(change.event_type.as_str(), "created" | "retry_scheduled" | "resumed") => {
                 signals.work_available_for(&change.kind, change.operation_id.as_str(), change.version)
+            }
+            // An operation that stopped running, wherever its worker
+            // reported: a capped tenant's next task may be claimed. (Asked
+            // only while a claimer of its kind waits: the tenant's limits
+            // may be a store read.)
+            Ok(change)
+                if (change.state.is_terminal() || change.state == longrun_core::State::Paused)
+                    && signals.waiting_for(&change.kind) =>
+            {
+                app.slot_freed(
+                    &change.tenant,
+                    &change.kind,
+                    change.operation_id.as_str(),
+                    change.version,
+                )
+                .await
             }
             Ok(_) => {}
             Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => signals.work_available(),

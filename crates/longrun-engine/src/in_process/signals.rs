@@ -194,6 +194,13 @@ impl Signals {
         self.first_heard(operation_id, version);
     }
 
+    /// Whether a claimer of `kind` waits (a watch not woken yet claims it):
+    /// what a wake-up that costs something to decide on asks first.
+    pub fn waiting_for(&self, kind: &str) -> bool {
+        let waiting = self.inner.waiting.lock().expect("signals poisoned");
+        waiting.watches.values().any(|w| w.claims(kind))
+    }
+
     fn first_heard(&self, operation_id: &str, version: i64) -> bool {
         let mut heard = self.inner.heard.lock().expect("signals poisoned");
         heard.first((operation_id.to_owned(), version))
@@ -367,6 +374,19 @@ mod tests {
         signals.work_taken("op_2", 1);
         signals.work_available_for("export", "op_2", 1);
         assert!(!woken(&mut third).await, "work handed off woke a claimer");
+    }
+
+    #[tokio::test]
+    async fn a_claimer_waits_for_its_kinds_until_it_is_woken() {
+        let signals = Signals::default();
+        assert!(!signals.waiting_for("a"));
+        let watch = signals.watch_work_of(kinds(&["a", "b"]));
+        assert!(signals.waiting_for("b") && !signals.waiting_for("c"));
+        signals.work_available_of("a");
+        assert!(!signals.waiting_for("b"), "woken, it waits no more");
+        drop(watch);
+        let _every = signals.watch_work();
+        assert!(signals.waiting_for("c"), "a claimer of every kind");
     }
 
     #[test]

@@ -51,6 +51,11 @@ pub struct Config {
     pub upload_retention: Duration,
     /// Connections, timeouts and requests in flight.
     pub limits: Limits,
+    /// How often a waiting worker claim looks again without being woken
+    /// (`--claim-poll`): what finds work whose start time or retry backoff
+    /// arrived, or that a changed tenant limit let go. Each waiting claim
+    /// costs a store claim this often.
+    pub claim_poll: Duration,
 }
 
 impl Default for Config {
@@ -67,6 +72,7 @@ impl Default for Config {
             max_upload_bytes: 64 * 1024 * 1024 * 1024,
             upload_retention: Duration::from_secs(24 * 3600),
             limits: Limits::default(),
+            claim_poll: Duration::from_millis(500),
         }
     }
 }
@@ -328,6 +334,30 @@ impl AppState {
         let fresh = self.store.server_secret_list(LINK_KEY_PREFIX).await?;
         self.link_keys.put((), fresh.clone());
         Ok(find(&fresh))
+    }
+
+    /// Whether a worker claim of `kind` waits on this node (for tests and
+    /// embedding).
+    pub fn claims_waiting(&self, kind: &str) -> bool {
+        self.signals.waiting_for(kind)
+    }
+
+    /// Operation `operation_id` of `kind` left running at `version` (it
+    /// ended, paused or goes to retry), here or on another node: under its
+    /// tenant's `max_running`, a claim of the kind may now take the
+    /// tenant's next task, so the one that has waited longest is woken,
+    /// once for the two hearings (this node's outcome and the change feed).
+    /// Only for a tenant with a cap (its limits cached briefly): any other
+    /// tenant's work was never held back, and a claim woken for it would
+    /// find nothing.
+    pub(crate) async fn slot_freed(&self, tenant: &str, kind: &str, operation_id: &str, version: i64) {
+        let capped = self
+            .tenant_limits(tenant)
+            .await
+            .map_or(true, |limits| limits.is_some_and(|l| l.max_running.is_some()));
+        if capped {
+            self.signals.work_available_for(kind, operation_id, version);
+        }
     }
 
     /// The tenant's quotas (cached briefly).

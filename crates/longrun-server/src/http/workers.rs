@@ -32,9 +32,6 @@ pub const MAX_CLAIM_WAIT_SECONDS: u64 = 60;
 pub const MAX_KINDS_PER_CLAIM: usize = 32;
 /// Most items in one `POST /v1/worker/outcomes`.
 pub const MAX_OUTCOMES_PER_BATCH: usize = 1000;
-/// While a claim long-polls, it also looks again this often: work can become
-/// claimable without a signal (a retry's backoff ending).
-const CLAIM_FALLBACK_POLL: Duration = Duration::from_millis(500);
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -124,7 +121,7 @@ async fn claim(
         if !tasks.is_empty() || now >= give_up_at {
             return Ok(Json(claimed(tasks)));
         }
-        let wake_at = give_up_at.min(now + CLAIM_FALLBACK_POLL);
+        let wake_at = give_up_at.min(now + app.config.claim_poll);
         after = "poll";
         let woken = async {
             tokio::select! {
@@ -144,22 +141,6 @@ async fn claim(
             tracing::debug!(op.id = %task.operation_id, worker = %worker_id, "leased as submitted");
             return Ok(Json(claimed(vec![task])));
         }
-    }
-}
-
-/// A worker's outcome freed its operation's place under its tenant's
-/// `max_running`: a claim of the kind may now take the tenant's next task,
-/// so the one that has waited longest is woken. Only for a tenant with a
-/// cap (its limits cached briefly): any other tenant's work was never held
-/// back, and a claim woken for it would find nothing. (A retry wakes one
-/// as its `retry_scheduled` change goes by, `wake_claimers`.)
-async fn slot_freed(app: &AppState, op: &longrun_store::Operation) {
-    let capped = app
-        .tenant_limits(&op.tenant)
-        .await
-        .map_or(true, |limits| limits.is_some_and(|l| l.max_running.is_some()));
-    if capped {
-        app.signals.work_available_of(&op.kind);
     }
 }
 
@@ -244,7 +225,7 @@ async fn finish(app: &AppState, params: FinishParams) -> Result<Json<OutcomeResp
     let id = params.operation_id.clone();
     let op = app.store.task_finish(params).await.map_err(lease_error(&id))?;
     count_pause(&op);
-    slot_freed(app, &op).await;
+    app.slot_freed(&op.tenant, &op.kind, op.id.as_str(), op.version).await;
     Ok(Json(outcome_response(&op)))
 }
 
@@ -518,7 +499,7 @@ async fn outcomes(
         results[slot] = match op {
             Ok(op) => {
                 count_pause(&op);
-                slot_freed(&app, &op).await;
+                app.slot_freed(&op.tenant, &op.kind, op.id.as_str(), op.version).await;
                 let body = outcome_response(&op);
                 OutcomeItemResult {
                     status: 200,

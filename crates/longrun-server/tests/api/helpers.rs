@@ -50,6 +50,8 @@ pub struct Options {
     /// Cap the SQLite file at this many pages (a full disk, for drills).
     pub max_page_count: Option<u32>,
     pub max_upload_bytes: u64,
+    /// How often a waiting worker claim looks again unwoken (500 ms).
+    pub claim_poll: Duration,
 }
 
 impl Default for Options {
@@ -71,6 +73,7 @@ impl Default for Options {
             key_cache_ttl: Duration::ZERO,
             max_page_count: None,
             max_upload_bytes: 1 << 30,
+            claim_poll: Duration::from_millis(500),
         }
     }
 }
@@ -127,6 +130,7 @@ pub async fn spawn_app_with(options: Options) -> TestApp {
     // Revocation must bite at once in tests, unless a test says otherwise.
     serve.http.key_cache_ttl = options.key_cache_ttl;
     serve.http.limits = options.limits.clone();
+    serve.http.claim_poll = options.claim_poll;
     serve.dispatcher.poll_interval = Duration::from_millis(50);
     // Tests end with work still running; shutdown need not wait for it.
     serve.dispatcher.shutdown_grace = Duration::from_millis(100);

@@ -618,8 +618,10 @@ async fn max_active_refuses_before_creating_anything() {
 
 #[tokio::test]
 async fn a_waiting_claim_gets_a_capped_tenants_next_task_once_a_running_one_ends() {
+    // The claim's own poll comes after its wait: only a wake-up answers it.
     let app = spawn_app_with(Options {
         builtin_workers: false,
+        claim_poll: Duration::from_secs(3600),
         ..Options::default()
     })
     .await;
@@ -650,6 +652,67 @@ async fn a_waiting_claim_gets_a_capped_tenants_next_task_once_a_running_one_ends
     let answered = waiting.await.unwrap();
     let tasks = answered["tasks"].as_array().unwrap();
     assert_eq!(tasks.len(), 1, "still one at a time: {answered}");
+    assert_eq!(tasks[0]["operation_id"], second.as_str());
+    app.shutdown().await;
+}
+
+/// The same place, freed by an ending this node's outcome path never saw
+/// (another node's worker reported it; here the store is told directly):
+/// the change feed wakes the claim waiting here. Its own poll comes after
+/// its wait, and a last look as the wait ends would find the task too, so
+/// what is asserted is an answer well before that (milliseconds, here).
+#[tokio::test]
+async fn a_capped_tenants_place_freed_elsewhere_wakes_a_claim_waiting_here() {
+    let app = spawn_app_with(Options {
+        builtin_workers: false,
+        claim_poll: Duration::from_secs(3600),
+        ..Options::default()
+    })
+    .await;
+    app.declare_kind("capped", true, 3).await;
+    app.store
+        .tenant_set(TenantLimits {
+            name: "acme".into(),
+            max_running: Some(1),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let first = submit_kind(&app, "e1", "capped", json!({})).await;
+    let second = submit_kind(&app, "e2", "capped", json!({})).await;
+    let running = app.claim("capped", 5).await;
+    assert_eq!(running.len(), 1);
+    assert_eq!(running[0]["operation_id"], first.as_str());
+
+    let waiting = {
+        let request = app
+            .request(Method::POST, "/v1/worker/claims", &app.worker_key)
+            .json(&json!({"kinds": ["capped"], "max_tasks": 5, "wait_seconds": 20}));
+        tokio::spawn(async move { request.send().await.unwrap().json::<Value>().await.unwrap() })
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !app.state.claims_waiting("capped") {
+        assert!(tokio::time::Instant::now() < deadline, "the claim never waited");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    app.store
+        .task_finish(longrun_store::FinishParams {
+            operation_id: longrun_core::Id::parse(longrun_core::IdKind::Operation, &first).unwrap(),
+            lease_token: running[0]["lease_token"].as_str().unwrap().to_owned(),
+            outcome: longrun_core::task::Outcome::Succeeded { result: None },
+            progress: None,
+            now: longrun_core::Clock::now(&longrun_core::SystemClock),
+        })
+        .await
+        .unwrap();
+    let ended = tokio::time::Instant::now();
+    let answered = waiting.await.unwrap();
+    assert!(
+        ended.elapsed() < Duration::from_secs(15),
+        "answered only as its wait ended"
+    );
+    let tasks = answered["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 1, "{answered}");
     assert_eq!(tasks[0]["operation_id"], second.as_str());
     app.shutdown().await;
 }
