@@ -376,11 +376,13 @@ async fn wake_claimers(mut feed: tokio::sync::broadcast::Receiver<longrun_store:
                 signals.work_available_for(&change.kind, change.operation_id.as_str(), change.version)
             }
             // An operation that stopped running, wherever its worker
-            // reported: a capped tenant's next task may be claimed. (Asked
-            // only while a claimer of its kind waits: the tenant's limits
-            // may be a store read.)
+            // reported: a capped tenant's next task may be claimed. (Not
+            // one that never started: work cancelled or expired while
+            // queued held no place. Asked only while a claimer of its kind
+            // waits: the tenant's limits may be a store read.)
             Ok(change)
                 if (change.state.is_terminal() || change.state == longrun_core::State::Paused)
+                    && change.started_at.is_some()
                     && signals.waiting_for(&change.kind) =>
             {
                 app.slot_freed(
