@@ -245,6 +245,11 @@ async fn three_nodes_one_killed_every_operation_ends_exactly_once() {
 
 /// The value of the unlabelled series `name` in `/metrics` text (0 if absent).
 async fn metric(http: &reqwest::Client, node: &str, admin: &str, name: &str) -> f64 {
+    metric_with(http, node, admin, name, &[]).await
+}
+
+/// The sum of metric `name`'s series on `node` whose labels include `labels`.
+async fn metric_with(http: &reqwest::Client, node: &str, admin: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
     let text = http
         .get(format!("{node}/metrics"))
         .bearer_auth(admin)
@@ -255,8 +260,15 @@ async fn metric(http: &reqwest::Client, node: &str, admin: &str, name: &str) -> 
         .await
         .unwrap();
     text.lines()
-        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or(0.0)
+        .filter(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with(['{', ' '])))
+        .filter(|l| labels.iter().all(|(k, v)| l.contains(&format!("{k}=\"{v}\""))))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// A client, a worker and an admin key of `tenant` on `url`.
+fn keys(url: &str, tenant: &str) -> [String; 3] {
+    ["client", "worker", "admin"].map(|role| cli(url, &["keys", "create", "--tenant", tenant, "--role", role]))
 }
 
 /// An idle worker waiting in a claim is handed a submission in the
@@ -271,9 +283,7 @@ async fn a_waiting_claim_is_handed_a_new_submission_in_its_commit() {
     };
     let url = cluster.database().await;
     cli(&url, &["migrate"]);
-    let client = cli(&url, &["keys", "create", "--tenant", "hand", "--role", "client"]);
-    let worker = cli(&url, &["keys", "create", "--tenant", "hand", "--role", "worker"]);
-    let admin = cli(&url, &["keys", "create", "--tenant", "hand", "--role", "admin"]);
+    let [client, worker, admin] = keys(&url, "hand");
     cli(&url, &["kinds", "set", "quick", "--rerun-safe"]);
     let port = free_port();
     let node = format!("http://127.0.0.1:{port}");
@@ -384,9 +394,7 @@ async fn a_capped_tenants_place_freed_through_one_node_wakes_a_claim_on_another(
     };
     let url = cluster.database().await;
     cli(&url, &["migrate"]);
-    let client = cli(&url, &["keys", "create", "--tenant", "capped", "--role", "client"]);
-    let worker = cli(&url, &["keys", "create", "--tenant", "capped", "--role", "worker"]);
-    let admin = cli(&url, &["keys", "create", "--tenant", "capped", "--role", "admin"]);
+    let [client, worker, admin] = keys(&url, "capped");
     cli(&url, &["kinds", "set", "quick", "--rerun-safe"]);
     cli(&url, &["tenants", "set", "capped", "--max-running", "1"]);
     let (_ports, nodes, _servers) = nodes::<2>(&url, "cap", &["--claim-poll", "1h"]).await;
@@ -452,22 +460,15 @@ async fn a_capped_tenants_place_freed_through_one_node_wakes_a_claim_on_another(
     let tasks = answered["tasks"].as_array().unwrap();
     assert_eq!(tasks.len(), 1, "{answered}");
     assert_eq!(tasks[0]["operation_id"], ids[1].as_str());
-    let text = http
-        .get(format!("{b}/metrics"))
-        .bearer_auth(&admin)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let found_after_wake: f64 = text
-        .lines()
-        .filter(|l| l.starts_with("longrun_claim_rounds_total{"))
-        .filter(|l| l.contains(r#"after="wake""#) && l.contains(r#"found="tasks""#))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
-    assert_eq!(found_after_wake, 1.0, "{text}");
+    let found_after_wake = metric_with(
+        &http,
+        b,
+        &admin,
+        "longrun_claim_rounds_total",
+        &[("after", "wake"), ("found", "tasks")],
+    )
+    .await;
+    assert_eq!(found_after_wake, 1.0);
 }
 
 /// A resumable upload appended through node A, its connection cut mid-body,

@@ -616,9 +616,10 @@ async fn max_active_refuses_before_creating_anything() {
     app.shutdown().await;
 }
 
-#[tokio::test]
-async fn a_waiting_claim_gets_a_capped_tenants_next_task_once_a_running_one_ends() {
-    // The claim's own poll comes after its wait: only a wake-up answers it.
+/// A server whose waiting claims look again unwoken only once an hour,
+/// tenant `acme` capped at one running task, two tasks of kind `capped`
+/// queued and the first leased: the app, the second's id, the first task.
+async fn capped_with_one_running() -> (TestApp, String, Value) {
     let app = spawn_app_with(Options {
         builtin_workers: false,
         claim_poll: Duration::from_secs(3600),
@@ -636,84 +637,73 @@ async fn a_waiting_claim_gets_a_capped_tenants_next_task_once_a_running_one_ends
         .unwrap();
     let first = submit_kind(&app, "c1", "capped", json!({})).await;
     let second = submit_kind(&app, "c2", "capped", json!({})).await;
-    let running = app.claim("capped", 5).await;
+    let mut running = app.claim("capped", 5).await;
     assert_eq!(running.len(), 1, "max_running 1 leases one");
     assert_eq!(running[0]["operation_id"], first.as_str());
     assert!(app.claim("capped", 5).await.is_empty(), "the tenant is at its cap");
-
-    // A claim waits; the running task's end frees the place it waits for.
-    let waiting = {
-        let request = app
-            .request(Method::POST, "/v1/worker/claims", &app.worker_key)
-            .json(&json!({"kinds": ["capped"], "max_tasks": 5, "wait_seconds": 30}));
-        tokio::spawn(async move { request.send().await.unwrap().json::<Value>().await.unwrap() })
-    };
-    assert_eq!(complete(&app, &running[0], json!({})).await.status(), StatusCode::OK);
-    let answered = waiting.await.unwrap();
-    let tasks = answered["tasks"].as_array().unwrap();
-    assert_eq!(tasks.len(), 1, "still one at a time: {answered}");
-    assert_eq!(tasks[0]["operation_id"], second.as_str());
-    app.shutdown().await;
+    (app, second, running.remove(0))
 }
 
-/// The same place, freed by an ending this node's outcome path never saw
-/// (another node's worker reported it; here the store is told directly):
-/// the change feed wakes the claim waiting here. Its own poll comes after
-/// its wait, and a last look as the wait ends would find the task too, so
-/// what is asserted is an answer well before that (milliseconds, here).
-#[tokio::test]
-async fn a_capped_tenants_place_freed_elsewhere_wakes_a_claim_waiting_here() {
-    let app = spawn_app_with(Options {
-        builtin_workers: false,
-        claim_poll: Duration::from_secs(3600),
-        ..Options::default()
-    })
-    .await;
-    app.declare_kind("capped", true, 3).await;
-    app.store
-        .tenant_set(TenantLimits {
-            name: "acme".into(),
-            max_running: Some(1),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    let first = submit_kind(&app, "e1", "capped", json!({})).await;
-    let second = submit_kind(&app, "e2", "capped", json!({})).await;
-    let running = app.claim("capped", 5).await;
-    assert_eq!(running.len(), 1);
-    assert_eq!(running[0]["operation_id"], first.as_str());
-
-    let waiting = {
-        let request = app
-            .request(Method::POST, "/v1/worker/claims", &app.worker_key)
-            .json(&json!({"kinds": ["capped"], "max_tasks": 5, "wait_seconds": 20}));
-        tokio::spawn(async move { request.send().await.unwrap().json::<Value>().await.unwrap() })
-    };
+/// A claim of `capped` waiting up to 20 s, returned once it waits.
+async fn waiting_claim(app: &TestApp) -> tokio::task::JoinHandle<Value> {
+    let request = app
+        .request(Method::POST, "/v1/worker/claims", &app.worker_key)
+        .json(&json!({"kinds": ["capped"], "max_tasks": 5, "wait_seconds": 20}));
+    let waiting = tokio::spawn(async move { request.send().await.unwrap().json::<Value>().await.unwrap() });
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while !app.state.claims_waiting("capped") {
         assert!(tokio::time::Instant::now() < deadline, "the claim never waited");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    waiting
+}
+
+/// The waiting claim's answer, once a place was freed: the tenant's next
+/// task alone, by a look after a wake-up. Its own poll comes after its
+/// wait, and a last look as the wait ends would find the task too, so what
+/// is asserted is an answer well before that (milliseconds, here).
+async fn answered_with_the_next(waiting: tokio::task::JoinHandle<Value>, second: &str) {
+    let freed = tokio::time::Instant::now();
+    let answered = waiting.await.unwrap();
+    assert!(
+        freed.elapsed() < Duration::from_secs(15),
+        "answered only as its wait ended"
+    );
+    let tasks = answered["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 1, "still one at a time: {answered}");
+    assert_eq!(tasks[0]["operation_id"], second);
+}
+
+/// A claim waiting for a capped tenant's next task is woken when the
+/// running one's outcome arrives here.
+#[tokio::test]
+async fn a_waiting_claim_gets_a_capped_tenants_next_task_once_a_running_one_ends() {
+    let (app, second, running) = capped_with_one_running().await;
+    let waiting = waiting_claim(&app).await;
+    assert_eq!(complete(&app, &running, json!({})).await.status(), StatusCode::OK);
+    answered_with_the_next(waiting, &second).await;
+    app.shutdown().await;
+}
+
+/// The same place, freed by an ending this node's outcome path never saw
+/// (another node's worker reported it; here the store is told directly):
+/// the change feed wakes the claim waiting here.
+#[tokio::test]
+async fn a_capped_tenants_place_freed_elsewhere_wakes_a_claim_waiting_here() {
+    let (app, second, running) = capped_with_one_running().await;
+    let waiting = waiting_claim(&app).await;
+    let id = running["operation_id"].as_str().unwrap();
     app.store
         .task_finish(longrun_store::FinishParams {
-            operation_id: longrun_core::Id::parse(longrun_core::IdKind::Operation, &first).unwrap(),
-            lease_token: running[0]["lease_token"].as_str().unwrap().to_owned(),
+            operation_id: longrun_core::Id::parse(longrun_core::IdKind::Operation, id).unwrap(),
+            lease_token: running["lease_token"].as_str().unwrap().to_owned(),
             outcome: longrun_core::task::Outcome::Succeeded { result: None },
             progress: None,
             now: longrun_core::Clock::now(&longrun_core::SystemClock),
         })
         .await
         .unwrap();
-    let ended = tokio::time::Instant::now();
-    let answered = waiting.await.unwrap();
-    assert!(
-        ended.elapsed() < Duration::from_secs(15),
-        "answered only as its wait ended"
-    );
-    let tasks = answered["tasks"].as_array().unwrap();
-    assert_eq!(tasks.len(), 1, "{answered}");
-    assert_eq!(tasks[0]["operation_id"], second.as_str());
+    answered_with_the_next(waiting, &second).await;
     app.shutdown().await;
 }
 
