@@ -574,19 +574,7 @@ async fn the_live_stream_begins_with_the_current_state_of_what_it_follows() {
     let mine = sleeping(&app, &app.client_key, "live-snapshot").await;
     let theirs = sleeping(&app, &app.other_tenant_key, "live-snapshot").await;
     app.wait_for_state(&mine, "running").await;
-    let http = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap();
-    let signed_in = http
-        .post(app.url("/ui/sign-in"))
-        .form(&[("key", app.client_key.as_str()), ("next", "/ui/")])
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(signed_in.status(), StatusCode::SEE_OTHER);
-    let cookie = signed_in.headers()["set-cookie"].to_str().unwrap();
-    let session = cookie.split(';').next().unwrap().to_owned();
+    let (http, session) = app.console_session(&app.client_key).await;
     let response = http
         .get(app.url(&format!("/ui/live?ids={theirs},{mine}")))
         .header("cookie", &session)

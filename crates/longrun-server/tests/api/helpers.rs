@@ -184,6 +184,25 @@ impl TestApp {
         format!("{}{path}", self.base)
     }
 
+    /// A console session for `key` over plain HTTP (no browser): a client
+    /// that follows no redirect, and the session's `cookie` header.
+    pub async fn console_session(&self, key: &str) -> (reqwest::Client, String) {
+        let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap();
+        let signed_in = http
+            .post(self.url("/ui/sign-in"))
+            .form(&[("key", key), ("next", "/ui/")])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(signed_in.status(), StatusCode::SEE_OTHER);
+        let cookie = signed_in.headers()["set-cookie"].to_str().unwrap();
+        let session = cookie.split(';').next().unwrap().to_owned();
+        (http, session)
+    }
+
     pub fn request(&self, method: Method, path: &str, key: &str) -> RequestBuilder {
         self.http.request(method, self.url(path)).bearer_auth(key)
     }

@@ -232,18 +232,7 @@ async fn the_console_shows_the_start_and_the_priority() {
     let op = app
         .submit_ok("page", &json!({"kind": "later", "not_before": start, "priority": 8}))
         .await;
-    let http = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap();
-    let signed_in = http
-        .post(app.url("/ui/sign-in"))
-        .form(&[("key", app.client_key.as_str()), ("next", "/ui/")])
-        .send()
-        .await
-        .unwrap();
-    let cookie = signed_in.headers()["set-cookie"].to_str().unwrap();
-    let session = cookie.split(';').next().unwrap().to_owned();
+    let (http, session) = app.console_session(&app.client_key).await;
     let page = http
         .get(app.url(&format!("/ui/operations/{}", op["id"].as_str().unwrap())))
         .header("cookie", session)
